@@ -1,0 +1,22 @@
+//! One module per subcommand: `run(args)` turns parsed arguments into work in
+//! the libraries and renders the result.
+
+pub mod inspect;
+
+use memwall_runtime::gguf::GgufError;
+
+/// A next step for the user, for errors where there is an obvious one.
+pub fn hint(err: &anyhow::Error) -> Option<&'static str> {
+    let gguf = err.chain().find_map(|e| e.downcast_ref::<GgufError>())?;
+    Some(match gguf {
+        GgufError::Format { .. } => {
+            "the file is damaged, truncated or not GGUF; download or convert it again \
+             (a .safetensors checkpoint needs `memwall convert` first)"
+        }
+        GgufError::Split { .. } => {
+            "keep all files of a split model in one folder with the names llama-gguf-split gave them"
+        }
+        GgufError::Io { .. } => "check that the path exists and is readable",
+        GgufError::Write { .. } => return None,
+    })
+}

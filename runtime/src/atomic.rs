@@ -1,0 +1,139 @@
+//! Atomic output files: write to `<out>.partial`, fsync, rename.
+//!
+//! **Invariant:** a memwall output path either does not exist, holds what was
+//! there before, or holds a complete file. Every writer in memwall goes through
+//! [`AtomicFile`].
+
+use std::ffi::OsString;
+use std::fs::{self, File};
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// A file being written at `<path>.partial`; see the module docs.
+///
+/// Dropping it without [`AtomicFile::commit`] removes the partial file.
+pub struct AtomicFile {
+    path: PathBuf,
+    partial: PathBuf,
+    file: Option<BufWriter<File>>,
+}
+
+impl AtomicFile {
+    /// The temporary path used for `path`: the same name with `.partial` appended.
+    pub fn partial_path_for(path: &Path) -> PathBuf {
+        let mut name = OsString::from(path.as_os_str());
+        name.push(".partial");
+        PathBuf::from(name)
+    }
+
+    /// Creates (or truncates) `<path>.partial` in the directory of `path`.
+    pub fn create(path: &Path) -> io::Result<Self> {
+        let partial = Self::partial_path_for(path);
+        let file = File::create(&partial)?;
+        Ok(AtomicFile {
+            path: path.to_owned(),
+            partial,
+            file: Some(BufWriter::with_capacity(1 << 20, file)),
+        })
+    }
+
+    /// The final path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The path being written.
+    pub fn partial_path(&self) -> &Path {
+        &self.partial
+    }
+
+    /// Flushes, fsyncs, renames `<path>.partial` to `path` and fsyncs the
+    /// directory, so that the rename survives a crash.
+    pub fn commit(mut self) -> io::Result<()> {
+        let writer = self
+            .file
+            .take()
+            .expect("file is present until commit or drop");
+        let file = writer.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        drop(file);
+        fs::rename(&self.partial, &self.path)?;
+        let dir = match self.path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        File::open(dir)?.sync_all()
+    }
+}
+
+impl Write for AtomicFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.file
+            .as_mut()
+            .expect("file is present until commit or drop")
+            .write(buf)
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.file
+            .as_mut()
+            .expect("file is present until commit or drop")
+            .write_all(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file
+            .as_mut()
+            .expect("file is present until commit or drop")
+            .flush()
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if let Some(writer) = self.file.take() {
+            // Unwritten buffered bytes are worthless now; drop without flushing errors.
+            let (file, _) = writer.into_parts();
+            drop(file);
+            let _ = fs::remove_file(&self.partial);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commit_renames_and_drop_removes() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("model.gguf");
+
+        let mut f = AtomicFile::create(&out).unwrap();
+        f.write_all(b"hello").unwrap();
+        assert!(dir.path().join("model.gguf.partial").exists());
+        assert!(!out.exists());
+        f.commit().unwrap();
+        assert_eq!(fs::read(&out).unwrap(), b"hello");
+        assert!(!dir.path().join("model.gguf.partial").exists());
+
+        let mut f = AtomicFile::create(&out).unwrap();
+        f.write_all(b"half").unwrap();
+        drop(f);
+        assert_eq!(
+            fs::read(&out).unwrap(),
+            b"hello",
+            "previous file left intact"
+        );
+        assert!(!dir.path().join("model.gguf.partial").exists());
+    }
+
+    #[test]
+    fn missing_directory_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = AtomicFile::create(&dir.path().join("no/such/dir/x.gguf"))
+            .err()
+            .unwrap();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+    }
+}

@@ -1,0 +1,16 @@
+//! memwall's runtime: the GGUF container, the ggml type registry and typed
+//! model metadata. This crate is what ships to the phone, so its dependencies
+//! stay few (`memmap2`, `thiserror`).
+//!
+//! - [`ggml_type`]: every ggml type id and `llama_ftype` value, in one table each.
+//! - [`gguf`]: reading GGUF over mmap (zero-copy tensor slices, split models)
+//!   and streaming, atomic writing.
+//! - [`model_info`]: hyper-parameters and tokenizer summary from metadata.
+//! - [`atomic`]: `<out>.partial` → fsync → rename, used by every writer.
+
+pub mod atomic;
+pub mod ggml_type;
+pub mod gguf;
+pub mod model_info;
+
+pub use ggml_type::GgmlType;

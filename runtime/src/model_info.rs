@@ -1,0 +1,371 @@
+//! Typed views of the metadata a model file carries: architecture
+//! hyper-parameters and the tokenizer. Read once, with every missing or
+//! ill-typed key reported together.
+
+use std::fmt;
+
+use crate::gguf::{Array, Metadata, MetadataError, keys};
+
+/// All problems found while reading a typed view of the metadata.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub struct MetadataProblems(pub Vec<MetadataError>);
+
+impl fmt::Display for MetadataProblems {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = self.0.iter().map(ToString::to_string).collect();
+        f.write_str(&parts.join("; "))
+    }
+}
+
+/// Collects problems while reading keys, so that all are reported at once.
+struct Reader<'a> {
+    m: &'a Metadata,
+    problems: Vec<MetadataError>,
+}
+
+impl<'a> Reader<'a> {
+    fn opt<T>(&mut self, r: Result<Option<T>, MetadataError>) -> Option<T> {
+        r.unwrap_or_else(|e| {
+            self.problems.push(e);
+            None
+        })
+    }
+
+    fn req<T>(&mut self, key: &str, r: Result<Option<T>, MetadataError>) -> Option<T> {
+        let v = self.opt(r);
+        if v.is_none()
+            && !self
+                .problems
+                .iter()
+                .any(|p| matches!(p, MetadataError::WrongType { key: k, .. } if k == key))
+        {
+            self.problems.push(MetadataError::Missing(key.to_owned()));
+        }
+        v
+    }
+
+    fn u64(&mut self, key: &str) -> Option<u64> {
+        let r = self.m.get_u64(key);
+        self.opt(r)
+    }
+
+    fn req_u64(&mut self, key: &str) -> Option<u64> {
+        let r = self.m.get_u64(key);
+        self.req(key, r)
+    }
+
+    fn f64(&mut self, key: &str) -> Option<f64> {
+        let r = self.m.get_f64(key);
+        self.opt(r)
+    }
+
+    fn string(&mut self, key: &str) -> Option<&'a str> {
+        let r = self.m.get_str(key);
+        self.opt(r)
+    }
+
+    fn bool(&mut self, key: &str) -> Option<bool> {
+        let r = self.m.get_bool(key);
+        self.opt(r)
+    }
+}
+
+/// Architecture hyper-parameters, read from `<arch>.*` keys.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HyperParams {
+    /// `general.architecture`.
+    pub architecture: String,
+    /// Training context length.
+    pub context_length: u64,
+    /// Hidden size (`n_embd`).
+    pub embedding_length: u64,
+    /// Number of transformer blocks.
+    pub block_count: u64,
+    /// FFN width (for MoE models, of the dense layers if any).
+    pub feed_forward_length: Option<u64>,
+    /// Query heads.
+    pub head_count: u64,
+    /// Key/value heads; equals `head_count` when the key is absent.
+    pub head_count_kv: u64,
+    /// Key head size, when stored (else `embedding_length / head_count`).
+    pub key_length: Option<u64>,
+    /// Value head size, when stored.
+    pub value_length: Option<u64>,
+    /// Rotary dimensions.
+    pub rope_dimension_count: Option<u64>,
+    /// RoPE base frequency.
+    pub rope_freq_base: Option<f64>,
+    /// RoPE scaling type (`linear`, `yarn`, …).
+    pub rope_scaling_type: Option<String>,
+    /// RoPE scaling factor.
+    pub rope_scaling_factor: Option<f64>,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: Option<f64>,
+    /// LayerNorm epsilon.
+    pub layer_norm_eps: Option<f64>,
+    /// Number of experts (MoE).
+    pub expert_count: Option<u64>,
+    /// Experts used per token (MoE).
+    pub expert_used_count: Option<u64>,
+    /// Vocabulary size: `<arch>.vocab_size`, else the token list length.
+    pub vocab_size: Option<u64>,
+}
+
+impl HyperParams {
+    /// Head size of keys: `key_length` or `embedding_length / head_count`.
+    pub fn head_dim(&self) -> u64 {
+        self.key_length
+            .unwrap_or(self.embedding_length / self.head_count.max(1))
+    }
+}
+
+impl TryFrom<&Metadata> for HyperParams {
+    type Error = MetadataProblems;
+
+    fn try_from(m: &Metadata) -> Result<Self, MetadataProblems> {
+        let mut r = Reader {
+            m,
+            problems: Vec::new(),
+        };
+        let arch = r
+            .req(keys::ARCHITECTURE, m.get_str(keys::ARCHITECTURE))
+            .unwrap_or("");
+        let k = |name: &str| format!("{arch}.{name}");
+        let context_length = r.req_u64(&k("context_length"));
+        let embedding_length = r.req_u64(&k("embedding_length"));
+        let block_count = r.req_u64(&k("block_count"));
+        let head_count = r.req_u64(&k("attention.head_count"));
+        let hp = HyperParams {
+            architecture: arch.to_owned(),
+            context_length: context_length.unwrap_or(0),
+            embedding_length: embedding_length.unwrap_or(0),
+            block_count: block_count.unwrap_or(0),
+            feed_forward_length: r.u64(&k("feed_forward_length")),
+            head_count: head_count.unwrap_or(0),
+            head_count_kv: r
+                .u64(&k("attention.head_count_kv"))
+                .or(head_count)
+                .unwrap_or(0),
+            key_length: r.u64(&k("attention.key_length")),
+            value_length: r.u64(&k("attention.value_length")),
+            rope_dimension_count: r.u64(&k("rope.dimension_count")),
+            rope_freq_base: r.f64(&k("rope.freq_base")),
+            rope_scaling_type: r.string(&k("rope.scaling.type")).map(str::to_owned),
+            rope_scaling_factor: r.f64(&k("rope.scaling.factor")),
+            rms_norm_eps: r.f64(&k("attention.layer_norm_rms_epsilon")),
+            layer_norm_eps: r.f64(&k("attention.layer_norm_epsilon")),
+            expert_count: r.u64(&k("expert_count")),
+            expert_used_count: r.u64(&k("expert_used_count")),
+            vocab_size: r.u64(&k("vocab_size")).or_else(|| {
+                let tokens = r.opt(m.get_array(tokenizer_keys::TOKENS));
+                tokens.map(|a| a.len() as u64)
+            }),
+        };
+        if r.problems.is_empty() {
+            Ok(hp)
+        } else {
+            Err(MetadataProblems(r.problems))
+        }
+    }
+}
+
+/// Tokenizer metadata keys.
+pub mod tokenizer_keys {
+    /// Tokenizer model (`gpt2`, `llama`, …).
+    pub const MODEL: &str = "tokenizer.ggml.model";
+    /// Pre-tokenizer name.
+    pub const PRE: &str = "tokenizer.ggml.pre";
+    /// Token strings.
+    pub const TOKENS: &str = "tokenizer.ggml.tokens";
+    /// Token types.
+    pub const TOKEN_TYPE: &str = "tokenizer.ggml.token_type";
+    /// Token scores (SentencePiece).
+    pub const SCORES: &str = "tokenizer.ggml.scores";
+    /// BPE merges.
+    pub const MERGES: &str = "tokenizer.ggml.merges";
+    /// Beginning-of-sequence token id.
+    pub const BOS_ID: &str = "tokenizer.ggml.bos_token_id";
+    /// End-of-sequence token id.
+    pub const EOS_ID: &str = "tokenizer.ggml.eos_token_id";
+    /// End-of-turn token id.
+    pub const EOT_ID: &str = "tokenizer.ggml.eot_token_id";
+    /// Unknown token id.
+    pub const UNK_ID: &str = "tokenizer.ggml.unknown_token_id";
+    /// Padding token id.
+    pub const PAD_ID: &str = "tokenizer.ggml.padding_token_id";
+    /// Whether to add BOS.
+    pub const ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
+    /// Whether to add EOS.
+    pub const ADD_EOS: &str = "tokenizer.ggml.add_eos_token";
+    /// Jinja chat template.
+    pub const CHAT_TEMPLATE: &str = "tokenizer.chat_template";
+}
+
+/// A special token: its id and, when the id is in range, its text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecialToken {
+    /// What it is for (`bos`, `eos`, …).
+    pub role: &'static str,
+    /// Token id.
+    pub id: u64,
+    /// Token text, if the id is inside the vocabulary.
+    pub text: Option<String>,
+}
+
+/// Summary of the tokenizer stored in a GGUF file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenizerInfo {
+    /// `tokenizer.ggml.model`.
+    pub model: Option<String>,
+    /// `tokenizer.ggml.pre`.
+    pub pre: Option<String>,
+    /// Number of tokens.
+    pub tokens: usize,
+    /// Number of merges.
+    pub merges: usize,
+    /// Whether scores are present.
+    pub has_scores: bool,
+    /// Count of each token type (1 normal … 6 byte), as (type name, count).
+    pub token_types: Vec<(&'static str, usize)>,
+    /// Special tokens that are set.
+    pub special: Vec<SpecialToken>,
+    /// `add_bos_token`.
+    pub add_bos: Option<bool>,
+    /// `add_eos_token`.
+    pub add_eos: Option<bool>,
+    /// Length of the chat template in bytes, if there is one.
+    pub chat_template_len: Option<usize>,
+}
+
+/// Names of `tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`).
+pub const TOKEN_TYPE_NAMES: [&str; 7] = [
+    "undefined",
+    "normal",
+    "unknown",
+    "control",
+    "user-defined",
+    "unused",
+    "byte",
+];
+
+impl TokenizerInfo {
+    /// Reads the tokenizer summary; `None` if the file has no tokenizer keys.
+    pub fn from_metadata(m: &Metadata) -> Result<Option<Self>, MetadataProblems> {
+        use tokenizer_keys as tk;
+        if !m.iter().any(|(k, _)| k.starts_with("tokenizer.")) {
+            return Ok(None);
+        }
+        let mut r = Reader {
+            m,
+            problems: Vec::new(),
+        };
+        let tokens = r.opt(m.get_str_array(tk::TOKENS)).unwrap_or(&[]);
+        let mut token_types = Vec::new();
+        match r.opt(m.get_array(tk::TOKEN_TYPE)) {
+            Some(Array::I32(types)) => {
+                let mut counts = [0usize; TOKEN_TYPE_NAMES.len()];
+                let mut other = 0;
+                for &t in types {
+                    match usize::try_from(t).ok().and_then(|i| counts.get_mut(i)) {
+                        Some(c) => *c += 1,
+                        None => other += 1,
+                    }
+                }
+                token_types = TOKEN_TYPE_NAMES
+                    .iter()
+                    .zip(counts)
+                    .filter(|(_, c)| *c > 0)
+                    .map(|(n, c)| (*n, c))
+                    .collect();
+                if other > 0 {
+                    token_types.push(("invalid", other));
+                }
+            }
+            Some(other) => r.problems.push(MetadataError::WrongType {
+                key: tk::TOKEN_TYPE.into(),
+                expected: "array[int32]",
+                found: format!("array[{}]", other.element_type()),
+            }),
+            None => {}
+        }
+        let mut special = Vec::new();
+        for (role, key) in [
+            ("bos", tk::BOS_ID),
+            ("eos", tk::EOS_ID),
+            ("eot", tk::EOT_ID),
+            ("unk", tk::UNK_ID),
+            ("pad", tk::PAD_ID),
+        ] {
+            if let Some(id) = r.u64(key) {
+                let text = usize::try_from(id)
+                    .ok()
+                    .and_then(|i| tokens.get(i))
+                    .cloned();
+                special.push(SpecialToken { role, id, text });
+            }
+        }
+        let info = TokenizerInfo {
+            model: r.string(tk::MODEL).map(str::to_owned),
+            pre: r.string(tk::PRE).map(str::to_owned),
+            tokens: tokens.len(),
+            merges: r.opt(m.get_array(tk::MERGES)).map_or(0, Array::len),
+            has_scores: m.contains(tk::SCORES),
+            token_types,
+            special,
+            add_bos: r.bool(tk::ADD_BOS),
+            add_eos: r.bool(tk::ADD_EOS),
+            chat_template_len: r.string(tk::CHAT_TEMPLATE).map(str::len),
+        };
+        if r.problems.is_empty() {
+            Ok(Some(info))
+        } else {
+            Err(MetadataProblems(r.problems))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_every_missing_key_at_once() {
+        let mut m = Metadata::new();
+        m.set(keys::ARCHITECTURE, "llama");
+        m.set("llama.block_count", "thirty");
+        let err = HyperParams::try_from(&m).unwrap_err();
+        let text = err.to_string();
+        for key in [
+            "llama.context_length",
+            "llama.embedding_length",
+            "llama.attention.head_count",
+        ] {
+            assert!(text.contains(&format!("'{key}' is missing")), "{text}");
+        }
+        assert!(
+            text.contains("'llama.block_count' has type string"),
+            "{text}"
+        );
+        assert_eq!(err.0.len(), 4, "{text}");
+    }
+
+    #[test]
+    fn integer_widths_and_defaults() {
+        let mut m = Metadata::new();
+        m.set(keys::ARCHITECTURE, "qwen2");
+        m.set("qwen2.context_length", 32768u64);
+        m.set("qwen2.embedding_length", 896u32);
+        m.set("qwen2.block_count", 24i32);
+        m.set("qwen2.attention.head_count", 14u32);
+        m.set(
+            "tokenizer.ggml.tokens",
+            Array::String(vec!["a".into(), "b".into()]),
+        );
+        let hp = HyperParams::try_from(&m).unwrap();
+        assert_eq!(hp.context_length, 32768);
+        assert_eq!(hp.block_count, 24);
+        assert_eq!(hp.head_count_kv, 14);
+        assert_eq!(hp.head_dim(), 64);
+        assert_eq!(hp.vocab_size, Some(2));
+    }
+}
