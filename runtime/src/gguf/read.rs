@@ -71,9 +71,15 @@ impl<'a> Cursor<'a> {
 
     /// Reads a length-prefixed string; `what` names it in messages.
     fn string(&mut self, what: &dyn Fn() -> String) -> Result<String, FormatError> {
+        self.string_max(u64::MAX, what)
+    }
+
+    /// Reads a length-prefixed string of at most `max` bytes; a longer one is
+    /// reported as `StringTooLong` before anything is read.
+    fn string_max(&mut self, max: u64, what: &dyn Fn() -> String) -> Result<String, FormatError> {
         let at = self.pos as u64;
         let len = self.u64(|| format!("the length of {}", what()))?;
-        if len > self.remaining() {
+        if len > self.remaining() || len > max {
             return Err(FormatError {
                 offset: at,
                 kind: FormatErrorKind::StringTooLong {
@@ -175,23 +181,26 @@ pub fn parse(bytes: &[u8]) -> Result<Header, FormatError> {
         }
     };
 
-    let mut tensors = Vec::with_capacity(n_tensors as usize);
-    let mut names = HashSet::with_capacity(n_tensors as usize);
+    // A tensor info takes 24 bytes on disk but more in memory; reserve a bounded
+    // amount and let the vectors grow with what is actually parsed.
+    let reserve = (n_tensors as usize).min(MAX_PREALLOCATED_ELEMENTS);
+    let mut tensors = Vec::with_capacity(reserve);
+    let mut names = HashSet::with_capacity(reserve);
     for index in 0..n_tensors {
         let info_at = c.pos as u64;
-        let name_len = c.u64(|| format!("the name length of tensor #{index}"))?;
-        if name_len >= MAX_TENSOR_NAME {
-            let kind = FormatErrorKind::TensorNameTooLong {
-                index,
-                len: name_len,
-            };
-            return Err(FormatError {
-                offset: info_at,
-                kind,
-            });
-        }
-        c.pos -= 8;
-        let name = c.string(&|| format!("the name of tensor #{index}"))?;
+        let what = || format!("the name of tensor #{index}");
+        let name = c
+            .string_max(MAX_TENSOR_NAME - 1, &what)
+            .map_err(|e| match e.kind {
+                FormatErrorKind::StringTooLong { len, .. } if len >= MAX_TENSOR_NAME => {
+                    let kind = FormatErrorKind::TensorNameTooLong { index, len };
+                    FormatError {
+                        offset: info_at,
+                        kind,
+                    }
+                }
+                _ => e,
+            })?;
         let n_dims = c.u32(|| format!("the dimension count of tensor '{name}'"))?;
         if n_dims as usize > MAX_DIMS {
             let kind = FormatErrorKind::TooManyDims {
