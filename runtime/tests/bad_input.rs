@@ -535,3 +535,53 @@ fn errors_name_the_file_and_leave_no_output() {
             .contains("the magic number")
     );
 }
+
+/// Fuzz finding (gguf_reader, 2026-11-29, artifact oom-0cf8339c…, kept as the seed
+/// fuzz/seeds/gguf_reader/regression-oom-huge-alignment.gguf): a file with
+/// `general.alignment = 2^30` and no tensors parsed, and rewriting it padded the
+/// header to 1 GiB in memory. Alignments above 1 MiB are now refused, and the
+/// writer streams padding instead of building it in memory.
+#[test]
+fn fuzz_oom_huge_alignment_is_rejected() {
+    let mut r = Raw::header(3, 0, 1);
+    r.kv_u32("general.alignment", 1 << 30);
+    assert_eq!(
+        kind(&r.build()),
+        K::BadAlignment {
+            found: "1073741824".into()
+        }
+    );
+    let artifact = common::fixture("../fuzz/seeds/gguf_reader/regression-oom-huge-alignment.gguf");
+    let err = parse(&std::fs::read(artifact).unwrap()).unwrap_err();
+    assert!(
+        matches!(err.kind, K::BadAlignment { .. } | K::Truncated { .. }),
+        "{err}"
+    );
+
+    let mut r = Raw::header(3, 0, 1);
+    r.kv_u32("general.alignment", 1 << 20);
+    let h = parse(&r.build()).unwrap();
+    assert_eq!((h.alignment, h.data_offset), (1 << 20, 1 << 20));
+
+    let mut m = Metadata::new();
+    m.set("general.alignment", 1u32 << 21);
+    let err = GgufWriter::new(Vec::new(), "o".as_ref(), 3, m, vec![])
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("up to 1048576, found 2097152"),
+        "{err}"
+    );
+
+    let mut m = Metadata::new();
+    m.set("general.alignment", 1u32 << 20);
+    let bytes = GgufWriter::new(Vec::new(), "o".as_ref(), 3, m, vec![])
+        .unwrap()
+        .finish()
+        .unwrap();
+    assert_eq!(
+        bytes.len(),
+        1 << 20,
+        "the writer streams the padding up to the alignment"
+    );
+}

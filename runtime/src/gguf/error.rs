@@ -117,8 +117,9 @@ pub enum FormatErrorKind {
     /// A key that appears twice.
     #[error("duplicate metadata key '{0}'")]
     DuplicateKey(String),
-    /// `general.alignment` of the wrong type or not a power of two.
-    #[error("general.alignment must be a uint32 power of two, found {found}")]
+    /// `general.alignment` of the wrong type, not a power of two, or above
+    /// memwall's limit of 1 MiB.
+    #[error("general.alignment must be a uint32 power of two up to 1048576, found {found}")]
     BadAlignment {
         /// What the file holds.
         found: String,

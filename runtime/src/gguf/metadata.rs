@@ -194,6 +194,22 @@ impl Metadata {
     }
 }
 
+impl Metadata {
+    /// The data alignment this metadata declares: `general.alignment`, which
+    /// must be a uint32 power of two no larger than [`super::MAX_ALIGNMENT`], or
+    /// [`super::DEFAULT_ALIGNMENT`] when absent. The error describes what was found.
+    pub fn alignment(&self) -> Result<u64, String> {
+        match self.get(keys::ALIGNMENT) {
+            None => Ok(super::DEFAULT_ALIGNMENT),
+            Some(Value::U32(a)) if a.is_power_of_two() && u64::from(*a) <= super::MAX_ALIGNMENT => {
+                Ok(u64::from(*a))
+            }
+            Some(Value::U32(a)) => Err(a.to_string()),
+            Some(other) => Err(describe_type(other)),
+        }
+    }
+}
+
 /// A type description for messages: `uint32`, `array[string]`.
 pub fn describe_type(value: &Value) -> String {
     match value {

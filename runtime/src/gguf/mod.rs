@@ -41,6 +41,10 @@ pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
 pub const GGUF_VERSION: u32 = 3;
 /// Alignment when `general.alignment` is absent (`GGUF_DEFAULT_ALIGNMENT`).
 pub const DEFAULT_ALIGNMENT: u64 = 32;
+/// Largest `general.alignment` memwall reads or writes (1 MiB). ggml accepts
+/// any power of two up to 2^31; no real file uses more than a page, and each
+/// file carries up to `alignment` bytes of padding per tensor.
+pub const MAX_ALIGNMENT: u64 = 1 << 20;
 /// Tensor names must be shorter than this (`GGML_MAX_NAME`, which counts the NUL).
 pub const MAX_TENSOR_NAME: u64 = 64;
 /// Deepest array nesting memwall reads or writes. ggml itself reads no nested

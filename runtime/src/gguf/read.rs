@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use super::error::{FormatError, FormatErrorKind};
 use super::metadata::{Metadata, keys};
 use super::value::{Array, Value, ValueType};
-use super::{DEFAULT_ALIGNMENT, GGUF_MAGIC, Header, MAX_ARRAY_DEPTH, MAX_TENSOR_NAME, TensorInfo};
+use super::{GGUF_MAGIC, Header, MAX_ARRAY_DEPTH, MAX_TENSOR_NAME, TensorInfo};
 use crate::ggml_type::{GgmlType, MAX_DIMS};
 
 /// Bytes a metadata pair needs at least: key length, a one-byte key, the type
@@ -165,21 +165,10 @@ pub fn parse(bytes: &[u8]) -> Result<Header, FormatError> {
         }
     }
 
-    let alignment = match (metadata.get(keys::ALIGNMENT), alignment_at) {
-        (None, _) => DEFAULT_ALIGNMENT,
-        (Some(Value::U32(a)), _) if a.is_power_of_two() => u64::from(*a),
-        (Some(other), at) => {
-            let found = match other {
-                Value::U32(a) => format!("{a}"),
-                v => super::metadata::describe_type(v),
-            };
-            let kind = FormatErrorKind::BadAlignment { found };
-            return Err(FormatError {
-                offset: at.unwrap_or(0),
-                kind,
-            });
-        }
-    };
+    let alignment = metadata.alignment().map_err(|found| FormatError {
+        offset: alignment_at.unwrap_or(0),
+        kind: FormatErrorKind::BadAlignment { found },
+    })?;
 
     // A tensor info takes 24 bytes on disk but more in memory; reserve a bounded
     // amount and let the vectors grow with what is actually parsed.

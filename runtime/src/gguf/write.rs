@@ -10,10 +10,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::error::GgufError;
-use super::metadata::{Metadata, describe_type, keys};
+use super::metadata::Metadata;
 use super::read::align_up;
 use super::value::{Array, Value};
-use super::{DEFAULT_ALIGNMENT, GGUF_MAGIC, Header, MAX_ARRAY_DEPTH, MAX_TENSOR_NAME, TensorInfo};
+use super::{GGUF_MAGIC, Header, MAX_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_TENSOR_NAME, TensorInfo};
 use crate::atomic::AtomicFile;
 use crate::ggml_type::GgmlType;
 
@@ -102,6 +102,7 @@ impl<W: Write> GgufWriter<W> {
             current: 0,
             received: 0,
         };
+        writer.write_zeros(writer.header.data_offset - bytes.len() as u64)?;
         writer.skip_empty_tensors();
         Ok(writer)
     }
@@ -251,16 +252,11 @@ fn plan(
             }
         }
     }
-    let alignment = match metadata.get(keys::ALIGNMENT) {
-        None => DEFAULT_ALIGNMENT,
-        Some(Value::U32(a)) if a.is_power_of_two() => u64::from(*a),
-        Some(other) => {
-            return Err(fail(format!(
-                "general.alignment must be a uint32 power of two, got {} {other:?}",
-                describe_type(other)
-            )));
-        }
-    };
+    let alignment = metadata.alignment().map_err(|found| {
+        fail(format!(
+            "general.alignment must be a uint32 power of two up to {MAX_ALIGNMENT}, found {found}"
+        ))
+    })?;
     let mut names = HashSet::with_capacity(specs.len());
     let mut tensors = Vec::with_capacity(specs.len());
     let mut offset = 0u64;
@@ -337,10 +333,10 @@ fn array_len(a: &Array) -> u64 {
         }
 }
 
-/// Encodes the header: magic, version, counts, metadata, tensor infos, and
-/// zero padding up to `header.data_offset`.
+/// Encodes the header: magic, version, counts, metadata and tensor infos, without
+/// the padding up to `header.data_offset` (which the writer streams as zeros).
 pub(crate) fn encode_header(header: &Header) -> Vec<u8> {
-    let mut b = Vec::with_capacity(header.data_offset as usize);
+    let mut b = Vec::new();
     b.extend_from_slice(&GGUF_MAGIC);
     b.extend_from_slice(&header.version.to_le_bytes());
     b.extend_from_slice(&(header.tensors.len() as u64).to_le_bytes());
@@ -359,7 +355,6 @@ pub(crate) fn encode_header(header: &Header) -> Vec<u8> {
         b.extend_from_slice(&t.ty.id().to_le_bytes());
         b.extend_from_slice(&t.offset.to_le_bytes());
     }
-    b.resize(header.data_offset as usize, 0);
     b
 }
 
