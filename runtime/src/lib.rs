@@ -7,8 +7,10 @@
 //!   and streaming, atomic writing.
 //! - [`model_info`]: hyper-parameters and tokenizer summary from metadata.
 //! - [`atomic`]: `<out>.partial` → fsync → rename, used by every writer.
+//! - [`blocks`]: ggml block formats and scalar dequantization (the reference).
 
 pub mod atomic;
+pub mod blocks;
 pub mod ggml_type;
 pub mod gguf;
 pub mod model_info;
