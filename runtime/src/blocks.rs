@@ -29,6 +29,56 @@ pub fn f16_to_f32(h: u16) -> f32 {
     f32::from_bits(bits)
 }
 
+/// `f32` to IEEE half-precision bits, rounding to nearest even (as F16C's
+/// `vcvtps2ph` and ggml's scalar fallback do); overflow gives infinity.
+pub fn f32_to_f16(x: f32) -> u16 {
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xff) as i32;
+    let mant = b & 0x7f_ffff;
+    if exp == 0xff {
+        let nan = if mant != 0 {
+            0x200 | (mant >> 13) as u16
+        } else {
+            0
+        };
+        return sign | 0x7c00 | nan;
+    }
+    let e = exp - 127 + 15;
+    if e >= 0x1f {
+        return sign | 0x7c00;
+    }
+    let round = |m: u32, shift: u32| {
+        let half = 1u32 << (shift - 1);
+        let rem = m & ((1u32 << shift) - 1);
+        let r = m >> shift;
+        if rem > half || (rem == half && r & 1 == 1) {
+            r + 1
+        } else {
+            r
+        }
+    };
+    if e <= 0 {
+        if e < -10 {
+            return sign;
+        }
+        // Subnormal: the unit is 2^-24; a carry into the exponent field is correct.
+        return sign | round(mant | 0x80_0000, (14 - e) as u32) as u16;
+    }
+    // A carry out of the mantissa moves into the exponent (up to infinity), as it should.
+    sign | round(((e as u32) << 23) | mant, 13) as u16
+}
+
+/// `f32` to bfloat16 bits, rounding to nearest even, NaN kept quiet (ggml's
+/// `ggml_compute_fp32_to_bf16`).
+pub fn f32_to_bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    if b & 0x7fff_ffff > 0x7f80_0000 {
+        return ((b >> 16) | 64) as u16;
+    }
+    ((b + (0x7fff + ((b >> 16) & 1))) >> 16) as u16
+}
+
 /// bfloat16 bits to `f32` (exact).
 pub fn bf16_to_f32(h: u16) -> f32 {
     f32::from_bits(u32::from(h) << 16)
@@ -621,6 +671,34 @@ mod tests {
         assert_eq!(f16_to_f32(0x8000).to_bits(), (-0.0f32).to_bits());
         assert!(f16_to_f32(0x7c00).is_infinite() && f16_to_f32(0x7e00).is_nan());
         assert_eq!(bf16_to_f32(0x3f80), 1.0);
+    }
+
+    #[test]
+    fn f16_round_trips_and_rounds_to_nearest_even() {
+        for h in 0..=u16::MAX {
+            let x = f16_to_f32(h);
+            if !x.is_nan() {
+                assert_eq!(f32_to_f16(x), h, "{h:#06x}");
+            }
+        }
+        // Halfway between 1.0 and the next f16 (1 + 2^-10): ties to even, i.e. 1.0.
+        assert_eq!(f32_to_f16(1.0 + 2f32.powi(-11)), 0x3c00);
+        assert_eq!(f32_to_f16(1.0 + 3.0 * 2f32.powi(-11)), 0x3c02);
+        assert_eq!(f32_to_f16(65520.0), 0x7c00, "rounds up to infinity");
+        assert_eq!(
+            f32_to_f16(2f32.powi(-25)),
+            0x0000,
+            "tie to even at the smallest subnormal"
+        );
+        assert_eq!(f32_to_f16(1.5 * 2f32.powi(-25)), 0x0001);
+        assert!(f16_to_f32(f32_to_f16(f32::NAN)).is_nan());
+        assert_eq!(f32_to_bf16(1.0), 0x3f80);
+        assert_eq!(
+            f32_to_bf16(f32::from_bits(0x3f80_8000)),
+            0x3f80,
+            "tie to even"
+        );
+        assert_eq!(f32_to_bf16(f32::from_bits(0x3f81_8000)), 0x3f82);
     }
 
     #[test]

@@ -1,0 +1,106 @@
+//! Encoders of the legacy 32-weight blocks, following ggml's
+//! `quantize_row_q{4,5}_{0,1}_ref` and `quantize_row_q8_0_ref`
+//! (`ggml/src/ggml-quants.c`). Float operations are done in `f32` in ggml's
+//! order, and float-to-integer conversions truncate as C's casts do, so the
+//! output bytes are identical. Layouts: `memwall_runtime::blocks`.
+
+use memwall_runtime::blocks::f32_to_f16;
+
+/// The value with the largest magnitude (the first one on ties), as ggml picks it.
+fn signed_max(x: &[f32]) -> f32 {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
+
+fn min_max(x: &[f32]) -> (f32, f32) {
+    x.iter().fold((f32::MAX, -f32::MAX), |(lo, hi), &v| {
+        (if v < lo { v } else { lo }, if v > hi { v } else { hi })
+    })
+}
+
+fn inverse(d: f32) -> f32 {
+    if d != 0.0 { 1.0 / d } else { 0.0 }
+}
+
+/// C's `(int8_t)x` for the in-range values these encoders produce: truncation.
+fn trunc_i32(x: f32) -> i32 {
+    x as i32
+}
+
+/// Q4_0: `d = max / −8` (max is the signed value of largest magnitude), `q = min(15, ⌊x/d + 8.5⌋)`.
+pub(crate) fn q4_0(x: &[f32], y: &mut [u8]) {
+    let d = signed_max(x) / -8.0;
+    let id = inverse(d);
+    y[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+    for j in 0..16 {
+        let lo = trunc_i32(x[j] * id + 8.5).min(15) as u8;
+        let hi = trunc_i32(x[j + 16] * id + 8.5).min(15) as u8;
+        y[2 + j] = lo | (hi << 4);
+    }
+}
+
+/// Q4_1: `d = (max − min) / 15`, `m = min`, `q = min(15, ⌊(x − m)/d + 0.5⌋)`.
+pub(crate) fn q4_1(x: &[f32], y: &mut [u8]) {
+    let (min, max) = min_max(x);
+    let d = (max - min) / 15.0;
+    let id = inverse(d);
+    y[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+    y[2..4].copy_from_slice(&f32_to_f16(min).to_le_bytes());
+    for j in 0..16 {
+        let lo = trunc_i32((x[j] - min) * id + 0.5).min(15) as u8;
+        let hi = trunc_i32((x[j + 16] - min) * id + 0.5).min(15) as u8;
+        y[4 + j] = lo | (hi << 4);
+    }
+}
+
+/// Q5_0: `d = max / −16`, `q = min(31, ⌊x/d + 16.5⌋)`, fifth bits in `qh`.
+pub(crate) fn q5_0(x: &[f32], y: &mut [u8]) {
+    let d = signed_max(x) / -16.0;
+    let id = inverse(d);
+    y[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+    let mut qh = 0u32;
+    for j in 0..16 {
+        let lo = trunc_i32(x[j] * id + 16.5).min(31) as u32;
+        let hi = trunc_i32(x[j + 16] * id + 16.5).min(31) as u32;
+        y[6 + j] = ((lo & 0xf) | ((hi & 0xf) << 4)) as u8;
+        qh |= ((lo & 0x10) >> 4) << j;
+        qh |= ((hi & 0x10) >> 4) << (j + 16);
+    }
+    y[2..6].copy_from_slice(&qh.to_le_bytes());
+}
+
+/// Q5_1: `d = (max − min) / 31`, `m = min`, `q = ⌊(x − m)/d + 0.5⌋` (ggml does not clamp).
+pub(crate) fn q5_1(x: &[f32], y: &mut [u8]) {
+    let (min, max) = min_max(x);
+    let d = (max - min) / 31.0;
+    let id = inverse(d);
+    y[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+    y[2..4].copy_from_slice(&f32_to_f16(min).to_le_bytes());
+    let mut qh = 0u32;
+    for j in 0..16 {
+        // ggml casts to uint8_t; the value is at most 31.5 here.
+        let lo = ((x[j] - min) * id + 0.5) as u8 as u32;
+        let hi = ((x[j + 16] - min) * id + 0.5) as u8 as u32;
+        y[8 + j] = ((lo & 0xf) | ((hi & 0xf) << 4)) as u8;
+        qh |= ((lo & 0x10) >> 4) << j;
+        qh |= ((hi & 0x10) >> 4) << (j + 16);
+    }
+    y[4..8].copy_from_slice(&qh.to_le_bytes());
+}
+
+/// Q8_0: `d = max|x| / 127`, `q = round(x/d)` (half away from zero).
+pub(crate) fn q8_0(x: &[f32], y: &mut [u8]) {
+    let amax = x.iter().fold(0f32, |a, &v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = inverse(d);
+    y[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+    for (j, &v) in x.iter().enumerate() {
+        y[2 + j] = (v * id).round() as i8 as u8;
+    }
+}

@@ -1,0 +1,84 @@
+//! memwall's quantizer: block encoders that produce the same bytes as ggml's
+//! reference quantizers (`quantize_row_*_ref`), and (to come) llama.cpp's
+//! quantization mixes and memwall's mixed-precision recipes.
+//!
+//! Implemented so far: F32, F16, BF16 and the legacy 32-weight block types
+//! Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, without an importance matrix.
+//!
+//! ```
+//! use memwall_quantize::quantize_row;
+//! use memwall_runtime::{GgmlType, blocks::dequantize_row};
+//!
+//! let x: Vec<f32> = (0..64).map(|i| (i as f32 - 32.0) / 8.0).collect();
+//! let mut q = vec![0u8; 2 * 34];
+//! quantize_row(GgmlType::Q8_0, &x, &mut q)?;
+//! let mut y = vec![0f32; 64];
+//! dequantize_row(GgmlType::Q8_0, &q, &mut y)?;
+//! assert!(x.iter().zip(&y).all(|(a, b)| (a - b).abs() < 0.02));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod legacy;
+
+use memwall_runtime::GgmlType;
+use memwall_runtime::blocks::{f32_to_bf16, f32_to_f16};
+
+/// Why a row could not be quantized.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum QuantizeError {
+    /// memwall has no encoder for the type yet.
+    #[error("quantization to {0} is not supported yet")]
+    Unsupported(GgmlType),
+    /// The input is not a whole number of blocks, or the output does not fit it.
+    #[error("{ty}: {src} weights do not fill {dst} bytes of blocks")]
+    Length {
+        /// Target type.
+        ty: GgmlType,
+        /// Input weights.
+        src: usize,
+        /// Output bytes.
+        dst: usize,
+    },
+}
+
+/// Types [`quantize_row`] encodes.
+pub const ENCODABLE: [GgmlType; 8] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+];
+
+/// Encodes `src` as blocks of `ty` into `dst`, byte for byte as ggml's
+/// reference quantizer does.
+pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantizeError> {
+    if !ENCODABLE.contains(&ty) {
+        return Err(QuantizeError::Unsupported(ty));
+    }
+    let (bs, ts) = (ty.block_size() as usize, ty.type_size() as usize);
+    if src.len() % bs != 0 || dst.len() != src.len() / bs * ts {
+        return Err(QuantizeError::Length {
+            ty,
+            src: src.len(),
+            dst: dst.len(),
+        });
+    }
+    for (x, y) in src.chunks_exact(bs).zip(dst.chunks_exact_mut(ts)) {
+        match ty {
+            GgmlType::F32 => y.copy_from_slice(&x[0].to_le_bytes()),
+            GgmlType::F16 => y.copy_from_slice(&f32_to_f16(x[0]).to_le_bytes()),
+            GgmlType::BF16 => y.copy_from_slice(&f32_to_bf16(x[0]).to_le_bytes()),
+            GgmlType::Q4_0 => legacy::q4_0(x, y),
+            GgmlType::Q4_1 => legacy::q4_1(x, y),
+            GgmlType::Q5_0 => legacy::q5_0(x, y),
+            GgmlType::Q5_1 => legacy::q5_1(x, y),
+            GgmlType::Q8_0 => legacy::q8_0(x, y),
+            _ => unreachable!("checked against ENCODABLE"),
+        }
+    }
+    Ok(())
+}
