@@ -2,8 +2,8 @@
 //! reference quantizers (`quantize_row_*_ref`), and (to come) llama.cpp's
 //! quantization mixes and memwall's mixed-precision recipes.
 //!
-//! Implemented so far: F32, F16, BF16 and the legacy 32-weight block types
-//! Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, without an importance matrix.
+//! Implemented so far, without an importance matrix: F32, F16, BF16, Q4_0,
+//! Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS.
 //!
 //! ```
 //! use memwall_quantize::quantize_row;
@@ -18,6 +18,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod iq4;
+mod kquants;
 mod legacy;
 
 use memwall_runtime::GgmlType;
@@ -42,7 +44,7 @@ pub enum QuantizeError {
 }
 
 /// Types [`quantize_row`] encodes.
-pub const ENCODABLE: [GgmlType; 8] = [
+pub const ENCODABLE: [GgmlType; 15] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -51,6 +53,13 @@ pub const ENCODABLE: [GgmlType; 8] = [
     GgmlType::Q5_0,
     GgmlType::Q5_1,
     GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
 ];
 
 /// Encodes `src` as blocks of `ty` into `dst`, byte for byte as ggml's
@@ -77,6 +86,13 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
             GgmlType::Q5_0 => legacy::q5_0(x, y),
             GgmlType::Q5_1 => legacy::q5_1(x, y),
             GgmlType::Q8_0 => legacy::q8_0(x, y),
+            GgmlType::Q2_K => kquants::q2_k(x, y),
+            GgmlType::Q3_K => kquants::q3_k(x, y),
+            GgmlType::Q4_K => kquants::q4_k(x, y),
+            GgmlType::Q5_K => kquants::q5_k(x, y),
+            GgmlType::Q6_K => kquants::q6_k(x, y),
+            GgmlType::IQ4_NL => iq4::iq4_nl(x, y),
+            GgmlType::IQ4_XS => iq4::iq4_xs(x, y),
             _ => unreachable!("checked against ENCODABLE"),
         }
     }
