@@ -142,3 +142,44 @@ proptest! {
         }
     }
 }
+
+/// Whole tensors: quantizing three tiny-zh tensors (from llama.cpp's F16
+/// conversion) to each type gives the SHA-256 that `llama-quantize --pure`
+/// produced (fixtures/tiny-zh/reference/llama-quantize.json).
+#[test]
+fn whole_tensors_match_llama_quantize_hashes() {
+    use sha2::{Digest, Sha256};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tiny-zh/reference");
+    let bytes = std::fs::read(root.join("f16-tensors.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let expected: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("llama-quantize.json")).unwrap()).unwrap();
+    let mut checked = 0;
+    for (name, view) in st.tensors() {
+        let x: Vec<f32> = view
+            .data()
+            .chunks_exact(2)
+            .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+            .collect();
+        for ty in ENCODABLE {
+            let upper = ty.name().to_uppercase();
+            let key = if ["Q3_K", "Q4_K", "Q5_K"].contains(&upper.as_str()) {
+                format!("{upper}_S")
+            } else {
+                upper
+            };
+            let want = &expected["pure"][&key]["tensors"][&name];
+            assert_eq!(
+                want[0].as_str().unwrap(),
+                ty.name().to_uppercase(),
+                "{key} {name}"
+            );
+            let mut q = vec![0u8; (x.len() as u64 / ty.block_size() * ty.type_size()) as usize];
+            quantize_row(ty, &x, &mut q).unwrap();
+            let got = format!("{:x}", Sha256::digest(&q));
+            assert_eq!(got, want[1].as_str().unwrap(), "{ty} {name}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 3 * 15);
+}
