@@ -5,6 +5,7 @@
 use memwall_runtime::blocks::{IQ4NL_GRID, f32_to_f16};
 
 use crate::kquants::{GROUP_MAX_EPS, nearest_int};
+use crate::legacy::signed_max;
 
 const NTRY: i32 = 7;
 
@@ -36,14 +37,8 @@ fn best_index(x: f32) -> u8 {
 
 /// Best scale of one 32-weight group with weights `x²`; `None` for an all-zero group.
 fn group_scale(xb: &[f32]) -> Option<f32> {
-    let (mut amax, mut max) = (0f32, 0f32);
-    for &v in xb {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
+    let max = signed_max(xb);
+    if max.abs() < GROUP_MAX_EPS {
         return None;
     }
     let v0 = f32::from(IQ4NL_GRID[0]);

@@ -5,7 +5,9 @@
 //! ggml's order (ggml-base is built without FMA contraction), integers convert
 //! as C's casts do, so the bytes are identical.
 
-use memwall_runtime::blocks::{f16_to_f32, f32_to_f16};
+use memwall_runtime::blocks::{f16_to_f32, f32_to_f16, scale_min_k4};
+
+use crate::legacy::signed_max;
 
 /// ggml treats a group whose largest magnitude is below this as all zeros.
 pub(crate) const GROUP_MAX_EPS: f32 = 1e-15;
@@ -100,14 +102,8 @@ fn make_qkx2_quants(
 
 /// Symmetric fit `x ≈ scale · (L − nmax)` for Q6_K (`rmse_type` 1, no weights).
 fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
-    let (mut max, mut amax) = (0f32, 0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
+    let max = signed_max(x);
+    if max.abs() < GROUP_MAX_EPS {
         l_out.fill(0);
         return 0.0;
     }
@@ -149,14 +145,8 @@ fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
 
 /// Symmetric fit for Q3_K with coordinate-descent refinement; `L` in `0..2·nmax`.
 fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
-    let (mut max, mut amax) = (0f32, 0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
+    let max = signed_max(x);
+    if max.abs() < GROUP_MAX_EPS {
         l_out.fill(0);
         return 0.0;
     }
@@ -353,18 +343,6 @@ fn pack_k4_scales(scales: &[f32; 8], mins: &[f32; 8]) -> ([u8; 12], u16, u16) {
         }
     }
     (q, f32_to_f16(max_scale / 63.0), f32_to_f16(max_min / 63.0))
-}
-
-/// Scale and min `j` from packed Q4_K/Q5_K scales (`get_scale_min_k4`).
-fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        (
-            (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
-    }
 }
 
 /// The Q4_K/Q5_K pipeline: per-group fits, packed scales, final quants in `0..=nmax`.

@@ -7,7 +7,7 @@
 use memwall_runtime::blocks::f32_to_f16;
 
 /// The value with the largest magnitude (the first one on ties), as ggml picks it.
-fn signed_max(x: &[f32]) -> f32 {
+pub(crate) fn signed_max(x: &[f32]) -> f32 {
     let (mut amax, mut max) = (0f32, 0f32);
     for &v in x {
         if amax < v.abs() {

@@ -43,24 +43,8 @@ pub enum QuantizeError {
     },
 }
 
-/// Types [`quantize_row`] encodes.
-pub const ENCODABLE: [GgmlType; 15] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-    GgmlType::IQ4_NL,
-    GgmlType::IQ4_XS,
-];
+/// Types [`quantize_row`] encodes: every type the runtime decodes.
+pub const ENCODABLE: [GgmlType; 15] = memwall_runtime::blocks::DEQUANTIZABLE;
 
 /// Encodes `src` as blocks of `ty` into `dst`, byte for byte as ggml's
 /// reference quantizer does.

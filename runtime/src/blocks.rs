@@ -516,7 +516,7 @@ impl BlockQ3K {
 }
 
 /// Scale and min `j` (0..8) of a Q4_K/Q5_K block (`get_scale_min_k4`).
-fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
+pub fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
