@@ -1,4 +1,4 @@
-//! IQ4_NL and IQ4_XS encoders without an importance matrix, following ggml's
+//! IQ4_NL and IQ4_XS encoders, with or without an importance matrix, following ggml's
 //! `quantize_row_iq4_nl_impl` as `llama-quantize` calls it (`quantize_iq4_nl` /
 //! `quantize_iq4_xs`, 7 scale trials each way), in `f32` in ggml's order.
 
@@ -35,8 +35,27 @@ fn best_index(x: f32) -> u8 {
     }
 }
 
-/// Best scale of one 32-weight group with weights `x²`; `None` for an all-zero group.
-fn group_scale(xb: &[f32]) -> Option<f32> {
+/// Weights of the fits: `x²`, or with an importance matrix `qw · √(σ² + x²)`
+/// where σ² is twice the mean square of the (super-)block.
+fn weights(x: &[f32], qw: Option<&[f32]>) -> Vec<f32> {
+    match qw {
+        None => x.iter().map(|v| v * v).collect(),
+        Some(qw) => {
+            let mut sigma2 = 0f32;
+            for &v in x {
+                sigma2 += v * v;
+            }
+            sigma2 *= 2.0 / x.len() as f32;
+            x.iter()
+                .zip(qw)
+                .map(|(&v, &q)| q * (sigma2 + v * v).sqrt())
+                .collect()
+        }
+    }
+}
+
+/// Best scale of one 32-weight group under `weight`; `None` for an all-zero group.
+fn group_scale(xb: &[f32], weight: &[f32]) -> Option<f32> {
     let max = signed_max(xb);
     if max.abs() < GROUP_MAX_EPS {
         return None;
@@ -44,9 +63,8 @@ fn group_scale(xb: &[f32]) -> Option<f32> {
     let v0 = f32::from(IQ4NL_GRID[0]);
     let fit = |id: f32| {
         let (mut sumqx, mut sumq2) = (0f32, 0f32);
-        for &x in xb {
+        for (&x, &w) in xb.iter().zip(weight) {
             let q = f32::from(IQ4NL_GRID[usize::from(best_index(id * x))]);
-            let w = x * x;
             sumqx += w * q * x;
             sumq2 += w * q * q;
         }
@@ -75,8 +93,8 @@ fn pack(l: &[u8], qs: &mut [u8]) {
 }
 
 /// IQ4_NL: one 32-weight block, f16 scale, grid indices.
-pub(crate) fn iq4_nl(x: &[f32], y: &mut [u8]) {
-    let scale = group_scale(x).unwrap_or(0.0);
+pub(crate) fn iq4_nl(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
+    let scale = group_scale(x, &weights(x, qw)).unwrap_or(0.0);
     y[..2].copy_from_slice(&f32_to_f16(scale).to_le_bytes());
     let id = if scale != 0.0 { 1.0 / scale } else { 0.0 };
     let l: Vec<u8> = x.iter().map(|&v| best_index(id * v)).collect();
@@ -84,11 +102,12 @@ pub(crate) fn iq4_nl(x: &[f32], y: &mut [u8]) {
 }
 
 /// IQ4_XS: 8 groups of 32 with 6-bit scales against an f16 super-scale.
-pub(crate) fn iq4_xs(x: &[f32], y: &mut [u8]) {
+pub(crate) fn iq4_xs(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
+    let w = weights(x, qw);
     let mut scales = [0f32; 8];
     let (mut max_scale, mut amax_scale) = (0f32, 0f32);
     for (ib, xb) in x.chunks_exact(32).enumerate() {
-        let d = group_scale(xb).unwrap_or(0.0);
+        let d = group_scale(xb, &w[32 * ib..32 * ib + 32]).unwrap_or(0.0);
         scales[ib] = d;
         if d.abs() > amax_scale {
             amax_scale = d.abs();

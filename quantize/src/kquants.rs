@@ -100,8 +100,10 @@ fn make_qkx2_quants(
     (scale, -min)
 }
 
-/// Symmetric fit `x ≈ scale · (L − nmax)` for Q6_K (`rmse_type` 1, no weights).
-fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
+/// Symmetric fit `x ≈ scale · (L − nmax)` for Q6_K (`rmse_type` 1): weighted by
+/// the importance `qw` when given, else by `x²`.
+fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], qw: Option<&[f32]>) -> f32 {
+    let weight = |i: usize, v: f32| qw.map_or(v * v, |q| q[i]);
     let max = signed_max(x);
     if max.abs() < GROUP_MAX_EPS {
         l_out.fill(0);
@@ -113,7 +115,7 @@ fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
     for (i, &v) in x.iter().enumerate() {
         let l = quant(iscale, v);
         l_out[i] = (l + nmax) as i8;
-        let w = v * v;
+        let w = weight(i, v);
         sumlx += w * v * l as f32;
         suml2 += w * l as f32 * l as f32;
     }
@@ -126,9 +128,9 @@ fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
         iscale = -(nmax as f32 + 0.1 * is as f32) / max;
         sumlx = 0.0;
         suml2 = 0.0;
-        for &v in x {
+        for (i, &v) in x.iter().enumerate() {
             let l = quant(iscale, v) as f32;
-            let w = v * v;
+            let w = weight(i, v);
             sumlx += w * v * l;
             suml2 += w * l * l;
         }
@@ -185,6 +187,81 @@ fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
     }
     for (out, &li) in l_out.iter_mut().zip(&l) {
         *out = (li + nmax) as i8;
+    }
+    if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
+}
+
+/// Fits the 8 non-negative group scales (or mins) of a Q4_K/Q5_K block with
+/// 6-bit integers under weights `qw` (the groups' weight sums); ggml's
+/// `make_qp_quants`, used on the importance-matrix path.
+fn make_qp_quants(nmax: i32, x: &[f32; 8], l_out: &mut [u8; 8], qw: &[f32; 8]) -> f32 {
+    let max = x.iter().fold(0f32, |m, &v| if v > m { v } else { m });
+    if max < GROUP_MAX_EPS {
+        l_out.fill(0);
+        return 0.0;
+    }
+    let mut iscale = nmax as f32 / max;
+    for i in 0..8 {
+        // C assigns the unclamped value to a uint8_t.
+        l_out[i] = nearest_int(iscale * x[i]) as u8;
+    }
+    let scale = 1.0 / iscale;
+    let mut best_mse = 0f32;
+    for i in 0..8 {
+        let diff = x[i] - scale * f32::from(l_out[i]);
+        best_mse += qw[i] * diff * diff;
+    }
+    for is in -4..=4 {
+        if is == 0 {
+            continue;
+        }
+        let iscale_is = (0.1 * is as f32 + nmax as f32) / max;
+        let scale_is = 1.0 / iscale_is;
+        let mut mse = 0f32;
+        for i in 0..8 {
+            let l = nearest_int(iscale_is * x[i]).min(nmax);
+            let diff = x[i] - scale_is * l as f32;
+            mse += qw[i] * diff * diff;
+        }
+        if mse < best_mse {
+            best_mse = mse;
+            iscale = iscale_is;
+        }
+    }
+    let (mut sumlx, mut suml2) = (0f32, 0f32);
+    let mut l = [0i32; 8];
+    for i in 0..8 {
+        l[i] = nearest_int(iscale * x[i]).min(nmax);
+        let w = qw[i];
+        sumlx += w * x[i] * l[i] as f32;
+        suml2 += w * l[i] as f32 * l[i] as f32;
+    }
+    for _ in 0..5 {
+        let mut changed = 0;
+        for i in 0..8 {
+            let w = qw[i];
+            let mut slx = sumlx - w * x[i] * l[i] as f32;
+            let mut sl2 = suml2 - w * l[i] as f32 * l[i] as f32;
+            if slx > 0.0 && sl2 > 0.0 {
+                let new_l = nearest_int(x[i] * sl2 / slx).min(nmax);
+                if new_l != l[i] {
+                    slx += w * x[i] * new_l as f32;
+                    sl2 += w * new_l as f32 * new_l as f32;
+                    if slx * slx * suml2 > sumlx * sumlx * sl2 {
+                        l[i] = new_l;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        changed += 1;
+                    }
+                }
+            }
+        }
+        if changed == 0 {
+            break;
+        }
+    }
+    for i in 0..8 {
+        l_out[i] = l[i] as u8;
     }
     if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
 }
@@ -329,48 +406,93 @@ fn pack_k4_scales(scales: &[f32; 8], mins: &[f32; 8]) -> ([u8; 12], u16, u16) {
         0.0
     };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
+    let mut ls = [0u8; 8];
+    let mut lm = [0u8; 8];
+    for j in 0..8 {
+        ls[j] = (nearest_int(inv_scale * scales[j]) as u8).min(63);
+        lm[j] = (nearest_int(inv_min * mins[j]) as u8).min(63);
+    }
+    (
+        pack_k4_ints(&ls, &lm),
+        f32_to_f16(max_scale / 63.0),
+        f32_to_f16(max_min / 63.0),
+    )
+}
+
+/// Packs 8 six-bit scales and mins into the 12 bytes of a Q4_K/Q5_K block.
+fn pack_k4_ints(ls: &[u8; 8], lm: &[u8; 8]) -> [u8; 12] {
     let mut q = [0u8; 12];
     for j in 0..8 {
-        let ls = (nearest_int(inv_scale * scales[j]) as u8).min(63);
-        let lm = (nearest_int(inv_min * mins[j]) as u8).min(63);
         if j < 4 {
-            q[j] = ls;
-            q[j + 4] = lm;
+            q[j] = ls[j];
+            q[j + 4] = lm[j];
         } else {
-            q[j + 4] = (ls & 0xf) | ((lm & 0xf) << 4);
-            q[j - 4] |= (ls >> 4) << 6;
-            q[j] |= (lm >> 4) << 6;
+            q[j + 4] = (ls[j] & 0xf) | ((lm[j] & 0xf) << 4);
+            q[j - 4] |= (ls[j] >> 4) << 6;
+            q[j] |= (lm[j] >> 4) << 6;
         }
     }
-    (q, f32_to_f16(max_scale / 63.0), f32_to_f16(max_min / 63.0))
+    q
 }
 
 /// The Q4_K/Q5_K pipeline: per-group fits, packed scales, final quants in `0..=nmax`.
-fn k4_quants(x: &[f32], nmax: i32, rmin: f32, nstep: i32) -> ([u8; 256], [u8; 12], u16, u16) {
+/// Without an importance matrix this is `quantize_row_q{4,5}_K_ref` (`rmin`, `nstep`
+/// per type); with one, `quantize_row_q{4,5}_K_impl`: weights `qw · √(σ² + x²)`, a
+/// finer scale sweep, and the group scales fitted by [`make_qp_quants`].
+fn k4_quants(
+    x: &[f32],
+    nmax: i32,
+    rmin: f32,
+    nstep: i32,
+    qw: Option<&[f32]>,
+) -> ([u8; 256], [u8; 12], u16, u16) {
     let mut l = [0u8; 256];
     let (mut scales, mut mins) = ([0f32; 8], [0f32; 8]);
-    for j in 0..8 {
-        let xs = &x[32 * j..32 * j + 32];
-        let mut sum_x2 = 0f32;
-        for &v in xs {
-            sum_x2 += v * v;
+    let (packed, d, dmin) = match qw {
+        None => {
+            for j in 0..8 {
+                let xs = &x[32 * j..32 * j + 32];
+                let mut sum_x2 = 0f32;
+                for &v in xs {
+                    sum_x2 += v * v;
+                }
+                let av_x = (sum_x2 / 32.0).sqrt();
+                let weights: Vec<f32> = xs.iter().map(|v| av_x + v.abs()).collect();
+                let lj = &mut l[32 * j..32 * j + 32];
+                (scales[j], mins[j]) =
+                    make_qkx2_quants(nmax, xs, &weights, lj, rmin, 0.1, nstep, false);
+            }
+            pack_k4_scales(&scales, &mins)
         }
-        let av_x = (sum_x2 / 32.0).sqrt();
-        let weights: Vec<f32> = xs.iter().map(|v| av_x + v.abs()).collect();
-        let (s, m) = make_qkx2_quants(
-            nmax,
-            xs,
-            &weights,
-            &mut l[32 * j..32 * j + 32],
-            rmin,
-            0.1,
-            nstep,
-            false,
-        );
-        scales[j] = s;
-        mins[j] = m;
-    }
-    let (packed, d, dmin) = pack_k4_scales(&scales, &mins);
+        Some(qw) => {
+            let mut sum_x2 = 0f32;
+            for &v in x {
+                sum_x2 += v * v;
+            }
+            let sigma2 = 2.0 * sum_x2 / 256.0;
+            let mut sw = [0f32; 8];
+            for j in 0..8 {
+                let xs = &x[32 * j..32 * j + 32];
+                let weights: Vec<f32> = xs
+                    .iter()
+                    .zip(&qw[32 * j..])
+                    .map(|(&v, &q)| q * (sigma2 + v * v).sqrt())
+                    .collect();
+                sw[j] = weights.iter().fold(0f32, |a, &w| a + w);
+                let lj = &mut l[32 * j..32 * j + 32];
+                (scales[j], mins[j]) =
+                    make_qkx2_quants(nmax, xs, &weights, lj, -0.9, 0.05, 36, false);
+            }
+            let (mut ls, mut lm) = ([0u8; 8], [0u8; 8]);
+            let d_block = make_qp_quants(63, &scales, &mut ls, &sw);
+            let m_block = make_qp_quants(63, &mins, &mut lm, &sw);
+            (
+                pack_k4_ints(&ls, &lm),
+                f32_to_f16(d_block),
+                f32_to_f16(m_block),
+            )
+        }
+    };
     for j in 0..8 {
         let (sc, m) = scale_min_k4(j, &packed);
         let dj = f16_to_f32(d) * f32::from(sc);
@@ -386,8 +508,8 @@ fn k4_quants(x: &[f32], nmax: i32, rmin: f32, nstep: i32) -> ([u8; 256], [u8; 12
 }
 
 /// Q4_K: 8 groups of 32, 6-bit scales and mins.
-pub(crate) fn q4_k(x: &[f32], y: &mut [u8]) {
-    let (l, packed, d, dmin) = k4_quants(x, 15, -1.0, 20);
+pub(crate) fn q4_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
+    let (l, packed, d, dmin) = k4_quants(x, 15, -1.0, 20, qw);
     y[..2].copy_from_slice(&d.to_le_bytes());
     y[2..4].copy_from_slice(&dmin.to_le_bytes());
     y[4..16].copy_from_slice(&packed);
@@ -399,8 +521,8 @@ pub(crate) fn q4_k(x: &[f32], y: &mut [u8]) {
 }
 
 /// Q5_K: Q4_K with 5-bit quants, the fifth bit in `qh`.
-pub(crate) fn q5_k(x: &[f32], y: &mut [u8]) {
-    let (l, packed, d, dmin) = k4_quants(x, 31, -0.5, 15);
+pub(crate) fn q5_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
+    let (l, packed, d, dmin) = k4_quants(x, 31, -0.5, 15, qw);
     y[..2].copy_from_slice(&d.to_le_bytes());
     y[2..4].copy_from_slice(&dmin.to_le_bytes());
     y[4..16].copy_from_slice(&packed);
@@ -426,13 +548,20 @@ pub(crate) fn q5_k(x: &[f32], y: &mut [u8]) {
     y[16..48].copy_from_slice(&qh);
 }
 
-/// Q6_K: 16 groups of 16, signed 8-bit scales, 6-bit quants.
-pub(crate) fn q6_k(x: &[f32], y: &mut [u8]) {
+/// Q6_K: 16 groups of 16, signed 8-bit scales, 6-bit quants; the importance
+/// matrix, when given, replaces `x²` as the weights of the group fits.
+pub(crate) fn q6_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
     let mut l = [0i8; 256];
     let mut scales = [0f32; 16];
     let (mut max_scale, mut max_abs_scale) = (0f32, 0f32);
     for ib in 0..16 {
-        let s = make_qx_quants(32, &x[16 * ib..16 * ib + 16], &mut l[16 * ib..16 * ib + 16]);
+        let qwb = qw.map(|q| &q[16 * ib..16 * ib + 16]);
+        let s = make_qx_quants(
+            32,
+            &x[16 * ib..16 * ib + 16],
+            &mut l[16 * ib..16 * ib + 16],
+            qwb,
+        );
         scales[ib] = s;
         if s.abs() > max_abs_scale {
             max_abs_scale = s.abs();

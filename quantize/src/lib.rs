@@ -2,8 +2,9 @@
 //! reference quantizers (`quantize_row_*_ref`), and (to come) llama.cpp's
 //! quantization mixes and memwall's mixed-precision recipes.
 //!
-//! Implemented so far, without an importance matrix: F32, F16, BF16, Q4_0,
-//! Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS.
+//! Implemented so far: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K,
+//! Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS; with an importance matrix, Q4_K,
+//! Q5_K, Q6_K, IQ4_NL and IQ4_XS.
 //!
 //! ```
 //! use memwall_quantize::quantize_row;
@@ -31,6 +32,17 @@ pub enum QuantizeError {
     /// memwall has no encoder for the type yet.
     #[error("quantization to {0} is not supported yet")]
     Unsupported(GgmlType),
+    /// memwall has no importance-weighted encoder for the type yet.
+    #[error("quantization to {0} with an importance matrix is not supported yet")]
+    ImatrixUnsupported(GgmlType),
+    /// The importance matrix does not have one value per weight of the row.
+    #[error("importance matrix has {got} values for a row of {want} weights")]
+    ImatrixLength {
+        /// Values given.
+        got: usize,
+        /// Weights in the row.
+        want: usize,
+    },
     /// The input is not a whole number of blocks, or the output does not fit it.
     #[error("{ty}: {src} weights do not fill {dst} bytes of blocks")]
     Length {
@@ -49,6 +61,41 @@ pub const ENCODABLE: [GgmlType; 15] = memwall_runtime::blocks::DEQUANTIZABLE;
 /// Encodes `src` as blocks of `ty` into `dst`, byte for byte as ggml's
 /// reference quantizer does.
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantizeError> {
+    quantize_row_imatrix(ty, src, dst, None)
+}
+
+/// Types [`quantize_row_imatrix`] can weight by an importance matrix. Q8_0 and
+/// the float types accept one and ignore it, as ggml does.
+pub const IMATRIX_ENCODABLE: [GgmlType; 5] = [
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+];
+
+/// Like [`quantize_row`], optionally weighted by an importance matrix: one
+/// value per weight of the row (the mean of the squared activations that
+/// column sees, as `llama-quantize` derives it from an imatrix file). The
+/// output is byte for byte what `llama-quantize --imatrix` writes.
+pub fn quantize_row_imatrix(
+    ty: GgmlType,
+    src: &[f32],
+    dst: &mut [u8],
+    imatrix: Option<&[f32]>,
+) -> Result<(), QuantizeError> {
+    if let Some(qw) = imatrix {
+        if qw.len() != src.len() {
+            return Err(QuantizeError::ImatrixLength {
+                got: qw.len(),
+                want: src.len(),
+            });
+        }
+        let ignored = [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0];
+        if !IMATRIX_ENCODABLE.contains(&ty) && !ignored.contains(&ty) && ENCODABLE.contains(&ty) {
+            return Err(QuantizeError::ImatrixUnsupported(ty));
+        }
+    }
     if !ENCODABLE.contains(&ty) {
         return Err(QuantizeError::Unsupported(ty));
     }
@@ -60,7 +107,12 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
             dst: dst.len(),
         });
     }
-    for (x, y) in src.chunks_exact(bs).zip(dst.chunks_exact_mut(ts)) {
+    for (b, (x, y)) in src
+        .chunks_exact(bs)
+        .zip(dst.chunks_exact_mut(ts))
+        .enumerate()
+    {
+        let qw = imatrix.map(|q| &q[b * bs..(b + 1) * bs]);
         match ty {
             GgmlType::F32 => y.copy_from_slice(&x[0].to_le_bytes()),
             GgmlType::F16 => y.copy_from_slice(&f32_to_f16(x[0]).to_le_bytes()),
@@ -72,11 +124,11 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
             GgmlType::Q8_0 => legacy::q8_0(x, y),
             GgmlType::Q2_K => kquants::q2_k(x, y),
             GgmlType::Q3_K => kquants::q3_k(x, y),
-            GgmlType::Q4_K => kquants::q4_k(x, y),
-            GgmlType::Q5_K => kquants::q5_k(x, y),
-            GgmlType::Q6_K => kquants::q6_k(x, y),
-            GgmlType::IQ4_NL => iq4::iq4_nl(x, y),
-            GgmlType::IQ4_XS => iq4::iq4_xs(x, y),
+            GgmlType::Q4_K => kquants::q4_k(x, y, qw),
+            GgmlType::Q5_K => kquants::q5_k(x, y, qw),
+            GgmlType::Q6_K => kquants::q6_k(x, y, qw),
+            GgmlType::IQ4_NL => iq4::iq4_nl(x, y, qw),
+            GgmlType::IQ4_XS => iq4::iq4_xs(x, y, qw),
             _ => unreachable!("checked against ENCODABLE"),
         }
     }

@@ -183,3 +183,90 @@ fn whole_tensors_match_llama_quantize_hashes() {
     }
     assert_eq!(checked, 3 * 15);
 }
+
+/// The importance-weighted path: with llama-imatrix's `imatrix.gguf` for tiny-zh,
+/// quantizing the three tensors as the imatrix mixes do gives the SHA-256 that
+/// `llama-quantize --imatrix` produced, for every type with a weighted encoder.
+#[test]
+fn imatrix_quantization_matches_llama_quantize_hashes() {
+    use memwall_quantize::{IMATRIX_ENCODABLE, quantize_row_imatrix};
+    use memwall_runtime::gguf::GgufFile;
+    use sha2::{Digest, Sha256};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tiny-zh/reference");
+    let imatrix = GgufFile::open(&root.join("imatrix.gguf")).unwrap();
+    let floats = |name: &str| -> Vec<f32> {
+        let t = imatrix
+            .tensor(name)
+            .unwrap_or_else(|| panic!("imatrix has no {name}"));
+        imatrix
+            .tensor_data(t)
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    };
+    let bytes = std::fs::read(root.join("f16-tensors.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let expected: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("llama-quantize.json")).unwrap()).unwrap();
+    let mut checked = Vec::new();
+    for (name, view) in st.tensors() {
+        let ne0 = view.shape()[1];
+        let x: Vec<f32> = view
+            .data()
+            .chunks_exact(2)
+            .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+            .collect();
+        // llama-quantize's normalisation of a GGUF imatrix: the sum of squares over the count.
+        let sums = floats(&format!("{name}.in_sum2"));
+        let count = floats(&format!("{name}.counts"))[0];
+        assert_eq!(sums.len(), ne0);
+        let qw: Vec<f32> = sums
+            .iter()
+            .map(|s| if count > 0.0 { s / count } else { 1.0 })
+            .collect();
+        for (mix, entry) in expected["imatrix_mix"].as_object().unwrap() {
+            let want = &entry["tensors"][&name];
+            let ty = GgmlType::from_name(want[0].as_str().unwrap()).unwrap();
+            if !IMATRIX_ENCODABLE.contains(&ty) {
+                continue;
+            }
+            let row_bytes = (ne0 as u64 / ty.block_size() * ty.type_size()) as usize;
+            let mut q = vec![0u8; x.len() / ne0 * row_bytes];
+            for (row, out) in x.chunks_exact(ne0).zip(q.chunks_exact_mut(row_bytes)) {
+                quantize_row_imatrix(ty, row, out, Some(&qw)).unwrap();
+            }
+            let got = format!("{:x}", Sha256::digest(&q));
+            assert_eq!(got, want[1].as_str().unwrap(), "{mix}: {ty} {name}");
+            checked.push(ty);
+        }
+    }
+    checked.sort();
+    checked.dedup();
+    assert_eq!(
+        checked,
+        IMATRIX_ENCODABLE.to_vec(),
+        "every weighted encoder is checked"
+    );
+}
+
+#[test]
+fn imatrix_errors() {
+    use memwall_quantize::quantize_row_imatrix;
+    let x = [0.5f32; 256];
+    let mut y = [0u8; 144];
+    assert_eq!(
+        quantize_row_imatrix(GgmlType::Q4_K, &x, &mut y, Some(&[1.0; 255]))
+            .unwrap_err()
+            .to_string(),
+        "importance matrix has 255 values for a row of 256 weights"
+    );
+    let mut y = [0u8; 8 * 18];
+    assert_eq!(
+        quantize_row_imatrix(GgmlType::Q4_0, &x, &mut y, Some(&[1.0; 256]))
+            .unwrap_err()
+            .to_string(),
+        "quantization to q4_0 with an importance matrix is not supported yet"
+    );
+    let mut y = [0u8; 8 * 34];
+    assert!(quantize_row_imatrix(GgmlType::Q8_0, &x, &mut y, Some(&[1.0; 256])).is_ok());
+}
