@@ -102,7 +102,7 @@ fn make_qkx2_quants(
 
 /// Symmetric fit `x ≈ scale · (L − nmax)` for Q6_K (`rmse_type` 1): weighted by
 /// the importance `qw` when given, else by `x²`.
-fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], qw: Option<&[f32]>) -> f32 {
+pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], qw: Option<&[f32]>) -> f32 {
     let weight = |i: usize, v: f32| qw.map_or(v * v, |q| q[i]);
     let max = signed_max(x);
     if max.abs() < GROUP_MAX_EPS {

@@ -6,6 +6,8 @@
 
 use memwall_runtime::blocks::f32_to_f16;
 
+use crate::kquants::make_qx_quants;
+
 /// The value with the largest magnitude (the first one on ties), as ggml picks it.
 pub(crate) fn signed_max(x: &[f32]) -> f32 {
     let (mut amax, mut max) = (0f32, 0f32);
@@ -103,4 +105,30 @@ pub(crate) fn q8_0(x: &[f32], y: &mut [u8]) {
     for (j, &v) in x.iter().enumerate() {
         y[2 + j] = (v * id).round() as i8 as u8;
     }
+}
+
+/// Q4_0 with importance weights (ggml's `quantize_row_q4_0_impl`): the scale
+/// comes from the weighted fit of `make_qx_quants` instead of the extreme value.
+pub(crate) fn q4_0_weighted(x: &[f32], y: &mut [u8], weights: &[f32]) {
+    let mut l = [0i8; 32];
+    let d = make_qx_quants(8, x, &mut l, Some(weights));
+    y[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+    for j in 0..16 {
+        y[2 + j] = l[j] as u8 | ((l[j + 16] as u8) << 4);
+    }
+}
+
+/// Q5_0 with importance weights (ggml's `quantize_row_q5_0_impl`).
+pub(crate) fn q5_0_weighted(x: &[f32], y: &mut [u8], weights: &[f32]) {
+    let mut l = [0i8; 32];
+    let d = make_qx_quants(16, x, &mut l, Some(weights));
+    y[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+    let mut qh = 0u32;
+    for j in 0..16 {
+        let (lo, hi) = (l[j] as u32, l[j + 16] as u32);
+        y[6 + j] = ((lo & 0xf) | ((hi & 0xf) << 4)) as u8;
+        qh |= ((lo & 0x10) >> 4) << j;
+        qh |= ((hi & 0x10) >> 4) << (j + 16);
+    }
+    y[2..6].copy_from_slice(&qh.to_le_bytes());
 }

@@ -3,8 +3,8 @@
 //! quantization mixes and memwall's mixed-precision recipes.
 //!
 //! Implemented so far: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K,
-//! Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS; with an importance matrix, Q4_K,
-//! Q5_K, Q6_K, IQ4_NL and IQ4_XS.
+//! Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS; with an importance matrix, Q4_0,
+//! Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS.
 //!
 //! ```
 //! use memwall_quantize::quantize_row;
@@ -66,7 +66,9 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
 
 /// Types [`quantize_row_imatrix`] can weight by an importance matrix. Q8_0 and
 /// the float types accept one and ignore it, as ggml does.
-pub const IMATRIX_ENCODABLE: [GgmlType; 5] = [
+pub const IMATRIX_ENCODABLE: [GgmlType; 7] = [
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
@@ -107,11 +109,36 @@ pub fn quantize_row_imatrix(
             dst: dst.len(),
         });
     }
+    // Q4_0 and Q5_0 weight by qw · √(σ² + x²) with σ² the row's mean square.
+    let row_weights: Option<Vec<f32>> = match (ty, imatrix) {
+        (GgmlType::Q4_0 | GgmlType::Q5_0, Some(qw)) => {
+            let mut sum_x2 = 0f32;
+            for &v in src {
+                sum_x2 += v * v;
+            }
+            let sigma2 = sum_x2 / src.len() as f32;
+            Some(
+                src.iter()
+                    .zip(qw)
+                    .map(|(&v, &q)| q * (sigma2 + v * v).sqrt())
+                    .collect(),
+            )
+        }
+        _ => None,
+    };
     for (b, (x, y)) in src
         .chunks_exact(bs)
         .zip(dst.chunks_exact_mut(ts))
         .enumerate()
     {
+        if let Some(w) = &row_weights {
+            let w = &w[b * bs..(b + 1) * bs];
+            match ty {
+                GgmlType::Q4_0 => legacy::q4_0_weighted(x, y, w),
+                _ => legacy::q5_0_weighted(x, y, w),
+            }
+            continue;
+        }
         let qw = imatrix.map(|q| &q[b * bs..(b + 1) * bs]);
         match ty {
             GgmlType::F32 => y.copy_from_slice(&x[0].to_le_bytes()),

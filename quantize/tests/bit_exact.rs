@@ -260,12 +260,12 @@ fn imatrix_errors() {
             .to_string(),
         "importance matrix has 255 values for a row of 256 weights"
     );
-    let mut y = [0u8; 8 * 18];
+    let mut y = [0u8; 8 * 20];
     assert_eq!(
-        quantize_row_imatrix(GgmlType::Q4_0, &x, &mut y, Some(&[1.0; 256]))
+        quantize_row_imatrix(GgmlType::Q4_1, &x, &mut y, Some(&[1.0; 256]))
             .unwrap_err()
             .to_string(),
-        "quantization to q4_0 with an importance matrix is not supported yet"
+        "quantization to q4_1 with an importance matrix is not supported yet"
     );
     let mut y = [0u8; 8 * 34];
     assert!(quantize_row_imatrix(GgmlType::Q8_0, &x, &mut y, Some(&[1.0; 256])).is_ok());
