@@ -336,33 +336,67 @@ pub(crate) fn q2_k(x: &[f32], y: &mut [u8]) {
 }
 
 /// Q3_K: 16 groups of 16, signed 6-bit scales, the third bit in `hmask`.
-pub(crate) fn q3_k(x: &[f32], y: &mut [u8]) {
+pub(crate) fn q3_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
     let mut l = [0i8; 256];
     let mut scales = [0f32; 16];
-    let (mut max_scale, mut amax) = (0f32, 0f32);
-    for j in 0..16 {
-        scales[j] = make_q3_quants(4, &x[16 * j..16 * j + 16], &mut l[16 * j..16 * j + 16]);
-        if scales[j].abs() > amax {
-            amax = scales[j].abs();
-            max_scale = scales[j];
-        }
-    }
     let mut packed = [0u8; 12];
-    let d = if max_scale != 0.0 {
-        let iscale = -32.0 / max_scale;
-        for j in 0..16 {
-            // C stores nearest_int's result in an int8_t before clamping.
-            let q = ((nearest_int(iscale * scales[j]) as i8).clamp(-32, 31) + 32) as u8;
-            if j < 8 {
-                packed[j] = q & 0xf;
-            } else {
-                packed[j - 8] |= (q & 0xf) << 4;
-            }
-            packed[j % 4 + 8] |= (q >> 4) << (2 * (j / 4));
+    // Packs a 6-bit scale (already offset by 32) of group `j`.
+    let mut pack = |j: usize, q: u8| {
+        if j < 8 {
+            packed[j] = q & 0xf;
+        } else {
+            packed[j - 8] |= (q & 0xf) << 4;
         }
-        f32_to_f16(1.0 / iscale)
-    } else {
-        f32_to_f16(0.0)
+        packed[j % 4 + 8] |= (q >> 4) << (2 * (j / 4));
+    };
+    let d = match qw {
+        None => {
+            let (mut max_scale, mut amax) = (0f32, 0f32);
+            for j in 0..16 {
+                scales[j] = make_q3_quants(4, &x[16 * j..16 * j + 16], &mut l[16 * j..16 * j + 16]);
+                if scales[j].abs() > amax {
+                    amax = scales[j].abs();
+                    max_scale = scales[j];
+                }
+            }
+            if max_scale != 0.0 {
+                let iscale = -32.0 / max_scale;
+                for j in 0..16 {
+                    // C stores nearest_int's result in an int8_t before clamping.
+                    let q = (nearest_int(iscale * scales[j]) as i8).clamp(-32, 31) + 32;
+                    pack(j, q as u8);
+                }
+                f32_to_f16(1.0 / iscale)
+            } else {
+                f32_to_f16(0.0)
+            }
+        }
+        Some(qw) => {
+            // ggml's quantize_row_q3_K_impl: weighted group fits, then the 16 group
+            // scales fitted as 6-bit integers weighted by the groups' weight sums.
+            let mut sum_x2 = 0f32;
+            for &v in x {
+                sum_x2 += v * v;
+            }
+            let sigma2 = 2.0 * sum_x2 / 256.0;
+            let mut sw = [0f32; 16];
+            for j in 0..16 {
+                let xs = &x[16 * j..16 * j + 16];
+                let w: Vec<f32> = xs
+                    .iter()
+                    .zip(&qw[16 * j..])
+                    .map(|(&v, &q)| q * (sigma2 + v * v).sqrt())
+                    .collect();
+                sw[j] = w.iter().fold(0f32, |a, &b| a + b);
+                scales[j] = make_qx_quants(4, xs, &mut l[16 * j..16 * j + 16], Some(&w));
+            }
+            let mut ls = [0i8; 16];
+            let d_block = make_qx_quants(32, &scales, &mut ls, Some(&sw));
+            for (j, &q) in ls.iter().enumerate() {
+                pack(j, q as u8);
+            }
+            f32_to_f16(d_block)
+        }
     };
     for j in 0..16 {
         let low = if j < 8 {

@@ -4,7 +4,7 @@
 //!
 //! Implemented so far: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K,
 //! Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS; with an importance matrix, Q4_0,
-//! Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS.
+//! Q5_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS.
 //!
 //! ```
 //! use memwall_quantize::quantize_row;
@@ -66,9 +66,10 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
 
 /// Types [`quantize_row_imatrix`] can weight by an importance matrix. Q8_0 and
 /// the float types accept one and ignore it, as ggml does.
-pub const IMATRIX_ENCODABLE: [GgmlType; 7] = [
+pub const IMATRIX_ENCODABLE: [GgmlType; 8] = [
     GgmlType::Q4_0,
     GgmlType::Q5_0,
+    GgmlType::Q3_K,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
@@ -150,7 +151,7 @@ pub fn quantize_row_imatrix(
             GgmlType::Q5_1 => legacy::q5_1(x, y),
             GgmlType::Q8_0 => legacy::q8_0(x, y),
             GgmlType::Q2_K => kquants::q2_k(x, y),
-            GgmlType::Q3_K => kquants::q3_k(x, y),
+            GgmlType::Q3_K => kquants::q3_k(x, y, qw),
             GgmlType::Q4_K => kquants::q4_k(x, y, qw),
             GgmlType::Q5_K => kquants::q5_k(x, y, qw),
             GgmlType::Q6_K => kquants::q6_k(x, y, qw),
