@@ -361,9 +361,9 @@ pub(crate) fn q3_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
             }
             if max_scale != 0.0 {
                 let iscale = -32.0 / max_scale;
-                for j in 0..16 {
+                for (j, &scale) in scales.iter().enumerate() {
                     // C stores nearest_int's result in an int8_t before clamping.
-                    let q = (nearest_int(iscale * scales[j]) as i8).clamp(-32, 31) + 32;
+                    let q = (nearest_int(iscale * scale) as i8).clamp(-32, 31) + 32;
                     pack(j, q as u8);
                 }
                 f32_to_f16(1.0 / iscale)
