@@ -21,7 +21,7 @@ pub(crate) fn nearest_int(x: f32) -> i32 {
 /// Fits `x ≈ scale · L − min` with `L` in `0..=nmax`, minimising the weighted
 /// error over a sweep of `nstep + 1` candidate scales; returns `(scale, min)`.
 #[allow(clippy::too_many_arguments)]
-fn make_qkx2_quants(
+pub(crate) fn make_qkx2_quants(
     nmax: i32,
     x: &[f32],
     weights: &[f32],
@@ -191,23 +191,24 @@ fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
     if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
 }
 
-/// Fits the 8 non-negative group scales (or mins) of a Q4_K/Q5_K block with
-/// 6-bit integers under weights `qw` (the groups' weight sums); ggml's
+/// Fits the non-negative group scales (or mins) of a K-quant block with integers
+/// in `0..=nmax` under weights `qw` (the groups' weight sums); ggml's
 /// `make_qp_quants`, used on the importance-matrix path.
-fn make_qp_quants(nmax: i32, x: &[f32; 8], l_out: &mut [u8; 8], qw: &[f32; 8]) -> f32 {
+fn make_qp_quants(nmax: i32, x: &[f32], l_out: &mut [u8], qw: &[f32]) -> f32 {
+    let n = x.len();
     let max = x.iter().fold(0f32, |m, &v| if v > m { v } else { m });
     if max < GROUP_MAX_EPS {
         l_out.fill(0);
         return 0.0;
     }
     let mut iscale = nmax as f32 / max;
-    for i in 0..8 {
+    for i in 0..n {
         // C assigns the unclamped value to a uint8_t.
         l_out[i] = nearest_int(iscale * x[i]) as u8;
     }
     let scale = 1.0 / iscale;
     let mut best_mse = 0f32;
-    for i in 0..8 {
+    for i in 0..n {
         let diff = x[i] - scale * f32::from(l_out[i]);
         best_mse += qw[i] * diff * diff;
     }
@@ -218,7 +219,7 @@ fn make_qp_quants(nmax: i32, x: &[f32; 8], l_out: &mut [u8; 8], qw: &[f32; 8]) -
         let iscale_is = (0.1 * is as f32 + nmax as f32) / max;
         let scale_is = 1.0 / iscale_is;
         let mut mse = 0f32;
-        for i in 0..8 {
+        for i in 0..n {
             let l = nearest_int(iscale_is * x[i]).min(nmax);
             let diff = x[i] - scale_is * l as f32;
             mse += qw[i] * diff * diff;
@@ -229,8 +230,8 @@ fn make_qp_quants(nmax: i32, x: &[f32; 8], l_out: &mut [u8; 8], qw: &[f32; 8]) -
         }
     }
     let (mut sumlx, mut suml2) = (0f32, 0f32);
-    let mut l = [0i32; 8];
-    for i in 0..8 {
+    let mut l = vec![0i32; n];
+    for i in 0..n {
         l[i] = nearest_int(iscale * x[i]).min(nmax);
         let w = qw[i];
         sumlx += w * x[i] * l[i] as f32;
@@ -238,7 +239,7 @@ fn make_qp_quants(nmax: i32, x: &[f32; 8], l_out: &mut [u8; 8], qw: &[f32; 8]) -
     }
     for _ in 0..5 {
         let mut changed = 0;
-        for i in 0..8 {
+        for i in 0..n {
             let w = qw[i];
             let mut slx = sumlx - w * x[i] * l[i] as f32;
             let mut sl2 = suml2 - w * l[i] as f32 * l[i] as f32;
@@ -260,7 +261,7 @@ fn make_qp_quants(nmax: i32, x: &[f32; 8], l_out: &mut [u8; 8], qw: &[f32; 8]) -
             break;
         }
     }
-    for i in 0..8 {
+    for i in 0..n {
         l_out[i] = l[i] as u8;
     }
     if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
@@ -277,47 +278,73 @@ fn pack_2bit(l: &[u8; 256], qs: &mut [u8]) {
 }
 
 /// Q2_K: 16 groups of 16, 4-bit scales and mins against f16 super-scales.
-pub(crate) fn q2_k(x: &[f32], y: &mut [u8]) {
+pub(crate) fn q2_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
     const Q4SCALE: f32 = 15.0;
     let mut l = [0u8; 256];
     let (mut scales, mut mins) = ([0f32; 16], [0f32; 16]);
-    let (mut max_scale, mut max_min) = (0f32, 0f32);
-    for j in 0..16 {
-        let xs = &x[16 * j..16 * j + 16];
-        let weights: Vec<f32> = xs.iter().map(|v| v.abs()).collect();
-        let (s, m) = make_qkx2_quants(
-            3,
-            xs,
-            &weights,
-            &mut l[16 * j..16 * j + 16],
-            -0.5,
-            0.1,
-            15,
-            true,
-        );
-        scales[j] = s;
-        mins[j] = m;
-        max_scale = if s > max_scale { s } else { max_scale };
-        max_min = if m > max_min { m } else { max_min };
-    }
     let mut sc = [0u8; 16];
-    let d = if max_scale > 0.0 {
-        let iscale = Q4SCALE / max_scale;
-        for j in 0..16 {
-            sc[j] = nearest_int(iscale * scales[j]) as u8;
+    let (d, dmin) = match qw {
+        None => {
+            let (mut max_scale, mut max_min) = (0f32, 0f32);
+            for j in 0..16 {
+                let xs = &x[16 * j..16 * j + 16];
+                let weights: Vec<f32> = xs.iter().map(|v| v.abs()).collect();
+                let lj = &mut l[16 * j..16 * j + 16];
+                let (s, m) = make_qkx2_quants(3, xs, &weights, lj, -0.5, 0.1, 15, true);
+                scales[j] = s;
+                mins[j] = m;
+                max_scale = if s > max_scale { s } else { max_scale };
+                max_min = if m > max_min { m } else { max_min };
+            }
+            let d = if max_scale > 0.0 {
+                let iscale = Q4SCALE / max_scale;
+                for j in 0..16 {
+                    sc[j] = nearest_int(iscale * scales[j]) as u8;
+                }
+                f32_to_f16(max_scale / Q4SCALE)
+            } else {
+                f32_to_f16(0.0)
+            };
+            let dmin = if max_min > 0.0 {
+                let iscale = Q4SCALE / max_min;
+                for j in 0..16 {
+                    sc[j] |= (nearest_int(iscale * mins[j]) << 4) as u8;
+                }
+                f32_to_f16(max_min / Q4SCALE)
+            } else {
+                f32_to_f16(0.0)
+            };
+            (d, dmin)
         }
-        f32_to_f16(max_scale / Q4SCALE)
-    } else {
-        f32_to_f16(0.0)
-    };
-    let dmin = if max_min > 0.0 {
-        let iscale = Q4SCALE / max_min;
-        for j in 0..16 {
-            sc[j] |= (nearest_int(iscale * mins[j]) << 4) as u8;
+        Some(qw) => {
+            // ggml's quantize_row_q2_K_impl: σ² is the plain mean square here.
+            let mut sum_x2 = 0f32;
+            for &v in x {
+                sum_x2 += v * v;
+            }
+            let sigma2 = sum_x2 / 256.0;
+            let mut sw = [0f32; 16];
+            for j in 0..16 {
+                let xs = &x[16 * j..16 * j + 16];
+                let w: Vec<f32> = xs
+                    .iter()
+                    .zip(&qw[16 * j..])
+                    .map(|(&v, &q)| q * (sigma2 + v * v).sqrt())
+                    .collect();
+                for &wi in &w {
+                    sw[j] += wi;
+                }
+                let lj = &mut l[16 * j..16 * j + 16];
+                (scales[j], mins[j]) = make_qkx2_quants(3, xs, &w, lj, -0.9, 0.05, 36, false);
+            }
+            let (mut ls, mut lm) = ([0u8; 16], [0u8; 16]);
+            let dm = make_qp_quants(15, &scales, &mut ls, &sw);
+            let mm = make_qp_quants(15, &mins, &mut lm, &sw);
+            for j in 0..16 {
+                sc[j] = ls[j] | (lm[j] << 4);
+            }
+            (f32_to_f16(dm), f32_to_f16(mm))
         }
-        f32_to_f16(max_min / Q4SCALE)
-    } else {
-        f32_to_f16(0.0)
     };
     for j in 0..16 {
         let dj = f16_to_f32(d) * f32::from(sc[j] & 0xf);

@@ -6,7 +6,7 @@
 
 use memwall_runtime::blocks::f32_to_f16;
 
-use crate::kquants::make_qx_quants;
+use crate::kquants::{make_qkx2_quants, make_qx_quants};
 
 /// The value with the largest magnitude (the first one on ties), as ggml picks it.
 pub(crate) fn signed_max(x: &[f32]) -> f32 {
@@ -131,4 +131,32 @@ pub(crate) fn q5_0_weighted(x: &[f32], y: &mut [u8], weights: &[f32]) {
         qh |= ((hi & 0x10) >> 4) << (j + 16);
     }
     y[2..6].copy_from_slice(&qh.to_le_bytes());
+}
+
+/// Q4_1 with importance weights (ggml's `quantize_row_q4_1_impl`): scale and
+/// minimum from the weighted sweep of `make_qkx3_quants`.
+pub(crate) fn q4_1_weighted(x: &[f32], y: &mut [u8], weights: &[f32]) {
+    let mut l = [0u8; 32];
+    let (d, min) = make_qkx2_quants(15, x, weights, &mut l, -0.9, 0.05, 36, false);
+    y[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+    y[2..4].copy_from_slice(&f32_to_f16(-min).to_le_bytes());
+    for j in 0..16 {
+        y[4 + j] = l[j] | (l[j + 16] << 4);
+    }
+}
+
+/// Q5_1 with importance weights (ggml's `quantize_row_q5_1_impl`).
+pub(crate) fn q5_1_weighted(x: &[f32], y: &mut [u8], weights: &[f32]) {
+    let mut l = [0u8; 32];
+    let (d, min) = make_qkx2_quants(31, x, weights, &mut l, -0.9, 0.05, 36, false);
+    y[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+    y[2..4].copy_from_slice(&f32_to_f16(-min).to_le_bytes());
+    let mut qh = 0u32;
+    for j in 0..16 {
+        let (lo, hi) = (u32::from(l[j]), u32::from(l[j + 16]));
+        y[8 + j] = ((lo & 0xf) | ((hi & 0xf) << 4)) as u8;
+        qh |= ((lo & 0x10) >> 4) << j;
+        qh |= ((hi & 0x10) >> 4) << (j + 16);
+    }
+    y[4..8].copy_from_slice(&qh.to_le_bytes());
 }

@@ -3,8 +3,8 @@
 //! quantization mixes and memwall's mixed-precision recipes.
 //!
 //! Implemented so far: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K,
-//! Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS; with an importance matrix, Q4_0,
-//! Q5_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS.
+//! Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS; with an importance matrix, all of
+//! them (F32, F16, BF16 and Q8_0 ignore it, as ggml does).
 //!
 //! ```
 //! use memwall_quantize::quantize_row;
@@ -32,9 +32,6 @@ pub enum QuantizeError {
     /// memwall has no encoder for the type yet.
     #[error("quantization to {0} is not supported yet")]
     Unsupported(GgmlType),
-    /// memwall has no importance-weighted encoder for the type yet.
-    #[error("quantization to {0} with an importance matrix is not supported yet")]
-    ImatrixUnsupported(GgmlType),
     /// The importance matrix does not have one value per weight of the row.
     #[error("importance matrix has {got} values for a row of {want} weights")]
     ImatrixLength {
@@ -64,11 +61,14 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
     quantize_row_imatrix(ty, src, dst, None)
 }
 
-/// Types [`quantize_row_imatrix`] can weight by an importance matrix. Q8_0 and
-/// the float types accept one and ignore it, as ggml does.
-pub const IMATRIX_ENCODABLE: [GgmlType; 8] = [
+/// Types whose encoding [`quantize_row_imatrix`] weights by an importance
+/// matrix; Q8_0 and the float types accept one and ignore it, as ggml does.
+pub const IMATRIX_ENCODABLE: [GgmlType; 11] = [
     GgmlType::Q4_0,
+    GgmlType::Q4_1,
     GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q2_K,
     GgmlType::Q3_K,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
@@ -94,10 +94,6 @@ pub fn quantize_row_imatrix(
                 want: src.len(),
             });
         }
-        let ignored = [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0];
-        if !IMATRIX_ENCODABLE.contains(&ty) && !ignored.contains(&ty) && ENCODABLE.contains(&ty) {
-            return Err(QuantizeError::ImatrixUnsupported(ty));
-        }
     }
     if !ENCODABLE.contains(&ty) {
         return Err(QuantizeError::Unsupported(ty));
@@ -110,9 +106,9 @@ pub fn quantize_row_imatrix(
             dst: dst.len(),
         });
     }
-    // Q4_0 and Q5_0 weight by qw · √(σ² + x²) with σ² the row's mean square.
+    // The 32-weight types weight by qw · √(σ² + x²) with σ² the row's mean square.
     let row_weights: Option<Vec<f32>> = match (ty, imatrix) {
-        (GgmlType::Q4_0 | GgmlType::Q5_0, Some(qw)) => {
+        (GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1, Some(qw)) => {
             let mut sum_x2 = 0f32;
             for &v in src {
                 sum_x2 += v * v;
@@ -136,7 +132,9 @@ pub fn quantize_row_imatrix(
             let w = &w[b * bs..(b + 1) * bs];
             match ty {
                 GgmlType::Q4_0 => legacy::q4_0_weighted(x, y, w),
-                _ => legacy::q5_0_weighted(x, y, w),
+                GgmlType::Q4_1 => legacy::q4_1_weighted(x, y, w),
+                GgmlType::Q5_0 => legacy::q5_0_weighted(x, y, w),
+                _ => legacy::q5_1_weighted(x, y, w),
             }
             continue;
         }
@@ -150,7 +148,7 @@ pub fn quantize_row_imatrix(
             GgmlType::Q5_0 => legacy::q5_0(x, y),
             GgmlType::Q5_1 => legacy::q5_1(x, y),
             GgmlType::Q8_0 => legacy::q8_0(x, y),
-            GgmlType::Q2_K => kquants::q2_k(x, y),
+            GgmlType::Q2_K => kquants::q2_k(x, y, qw),
             GgmlType::Q3_K => kquants::q3_k(x, y, qw),
             GgmlType::Q4_K => kquants::q4_k(x, y, qw),
             GgmlType::Q5_K => kquants::q5_k(x, y, qw),
