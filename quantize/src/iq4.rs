@@ -6,6 +6,7 @@ use memwall_runtime::blocks::{IQ4NL_GRID, f32_to_f16};
 
 use crate::kquants::{GROUP_MAX_EPS, nearest_int};
 use crate::legacy::signed_max;
+use crate::weights::{importance, sum_squares};
 
 const NTRY: i32 = 7;
 
@@ -41,15 +42,8 @@ fn weights(x: &[f32], qw: Option<&[f32]>) -> Vec<f32> {
     match qw {
         None => x.iter().map(|v| v * v).collect(),
         Some(qw) => {
-            let mut sigma2 = 0f32;
-            for &v in x {
-                sigma2 += v * v;
-            }
-            sigma2 *= 2.0 / x.len() as f32;
-            x.iter()
-                .zip(qw)
-                .map(|(&v, &q)| q * (sigma2 + v * v).sqrt())
-                .collect()
+            let sigma2 = sum_squares(x) * (2.0 / x.len() as f32);
+            importance(x, qw, sigma2)
         }
     }
 }

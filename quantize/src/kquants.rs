@@ -8,6 +8,7 @@
 use memwall_runtime::blocks::{f16_to_f32, f32_to_f16, scale_min_k4};
 
 use crate::legacy::signed_max;
+use crate::weights::{importance, sum, sum_squares};
 
 /// ggml treats a group whose largest magnitude is below this as all zeros.
 pub(crate) const GROUP_MAX_EPS: f32 = 1e-15;
@@ -318,22 +319,13 @@ pub(crate) fn q2_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
         }
         Some(qw) => {
             // ggml's quantize_row_q2_K_impl: σ² is the plain mean square here.
-            let mut sum_x2 = 0f32;
-            for &v in x {
-                sum_x2 += v * v;
-            }
+            let sum_x2 = sum_squares(x);
             let sigma2 = sum_x2 / 256.0;
             let mut sw = [0f32; 16];
             for j in 0..16 {
                 let xs = &x[16 * j..16 * j + 16];
-                let w: Vec<f32> = xs
-                    .iter()
-                    .zip(&qw[16 * j..])
-                    .map(|(&v, &q)| q * (sigma2 + v * v).sqrt())
-                    .collect();
-                for &wi in &w {
-                    sw[j] += wi;
-                }
+                let w = importance(xs, &qw[16 * j..], sigma2);
+                sw[j] = sum(&w);
                 let lj = &mut l[16 * j..16 * j + 16];
                 (scales[j], mins[j]) = make_qkx2_quants(3, xs, &w, lj, -0.9, 0.05, 36, false);
             }
@@ -401,20 +393,13 @@ pub(crate) fn q3_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
         Some(qw) => {
             // ggml's quantize_row_q3_K_impl: weighted group fits, then the 16 group
             // scales fitted as 6-bit integers weighted by the groups' weight sums.
-            let mut sum_x2 = 0f32;
-            for &v in x {
-                sum_x2 += v * v;
-            }
+            let sum_x2 = sum_squares(x);
             let sigma2 = 2.0 * sum_x2 / 256.0;
             let mut sw = [0f32; 16];
             for j in 0..16 {
                 let xs = &x[16 * j..16 * j + 16];
-                let w: Vec<f32> = xs
-                    .iter()
-                    .zip(&qw[16 * j..])
-                    .map(|(&v, &q)| q * (sigma2 + v * v).sqrt())
-                    .collect();
-                sw[j] = w.iter().fold(0f32, |a, &b| a + b);
+                let w = importance(xs, &qw[16 * j..], sigma2);
+                sw[j] = sum(&w);
                 scales[j] = make_qx_quants(4, xs, &mut l[16 * j..16 * j + 16], Some(&w));
             }
             let mut ls = [0i8; 16];
@@ -513,11 +498,7 @@ fn k4_quants(
         None => {
             for j in 0..8 {
                 let xs = &x[32 * j..32 * j + 32];
-                let mut sum_x2 = 0f32;
-                for &v in xs {
-                    sum_x2 += v * v;
-                }
-                let av_x = (sum_x2 / 32.0).sqrt();
+                let av_x = (sum_squares(xs) / 32.0).sqrt();
                 let weights: Vec<f32> = xs.iter().map(|v| av_x + v.abs()).collect();
                 let lj = &mut l[32 * j..32 * j + 32];
                 (scales[j], mins[j]) =
@@ -526,20 +507,13 @@ fn k4_quants(
             pack_k4_scales(&scales, &mins)
         }
         Some(qw) => {
-            let mut sum_x2 = 0f32;
-            for &v in x {
-                sum_x2 += v * v;
-            }
+            let sum_x2 = sum_squares(x);
             let sigma2 = 2.0 * sum_x2 / 256.0;
             let mut sw = [0f32; 8];
             for j in 0..8 {
                 let xs = &x[32 * j..32 * j + 32];
-                let weights: Vec<f32> = xs
-                    .iter()
-                    .zip(&qw[32 * j..])
-                    .map(|(&v, &q)| q * (sigma2 + v * v).sqrt())
-                    .collect();
-                sw[j] = weights.iter().fold(0f32, |a, &w| a + w);
+                let weights = importance(xs, &qw[32 * j..], sigma2);
+                sw[j] = sum(&weights);
                 let lj = &mut l[32 * j..32 * j + 32];
                 (scales[j], mins[j]) =
                     make_qkx2_quants(nmax, xs, &weights, lj, -0.9, 0.05, 36, false);

@@ -22,6 +22,7 @@
 mod iq4;
 mod kquants;
 mod legacy;
+mod weights;
 
 use memwall_runtime::GgmlType;
 use memwall_runtime::blocks::{f32_to_bf16, f32_to_f16};
@@ -109,17 +110,8 @@ pub fn quantize_row_imatrix(
     // The 32-weight types weight by qw · √(σ² + x²) with σ² the row's mean square.
     let row_weights: Option<Vec<f32>> = match (ty, imatrix) {
         (GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1, Some(qw)) => {
-            let mut sum_x2 = 0f32;
-            for &v in src {
-                sum_x2 += v * v;
-            }
-            let sigma2 = sum_x2 / src.len() as f32;
-            Some(
-                src.iter()
-                    .zip(qw)
-                    .map(|(&v, &q)| q * (sigma2 + v * v).sqrt())
-                    .collect(),
-            )
+            let sigma2 = weights::sum_squares(src) / src.len() as f32;
+            Some(weights::importance(src, qw, sigma2))
         }
         _ => None,
     };
