@@ -1,6 +1,7 @@
 //! memwall's quantizer: block encoders that produce the same bytes as ggml's
-//! reference quantizers (`quantize_row_*_ref`), and (to come) llama.cpp's
-//! quantization mixes and memwall's mixed-precision recipes.
+//! reference quantizers (`quantize_row_*_ref`), llama.cpp's quantization
+//! mixes ([`rules`]), importance matrices ([`imatrix`]), memwall's
+//! mixed-precision recipes ([`recipe`]) and the whole-model driver ([`job`]).
 //!
 //! Implemented so far: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K,
 //! Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS; with an importance matrix, all of
@@ -19,9 +20,13 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod imatrix;
 mod iq4;
+pub mod job;
 mod kquants;
 mod legacy;
+pub mod recipe;
+pub mod rules;
 mod weights;
 
 use memwall_runtime::GgmlType;

@@ -295,6 +295,64 @@ pub const DEQUANTIZABLE: [GgmlType; 15] = [
     GgmlType::IQ4_XS,
 ];
 
+/// Byte offsets, within one block, of the f16 scale fields of each quantized
+/// type that [`validate_row`] checks (ggml's `ggml_validate_row_data`).
+fn scale_fields(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => {
+            &[0]
+        }
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q6_K => &[208],
+        _ => &[],
+    }
+}
+
+/// Checks a row of `ty` for NaN and infinity where ggml's
+/// `ggml_validate_row_data` looks: every value of F32, F16 and BF16 data, the
+/// f16 scales (and mins) of each block of the quantized types. Returns the
+/// index of the first bad value (float types) or block (quantized types).
+/// Types without a decoder are not checked.
+pub fn validate_row(ty: GgmlType, bytes: &[u8]) -> Result<(), usize> {
+    let bad = |i: usize| Err(i);
+    match ty {
+        GgmlType::F32 => {
+            for (i, b) in bytes.chunks_exact(4).enumerate() {
+                if !f32::from_le_bytes(arr(b, 0)).is_finite() {
+                    return bad(i);
+                }
+            }
+        }
+        // An f16 or bf16 is NaN or infinite when its exponent bits are all ones.
+        GgmlType::F16 => {
+            for (i, b) in bytes.chunks_exact(2).enumerate() {
+                if le16(b, 0) & 0x7c00 == 0x7c00 {
+                    return bad(i);
+                }
+            }
+        }
+        GgmlType::BF16 => {
+            for (i, b) in bytes.chunks_exact(2).enumerate() {
+                if le16(b, 0) & 0x7f80 == 0x7f80 {
+                    return bad(i);
+                }
+            }
+        }
+        _ => {
+            let fields = scale_fields(ty);
+            let ts = ty.type_size() as usize;
+            for (i, block) in bytes.chunks_exact(ts).enumerate() {
+                if fields.iter().any(|&o| le16(block, o) & 0x7c00 == 0x7c00) {
+                    return bad(i);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Decodes `dst.len()` weights of type `ty` from `src`, which must hold exactly
 /// that many weights.
 pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), DequantError> {
@@ -308,6 +366,28 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), D
             src: src.len(),
             dst: dst.len(),
         });
+    }
+    // The float types convert element by element; keep the type dispatch out of their loop.
+    match ty {
+        GgmlType::F32 => {
+            for (b, y) in src.chunks_exact(4).zip(dst.iter_mut()) {
+                *y = f32::from_le_bytes(arr(b, 0));
+            }
+            return Ok(());
+        }
+        GgmlType::F16 => {
+            for (b, y) in src.chunks_exact(2).zip(dst.iter_mut()) {
+                *y = f16_to_f32(le16(b, 0));
+            }
+            return Ok(());
+        }
+        GgmlType::BF16 => {
+            for (b, y) in src.chunks_exact(2).zip(dst.iter_mut()) {
+                *y = bf16_to_f32(le16(b, 0));
+            }
+            return Ok(());
+        }
+        _ => {}
     }
     for (b, y) in src.chunks_exact(ts).zip(dst.chunks_exact_mut(bs)) {
         match ty {

@@ -8,11 +8,13 @@
 //! - [`model_info`]: hyper-parameters and tokenizer summary from metadata.
 //! - [`atomic`]: `<out>.partial` → fsync → rename, used by every writer.
 //! - [`blocks`]: ggml block formats and scalar dequantization (the reference).
+//! - [`progress`]: the trait through which libraries report long work.
 
 pub mod atomic;
 pub mod blocks;
 pub mod ggml_type;
 pub mod gguf;
 pub mod model_info;
+pub mod progress;
 
 pub use ggml_type::GgmlType;

@@ -1,0 +1,675 @@
+//! Quantizing a whole model: plan every tensor's type (llama.cpp's mixes,
+//! overrides, recipes), then stream the tensors from the memory-mapped input
+//! through the encoders in parallel, row chunks at a time, into the output in
+//! order. Output bytes do not depend on the thread count: each row is encoded
+//! on its own.
+//!
+//! The output is what `llama-quantize` writes for the same options: tensors
+//! in llama.cpp's order (by layer, then name), the input's metadata with
+//! `general.quantization_version` and `general.file_type` moved to the end,
+//! split keys dropped, and the `quantize.imatrix.*` keys when an importance
+//! matrix is used. Recipes add `memwall.recipe.name` and `memwall.recipe`.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use memwall_runtime::GgmlType;
+use memwall_runtime::atomic::AtomicFile;
+use memwall_runtime::blocks::{dequantize_row, validate_row};
+use memwall_runtime::ggml_type::FileTypeInfo;
+use memwall_runtime::gguf::{
+    GgufError, GgufModel, GgufWriter, Metadata, TensorSpec, keys, split_path,
+};
+use memwall_runtime::progress::{Progress, Unit};
+use rayon::prelude::*;
+
+use crate::imatrix::Imatrix;
+use crate::recipe::Recipe;
+use crate::rules::{Category, MixOptions, Mixer, ModelFacts, Override, Reason, llama_order};
+use crate::{ENCODABLE, quantize_row_imatrix};
+
+/// `general.quantization_version` written by current ggml (`GGML_QNT_VERSION`).
+pub const QUANTIZATION_VERSION: u32 = 2;
+
+/// Why quantization failed. Every variant names the file, tensor or key.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    /// The input (or writing the output) failed at the container level.
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    /// The input's metadata lacks what the type rules need.
+    #[error("{path}: {message}")]
+    Metadata {
+        /// The input.
+        path: PathBuf,
+        /// What is missing or wrong.
+        message: String,
+    },
+    /// The options cannot be applied to this model.
+    #[error("{0}")]
+    Options(String),
+    /// A tensor cannot be quantized as planned.
+    #[error("tensor {tensor}: {message}")]
+    Tensor {
+        /// Tensor name.
+        tensor: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A weight is NaN or infinite.
+    #[error("tensor {tensor}, row {row}: {what} (ggml refuses non-finite weights)")]
+    NonFinite {
+        /// Tensor name.
+        tensor: String,
+        /// Row index (across experts).
+        row: u64,
+        /// Which value and what it is.
+        what: String,
+    },
+    /// Writing the output failed.
+    #[error("{}: {error}", path.display())]
+    Io {
+        /// The output file.
+        path: PathBuf,
+        /// The OS error.
+        error: io::Error,
+    },
+}
+
+/// An importance matrix together with the path the user gave, which
+/// llama-quantize records in `quantize.imatrix.file`.
+#[derive(Clone, Debug)]
+pub struct ImatrixInput {
+    /// The path as given on the command line.
+    pub label: String,
+    /// The data (after `--include-weights`/`--exclude-weights`).
+    pub data: Imatrix,
+}
+
+/// Everything that decides the output, as `llama-quantize`'s options do.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Target file type.
+    pub ftype: &'static FileTypeInfo,
+    /// `--pure`.
+    pub pure: bool,
+    /// `--leave-output-tensor`.
+    pub leave_output: bool,
+    /// `--allow-requantize`.
+    pub allow_requantize: bool,
+    /// `--keep-split`: one output file per input file.
+    pub keep_split: bool,
+    /// `--output-tensor-type`.
+    pub output_type: Option<GgmlType>,
+    /// `--token-embedding-type`.
+    pub token_embedding_type: Option<GgmlType>,
+    /// `--tensor-type` rules, before any recipe rules.
+    pub tensor_types: Vec<Override>,
+    /// A recipe: its rules follow `tensor_types`, its output and embedding
+    /// types apply unless the options above set them.
+    pub recipe: Option<Recipe>,
+    /// `--imatrix`.
+    pub imatrix: Option<ImatrixInput>,
+}
+
+impl Options {
+    /// Options for a plain `llama-quantize IN OUT TYPE`.
+    pub fn new(ftype: &'static FileTypeInfo) -> Options {
+        Options {
+            ftype,
+            pure: false,
+            leave_output: false,
+            allow_requantize: false,
+            keep_split: false,
+            output_type: None,
+            token_embedding_type: None,
+            tensor_types: Vec::new(),
+            recipe: None,
+            imatrix: None,
+        }
+    }
+}
+
+/// How a tensor uses the importance matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImatrixUse {
+    /// No imatrix given, or the tensor is not quantized.
+    None,
+    /// The entry for this tensor weights its encoding.
+    Used,
+    /// The imatrix has no entry for this tensor.
+    Missing,
+    /// The entry has the wrong size and is ignored (token embeddings only, as llama.cpp does).
+    Ignored,
+}
+
+/// One tensor of the plan.
+#[derive(Clone, Debug)]
+pub struct TensorPlan {
+    /// Name.
+    pub name: String,
+    /// Shape, GGUF order.
+    pub dims: Vec<u64>,
+    /// Type in the input.
+    pub source: GgmlType,
+    /// Type in the output.
+    pub target: GgmlType,
+    /// Why.
+    pub reason: Reason,
+    /// Bytes in the input.
+    pub source_bytes: u64,
+    /// Bytes in the output.
+    pub target_bytes: u64,
+    /// Number of weights.
+    pub elements: u64,
+    /// Output file index (0 unless `--keep-split`).
+    pub file: usize,
+    /// Importance matrix use.
+    pub imatrix: ImatrixUse,
+}
+
+impl TensorPlan {
+    /// Whether the data is re-encoded (rather than copied).
+    pub fn converts(&self) -> bool {
+        self.source != self.target
+    }
+}
+
+/// The whole plan: what `--dry-run` shows and what [`run`] executes.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Tensors in output order.
+    pub tensors: Vec<TensorPlan>,
+    /// Metadata of each output file.
+    pub metadata: Vec<Metadata>,
+    /// The file type written to `general.file_type`.
+    pub ftype: &'static FileTypeInfo,
+    /// Non-fatal findings (unused rules, missing imatrix entries, fallbacks).
+    pub warnings: Vec<String>,
+    /// Tensors whose type fell back because of their row length.
+    pub fallbacks: u32,
+    /// Data alignment of the output.
+    pub alignment: u64,
+}
+
+impl Plan {
+    /// Total weights.
+    pub fn elements(&self) -> u64 {
+        self.tensors.iter().map(|t| t.elements).sum()
+    }
+    /// Tensor bytes in the input.
+    pub fn source_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.source_bytes).sum()
+    }
+    /// Tensor bytes in the output.
+    pub fn target_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.target_bytes).sum()
+    }
+    /// Bits per weight of the output tensor data.
+    pub fn bits_per_weight(&self) -> f64 {
+        self.target_bytes() as f64 * 8.0 / self.elements().max(1) as f64
+    }
+
+    /// The exact size of each output file (header, padding, data).
+    pub fn file_sizes(&self) -> Result<Vec<u64>, JobError> {
+        (0..self.metadata.len())
+            .map(|f| {
+                let w = GgufWriter::new(
+                    io::sink(),
+                    Path::new("<plan>"),
+                    3,
+                    self.metadata[f].clone(),
+                    self.specs(f),
+                )?;
+                let h = w.header();
+                Ok(h.tensors.last().map_or(h.data_offset, |t| {
+                    h.data_offset + t.offset + t.size.div_ceil(h.alignment) * h.alignment
+                }))
+            })
+            .collect()
+    }
+
+    /// Output paths: `out`, or `<out without .gguf>-0000i-of-0000n.gguf` per split.
+    pub fn output_paths(&self, out: &Path) -> Vec<PathBuf> {
+        let n = self.metadata.len();
+        if n == 1 {
+            return vec![out.to_owned()];
+        }
+        let s = out.to_string_lossy();
+        let prefix = s.strip_suffix(".gguf").unwrap_or(&s);
+        (0..n)
+            .map(|i| split_path(prefix, i as u32, n as u32))
+            .collect()
+    }
+
+    fn specs(&self, file: usize) -> Vec<TensorSpec> {
+        self.tensors
+            .iter()
+            .filter(|t| t.file == file)
+            .map(|t| TensorSpec {
+                name: t.name.clone(),
+                dims: t.dims.clone(),
+                ty: t.target,
+            })
+            .collect()
+    }
+}
+
+/// Plans the quantization of `model` (opened from `input`).
+pub fn plan(model: &GgufModel, input: &Path, options: &Options) -> Result<Plan, JobError> {
+    let meta_err = |message: String| JobError::Metadata {
+        path: input.to_owned(),
+        message,
+    };
+    let facts = ModelFacts::from_metadata(model.metadata()).map_err(meta_err)?;
+    let recipe = options.recipe.as_ref();
+    let mut overrides = options.tensor_types.clone();
+    if let Some(r) = recipe {
+        overrides.extend(r.rules.iter().cloned());
+    }
+    let mix = MixOptions {
+        ftype: options.ftype,
+        pure: options.pure,
+        has_imatrix: options.imatrix.is_some(),
+        output_type: options.output_type.or(recipe.and_then(|r| r.output)),
+        token_embedding_type: options
+            .token_embedding_type
+            .or(recipe.and_then(|r| r.token_embedding)),
+        leave_output: options.leave_output,
+        overrides,
+    };
+
+    // llama.cpp's order: by layer then name; with --keep-split, by file then offset.
+    let mut order: Vec<(usize, &memwall_runtime::gguf::TensorInfo)> = model.tensors().collect();
+    if options.keep_split {
+        order.sort_by_key(|&(f, t)| (f, t.offset));
+    } else {
+        order.sort_by(|a, b| llama_order(&a.1.name, &b.1.name));
+    }
+    let n_files = if options.keep_split {
+        model.files().len()
+    } else {
+        1
+    };
+
+    let mut mixer = Mixer::new(facts, mix, order.iter().map(|(_, t)| t.name.as_str()));
+    let mut warnings = Vec::new();
+    let mut tensors = Vec::with_capacity(order.len());
+    let imatrix = options.imatrix.as_ref().map(|i| &i.data);
+    let mut imatrix_hits = 0;
+    for &(file, t) in &order {
+        let choice = mixer
+            .choose(&t.name, &t.dims, t.ty)
+            .map_err(|message| JobError::Tensor {
+                tensor: t.name.clone(),
+                message,
+            })?;
+        let target = choice.ty;
+        let size = target.tensor_size(&t.dims).map_err(|e| JobError::Tensor {
+            tensor: t.name.clone(),
+            message: format!(
+                "cannot be stored as {target}: {e} (choose a type whose block divides {})",
+                t.dims.first().copied().unwrap_or(0)
+            ),
+        })?;
+        if let Reason::Fallback(from) = choice.reason {
+            warnings.push(format!(
+                "{}: rows of {} weights do not fit {from} blocks; using {target}",
+                t.name, t.dims[0]
+            ));
+        }
+        let converts = target != t.ty;
+        let mut use_ = ImatrixUse::None;
+        if let (Some(m), true) = (imatrix, converts) {
+            use_ = match m.entries.get(&t.name) {
+                None => ImatrixUse::Missing,
+                Some(v) => {
+                    let experts = t.dims.get(2).copied().unwrap_or(1);
+                    if v.len() as u64 == t.dims[0] * experts {
+                        imatrix_hits += 1;
+                        ImatrixUse::Used
+                    } else if Category::of(&t.name) == Category::TokenEmbd {
+                        ImatrixUse::Ignored
+                    } else {
+                        return Err(JobError::Tensor {
+                            tensor: t.name.clone(),
+                            message: format!(
+                                "the importance matrix has {} values for it, the tensor needs {} \
+                                 ({} per row × {experts} experts): is the imatrix for another model?",
+                                v.len(),
+                                t.dims[0] * experts,
+                                t.dims[0]
+                            ),
+                        });
+                    }
+                }
+            };
+            if use_ == ImatrixUse::Missing {
+                warnings.push(format!(
+                    "{}: no importance matrix entry; quantized without one",
+                    t.name
+                ));
+            }
+        }
+        let needs_imatrix = options.ftype.name == "Q2_K_S"
+            && target == GgmlType::Q2_K
+            && !matches!(
+                Category::of(&t.name),
+                Category::TokenEmbd | Category::Output
+            );
+        if needs_imatrix && use_ != ImatrixUse::Used {
+            return Err(JobError::Tensor {
+                tensor: t.name.clone(),
+                message: "Q2_K_S needs an importance matrix for this tensor (pass --imatrix)"
+                    .into(),
+            });
+        }
+        tensors.push(TensorPlan {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            source: t.ty,
+            target,
+            reason: choice.reason,
+            source_bytes: t.size,
+            target_bytes: size.bytes,
+            elements: t.elements,
+            file: if options.keep_split { file } else { 0 },
+            imatrix: use_,
+        });
+    }
+    if let Some(m) = imatrix {
+        let converted = tensors.iter().filter(|t| t.converts()).count();
+        if imatrix_hits == 0 && converted > 0 {
+            let example = m.entries.keys().next().map_or("none".into(), |k| k.clone());
+            return Err(JobError::Options(format!(
+                "the importance matrix has no entry for any tensor of this model \
+                 ({} entries, e.g. {example}): is it for another model?",
+                m.entries.len()
+            )));
+        }
+    }
+    for o in &mixer.options().overrides {
+        if !order.iter().any(|(_, t)| o.matches(&t.name)) {
+            warnings.push(format!("rule '{}' = {} matches no tensor", o.text, o.ty));
+        }
+    }
+
+    let metadata = output_metadata(model, options, n_files)?;
+    let alignment = metadata[0]
+        .alignment()
+        .map_err(|found| meta_err(format!("general.alignment is not a power of two: {found}")))?;
+    Ok(Plan {
+        tensors,
+        metadata,
+        ftype: options.ftype,
+        warnings,
+        fallbacks: mixer.fallbacks,
+        alignment,
+    })
+}
+
+/// The metadata llama-quantize writes (see the module docs).
+fn output_metadata(
+    model: &GgufModel,
+    options: &Options,
+    n_files: usize,
+) -> Result<Vec<Metadata>, JobError> {
+    let mut meta = model.metadata().clone();
+    let put = |meta: &mut Metadata, key: &str, value: memwall_runtime::gguf::Value| {
+        meta.remove(key);
+        meta.set(key, value);
+    };
+    put(
+        &mut meta,
+        keys::QUANTIZATION_VERSION,
+        QUANTIZATION_VERSION.into(),
+    );
+    put(&mut meta, keys::FILE_TYPE, options.ftype.id.into());
+    for k in [keys::SPLIT_NO, keys::SPLIT_COUNT, keys::SPLIT_TENSORS_COUNT] {
+        meta.remove(k);
+    }
+    if let Some(im) = &options.imatrix {
+        // llama-quantize copies strings into 128-byte buffers.
+        let clip = |s: &str| -> String {
+            let mut end = s.len().min(127);
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            s[..end].to_owned()
+        };
+        put(&mut meta, "quantize.imatrix.file", clip(&im.label).into());
+        if let Some(d) = im.data.datasets.first() {
+            put(&mut meta, "quantize.imatrix.dataset", clip(d).into());
+        }
+        put(
+            &mut meta,
+            "quantize.imatrix.entries_count",
+            (im.data.entries.len() as u32).into(),
+        );
+        if im.data.chunk_count > 0 {
+            put(
+                &mut meta,
+                "quantize.imatrix.chunks_count",
+                im.data.chunk_count.into(),
+            );
+        }
+    }
+    if let Some(r) = &options.recipe {
+        put(&mut meta, "memwall.recipe.name", r.name.clone().into());
+        put(&mut meta, "memwall.recipe", r.to_toml().into());
+    }
+    if n_files == 1 {
+        return Ok(vec![meta]);
+    }
+    let total = model.tensor_count() as i32;
+    let mut files = vec![meta];
+    files.extend((1..n_files).map(|_| Metadata::new()));
+    for (i, m) in files.iter_mut().enumerate() {
+        m.set(keys::SPLIT_NO, memwall_runtime::gguf::Value::U16(i as u16));
+        m.set(
+            keys::SPLIT_COUNT,
+            memwall_runtime::gguf::Value::U16(n_files as u16),
+        );
+        m.set(
+            keys::SPLIT_TENSORS_COUNT,
+            memwall_runtime::gguf::Value::I32(total),
+        );
+    }
+    Ok(files)
+}
+
+/// Input bytes decoded per slab of rows: bounds memory per tensor.
+const SLAB_BYTES: u64 = 64 << 20;
+/// Weights per parallel work item (llama.cpp uses at least 32 × 512).
+const CHUNK_WEIGHTS: u64 = 32 * 512;
+
+/// Executes `plan`, writing to `out` (or its split names). Nothing is left at
+/// the output paths on failure. Runs on the current rayon pool: wrap the call
+/// in `ThreadPool::install` to choose the thread count.
+pub fn run(
+    model: &GgufModel,
+    plan: &Plan,
+    imatrix: Option<&Imatrix>,
+    allow_requantize: bool,
+    out: &Path,
+    progress: &dyn Progress,
+) -> Result<Vec<PathBuf>, JobError> {
+    // Refuse up front what cannot be done, before creating any file.
+    for t in plan.tensors.iter().filter(|t| t.converts()) {
+        if !ENCODABLE.contains(&t.target) {
+            return Err(JobError::Tensor {
+                tensor: t.name.clone(),
+                message: format!(
+                    "memwall cannot encode {} yet (it encodes {})",
+                    t.target,
+                    ENCODABLE.map(|t| t.name().to_ascii_uppercase()).join(", ")
+                ),
+            });
+        }
+        if !memwall_runtime::blocks::DEQUANTIZABLE.contains(&t.source) {
+            return Err(JobError::Tensor {
+                tensor: t.name.clone(),
+                message: format!("memwall cannot decode {} input yet", t.source),
+            });
+        }
+        if t.source.is_quantized() && !allow_requantize {
+            return Err(JobError::Tensor {
+                tensor: t.name.clone(),
+                message: format!(
+                    "is already quantized ({}); requantizing loses quality, so it needs \
+                     --allow-requantize (better: start from the F16/BF16 model)",
+                    t.source
+                ),
+            });
+        }
+    }
+    let paths = plan.output_paths(out);
+    for p in &paths {
+        if model.files().iter().any(|f| same_file(f.path(), p)) {
+            return Err(JobError::Options(format!(
+                "the output {} is the input; choose another output path",
+                p.display()
+            )));
+        }
+    }
+    progress.start("quantizing", plan.source_bytes(), Unit::Bytes);
+    let mut finished = Vec::new();
+    for (f, path) in paths.iter().enumerate() {
+        let mut w = GgufWriter::create(path, 3, plan.metadata[f].clone(), plan.specs(f))?;
+        for t in plan.tensors.iter().filter(|t| t.file == f) {
+            progress.item(&t.name);
+            let (_, data) = model.tensor(&t.name).ok_or_else(|| JobError::Tensor {
+                tensor: t.name.clone(),
+                message: "vanished from the input".into(),
+            })?;
+            let weights = match (t.imatrix, imatrix) {
+                (ImatrixUse::Used, Some(m)) => m.entries.get(&t.name).map(Vec::as_slice),
+                _ => None,
+            };
+            write_tensor(&mut w, t, data, weights, progress)?;
+        }
+        finished.push((path.clone(), w.finish()?));
+    }
+    progress.finish();
+    let mut written = Vec::new();
+    for (path, file) in finished {
+        commit(file, &path)?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+fn commit(file: AtomicFile, path: &Path) -> Result<(), JobError> {
+    file.commit().map_err(|error| JobError::Io {
+        path: path.to_owned(),
+        error,
+    })
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// Streams one tensor: copied slab by slab, or decoded, encoded and written
+/// slab by slab with the rows of each slab spread over the thread pool.
+fn write_tensor<W: io::Write>(
+    w: &mut GgufWriter<W>,
+    t: &TensorPlan,
+    data: &[u8],
+    imatrix: Option<&[f32]>,
+    progress: &dyn Progress,
+) -> Result<(), JobError> {
+    let ne0 = t.dims.first().copied().unwrap_or(1).max(1);
+    let rows_per_expert = t.dims.get(1).copied().unwrap_or(1).max(1);
+    let src_row = t.source.tensor_size(&[ne0]).map(|s| s.bytes).unwrap_or(0) as usize;
+    let dst_row = t.target.tensor_size(&[ne0]).map(|s| s.bytes).unwrap_or(0) as usize;
+    let slab_rows = (SLAB_BYTES / (ne0 * 4)).max(1) as usize;
+    let chunk_rows = CHUNK_WEIGHTS.div_ceil(ne0).max(1) as usize;
+    let mut buf = Vec::new();
+    for (s, src) in data.chunks(slab_rows * src_row.max(1)).enumerate() {
+        let first_row = (s * slab_rows) as u64;
+        let n = src.len() / src_row.max(1);
+        let results: Vec<Result<(), JobError>> = if !t.converts() {
+            src.par_chunks(chunk_rows * src_row)
+                .enumerate()
+                .map(|(c, rows)| {
+                    for (r, row) in rows.chunks(src_row).enumerate() {
+                        let index = first_row + (c * chunk_rows + r) as u64;
+                        check_row(t, t.source, row, index)?;
+                    }
+                    Ok(())
+                })
+                .collect()
+        } else {
+            buf.resize(n * dst_row, 0u8);
+            buf.par_chunks_mut(chunk_rows * dst_row)
+                .zip(src.par_chunks(chunk_rows * src_row))
+                .enumerate()
+                .map_init(
+                    || vec![0f32; ne0 as usize],
+                    |x, (c, (dst, src))| {
+                        let rows = dst.chunks_mut(dst_row).zip(src.chunks(src_row));
+                        for (r, (out, input)) in rows.enumerate() {
+                            let index = first_row + (c * chunk_rows + r) as u64;
+                            encode_row(t, input, out, x, index, rows_per_expert, imatrix)?;
+                        }
+                        Ok(())
+                    },
+                )
+                .collect()
+        };
+        results.into_iter().collect::<Result<(), JobError>>()?;
+        if t.converts() {
+            w.write_tensor_data(&t.name, &buf)?;
+        } else {
+            w.write_tensor_data(&t.name, src)?;
+        }
+        progress.advance(src.len() as u64);
+    }
+    Ok(())
+}
+
+fn encode_row(
+    t: &TensorPlan,
+    input: &[u8],
+    out: &mut [u8],
+    x: &mut [f32],
+    index: u64,
+    rows_per_expert: u64,
+    imatrix: Option<&[f32]>,
+) -> Result<(), JobError> {
+    let tensor_err = |message: String| JobError::Tensor {
+        tensor: t.name.clone(),
+        message,
+    };
+    dequantize_row(t.source, input, x).map_err(|e| tensor_err(e.to_string()))?;
+    if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+        return Err(JobError::NonFinite {
+            tensor: t.name.clone(),
+            row: index,
+            what: format!("weight {i} is {}", x[i]),
+        });
+    }
+    let ne0 = x.len();
+    let weights = imatrix.map(|m| {
+        let e = (index / rows_per_expert) as usize;
+        &m[e * ne0..(e + 1) * ne0]
+    });
+    quantize_row_imatrix(t.target, x, out, weights).map_err(|e| tensor_err(e.to_string()))?;
+    check_row(t, t.target, out, index)
+}
+
+fn check_row(t: &TensorPlan, ty: GgmlType, row: &[u8], index: u64) -> Result<(), JobError> {
+    validate_row(ty, row).map_err(|i| JobError::NonFinite {
+        tensor: t.name.clone(),
+        row: index,
+        what: if ty.is_quantized() {
+            format!("block {i} of the {ty} encoding has a non-finite scale (weights too large?)")
+        } else {
+            format!("{ty} value {i} is NaN or infinite")
+        },
+    })
+}
