@@ -4,6 +4,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod commands;
+mod progress;
 mod render;
 
 use std::process::ExitCode;
@@ -17,6 +18,8 @@ use clap::{Parser, Subcommand};
   memwall inspect model.gguf               header, metadata, tensors, totals
   memwall inspect model.gguf --json | jq   the same, for scripts
   memwall inspect model-00001-of-00003.gguf   a split model, all files at once
+  memwall quantize model-f16.gguf Q4_K_M   llama.cpp's Q4_K_M, byte for byte
+  memwall quantize model-f16.gguf out.gguf --recipe attn-f16-ffn-q4
 
 Run `memwall <command> --help` for the options of each command.")]
 struct Cli {
@@ -35,12 +38,30 @@ enum Command {
 
 A split model (name-00001-of-00003.gguf) is opened as one model from any of its files.")]
     Inspect(commands::inspect::Args),
+    /// Quantize a GGUF model: llama.cpp's types and mixes (same bytes as
+    /// llama-quantize), or a mixed-precision recipe.
+    #[command(after_help = "Examples:
+  memwall quantize model-f16.gguf Q4_K_M                 writes model-Q4_K_M.gguf
+  memwall quantize model-f16.gguf out.gguf Q5_K_M --imatrix imatrix.gguf
+  memwall quantize model-f16.gguf out.gguf Q4_K_M --tensor-type 'attn_v=q8_0'
+  memwall quantize model-f16.gguf out.gguf --recipe attn-f16-ffn-q4
+  memwall quantize model-f16.gguf Q4_K_M --dry-run       the plan: types, sizes, file size
+  memwall quantize model-f16.gguf Q4_K_M --dry-run --json
+
+TYPE: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q2_K_S Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M
+      Q5_K_S Q5_K_M Q6_K IQ4_NL IQ4_XS F16 BF16 F32 (the IQ1-IQ3, TQ and MXFP4
+      types can be planned with --dry-run but not written yet).
+Built-in recipes: attn-f16-ffn-q4, attn-q8-ffn-q4, attn-q8-ffn-q4-down-q6; a
+recipe file is TOML (see docs/RECIPES.md). The output records the recipe in
+the memwall.recipe metadata key.")]
+    Quantize(Box<commands::quantize::Args>),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(args) => commands::inspect::run(args),
+        Command::Quantize(args) => commands::quantize::run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

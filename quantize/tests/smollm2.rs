@@ -33,12 +33,17 @@ fn sha_file(path: &Path) -> String {
 /// Rebuilds llama.cpp's F16 conversion of SmolLM2 at `out`.
 fn rebuild_f16(reference: &Value, out: &Path) {
     let q4 = fixtures().join("cache/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(q4.exists(), "missing {}: run fixtures/fetch.sh", q4.display());
+    assert!(
+        q4.exists(),
+        "missing {}: run fixtures/fetch.sh",
+        q4.display()
+    );
     let source = GgufModel::open(&q4).unwrap();
     let header = std::fs::read(fixtures().join("smollm2/reference/f16-header.gguf")).unwrap();
     let mut f = File::create(out).unwrap();
     f.write_all(&header).unwrap();
-    f.set_len(reference["input"]["bytes"].as_u64().unwrap()).unwrap();
+    f.set_len(reference["input"]["bytes"].as_u64().unwrap())
+        .unwrap();
     drop(f);
     // Parse the header through the (sparse) full-length file, then fill in the data.
     let layout = GgufFile::open(out).unwrap().header().clone();
@@ -48,19 +53,23 @@ fn rebuild_f16(reference: &Value, out: &Path) {
         let mut x = vec![0f32; info.elements as usize];
         dequantize_row(info.ty, data, &mut x).unwrap();
         let bytes: Vec<u8> = match t.ty {
-            GgmlType::F16 => x.iter().flat_map(|&v| f32_to_f16(v).to_le_bytes()).collect(),
+            GgmlType::F16 => x
+                .iter()
+                .flat_map(|&v| f32_to_f16(v).to_le_bytes())
+                .collect(),
             GgmlType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
             other => panic!("unexpected {other} in the F16 conversion"),
         };
-        f.write_all_at(&bytes, layout.data_offset + t.offset).unwrap();
+        f.write_all_at(&bytes, layout.data_offset + t.offset)
+            .unwrap();
     }
     f.sync_all().unwrap();
 }
 
 #[test]
 fn mixes_with_fallbacks_are_the_files_llama_quantize_writes() {
-    let text = std::fs::read_to_string(fixtures().join("smollm2/reference/llama-quantize.json"))
-        .unwrap();
+    let text =
+        std::fs::read_to_string(fixtures().join("smollm2/reference/llama-quantize.json")).unwrap();
     let reference: Value = serde_json::from_str(&text).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("smollm2-f16.gguf");

@@ -2,11 +2,29 @@
 //! the libraries and renders the result.
 
 pub mod inspect;
+pub mod quantize;
 
+use memwall_quantize::job::JobError;
 use memwall_runtime::gguf::GgufError;
 
 /// A next step for the user, for errors where there is an obvious one.
 pub fn hint(err: &anyhow::Error) -> Option<&'static str> {
+    if let Some(job) = err.chain().find_map(|e| e.downcast_ref::<JobError>()) {
+        match job {
+            JobError::NonFinite { .. } => {
+                return Some(
+                    "the model's weights are damaged (NaN or infinite); convert it again from \
+                     the original checkpoint",
+                );
+            }
+            JobError::Metadata { .. } => {
+                return Some(
+                    "the file lacks model metadata; is it a model converted by llama.cpp or memwall?",
+                );
+            }
+            _ => {}
+        }
+    }
     let gguf = err.chain().find_map(|e| e.downcast_ref::<GgufError>())?;
     Some(match gguf {
         GgufError::Format { .. } => {
