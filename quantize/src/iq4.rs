@@ -5,35 +5,36 @@
 use memwall_runtime::blocks::{IQ4NL_GRID, f32_to_f16};
 
 use crate::kquants::{GROUP_MAX_EPS, nearest_int};
-use crate::legacy::signed_max;
+use crate::lanes;
 use crate::weights::{importance, sum_squares};
 
 const NTRY: i32 = 7;
 
-/// Index of the grid value nearest to `x` (ties to the lower one), as ggml's
-/// `best_index_int8` finds it.
-fn best_index(x: f32) -> u8 {
-    let v = |i: usize| f32::from(IQ4NL_GRID[i]);
-    if x <= v(0) {
-        return 0;
+/// Index of the grid value nearest to `x` (ties to the upper one), as ggml's
+/// `best_index_int8` finds it by bisection. Branch-free, so that it
+/// vectorizes: for sorted grid values, `x` is past the tie point between
+/// neighbours `k−1` and `k` exactly for the `k` below its answer, and the
+/// comparison is the one ggml makes between those two neighbours (for any
+/// other `k` both sides have fixed signs, so rounding cannot flip it).
+#[inline(always)]
+pub(crate) fn best_index(x: f32) -> u8 {
+    let mut index = 0u8;
+    for k in 1..16 {
+        let (lo, hi) = (f32::from(IQ4NL_GRID[k - 1]), f32::from(IQ4NL_GRID[k]));
+        index += u8::from(x - lo >= hi - x);
     }
-    if x >= v(15) {
-        return 15;
+    index
+}
+
+/// The grid value [`best_index`] picks, as an `f32`.
+#[inline(always)]
+fn best_value(x: f32) -> f32 {
+    let mut value = f32::from(IQ4NL_GRID[0]);
+    for k in 1..16 {
+        let (lo, hi) = (f32::from(IQ4NL_GRID[k - 1]), f32::from(IQ4NL_GRID[k]));
+        value += if x - lo >= hi - x { hi - lo } else { 0.0 };
     }
-    let (mut lo, mut hi) = (0usize, 15usize);
-    while hi - lo > 1 {
-        let mid = (lo + hi) / 2;
-        if x < v(mid) {
-            hi = mid;
-        } else {
-            lo = mid;
-        }
-    }
-    if x - v(hi - 1) < v(hi) - x {
-        (hi - 1) as u8
-    } else {
-        hi as u8
-    }
+    value
 }
 
 /// Weights of the fits: `x²`, or with an importance matrix `qw · √(σ² + x²)`
@@ -48,34 +49,62 @@ fn weights(x: &[f32], qw: Option<&[f32]>) -> Vec<f32> {
     }
 }
 
-/// Best scale of one 32-weight group under `weight`; `None` for an all-zero group.
-fn group_scale(xb: &[f32], weight: &[f32]) -> Option<f32> {
-    let max = signed_max(xb);
-    if max.abs() < GROUP_MAX_EPS {
-        return None;
+/// Best scale of `K` groups of 32 weights at once (transposed: `x[i][g]`),
+/// ggml's scale search run side by side as in `lanes`; 0 for all-zero groups.
+#[inline(always)]
+fn group_scales<const K: usize>(x: &[[f32; K]; 32], w: &[[f32; K]; 32]) -> [f32; K] {
+    let (mut amax, mut max) = ([0f32; K], [0f32; K]);
+    for row in x {
+        for g in 0..K {
+            let bigger = amax[g] < row[g].abs();
+            amax[g] = if bigger { row[g].abs() } else { amax[g] };
+            max[g] = if bigger { row[g] } else { max[g] };
+        }
     }
     let v0 = f32::from(IQ4NL_GRID[0]);
-    let fit = |id: f32| {
-        let (mut sumqx, mut sumq2) = (0f32, 0f32);
-        for (&x, &w) in xb.iter().zip(weight) {
-            let q = f32::from(IQ4NL_GRID[usize::from(best_index(id * x))]);
-            sumqx += w * q * x;
-            sumq2 += w * q * q;
+    let fit = |id: &[f32; K]| {
+        let (mut sumqx, mut sumq2) = ([0f32; K], [0f32; K]);
+        for (xs, ws) in x.iter().zip(w) {
+            for g in 0..K {
+                let q = best_value(id[g] * xs[g]);
+                sumqx[g] += ws[g] * q * xs[g];
+                sumq2[g] += ws[g] * q * q;
+            }
         }
         (sumqx, sumq2)
     };
-    let d0 = -max / v0;
-    let (sumqx, sumq2) = fit(1.0 / d0);
-    let mut d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
-    let mut best = d * sumqx;
+    let mut id = [0f32; K];
+    for g in 0..K {
+        id[g] = 1.0 / (-max[g] / v0);
+    }
+    let (sumqx, sumq2) = fit(&id);
+    let (mut d, mut best) = ([0f32; K], [0f32; K]);
+    for g in 0..K {
+        d[g] = if sumq2[g] > 0.0 {
+            sumqx[g] / sumq2[g]
+        } else {
+            0.0
+        };
+        best[g] = d[g] * sumqx[g];
+    }
     for itry in -NTRY..=NTRY {
-        let (sumqx, sumq2) = fit((itry as f32 + v0) / max);
-        if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
-            d = sumqx / sumq2;
-            best = d * sumqx;
+        for g in 0..K {
+            id[g] = (itry as f32 + v0) / max[g];
+        }
+        let (sumqx, sumq2) = fit(&id);
+        for g in 0..K {
+            if sumq2[g] > 0.0 && sumqx[g] * sumqx[g] > best[g] * sumq2[g] {
+                d[g] = sumqx[g] / sumq2[g];
+                best[g] = d[g] * sumqx[g];
+            }
         }
     }
-    Some(d)
+    for g in 0..K {
+        if amax[g] < GROUP_MAX_EPS {
+            d[g] = 0.0;
+        }
+    }
+    d
 }
 
 fn pack(l: &[u8], qs: &mut [u8]) {
@@ -87,8 +116,10 @@ fn pack(l: &[u8], qs: &mut [u8]) {
 }
 
 /// IQ4_NL: one 32-weight block, f16 scale, grid indices.
+#[inline(always)]
 pub(crate) fn iq4_nl(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
-    let scale = group_scale(x, &weights(x, qw)).unwrap_or(0.0);
+    let w = weights(x, qw);
+    let scale = group_scales::<1>(&lanes::transpose(x), &lanes::transpose(&w))[0];
     y[..2].copy_from_slice(&f32_to_f16(scale).to_le_bytes());
     let id = if scale != 0.0 { 1.0 / scale } else { 0.0 };
     let l: Vec<u8> = x.iter().map(|&v| best_index(id * v)).collect();
@@ -96,13 +127,12 @@ pub(crate) fn iq4_nl(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
 }
 
 /// IQ4_XS: 8 groups of 32 with 6-bit scales against an f16 super-scale.
+#[inline(always)]
 pub(crate) fn iq4_xs(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
     let w = weights(x, qw);
-    let mut scales = [0f32; 8];
+    let scales = group_scales::<8>(&lanes::transpose(x), &lanes::transpose(&w));
     let (mut max_scale, mut amax_scale) = (0f32, 0f32);
-    for (ib, xb) in x.chunks_exact(32).enumerate() {
-        let d = group_scale(xb, &w[32 * ib..32 * ib + 32]).unwrap_or(0.0);
-        scales[ib] = d;
+    for &d in &scales {
         if d.abs() > amax_scale {
             amax_scale = d.abs();
             max_scale = d;

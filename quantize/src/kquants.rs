@@ -7,6 +7,7 @@
 
 use memwall_runtime::blocks::{f16_to_f32, f32_to_f16, scale_min_k4};
 
+use crate::lanes;
 use crate::legacy::signed_max;
 use crate::weights::{importance, sum, sum_squares};
 
@@ -147,6 +148,7 @@ pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], qw: Option<
 }
 
 /// Symmetric fit for Q3_K with coordinate-descent refinement; `L` in `0..2·nmax`.
+#[inline(always)]
 fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
     let max = signed_max(x);
     if max.abs() < GROUP_MAX_EPS {
@@ -279,6 +281,7 @@ fn pack_2bit(l: &[u8; 256], qs: &mut [u8]) {
 }
 
 /// Q2_K: 16 groups of 16, 4-bit scales and mins against f16 super-scales.
+#[inline(always)]
 pub(crate) fn q2_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
     const Q4SCALE: f32 = 15.0;
     let mut l = [0u8; 256];
@@ -287,11 +290,14 @@ pub(crate) fn q2_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
     let (d, dmin) = match qw {
         None => {
             let (mut max_scale, mut max_min) = (0f32, 0f32);
+            let xt = lanes::transpose::<16, 16>(x);
+            let wt = xt.map(|row| row.map(f32::abs));
+            let mut lt = [[0u8; 16]; 16];
+            let (fs, fm) =
+                lanes::make_qkx2_quants::<16, 16>(3, &xt, &wt, &mut lt, -0.5, 0.1, 15, true);
+            untranspose(&lt, &mut l);
             for j in 0..16 {
-                let xs = &x[16 * j..16 * j + 16];
-                let weights: Vec<f32> = xs.iter().map(|v| v.abs()).collect();
-                let lj = &mut l[16 * j..16 * j + 16];
-                let (s, m) = make_qkx2_quants(3, xs, &weights, lj, -0.5, 0.1, 15, true);
+                let (s, m) = (fs[j], fm[j]);
                 scales[j] = s;
                 mins[j] = m;
                 max_scale = if s > max_scale { s } else { max_scale };
@@ -355,6 +361,7 @@ pub(crate) fn q2_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
 }
 
 /// Q3_K: 16 groups of 16, signed 6-bit scales, the third bit in `hmask`.
+#[inline(always)]
 pub(crate) fn q3_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
     let mut l = [0i8; 256];
     let mut scales = [0f32; 16];
@@ -441,8 +448,18 @@ pub(crate) fn q3_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
     y[108..110].copy_from_slice(&d.to_le_bytes());
 }
 
+/// Writes transposed group quants back in weight order: `l[g·N + i] = lt[i][g]`.
+fn untranspose<T: Copy, const N: usize, const K: usize>(lt: &[[T; K]; N], l: &mut [T]) {
+    for (i, row) in lt.iter().enumerate() {
+        for (g, &v) in row.iter().enumerate() {
+            l[g * N + i] = v;
+        }
+    }
+}
+
 /// Scales and mins of the 8 groups of a Q4_K/Q5_K block, packed into 12 bytes,
 /// with the f16 super-scales. Shared by [`q4_k`] and [`q5_k`].
+#[inline(always)]
 fn pack_k4_scales(scales: &[f32; 8], mins: &[f32; 8]) -> ([u8; 12], u16, u16) {
     let max_scale = scales.iter().fold(0f32, |a, &s| if s > a { s } else { a });
     let max_min = mins.iter().fold(0f32, |a, &m| if m > a { m } else { a });
@@ -485,6 +502,7 @@ fn pack_k4_ints(ls: &[u8; 8], lm: &[u8; 8]) -> [u8; 12] {
 /// Without an importance matrix this is `quantize_row_q{4,5}_K_ref` (`rmin`, `nstep`
 /// per type); with one, `quantize_row_q{4,5}_K_impl`: weights `qw · √(σ² + x²)`, a
 /// finer scale sweep, and the group scales fitted by [`make_qp_quants`].
+#[inline(always)]
 fn k4_quants(
     x: &[f32],
     nmax: i32,
@@ -493,31 +511,44 @@ fn k4_quants(
     qw: Option<&[f32]>,
 ) -> ([u8; 256], [u8; 12], u16, u16) {
     let mut l = [0u8; 256];
-    let (mut scales, mut mins) = ([0f32; 8], [0f32; 8]);
+    let (scales, mins);
+    // The 8 group fits run side by side (see `lanes`): xt[i][j] is weight i of group j.
+    let xt = lanes::transpose::<32, 8>(x);
+    let mut lt = [[0u8; 8]; 32];
     let (packed, d, dmin) = match qw {
         None => {
-            for j in 0..8 {
-                let xs = &x[32 * j..32 * j + 32];
-                let av_x = (sum_squares(xs) / 32.0).sqrt();
-                let weights: Vec<f32> = xs.iter().map(|v| av_x + v.abs()).collect();
-                let lj = &mut l[32 * j..32 * j + 32];
-                (scales[j], mins[j]) =
-                    make_qkx2_quants(nmax, xs, &weights, lj, rmin, 0.1, nstep, false);
+            let mut sum_x2 = [0f32; 8];
+            for row in &xt {
+                for j in 0..8 {
+                    sum_x2[j] += row[j] * row[j];
+                }
             }
+            let mut wt = [[0f32; 8]; 32];
+            for (w, row) in wt.iter_mut().zip(&xt) {
+                for j in 0..8 {
+                    w[j] = (sum_x2[j] / 32.0).sqrt() + row[j].abs();
+                }
+            }
+            (scales, mins) =
+                lanes::make_qkx2_quants::<32, 8>(nmax, &xt, &wt, &mut lt, rmin, 0.1, nstep, false);
+            untranspose(&lt, &mut l);
             pack_k4_scales(&scales, &mins)
         }
         Some(qw) => {
             let sum_x2 = sum_squares(x);
             let sigma2 = 2.0 * sum_x2 / 256.0;
+            let qwt = lanes::transpose::<32, 8>(qw);
+            let mut wt = [[0f32; 8]; 32];
             let mut sw = [0f32; 8];
-            for j in 0..8 {
-                let xs = &x[32 * j..32 * j + 32];
-                let weights = importance(xs, &qw[32 * j..], sigma2);
-                sw[j] = sum(&weights);
-                let lj = &mut l[32 * j..32 * j + 32];
-                (scales[j], mins[j]) =
-                    make_qkx2_quants(nmax, xs, &weights, lj, -0.9, 0.05, 36, false);
+            for (i, w) in wt.iter_mut().enumerate() {
+                for j in 0..8 {
+                    w[j] = qwt[i][j] * (sigma2 + xt[i][j] * xt[i][j]).sqrt();
+                    sw[j] += w[j];
+                }
             }
+            (scales, mins) =
+                lanes::make_qkx2_quants::<32, 8>(nmax, &xt, &wt, &mut lt, -0.9, 0.05, 36, false);
+            untranspose(&lt, &mut l);
             let (mut ls, mut lm) = ([0u8; 8], [0u8; 8]);
             let d_block = make_qp_quants(63, &scales, &mut ls, &sw);
             let m_block = make_qp_quants(63, &mins, &mut lm, &sw);
@@ -543,6 +574,7 @@ fn k4_quants(
 }
 
 /// Q4_K: 8 groups of 32, 6-bit scales and mins.
+#[inline(always)]
 pub(crate) fn q4_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
     let (l, packed, d, dmin) = k4_quants(x, 15, -1.0, 20, qw);
     y[..2].copy_from_slice(&d.to_le_bytes());
@@ -556,6 +588,7 @@ pub(crate) fn q4_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
 }
 
 /// Q5_K: Q4_K with 5-bit quants, the fifth bit in `qh`.
+#[inline(always)]
 pub(crate) fn q5_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
     let (l, packed, d, dmin) = k4_quants(x, 31, -0.5, 15, qw);
     y[..2].copy_from_slice(&d.to_le_bytes());
@@ -585,18 +618,21 @@ pub(crate) fn q5_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
 
 /// Q6_K: 16 groups of 16, signed 8-bit scales, 6-bit quants; the importance
 /// matrix, when given, replaces `x²` as the weights of the group fits.
+#[inline(always)]
 pub(crate) fn q6_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
     let mut l = [0i8; 256];
     let mut scales = [0f32; 16];
     let (mut max_scale, mut max_abs_scale) = (0f32, 0f32);
-    for ib in 0..16 {
-        let qwb = qw.map(|q| &q[16 * ib..16 * ib + 16]);
-        let s = make_qx_quants(
-            32,
-            &x[16 * ib..16 * ib + 16],
-            &mut l[16 * ib..16 * ib + 16],
-            qwb,
-        );
+    // The 16 group fits run side by side (see `lanes`).
+    let xt = lanes::transpose::<16, 16>(x);
+    let wt = match qw {
+        Some(q) => lanes::transpose::<16, 16>(q),
+        None => xt.map(|row| row.map(|v| v * v)),
+    };
+    let mut lt = [[0i8; 16]; 16];
+    let fitted = lanes::make_qx_quants::<16, 16>(32, &xt, &wt, &mut lt);
+    untranspose(&lt, &mut l);
+    for (ib, &s) in fitted.iter().enumerate() {
         scales[ib] = s;
         if s.abs() > max_abs_scale {
             max_abs_scale = s.abs();

@@ -36,6 +36,7 @@ fn trunc_i32(x: f32) -> i32 {
 }
 
 /// Q4_0: `d = max / −8` (max is the signed value of largest magnitude), `q = min(15, ⌊x/d + 8.5⌋)`.
+#[inline(always)]
 pub(crate) fn q4_0(x: &[f32], y: &mut [u8]) {
     let d = signed_max(x) / -8.0;
     let id = inverse(d);
@@ -48,6 +49,7 @@ pub(crate) fn q4_0(x: &[f32], y: &mut [u8]) {
 }
 
 /// Q4_1: `d = (max − min) / 15`, `m = min`, `q = min(15, ⌊(x − m)/d + 0.5⌋)`.
+#[inline(always)]
 pub(crate) fn q4_1(x: &[f32], y: &mut [u8]) {
     let (min, max) = min_max(x);
     let d = (max - min) / 15.0;
@@ -62,6 +64,7 @@ pub(crate) fn q4_1(x: &[f32], y: &mut [u8]) {
 }
 
 /// Q5_0: `d = max / −16`, `q = min(31, ⌊x/d + 16.5⌋)`, fifth bits in `qh`.
+#[inline(always)]
 pub(crate) fn q5_0(x: &[f32], y: &mut [u8]) {
     let d = signed_max(x) / -16.0;
     let id = inverse(d);
@@ -78,6 +81,7 @@ pub(crate) fn q5_0(x: &[f32], y: &mut [u8]) {
 }
 
 /// Q5_1: `d = (max − min) / 31`, `m = min`, `q = ⌊(x − m)/d + 0.5⌋` (ggml does not clamp).
+#[inline(always)]
 pub(crate) fn q5_1(x: &[f32], y: &mut [u8]) {
     let (min, max) = min_max(x);
     let d = (max - min) / 31.0;
@@ -97,14 +101,31 @@ pub(crate) fn q5_1(x: &[f32], y: &mut [u8]) {
 }
 
 /// Q8_0: `d = max|x| / 127`, `q = round(x/d)` (half away from zero).
+#[inline(always)]
 pub(crate) fn q8_0(x: &[f32], y: &mut [u8]) {
-    let amax = x.iter().fold(0f32, |a, &v| a.max(v.abs()));
+    // ggml's MAX(amax, |v|), written so that it vectorizes (no NaN reaches here).
+    let amax = x
+        .iter()
+        .fold(0f32, |a, &v| if a > v.abs() { a } else { v.abs() });
     let d = amax / 127.0;
     let id = inverse(d);
     y[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
-    for (j, &v) in x.iter().enumerate() {
-        y[2 + j] = (v * id).round() as i8 as u8;
+    let mut q = [0i32; 32];
+    for (q, &v) in q.iter_mut().zip(x) {
+        *q = round_small(v * id);
     }
+    for (out, q) in y[2..34].iter_mut().zip(q) {
+        *out = q as i8 as u8;
+    }
+}
+
+/// C's `(int)roundf(x)` (ties away from zero) for |x| < 2^23 (Q8_0's |x/d| ≤ 127),
+/// inline and branch-free: `f32::round` is a libm call on baseline x86-64.
+#[inline(always)]
+fn round_small(x: f32) -> i32 {
+    let t = x as i32;
+    let frac = x - t as f32;
+    t + i32::from(frac >= 0.5) - i32::from(frac <= -0.5)
 }
 
 /// Q4_0 with importance weights (ggml's `quantize_row_q4_0_impl`): the scale
@@ -159,4 +180,28 @@ pub(crate) fn q5_1_weighted(x: &[f32], y: &mut [u8], weights: &[f32]) {
         qh |= ((hi & 0x10) >> 4) << (j + 16);
     }
     y[4..8].copy_from_slice(&qh.to_le_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rounding_matches_roundf() {
+        let mut x = -300.0f32;
+        while x < 300.0 {
+            assert_eq!(super::round_small(x), x.round() as i32, "{x}");
+            x += 0.03125 / 3.0;
+        }
+        for x in [
+            0.49999997f32,
+            -0.49999997,
+            0.5,
+            -0.5,
+            2.5,
+            -2.5,
+            4194303.5,
+            -8388607.0,
+        ] {
+            assert_eq!(super::round_small(x), x.round() as i32, "{x}");
+        }
+    }
 }

@@ -24,6 +24,7 @@ pub mod imatrix;
 mod iq4;
 pub mod job;
 mod kquants;
+mod lanes;
 mod legacy;
 pub mod recipe;
 pub mod rules;
@@ -112,6 +113,44 @@ pub fn quantize_row_imatrix(
             dst: dst.len(),
         });
     }
+    encode(ty, src, dst, imatrix);
+    Ok(())
+}
+
+static PORTABLE_ONLY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Use only the portable build of the encoders, even where the CPU offers
+/// wider vectors (for tests: both builds must give the same bytes).
+pub fn force_portable(yes: bool) {
+    PORTABLE_ONLY.store(yes, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Encodes validated arguments, with the encoders compiled for AVX2 when the
+/// CPU has it. The arithmetic is the same in both builds (Rust never fuses or
+/// reorders float operations); wider vectors only run more groups at once.
+fn encode(ty: GgmlType, src: &[f32], dst: &mut [u8], imatrix: Option<&[f32]>) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2")
+        && !PORTABLE_ONLY.load(std::sync::atomic::Ordering::Relaxed)
+    {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        unsafe { encode_avx2(ty, src, dst, imatrix) };
+        return;
+    }
+    encode_portable(ty, src, dst, imatrix);
+}
+
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn encode_avx2(ty: GgmlType, src: &[f32], dst: &mut [u8], imatrix: Option<&[f32]>) {
+    encode_portable(ty, src, dst, imatrix);
+}
+
+#[inline(always)]
+fn encode_portable(ty: GgmlType, src: &[f32], dst: &mut [u8], imatrix: Option<&[f32]>) {
+    let (bs, ts) = (ty.block_size() as usize, ty.type_size() as usize);
     // The 32-weight types weight by qw · √(σ² + x²) with σ² the row's mean square.
     let row_weights: Option<Vec<f32>> = match (ty, imatrix) {
         (GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1, Some(qw)) => {
@@ -155,5 +194,4 @@ pub fn quantize_row_imatrix(
             _ => unreachable!("checked against ENCODABLE"),
         }
     }
-    Ok(())
 }

@@ -29,6 +29,14 @@ pub fn f16_to_f32(h: u16) -> f32 {
     f32::from_bits(bits)
 }
 
+/// All 65536 half-precision values as `f32` (256 KiB, built on first use):
+/// converting a row by lookup is several times faster than bit manipulation,
+/// and it is what ggml's scalar path does too.
+fn f16_table() -> &'static [f32] {
+    static TABLE: std::sync::OnceLock<Box<[f32]>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| (0..=u16::MAX).map(f16_to_f32).collect())
+}
+
 /// `f32` to IEEE half-precision bits, rounding to nearest even (as F16C's
 /// `vcvtps2ph` and ggml's scalar fallback do); overflow gives infinity.
 pub fn f32_to_f16(x: f32) -> u16 {
@@ -376,8 +384,9 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), D
             return Ok(());
         }
         GgmlType::F16 => {
+            let table = f16_table();
             for (b, y) in src.chunks_exact(2).zip(dst.iter_mut()) {
-                *y = f16_to_f32(le16(b, 0));
+                *y = table[usize::from(le16(b, 0))];
             }
             return Ok(());
         }
