@@ -646,7 +646,9 @@ fn encode_row(
         message,
     };
     dequantize_row(t.source, input, x).map_err(|e| tensor_err(e.to_string()))?;
-    if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+    // A full pass without early exit vectorizes; the position is looked up only on failure.
+    let non_finite = x.iter().fold(false, |bad, v| bad | !v.is_finite());
+    if let Some(i) = x.iter().position(|v| non_finite && !v.is_finite()) {
         return Err(JobError::NonFinite {
             tensor: t.name.clone(),
             row: index,

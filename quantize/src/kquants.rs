@@ -148,8 +148,10 @@ pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], qw: Option<
 }
 
 /// Symmetric fit for Q3_K with coordinate-descent refinement; `L` in `0..2·nmax`.
+/// The readable one-group reference of `lanes::make_q3_quants` (tests compare them).
+#[cfg_attr(not(test), allow(dead_code))]
 #[inline(always)]
-fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
+pub(crate) fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
     let max = signed_max(x);
     if max.abs() < GROUP_MAX_EPS {
         l_out.fill(0);
@@ -378,11 +380,14 @@ pub(crate) fn q3_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
     let d = match qw {
         None => {
             let (mut max_scale, mut amax) = (0f32, 0f32);
-            for j in 0..16 {
-                scales[j] = make_q3_quants(4, &x[16 * j..16 * j + 16], &mut l[16 * j..16 * j + 16]);
-                if scales[j].abs() > amax {
-                    amax = scales[j].abs();
-                    max_scale = scales[j];
+            // The 16 group fits run side by side (see `lanes`).
+            let mut lt = [[0i8; 16]; 16];
+            scales = lanes::make_q3_quants::<16, 16>(4, &lanes::transpose(x), &mut lt);
+            untranspose(&lt, &mut l);
+            for &s in &scales {
+                if s.abs() > amax {
+                    amax = s.abs();
+                    max_scale = s;
                 }
             }
             if max_scale != 0.0 {

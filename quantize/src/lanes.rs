@@ -242,6 +242,86 @@ pub(crate) fn make_qx_quants<const N: usize, const K: usize>(
     scale
 }
 
+/// `make_q3_quants` (Q3_K without an importance matrix: a symmetric fit
+/// weighted by `x²`, then up to 5 passes of coordinate descent) for `K`
+/// groups of `N` weights. A pass that changes nothing leaves a group's state
+/// as it was, so running more passes on groups that ggml would have stopped
+/// early changes nothing; passes stop when no group changes.
+#[inline(always)]
+pub(crate) fn make_q3_quants<const N: usize, const K: usize>(
+    nmax: i32,
+    x: &[[f32; K]; N],
+    l_out: &mut [[i8; K]; N],
+) -> [f32; K] {
+    let (mut amax, mut max) = ([0f32; K], [0f32; K]);
+    for row in x {
+        for g in 0..K {
+            let bigger = amax[g] < row[g].abs();
+            amax[g] = if bigger { row[g].abs() } else { amax[g] };
+            max[g] = if bigger { row[g] } else { max[g] };
+        }
+    }
+    let mut iscale = [0f32; K];
+    for g in 0..K {
+        iscale[g] = -(nmax as f32) / max[g];
+    }
+    let mut l = [[0i32; K]; N];
+    let (mut sumlx, mut suml2) = ([0f32; K], [0f32; K]);
+    for i in 0..N {
+        for g in 0..K {
+            let v = x[i][g];
+            let q = nearest_int(iscale[g] * v).clamp(-nmax, nmax - 1);
+            l[i][g] = q;
+            let w = v * v;
+            sumlx[g] += w * v * q as f32;
+            suml2[g] += w * q as f32 * q as f32;
+        }
+    }
+    for _ in 0..5 {
+        let mut changed = [false; K];
+        for i in 0..N {
+            for g in 0..K {
+                let v = x[i][g];
+                let w = v * v;
+                let li = l[i][g] as f32;
+                // The sums without weight i; ggml only goes on when the first is positive.
+                let slx_without = sumlx[g] - w * v * li;
+                let sl2_without = suml2[g] - w * li * li;
+                let new_l = nearest_int(v * sl2_without / slx_without).clamp(-nmax, nmax - 1);
+                let nl = new_l as f32;
+                let slx = slx_without + w * v * nl;
+                let sl2 = sl2_without + w * nl * nl;
+                let accept = slx_without > 0.0
+                    && new_l != l[i][g]
+                    && sl2 > 0.0
+                    && slx * slx * suml2[g] > sumlx[g] * sumlx[g] * sl2;
+                if accept {
+                    l[i][g] = new_l;
+                    sumlx[g] = slx;
+                    suml2[g] = sl2;
+                }
+                changed[g] |= accept;
+            }
+        }
+        if !changed.iter().any(|&c| c) {
+            break;
+        }
+    }
+    let mut scale = [0f32; K];
+    for g in 0..K {
+        let zero = amax[g] < crate::kquants::GROUP_MAX_EPS;
+        scale[g] = if zero || suml2[g] <= 0.0 {
+            0.0
+        } else {
+            sumlx[g] / suml2[g]
+        };
+        for i in 0..N {
+            l_out[i][g] = if zero { 0 } else { (l[i][g] + nmax) as i8 };
+        }
+    }
+    scale
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,6 +415,23 @@ mod tests {
                     for i in 0..16 {
                         assert_eq!(lt[i][g], l[i], "row {r} group {g} weight {i}");
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q3_lanes_equal_the_scalar_fits() {
+        for (r, x) in rows().iter().enumerate() {
+            let xt = transpose::<16, 16>(x);
+            let mut lt = [[0i8; 16]; 16];
+            let s = make_q3_quants::<16, 16>(4, &xt, &mut lt);
+            for g in 0..16 {
+                let mut l = [0i8; 16];
+                let s1 = kquants::make_q3_quants(4, &x[16 * g..16 * g + 16], &mut l);
+                assert_eq!(s[g].to_bits(), s1.to_bits(), "row {r} group {g}");
+                for i in 0..16 {
+                    assert_eq!(lt[i][g], l[i], "row {r} group {g} weight {i}");
                 }
             }
         }

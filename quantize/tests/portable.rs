@@ -27,9 +27,11 @@ fn portable_encoders_match_llama_quantize() {
     let out = dir.path().join("out.gguf");
     let imatrix = Imatrix::load(&tiny_zh().join("reference/imatrix.gguf")).unwrap();
     let mut cases = Vec::new();
-    for (group, pure, with_imatrix) in
-        [("pure", true, false), ("imatrix_pure", true, true), ("mix", false, false)]
-    {
+    for (group, pure, with_imatrix) in [
+        ("pure", true, false),
+        ("imatrix_pure", true, true),
+        ("mix", false, false),
+    ] {
         for (name, expected) in reference[group].as_object().unwrap() {
             if group == "mix" && !["Q4_K_M", "Q3_K_M"].contains(&name.as_str()) {
                 continue;
@@ -47,8 +49,15 @@ fn portable_encoders_match_llama_quantize() {
             });
         }
         let plan = job::plan(&model, &input, &options).unwrap();
-        job::run(&model, &plan, options.imatrix.as_ref().map(|i| &i.data), false, &out, &Silent)
-            .unwrap();
+        job::run(
+            &model,
+            &plan,
+            options.imatrix.as_ref().map(|i| &i.data),
+            false,
+            &out,
+            &Silent,
+        )
+        .unwrap();
         let sha = format!("{:x}", Sha256::digest(std::fs::read(&out).unwrap()));
         assert_eq!(sha, expected["sha256"].as_str().unwrap(), "{group} {name}");
     }
