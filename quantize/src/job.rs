@@ -478,8 +478,9 @@ fn output_metadata(
     Ok(files)
 }
 
-/// Input bytes decoded per slab of rows: bounds memory per tensor.
-const SLAB_BYTES: u64 = 64 << 20;
+/// Bytes of decoded `f32` rows per slab: with [`IN_FLIGHT`] slabs queued,
+/// bounds memory to well under 100 MB whatever the model.
+const SLAB_BYTES: u64 = 16 << 20;
 /// Weights per parallel work item (llama.cpp uses at least 32 × 512).
 const CHUNK_WEIGHTS: u64 = 32 * 512;
 
@@ -535,20 +536,10 @@ pub fn run(
     progress.start("quantizing", plan.source_bytes(), Unit::Bytes);
     let mut finished = Vec::new();
     for (f, path) in paths.iter().enumerate() {
-        let mut w = GgufWriter::create(path, 3, plan.metadata[f].clone(), plan.specs(f))?;
-        for t in plan.tensors.iter().filter(|t| t.file == f) {
-            progress.item(&t.name);
-            let (_, data) = model.tensor(&t.name).ok_or_else(|| JobError::Tensor {
-                tensor: t.name.clone(),
-                message: "vanished from the input".into(),
-            })?;
-            let weights = match (t.imatrix, imatrix) {
-                (ImatrixUse::Used, Some(m)) => m.entries.get(&t.name).map(Vec::as_slice),
-                _ => None,
-            };
-            write_tensor(&mut w, t, data, weights, progress)?;
-        }
-        finished.push((path.clone(), w.finish()?));
+        let w = GgufWriter::create(path, 3, plan.metadata[f].clone(), plan.specs(f))?;
+        let tensors: Vec<&TensorPlan> = plan.tensors.iter().filter(|t| t.file == f).collect();
+        let file = write_file(model, &tensors, imatrix, w, progress)?;
+        finished.push((path.clone(), file));
     }
     progress.finish();
     let mut written = Vec::new();
@@ -573,14 +564,102 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// Streams one tensor: copied slab by slab, or decoded, encoded and written
-/// slab by slab with the rows of each slab spread over the thread pool.
-fn write_tensor<W: io::Write>(
-    w: &mut GgufWriter<W>,
-    t: &TensorPlan,
-    data: &[u8],
-    imatrix: Option<&[f32]>,
+/// A piece of the output: tensor index (into the file's tensor list) and bytes.
+enum Chunk<'a> {
+    /// Encoded data in a buffer the writer hands back for reuse.
+    Encoded(usize, Vec<u8>),
+    /// Data copied unchanged from the input mapping.
+    Copied(usize, &'a [u8]),
+}
+
+/// Where [`encode_tensor`] sends its slabs.
+struct Outlet<'s, 'a> {
+    /// Hands a slab to the writer; false when the writer has stopped.
+    emit: &'s mut dyn FnMut(Chunk<'a>) -> bool,
+    /// A buffer for encoded bytes (recycled from the writer when possible).
+    buffer: &'s mut dyn FnMut() -> Vec<u8>,
+    /// Lets the OS drop input pages that are done with.
+    release: &'s dyn Fn(std::ops::Range<u64>),
+    progress: &'s dyn Progress,
+}
+
+/// Buffers in flight between the encoders and the writer: bounds memory to
+/// a few slabs while the write of one slab overlaps the encoding of the next.
+const IN_FLIGHT: usize = 2;
+
+/// Writes one output file: the encoders (on the rayon pool) produce slabs in
+/// order and a writer thread appends them, so disk writes overlap encoding.
+fn write_file(
+    model: &GgufModel,
+    tensors: &[&TensorPlan],
+    imatrix: Option<&Imatrix>,
+    mut w: GgufWriter<AtomicFile>,
     progress: &dyn Progress,
+) -> Result<AtomicFile, JobError> {
+    std::thread::scope(|scope| {
+        let (send, receive) = std::sync::mpsc::sync_channel::<Chunk>(IN_FLIGHT);
+        let (recycle, reuse) = std::sync::mpsc::channel::<Vec<u8>>();
+        let writer = scope.spawn(move || -> Result<GgufWriter<AtomicFile>, JobError> {
+            for chunk in receive {
+                let (i, bytes, owned) = match chunk {
+                    Chunk::Encoded(i, v) => (i, None, Some(v)),
+                    Chunk::Copied(i, b) => (i, Some(b), None),
+                };
+                let data = bytes.or(owned.as_deref()).unwrap_or_default();
+                w.write_tensor_data(&tensors[i].name, data)?;
+                if let Some(v) = owned {
+                    let _ = recycle.send(v);
+                }
+            }
+            Ok(w)
+        });
+        let mut produced = Ok(());
+        for (i, t) in tensors.iter().enumerate() {
+            progress.item(&t.name);
+            let Some((_, data)) = model.tensor(&t.name) else {
+                produced = Err(JobError::Tensor {
+                    tensor: t.name.clone(),
+                    message: "vanished from the input".into(),
+                });
+                break;
+            };
+            let weights = match (t.imatrix, imatrix) {
+                (ImatrixUse::Used, Some(m)) => m.entries.get(&t.name).map(Vec::as_slice),
+                _ => None,
+            };
+            let mut outlet = Outlet {
+                emit: &mut |chunk| send.send(chunk).is_ok(),
+                buffer: &mut || reuse.try_recv().unwrap_or_default(),
+                // Bounded memory: input pages already encoded need not stay resident.
+                release: &|range| model.release(&t.name, range),
+                progress,
+            };
+            produced = encode_tensor(i, t, data, weights, &mut outlet);
+            if produced.is_err() {
+                break;
+            }
+            model.release(&t.name, 0..t.source_bytes);
+        }
+        drop(send);
+        let written = writer
+            .join()
+            .unwrap_or_else(|_| Err(JobError::Options("the writer thread panicked".into())));
+        // An encoding error explains a writer that stopped early, not the reverse.
+        produced?;
+        Ok(written?.finish()?)
+    })
+}
+
+/// Streams one tensor in slabs of rows: each slab is checked (copies) or
+/// decoded, encoded and checked (conversions) with its rows spread over the
+/// rayon pool, then handed to `emit`. Stops quietly when `emit` reports that
+/// the writer has gone (its error is reported instead).
+fn encode_tensor<'a>(
+    index: usize,
+    t: &TensorPlan,
+    data: &'a [u8],
+    imatrix: Option<&[f32]>,
+    out: &mut Outlet<'_, 'a>,
 ) -> Result<(), JobError> {
     let ne0 = t.dims.first().copied().unwrap_or(1).max(1);
     let rows_per_expert = t.dims.get(1).copied().unwrap_or(1).max(1);
@@ -588,12 +667,12 @@ fn write_tensor<W: io::Write>(
     let dst_row = t.target.tensor_size(&[ne0]).map(|s| s.bytes).unwrap_or(0) as usize;
     let slab_rows = (SLAB_BYTES / (ne0 * 4)).max(1) as usize;
     let chunk_rows = CHUNK_WEIGHTS.div_ceil(ne0).max(1) as usize;
-    let mut buf = Vec::new();
     for (s, src) in data.chunks(slab_rows * src_row.max(1)).enumerate() {
         let first_row = (s * slab_rows) as u64;
         let n = src.len() / src_row.max(1);
-        let results: Vec<Result<(), JobError>> = if !t.converts() {
-            src.par_chunks(chunk_rows * src_row)
+        let (results, chunk): (Vec<Result<(), JobError>>, Chunk<'a>) = if !t.converts() {
+            let results = src
+                .par_chunks(chunk_rows * src_row)
                 .enumerate()
                 .map(|(c, rows)| {
                     for (r, row) in rows.chunks(src_row).enumerate() {
@@ -602,10 +681,13 @@ fn write_tensor<W: io::Write>(
                     }
                     Ok(())
                 })
-                .collect()
+                .collect();
+            (results, Chunk::Copied(index, src))
         } else {
+            let mut buf = (out.buffer)();
             buf.resize(n * dst_row, 0u8);
-            buf.par_chunks_mut(chunk_rows * dst_row)
+            let results = buf
+                .par_chunks_mut(chunk_rows * dst_row)
                 .zip(src.par_chunks(chunk_rows * src_row))
                 .enumerate()
                 .map_init(
@@ -619,15 +701,19 @@ fn write_tensor<W: io::Write>(
                         Ok(())
                     },
                 )
-                .collect()
+                .collect();
+            (results, Chunk::Encoded(index, buf))
         };
         results.into_iter().collect::<Result<(), JobError>>()?;
-        if t.converts() {
-            w.write_tensor_data(&t.name, &buf)?;
-        } else {
-            w.write_tensor_data(&t.name, src)?;
+        let encoded = matches!(chunk, Chunk::Encoded(..));
+        if !(out.emit)(chunk) {
+            return Ok(());
         }
-        progress.advance(src.len() as u64);
+        if encoded {
+            let start = (s * slab_rows * src_row) as u64;
+            (out.release)(start..start + src.len() as u64);
+        }
+        out.progress.advance(src.len() as u64);
     }
     Ok(())
 }

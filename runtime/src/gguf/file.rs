@@ -142,6 +142,34 @@ impl GgufFile {
         &self.bytes.as_slice()[start..start + info.size as usize]
     }
 
+    /// Tells the OS that the pages of a tensor's data will not be needed again
+    /// soon, so that a pass over a large model does not keep all of it
+    /// resident. The data stays valid: a later access reads it in again. No-op
+    /// for files read into memory and on non-Unix systems.
+    /// `range` is a byte range within the tensor's data (clipped to it).
+    pub fn release(&self, info: &TensorInfo, range: std::ops::Range<u64>) {
+        let end = range.end.min(info.size);
+        let begin = range.start.min(end);
+        #[cfg(unix)]
+        if let Bytes::Mapped(m) = &self.bytes {
+            let start = (self.header.data_offset + info.offset + begin) as usize;
+            // SAFETY: the mapping is a read-only view of a file memwall does not
+            // modify; MADV_DONTNEED drops its pages, which are read back from the
+            // file (unchanged) on the next access, so every slice handed out
+            // keeps its contents. The range lies inside the mapping (checked
+            // when the header was parsed). Failure only means the pages stay.
+            let _ = unsafe {
+                m.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    start,
+                    (end - begin) as usize,
+                )
+            };
+        }
+        #[cfg(not(unix))]
+        let _ = (info, begin);
+    }
+
     /// The whole file image.
     pub fn bytes(&self) -> &[u8] {
         self.bytes.as_slice()

@@ -186,6 +186,15 @@ impl GgufModel {
         Some((info, file.tensor_data(info)))
     }
 
+    /// Releases the pages of a byte range of tensor `name`'s data (see
+    /// [`GgufFile::release`]).
+    pub fn release(&self, name: &str, range: std::ops::Range<u64>) {
+        if let Some(&(f, t)) = self.by_name.get(name).and_then(|&i| self.tensors.get(i)) {
+            let file = &self.files[f];
+            file.release(&file.tensors()[t], range);
+        }
+    }
+
     /// Sum of the file sizes.
     pub fn total_file_size(&self) -> u64 {
         self.files.iter().map(GgufFile::file_size).sum()
