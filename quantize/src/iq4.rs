@@ -115,14 +115,44 @@ fn pack(l: &[u8], qs: &mut [u8]) {
     }
 }
 
-/// IQ4_NL: one 32-weight block, f16 scale, grid indices.
+/// IQ4_NL for a whole row: 32-weight blocks, each with an f16 scale and grid
+/// indices. Blocks are independent, so eight at a time go through the scale
+/// search side by side (the rest one by one).
 #[inline(always)]
-pub(crate) fn iq4_nl(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
-    let w = weights(x, qw);
-    let scale = group_scales::<1>(&lanes::transpose(x), &lanes::transpose(&w))[0];
+pub(crate) fn iq4_nl_row(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
+    let mut done = 0;
+    for (xs, ys) in x.chunks_exact(256).zip(y.chunks_exact_mut(8 * 18)) {
+        let mut w = [0f32; 256];
+        for (b, wb) in w.chunks_exact_mut(32).enumerate() {
+            wb.copy_from_slice(&weights(
+                &xs[32 * b..32 * b + 32],
+                qw.map(|q| &q[done + 32 * b..]),
+            ));
+        }
+        let scales = group_scales::<8>(&lanes::transpose(xs), &lanes::transpose(&w));
+        for (b, yb) in ys.chunks_exact_mut(18).enumerate() {
+            write_nl_block(&xs[32 * b..32 * b + 32], scales[b], yb);
+        }
+        done += 256;
+    }
+    for (xb, yb) in x[done..]
+        .chunks_exact(32)
+        .zip(y[done / 32 * 18..].chunks_exact_mut(18))
+    {
+        let w = weights(xb, qw.map(|q| &q[done..]));
+        let scale = group_scales::<1>(&lanes::transpose(xb), &lanes::transpose(&w))[0];
+        write_nl_block(xb, scale, yb);
+        done += 32;
+    }
+}
+
+fn write_nl_block(x: &[f32], scale: f32, y: &mut [u8]) {
     y[..2].copy_from_slice(&f32_to_f16(scale).to_le_bytes());
     let id = if scale != 0.0 { 1.0 / scale } else { 0.0 };
-    let l: Vec<u8> = x.iter().map(|&v| best_index(id * v)).collect();
+    let mut l = [0u8; 32];
+    for (l, &v) in l.iter_mut().zip(x) {
+        *l = best_index(id * v);
+    }
     pack(&l, &mut y[2..18]);
 }
 

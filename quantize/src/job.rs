@@ -615,7 +615,7 @@ fn write_file(
         });
         let mut produced = Ok(());
         for (i, t) in tensors.iter().enumerate() {
-            progress.item(&t.name);
+            progress.item(&format!("[{}/{}] {}", i + 1, tensors.len(), t.name));
             let Some((_, data)) = model.tensor(&t.name) else {
                 produced = Err(JobError::Tensor {
                     tensor: t.name.clone(),

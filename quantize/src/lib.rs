@@ -150,6 +150,10 @@ unsafe fn encode_avx2(ty: GgmlType, src: &[f32], dst: &mut [u8], imatrix: Option
 
 #[inline(always)]
 fn encode_portable(ty: GgmlType, src: &[f32], dst: &mut [u8], imatrix: Option<&[f32]>) {
+    if ty == GgmlType::IQ4_NL {
+        iq4::iq4_nl_row(src, dst, imatrix);
+        return;
+    }
     let (bs, ts) = (ty.block_size() as usize, ty.type_size() as usize);
     // The 32-weight types weight by qw · √(σ² + x²) with σ² the row's mean square.
     let row_weights: Option<Vec<f32>> = match (ty, imatrix) {
@@ -189,7 +193,7 @@ fn encode_portable(ty: GgmlType, src: &[f32], dst: &mut [u8], imatrix: Option<&[
             GgmlType::Q4_K => kquants::q4_k(x, y, qw),
             GgmlType::Q5_K => kquants::q5_k(x, y, qw),
             GgmlType::Q6_K => kquants::q6_k(x, y, qw),
-            GgmlType::IQ4_NL => iq4::iq4_nl(x, y, qw),
+            GgmlType::IQ4_NL => unreachable!("whole rows, above"),
             GgmlType::IQ4_XS => iq4::iq4_xs(x, y, qw),
             _ => unreachable!("checked against ENCODABLE"),
         }

@@ -126,6 +126,12 @@ fn text_report(model: &GgufModel, args: &Args) -> String {
         "Model        {arch}{name}, file type {}",
         file_type_text(model)
     );
+    if let Ok(Some(recipe)) = m.get_str("memwall.recipe.name") {
+        let _ = writeln!(
+            o,
+            "Recipe       {recipe} (memwall quantize --recipe; the rules are in memwall.recipe)"
+        );
+    }
 
     let _ = writeln!(o, "\nMetadata ({} keys)", m.len());
     let width = m.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
@@ -398,6 +404,7 @@ fn json_report(model: &GgufModel, args: &Args) -> Result<String> {
         "size": model.total_file_size(),
         "files": files,
         "architecture": m.get_str(keys::ARCHITECTURE).ok().flatten(),
+        "recipe": m.get_str("memwall.recipe.name").ok().flatten(),
         "file_type": file_type.map(|id| json!({
             "id": id,
             "name": u32::try_from(id).ok().and_then(file_type_lookup),
