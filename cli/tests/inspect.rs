@@ -1,29 +1,8 @@
 //! `memwall inspect` as a user runs it: snapshot tests of what it prints.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn memwall(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memwall"))
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .unwrap()
-}
-
-fn stdout_of(args: &[&str]) -> String {
-    let out = memwall(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
+use common::{memwall, repo, stdout_of};
 
 const SMOLLM2: &str = "fixtures/cache/SmolLM2-135M-Instruct.Q4_1.gguf";
 

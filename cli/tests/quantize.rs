@@ -1,32 +1,12 @@
 //! `memwall quantize` as a user runs it: the plan, split models, recipes and
 //! the failure paths (exit code, message, nothing left at the output).
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
+use std::path::Path;
+
+use common::{memwall, repo, stdout_of as ok};
 use sha2::{Digest, Sha256};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn memwall(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memwall"))
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .unwrap()
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = memwall(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 fn fails(args: &[&str]) -> String {
     let out = memwall(args);

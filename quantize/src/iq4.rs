@@ -53,14 +53,7 @@ fn weights(x: &[f32], qw: Option<&[f32]>) -> Vec<f32> {
 /// ggml's scale search run side by side as in `lanes`; 0 for all-zero groups.
 #[inline(always)]
 fn group_scales<const K: usize>(x: &[[f32; K]; 32], w: &[[f32; K]; 32]) -> [f32; K] {
-    let (mut amax, mut max) = ([0f32; K], [0f32; K]);
-    for row in x {
-        for g in 0..K {
-            let bigger = amax[g] < row[g].abs();
-            amax[g] = if bigger { row[g].abs() } else { amax[g] };
-            max[g] = if bigger { row[g] } else { max[g] };
-        }
-    }
+    let (amax, max) = lanes::signed_max(x);
     let v0 = f32::from(IQ4NL_GRID[0]);
     let fit = |id: &[f32; K]| {
         let (mut sumqx, mut sumq2) = ([0f32; K], [0f32; K]);

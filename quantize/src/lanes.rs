@@ -24,6 +24,24 @@ pub(crate) fn transpose<const N: usize, const K: usize>(x: &[f32]) -> [[f32; K];
     out
 }
 
+/// Per group: the largest magnitude and the signed value that has it (the
+/// first on ties), as ggml's scans find them.
+#[inline(always)]
+pub(crate) fn signed_max<const N: usize, const K: usize>(
+    x: &[[f32; K]; N],
+) -> ([f32; K], [f32; K]) {
+    let (mut amax, mut max) = ([0f32; K], [0f32; K]);
+    for row in x {
+        for g in 0..K {
+            let a = row[g].abs();
+            let bigger = amax[g] < a;
+            amax[g] = if bigger { a } else { amax[g] };
+            max[g] = if bigger { row[g] } else { max[g] };
+        }
+    }
+    (amax, max)
+}
+
 /// [`crate::kquants::make_qkx2_quants`] for `K` groups of `N` weights:
 /// returns each group's `(scale, −min)` and writes its quants to `l[i][g]`.
 #[allow(clippy::too_many_arguments)]
@@ -163,32 +181,28 @@ pub(crate) fn make_qx_quants<const N: usize, const K: usize>(
     w: &[[f32; K]; N],
     l: &mut [[i8; K]; N],
 ) -> [f32; K] {
-    let mut amax = [0f32; K];
-    let mut max = [0f32; K];
-    for row in x {
-        for g in 0..K {
-            let a = row[g].abs();
-            let bigger = amax[g] < a;
-            amax[g] = if bigger { a } else { amax[g] };
-            max[g] = if bigger { row[g] } else { max[g] };
-        }
-    }
+    let (amax, max) = signed_max(x);
     let nmaxf = nmax as f32;
     let mut iscale = [0f32; K];
     for g in 0..K {
         iscale[g] = -nmaxf / max[g];
     }
-    let (mut sumlx, mut suml2) = ([0f32; K], [0f32; K]);
-    for i in 0..N {
-        for g in 0..K {
-            let v = x[i][g];
-            let q = nearest_int(iscale[g] * v).clamp(-nmax, nmax - 1);
-            l[i][g] = (q + nmax) as i8;
-            let (wi, qf) = (w[i][g], q as f32);
-            sumlx[g] += wi * v * qf;
-            suml2[g] += wi * qf * qf;
+    // Quantizes every group at its candidate scale: quants and the weighted sums Σwxq, Σwq².
+    let fit = |iscale: &[f32; K], l: &mut [[i8; K]; N]| {
+        let (mut sumlx, mut suml2) = ([0f32; K], [0f32; K]);
+        for i in 0..N {
+            for g in 0..K {
+                let v = x[i][g];
+                let q = nearest_int(iscale[g] * v).clamp(-nmax, nmax - 1);
+                l[i][g] = (q + nmax) as i8;
+                let (wi, qf) = (w[i][g], q as f32);
+                sumlx[g] += wi * v * qf;
+                suml2[g] += wi * qf * qf;
+            }
         }
-    }
+        (sumlx, suml2)
+    };
+    let (sumlx, suml2) = fit(&iscale, l);
     let mut scale = [0f32; K];
     let mut best = [0f32; K];
     for g in 0..K {
@@ -204,18 +218,7 @@ pub(crate) fn make_qx_quants<const N: usize, const K: usize>(
         for g in 0..K {
             iscale[g] = -(nmaxf + 0.1 * is as f32) / max[g];
         }
-        sumlx = [0f32; K];
-        suml2 = [0f32; K];
-        for i in 0..N {
-            for g in 0..K {
-                let v = x[i][g];
-                let q = nearest_int(iscale[g] * v).clamp(-nmax, nmax - 1);
-                aux[i][g] = (q + nmax) as i8;
-                let (wi, qf) = (w[i][g], q as f32);
-                sumlx[g] += wi * v * qf;
-                suml2[g] += wi * qf * qf;
-            }
-        }
+        let (sumlx, suml2) = fit(&iscale, &mut aux);
         let mut better = [false; K];
         for g in 0..K {
             better[g] = suml2[g] > 0.0 && sumlx[g] * sumlx[g] > best[g] * suml2[g];
@@ -253,14 +256,7 @@ pub(crate) fn make_q3_quants<const N: usize, const K: usize>(
     x: &[[f32; K]; N],
     l_out: &mut [[i8; K]; N],
 ) -> [f32; K] {
-    let (mut amax, mut max) = ([0f32; K], [0f32; K]);
-    for row in x {
-        for g in 0..K {
-            let bigger = amax[g] < row[g].abs();
-            amax[g] = if bigger { row[g].abs() } else { amax[g] };
-            max[g] = if bigger { row[g] } else { max[g] };
-        }
-    }
+    let (amax, max) = signed_max(x);
     let mut iscale = [0f32; K];
     for g in 0..K {
         iscale[g] = -(nmax as f32) / max[g];
