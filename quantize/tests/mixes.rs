@@ -146,3 +146,44 @@ fn output_does_not_depend_on_the_thread_count() {
     }
     assert!(outputs.windows(2).all(|w| w[0] == w[1]));
 }
+
+#[test]
+fn legacy_dat_imatrix_gives_llama_quantizes_tensors() {
+    let (path, model) = input();
+    let dir = tempfile::tempdir().unwrap();
+    let text =
+        std::fs::read_to_string(tiny_zh().join("reference/llama-quantize-dat.json")).unwrap();
+    let reference: Value = serde_json::from_str(&text).unwrap();
+    let dat = tiny_zh().join("reference/imatrix.dat");
+    let bytes = std::fs::read(&dat).unwrap();
+    assert_eq!(
+        sha(&bytes),
+        reference["imatrix_dat_sha256"].as_str().unwrap()
+    );
+    let data = Imatrix::load(&dat).unwrap();
+    assert!(data.legacy && data.entries.len() > 20);
+    for (name, expected) in reference["mix"].as_object().unwrap() {
+        let mut options = Options::new(file_type_by_name(name).unwrap());
+        options.imatrix = Some(ImatrixInput {
+            label: dat.to_string_lossy().into_owned(),
+            data: data.clone(),
+        });
+        let bytes = quantize(&model, &path, &options, &dir.path().join("out.gguf"));
+        let file = memwall_runtime::gguf::parse(&bytes).unwrap();
+        for t in &file.tensors {
+            let want = &expected[&t.name];
+            let got = &bytes[(file.data_offset + t.offset) as usize..][..t.size as usize];
+            assert!(
+                t.ty.name().eq_ignore_ascii_case(want[0].as_str().unwrap()),
+                "{name} {}",
+                t.name
+            );
+            assert_eq!(
+                sha(got),
+                want[1].as_str().unwrap(),
+                "{name} {}: data",
+                t.name
+            );
+        }
+    }
+}
