@@ -1,0 +1,191 @@
+//! The architectures memwall converts, as data: which Hugging Face classes map
+//! to which GGUF architecture, how tensor names map, where llama.cpp permutes
+//! Q/K rows, and how experts are stacked. Names and rules follow llama.cpp's
+//! converter (`conversion/llama.py`, `qwen.py`, `command_r.py` and gguf-py's
+//! `tensor_mapping.py`, commit 0c1e570).
+
+/// How one MoE layout names its per-expert weights.
+#[derive(Debug)]
+pub struct Experts {
+    /// The module holding expert `X` under `model.layers.N.`: `{}` stands for `X`.
+    pub module: &'static str,
+    /// Config keys giving the expert count (first present wins).
+    pub count_keys: &'static [&'static str],
+    /// (HF projection, GGUF name), in the order llama.cpp emits the stacked tensors.
+    pub stacked: &'static [(&'static str, &'static str)],
+}
+
+/// One supported architecture.
+#[derive(Debug)]
+pub struct Arch {
+    /// `architectures[0]` values of `config.json` that select it.
+    pub hf_classes: &'static [&'static str],
+    /// `general.architecture`.
+    pub gguf: &'static str,
+    /// llama.cpp reorders Q and K rows for its rope layout (`LlamaModel.permute`).
+    pub permute_qk: bool,
+    /// Expert layout of MoE models.
+    pub experts: Option<&'static Experts>,
+}
+
+/// Tensors outside the blocks: (HF module, GGUF name).
+pub const GLOBAL_NAMES: &[(&str, &str)] = &[
+    ("model.embed_tokens", "token_embd"),
+    ("model.norm", "output_norm"),
+    ("lm_head", "output"),
+];
+
+/// Tensors of block `N`, below `model.layers.N.`: (HF module, GGUF name without `blk.N.`).
+pub const BLOCK_NAMES: &[(&str, &str)] = &[
+    ("input_layernorm", "attn_norm"),
+    ("post_attention_layernorm", "ffn_norm"),
+    ("self_attn.q_proj", "attn_q"),
+    ("self_attn.k_proj", "attn_k"),
+    ("self_attn.v_proj", "attn_v"),
+    ("self_attn.o_proj", "attn_output"),
+    ("self_attn.q_norm", "attn_q_norm"),
+    ("self_attn.k_norm", "attn_k_norm"),
+    ("mlp.gate_proj", "ffn_gate"),
+    ("mlp.up_proj", "ffn_up"),
+    ("mlp.down_proj", "ffn_down"),
+    ("mlp.gate", "ffn_gate_inp"),
+    ("block_sparse_moe.gate", "ffn_gate_inp"),
+];
+
+/// Tensors llama.cpp's converter drops.
+pub const SKIPPED_SUFFIXES: &[&str] = &[
+    ".attention.masked_bias",
+    ".attention.bias",
+    ".rotary_emb.inv_freq",
+];
+
+const MIXTRAL_EXPERTS: Experts = Experts {
+    module: "block_sparse_moe.experts.{}",
+    count_keys: &["num_local_experts"],
+    stacked: &[
+        ("w1", "ffn_gate_exps"),
+        ("w2", "ffn_down_exps"),
+        ("w3", "ffn_up_exps"),
+    ],
+};
+
+const QWEN_EXPERTS: Experts = Experts {
+    module: "mlp.experts.{}",
+    count_keys: &["num_local_experts", "num_experts"],
+    stacked: &[
+        ("down_proj", "ffn_down_exps"),
+        ("gate_proj", "ffn_gate_exps"),
+        ("up_proj", "ffn_up_exps"),
+    ],
+};
+
+/// Every supported architecture.
+pub const ARCHS: &[Arch] = &[
+    Arch {
+        hf_classes: &["LlamaForCausalLM", "MistralForCausalLM"],
+        gguf: "llama",
+        permute_qk: true,
+        experts: None,
+    },
+    Arch {
+        hf_classes: &["MixtralForCausalLM"],
+        gguf: "llama",
+        permute_qk: true,
+        experts: Some(&MIXTRAL_EXPERTS),
+    },
+    Arch {
+        hf_classes: &["Qwen2ForCausalLM"],
+        gguf: "qwen2",
+        permute_qk: false,
+        experts: None,
+    },
+    Arch {
+        hf_classes: &["Qwen3ForCausalLM"],
+        gguf: "qwen3",
+        permute_qk: false,
+        experts: None,
+    },
+    Arch {
+        hf_classes: &["Qwen3MoeForCausalLM"],
+        gguf: "qwen3moe",
+        permute_qk: false,
+        experts: Some(&QWEN_EXPERTS),
+    },
+    Arch {
+        hf_classes: &["CohereForCausalLM"],
+        gguf: "command-r",
+        permute_qk: false,
+        experts: None,
+    },
+];
+
+impl Arch {
+    /// The architecture for a `config.json`'s `architectures[0]`, or the list of
+    /// supported classes.
+    pub fn for_class(class: &str) -> Result<&'static Arch, String> {
+        ARCHS
+            .iter()
+            .find(|a| a.hf_classes.contains(&class))
+            .ok_or_else(|| {
+                let all: Vec<&str> = ARCHS
+                    .iter()
+                    .flat_map(|a| a.hf_classes.iter().copied())
+                    .collect();
+                format!(
+                    "architecture {class} is not supported; memwall converts {}",
+                    all.join(", ")
+                )
+            })
+    }
+}
+
+/// Splits `model.layers.N.rest` into `(N, rest)`.
+pub fn block_of(name: &str) -> Option<(usize, &str)> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (n, rest) = rest.split_once('.')?;
+    Some((n.parse().ok()?, rest))
+}
+
+/// The GGUF name of a (non-expert) HF tensor, e.g. `model.layers.3.self_attn.q_proj.weight`
+/// → `blk.3.attn_q.weight`.
+pub fn gguf_name(name: &str) -> Option<String> {
+    let (module, suffix) = name.rsplit_once('.')?;
+    if let Some((n, rest)) = block_of(module).map(|(n, r)| (n, r.to_owned())) {
+        let (_, g) = BLOCK_NAMES.iter().find(|(h, _)| *h == rest)?;
+        return Some(format!("blk.{n}.{g}.{suffix}"));
+    }
+    let (_, g) = GLOBAL_NAMES.iter().find(|(h, _)| *h == module)?;
+    Some(format!("{g}.{suffix}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_map_like_llama_cpp() {
+        assert_eq!(
+            gguf_name("model.layers.12.self_attn.q_proj.weight").unwrap(),
+            "blk.12.attn_q.weight"
+        );
+        assert_eq!(
+            gguf_name("model.layers.0.self_attn.k_proj.bias").unwrap(),
+            "blk.0.attn_k.bias"
+        );
+        assert_eq!(
+            gguf_name("model.embed_tokens.weight").unwrap(),
+            "token_embd.weight"
+        );
+        assert_eq!(gguf_name("lm_head.weight").unwrap(), "output.weight");
+        assert_eq!(
+            gguf_name("model.layers.1.mlp.gate.weight").unwrap(),
+            "blk.1.ffn_gate_inp.weight"
+        );
+        assert_eq!(gguf_name("model.layers.1.mystery.weight"), None);
+        assert!(
+            Arch::for_class("GPT2LMHeadModel")
+                .unwrap_err()
+                .contains("LlamaForCausalLM")
+        );
+    }
+}

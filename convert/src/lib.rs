@@ -1,0 +1,11 @@
+//! Hugging Face checkpoints to GGUF, tensor for tensor as llama.cpp's
+//! `convert_hf_to_gguf.py` writes them.
+//!
+//! This first part reads checkpoints ([`checkpoint`]: safetensors, sharded or
+//! not, validated), maps architectures as data ([`arch`]) and produces every
+//! output tensor's name, shape, type and bytes ([`tensors`]). Metadata and
+//! tokenizer export and the `memwall convert` command build on it.
+
+pub mod arch;
+pub mod checkpoint;
+pub mod tensors;

@@ -1,0 +1,326 @@
+//! Which GGUF tensors a checkpoint becomes, in which order and type, and their
+//! bytes: names mapped by the architecture's table, Q/K rows permuted where
+//! llama.cpp permutes them, experts stacked into 3-D tensors, values converted
+//! through `f32` exactly as llama.cpp's converter does (norms, biases and
+//! routers stay F32; Q8_0 falls back to F16 for rows not a multiple of 32).
+
+use std::collections::BTreeMap;
+
+use memwall_runtime::GgmlType;
+use memwall_runtime::blocks::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+
+use crate::arch::{Arch, SKIPPED_SUFFIXES, block_of, gguf_name};
+use crate::checkpoint::{Checkpoint, SourceTensor, SourceType};
+
+/// `--outtype`: the type of the 2-D weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutType {
+    /// Everything F32.
+    F32,
+    /// Weights F16.
+    F16,
+    /// Weights BF16.
+    BF16,
+    /// Weights Q8_0 (F16 where rows are not a multiple of 32).
+    Q8_0,
+}
+
+impl OutType {
+    /// Parses `f32`, `f16`, `bf16`, `q8_0` (any case).
+    pub fn parse(s: &str) -> Option<OutType> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Some(OutType::F32),
+            "f16" => Some(OutType::F16),
+            "bf16" => Some(OutType::BF16),
+            "q8_0" => Some(OutType::Q8_0),
+            _ => None,
+        }
+    }
+
+    /// `general.file_type`.
+    pub fn file_type(self) -> u32 {
+        match self {
+            OutType::F32 => 0,
+            OutType::F16 => 1,
+            OutType::Q8_0 => 7,
+            OutType::BF16 => 32,
+        }
+    }
+}
+
+/// One output tensor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Planned {
+    /// GGUF name.
+    pub name: String,
+    /// GGUF shape (`ne[0]` first).
+    pub dims: Vec<u64>,
+    /// GGUF type.
+    pub ty: GgmlType,
+    /// Source tensors (indices into [`Checkpoint::tensors`]): one, or one per
+    /// expert for a stacked tensor.
+    pub parts: Vec<usize>,
+    /// Head count for llama.cpp's Q/K row permutation, if it applies.
+    pub permute_heads: Option<usize>,
+}
+
+fn config_usize(ckpt: &Checkpoint, keys: &[&str]) -> Option<usize> {
+    keys.iter()
+        .find_map(|k| ckpt.config().get(*k).and_then(|v| v.as_u64()))
+        .map(|v| v as usize)
+}
+
+/// Plans every output tensor of `ckpt` for `arch`, in llama.cpp's order.
+pub fn plan(ckpt: &Checkpoint, arch: &Arch, outtype: OutType) -> Result<Vec<Planned>, String> {
+    let n_head = config_usize(ckpt, &["num_attention_heads", "n_heads"]);
+    let n_head_kv = config_usize(ckpt, &["num_key_value_heads", "n_kv_heads"]).or(n_head);
+    let n_experts = arch
+        .experts
+        .map(|e| {
+            config_usize(ckpt, e.count_keys)
+                .ok_or(format!("config.json has none of {:?}", e.count_keys))
+        })
+        .transpose()?;
+    let index: BTreeMap<&str, usize> = ckpt
+        .tensors()
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.name.as_str(), i))
+        .collect();
+    let mut out = Vec::new();
+    let mut pending: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut unknown = Vec::new();
+    for (i, t) in ckpt.tensors().iter().enumerate() {
+        if SKIPPED_SUFFIXES.iter().any(|s| t.name.ends_with(s)) {
+            continue;
+        }
+        if let (Some(experts), Some(n)) = (arch.experts, n_experts) {
+            if let Some(layer) = expert_layer(&t.name, experts.module) {
+                let seen = pending.entry(layer).or_insert(0);
+                *seen += 1;
+                if *seen == n * experts.stacked.len() {
+                    for (w, g) in experts.stacked {
+                        let mut parts = Vec::with_capacity(n);
+                        for x in 0..n {
+                            let module = experts.module.replace("{}", &x.to_string());
+                            let name = format!("model.layers.{layer}.{module}.{w}.weight");
+                            parts.push(
+                                *index
+                                    .get(name.as_str())
+                                    .ok_or(format!("missing expert tensor {name}"))?,
+                            );
+                        }
+                        let first = &ckpt.tensors()[parts[0]];
+                        let mut dims: Vec<u64> =
+                            first.shape.iter().rev().map(|&d| d as u64).collect();
+                        dims.push(n as u64);
+                        let name = format!("blk.{layer}.{g}.weight");
+                        let ty = weight_type(&name, &dims, outtype);
+                        out.push(Planned {
+                            name,
+                            dims,
+                            ty,
+                            parts,
+                            permute_heads: None,
+                        });
+                    }
+                }
+                continue;
+            }
+        }
+        let Some(name) = gguf_name(&t.name) else {
+            unknown.push(t.name.clone());
+            continue;
+        };
+        let dims: Vec<u64> = t.shape.iter().rev().map(|&d| d as u64).collect();
+        let ty = weight_type(&name, &dims, outtype);
+        let permute_heads = match (arch.permute_qk, t.name.rsplit_once('.')) {
+            (true, Some((m, _))) if m.ends_with("self_attn.q_proj") => n_head,
+            (true, Some((m, _))) if m.ends_with("self_attn.k_proj") => n_head_kv,
+            _ => None,
+        };
+        if arch.permute_qk && permute_heads.is_none() && name.contains(".attn_q.") {
+            return Err("config.json has no num_attention_heads".into());
+        }
+        out.push(Planned {
+            name,
+            dims,
+            ty,
+            parts: vec![i],
+            permute_heads,
+        });
+    }
+    if !unknown.is_empty() {
+        return Err(format!(
+            "unexpected tensors for {}: {}",
+            arch.gguf,
+            unknown.join(", ")
+        ));
+    }
+    if let Some((layer, seen)) = pending
+        .iter()
+        .find(|&(_, &s)| Some(s) != n_experts.map(|n| n * 3))
+    {
+        return Err(format!(
+            "layer {layer} has {seen} expert tensors; expected {}",
+            n_experts.unwrap_or(0) * 3
+        ));
+    }
+    Ok(out)
+}
+
+/// The block of an expert tensor `model.layers.N.<module with X>.<proj>.weight`.
+fn expert_layer(name: &str, module: &str) -> Option<usize> {
+    let (n, rest) = block_of(name)?;
+    let (prefix, after) = module.split_once("{}")?;
+    let rest = rest.strip_prefix(prefix)?;
+    let (x, rest) = rest.split_once('.')?;
+    x.parse::<usize>().ok()?;
+    let rest = rest
+        .strip_prefix(after.trim_start_matches('.'))
+        .unwrap_or(rest);
+    rest.ends_with(".weight").then_some(n)
+}
+
+/// llama.cpp's choice of type for one tensor (`prepare_tensors`).
+fn weight_type(name: &str, dims: &[u64], outtype: OutType) -> GgmlType {
+    let n_dims = dims.len();
+    if n_dims <= 1
+        || name.ends_with("_norm.weight")
+        || name.contains("ffn_gate_inp")
+        || !name.ends_with(".weight")
+    {
+        return GgmlType::F32;
+    }
+    match outtype {
+        OutType::F32 => GgmlType::F32,
+        OutType::F16 => GgmlType::F16,
+        OutType::BF16 => GgmlType::BF16,
+        OutType::Q8_0 if dims[0] % 32 == 0 => GgmlType::Q8_0,
+        OutType::Q8_0 => GgmlType::F16,
+    }
+}
+
+fn decode(t: &SourceTensor, bytes: &[u8], out: &mut Vec<f32>) {
+    match t.ty {
+        SourceType::F32 => out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        ),
+        SourceType::F16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]]))),
+        ),
+        SourceType::BF16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|b| bf16_to_f32(u16::from_le_bytes([b[0], b[1]]))),
+        ),
+    }
+}
+
+/// llama.cpp's `LlamaModel.permute`: within each head, rows `[0, h/2)` and
+/// `[h/2, h)` are interleaved (row `2i + j` ← row `j·h/2 + i`).
+fn permute_rows(x: &[f32], rows: usize, heads: usize) -> Vec<f32> {
+    let cols = x.len() / rows;
+    let head = rows / heads;
+    let half = head / 2;
+    let mut out = vec![0f32; x.len()];
+    for h in 0..heads {
+        for i in 0..half {
+            for j in 0..2 {
+                let src = h * head + j * half + i;
+                let dst = h * head + 2 * i + j;
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&x[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+/// The tensor's values as `f32`, permuted and stacked as planned.
+pub fn values(ckpt: &Checkpoint, p: &Planned) -> Result<Vec<f32>, String> {
+    let mut x = Vec::new();
+    for &i in &p.parts {
+        let t = &ckpt.tensors()[i];
+        decode(t, ckpt.data(t), &mut x);
+    }
+    if let Some(heads) = p.permute_heads {
+        let rows = ckpt.tensors()[p.parts[0]].shape[0];
+        if heads == 0 || rows % (2 * heads) != 0 {
+            return Err(format!(
+                "{}: {rows} rows do not split into {heads} heads of even size",
+                p.name
+            ));
+        }
+        x = permute_rows(&x, rows, heads);
+    }
+    Ok(x)
+}
+
+/// Encodes one row of weights as a quantized type (the quantizer's
+/// `quantize_row`, passed in so that this crate depends on the runtime only).
+pub type RowEncoder = dyn Fn(GgmlType, &[f32], &mut [u8]) -> Result<(), String>;
+
+/// Encodes planned values; `encode` quantizes rows for the quantized types.
+pub fn encode(p: &Planned, x: &[f32], encode: &RowEncoder) -> Result<Vec<u8>, String> {
+    Ok(match p.ty {
+        GgmlType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        GgmlType::F16 => x
+            .iter()
+            .flat_map(|&v| f32_to_f16(v).to_le_bytes())
+            .collect(),
+        GgmlType::BF16 => x
+            .iter()
+            .flat_map(|&v| f32_to_bf16(v).to_le_bytes())
+            .collect(),
+        ty => {
+            let size = ty
+                .tensor_size(&p.dims)
+                .map_err(|e| format!("{}: {e}", p.name))?;
+            let mut out = vec![0u8; size.bytes as usize];
+            let row = p.dims[0] as usize;
+            let row_bytes = out.len() / (x.len() / row);
+            for (xs, ys) in x.chunks_exact(row).zip(out.chunks_exact_mut(row_bytes)) {
+                encode(ty, xs, ys).map_err(|e| format!("{}: {e}", p.name))?;
+            }
+            out
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permutation_interleaves_halves_of_each_head() {
+        // 2 heads of 4 rows, 1 column: [0 1 2 3 | 4 5 6 7] → [0 2 1 3 | 4 6 5 7].
+        let x: Vec<f32> = (0..8).map(|v| v as f32).collect();
+        assert_eq!(permute_rows(&x, 8, 2), [0., 2., 1., 3., 4., 6., 5., 7.]);
+    }
+
+    #[test]
+    fn expert_names() {
+        assert_eq!(
+            expert_layer(
+                "model.layers.3.mlp.experts.7.down_proj.weight",
+                "mlp.experts.{}"
+            ),
+            Some(3)
+        );
+        assert_eq!(
+            expert_layer(
+                "model.layers.0.block_sparse_moe.experts.1.w2.weight",
+                "block_sparse_moe.experts.{}"
+            ),
+            Some(0)
+        );
+        assert_eq!(
+            expert_layer("model.layers.0.mlp.gate.weight", "mlp.experts.{}"),
+            None
+        );
+    }
+}

@@ -1,0 +1,162 @@
+//! Damaged checkpoints: each is a clear error naming the file or tensor.
+
+use std::path::Path;
+
+use memwall_convert::arch::Arch;
+use memwall_convert::checkpoint::Checkpoint;
+use memwall_convert::tensors::{OutType, plan};
+use memwall_fixtures::synth::{Options, preset, write_checkpoint};
+
+fn synth(dir: &Path, name: &str, max_shard_bytes: u64) -> std::path::PathBuf {
+    let p = preset(name).unwrap();
+    let out = dir.join(name);
+    let options = Options {
+        max_shard_bytes,
+        ..Options::default()
+    };
+    write_checkpoint(&out, p.arch, &p.shape, &options, &mut |_| {}).unwrap();
+    out
+}
+
+fn open_err(dir: &Path) -> String {
+    match Checkpoint::open(dir) {
+        Ok(_) => panic!("{} opened", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn shards_must_agree_with_the_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = synth(dir.path(), "tiny-llama", 400_000);
+    let shards: Vec<_> = std::fs::read_dir(&ckpt)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    assert!(shards.len() > 1, "needs a sharded checkpoint");
+    assert!(Checkpoint::open(&ckpt).is_ok());
+    // A missing shard names the file.
+    let gone = &shards[1];
+    let saved = std::fs::read(gone).unwrap();
+    std::fs::remove_file(gone).unwrap();
+    let err = open_err(&ckpt);
+    assert!(
+        err.contains(&gone.file_name().unwrap().to_string_lossy().into_owned()),
+        "{err}"
+    );
+    std::fs::write(gone, &saved).unwrap();
+    // An index entry no shard holds.
+    let index_path = ckpt.join("model.safetensors.index.json");
+    let index = std::fs::read_to_string(&index_path).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&index).unwrap();
+    v["weight_map"]["model.layers.9.mlp.up_proj.weight"] =
+        v["weight_map"]["model.norm.weight"].clone();
+    std::fs::write(&index_path, v.to_string()).unwrap();
+    let err = open_err(&ckpt);
+    assert!(
+        err.contains("lists tensors no shard holds: model.layers.9.mlp.up_proj.weight"),
+        "{err}"
+    );
+    // A tensor the index does not list.
+    v["weight_map"]
+        .as_object_mut()
+        .unwrap()
+        .remove("model.layers.9.mlp.up_proj.weight");
+    v["weight_map"]
+        .as_object_mut()
+        .unwrap()
+        .remove("model.norm.weight");
+    std::fs::write(&index_path, v.to_string()).unwrap();
+    let err = open_err(&ckpt);
+    assert!(
+        err.contains("does not list") && err.contains("model.norm.weight"),
+        "{err}"
+    );
+}
+
+#[test]
+fn corrupt_and_truncated_safetensors_name_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = synth(dir.path(), "tiny-qwen3", u64::MAX);
+    let file = ckpt.join("model.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    // Truncated data.
+    std::fs::write(&file, &bytes[..bytes.len() - 100]).unwrap();
+    let err = open_err(&ckpt);
+    assert!(
+        err.contains("model.safetensors: not a valid safetensors file"),
+        "{err}"
+    );
+    // A header length larger than the file.
+    let mut hostile = bytes.clone();
+    hostile[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+    std::fs::write(&file, &hostile).unwrap();
+    assert!(open_err(&ckpt).contains("not a valid safetensors file"));
+    // An unsupported dtype.
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = String::from_utf8(bytes[8..8 + n].to_vec()).unwrap();
+    let first = header.find("\"BF16\"").unwrap();
+    let mut changed = bytes.clone();
+    changed[8 + first..8 + first + 6].copy_from_slice(b"\"I16\" ");
+    std::fs::write(&file, &changed).unwrap();
+    let err = open_err(&ckpt);
+    assert!(
+        err.contains("dtype I16") || err.contains("not a valid safetensors"),
+        "{err}"
+    );
+    // Missing config.
+    std::fs::write(&file, &bytes).unwrap();
+    std::fs::remove_file(ckpt.join("config.json")).unwrap();
+    assert!(open_err(&ckpt).contains("config.json"));
+}
+
+#[test]
+fn unknown_architectures_and_tensors_are_listed() {
+    let err = Arch::for_class("FalconForCausalLM").unwrap_err();
+    assert!(
+        err.contains("FalconForCausalLM") && err.contains("Qwen3MoeForCausalLM"),
+        "{err}"
+    );
+    // A llama checkpoint with two tensors llama.cpp would not know what to do with.
+    let dir = tempfile::tempdir().unwrap();
+    let zeros = [0u8; 4 * 4 * 4];
+    let view = |shape: Vec<usize>| {
+        let n = shape.iter().product::<usize>() * 4;
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape, &zeros[..n]).unwrap()
+    };
+    let tensors = vec![
+        ("model.embed_tokens.weight", view(vec![4, 4])),
+        ("model.layers.0.mlp.mystery.weight", view(vec![4, 4])),
+        (
+            "model.layers.0.self_attn.rotary_emb.inv_freq",
+            view(vec![4]),
+        ),
+        ("vision_tower.proj.weight", view(vec![4, 4])),
+    ];
+    safetensors::serialize_to_file(tensors, None, &dir.path().join("model.safetensors")).unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        r#"{"architectures": ["LlamaForCausalLM"], "num_attention_heads": 2}"#,
+    )
+    .unwrap();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let err = plan(
+        &ckpt,
+        Arch::for_class("LlamaForCausalLM").unwrap(),
+        OutType::F16,
+    )
+    .unwrap_err();
+    assert_eq!(
+        err,
+        "unexpected tensors for llama: model.layers.0.mlp.mystery.weight, vision_tower.proj.weight"
+    );
+    // An MoE architecture needs its expert count.
+    let err = plan(
+        &ckpt,
+        Arch::for_class("Qwen3MoeForCausalLM").unwrap(),
+        OutType::F16,
+    )
+    .unwrap_err();
+    assert!(err.contains("num_experts"), "{err}");
+}

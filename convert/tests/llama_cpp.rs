@@ -1,0 +1,120 @@
+//! Tensors against llama.cpp's converter: every output tensor's name, type,
+//! shape and bytes, in order, for tiny-zh (llama.cpp's F16 conversion is
+//! committed) and for memwall-synth's tiny checkpoint of every supported
+//! architecture at f16, bf16, f32 and q8_0 (expectations recorded by
+//! fixtures/synth/convert_reference.sh).
+
+use std::path::{Path, PathBuf};
+
+use memwall_convert::arch::Arch;
+use memwall_convert::checkpoint::Checkpoint;
+use memwall_convert::tensors::{OutType, encode, plan, values};
+use memwall_fixtures::synth::{Options, preset, write_checkpoint};
+use memwall_runtime::GgmlType;
+use memwall_runtime::gguf::GgufFile;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures")
+}
+
+fn sha(b: &[u8]) -> String {
+    format!("{:x}", Sha256::digest(b))
+}
+
+fn quantize(ty: GgmlType, x: &[f32], y: &mut [u8]) -> Result<(), String> {
+    memwall_quantize::quantize_row(ty, x, y).map_err(|e| e.to_string())
+}
+
+fn class(ckpt: &Checkpoint) -> &'static Arch {
+    let class = ckpt.config()["architectures"][0].as_str().unwrap();
+    Arch::for_class(class).unwrap()
+}
+
+/// (name, type, dims, sha256) of every tensor memwall would write.
+fn converted(ckpt: &Checkpoint, outtype: OutType) -> Vec<(String, String, Vec<u64>, String)> {
+    plan(ckpt, class(ckpt), outtype)
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let bytes = encode(p, &values(ckpt, p).unwrap(), &quantize).unwrap();
+            (
+                p.name.clone(),
+                p.ty.name().to_uppercase(),
+                p.dims.clone(),
+                sha(&bytes),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn tiny_zh_tensors_equal_llama_cpp_f16_conversion() {
+    let ckpt = Checkpoint::open(&fixtures().join("tiny-zh")).unwrap();
+    let reference = GgufFile::open(&fixtures().join("tiny-zh/reference/tiny-zh-f16.gguf")).unwrap();
+    let ours = converted(&ckpt, OutType::F16);
+    let theirs: Vec<_> = reference
+        .tensors()
+        .iter()
+        .map(|t| {
+            (
+                t.name.clone(),
+                t.ty.name().to_uppercase(),
+                t.dims.clone(),
+                sha(reference.tensor_data(t)),
+            )
+        })
+        .collect();
+    assert_eq!(ours, theirs);
+}
+
+#[test]
+fn every_architecture_and_outtype_equals_llama_cpp() {
+    let text = std::fs::read_to_string(fixtures().join("synth/llama-convert.json")).unwrap();
+    let reference: Value = serde_json::from_str(&text).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options {
+        tokenizer_dir: Some(fixtures().join("smollm2")),
+        ..Options::default()
+    };
+    for (arch, expected) in reference["archs"].as_object().unwrap() {
+        let mut p = preset(&format!("tiny-{arch}")).unwrap();
+        p.shape.vocab = 49152;
+        let out = dir.path().join(arch);
+        write_checkpoint(&out, p.arch, &p.shape, &options, &mut |_| {}).unwrap();
+        let st = std::fs::read(out.join("model.safetensors")).unwrap();
+        assert_eq!(
+            sha(&st),
+            expected["safetensors_sha256"].as_str().unwrap(),
+            "{arch}: synth input"
+        );
+        let ckpt = Checkpoint::open(&out).unwrap();
+        for (outtype, want) in expected["outtypes"].as_object().unwrap() {
+            let ours = converted(&ckpt, OutType::parse(outtype).unwrap());
+            let theirs: Vec<_> = want["tensors"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| {
+                    let dims = t[2]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|d| d.as_u64().unwrap())
+                        .collect();
+                    (
+                        t[0].as_str().unwrap().to_owned(),
+                        t[1].as_str().unwrap().to_owned(),
+                        dims,
+                        t[3].as_str().unwrap().to_owned(),
+                    )
+                })
+                .collect();
+            assert_eq!(ours.len(), theirs.len(), "{arch} {outtype}: tensor count");
+            for (a, b) in ours.iter().zip(&theirs) {
+                assert_eq!(a, b, "{arch} {outtype}");
+            }
+        }
+    }
+}
