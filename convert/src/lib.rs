@@ -3,9 +3,11 @@
 //!
 //! This first part reads checkpoints ([`checkpoint`]: safetensors, sharded or
 //! not, validated), maps architectures as data ([`arch`]) and produces every
-//! output tensor's name, shape, type and bytes ([`tensors`]). Metadata and
-//! tokenizer export and the `memwall convert` command build on it.
+//! output tensor's name, shape, type and bytes ([`tensors`]) and the
+//! hyper-parameter keys ([`metadata`]). The naming keys, tokenizer export and
+//! the `memwall convert` command build on it.
 
 pub mod arch;
 pub mod checkpoint;
+pub mod metadata;
 pub mod tensors;

@@ -118,3 +118,94 @@ fn every_architecture_and_outtype_equals_llama_cpp() {
         }
     }
 }
+
+/// The keys between `general.size_label` and the tokenizer, as (key, type, value text).
+fn model_keys(meta: &memwall_runtime::gguf::Metadata) -> Vec<(String, String, String)> {
+    use memwall_runtime::gguf::Value as V;
+    meta.iter()
+        .filter(|(k, _)| {
+            !k.starts_with("tokenizer.")
+                && ![
+                    "general.architecture",
+                    "general.type",
+                    "general.name",
+                    "general.size_label",
+                ]
+                .contains(k)
+        })
+        .map(|(k, v)| {
+            let (ty, text) = match v {
+                V::U32(n) => ("UINT32", n.to_string()),
+                V::F32(f) => ("FLOAT32", f.to_string()),
+                V::Bool(b) => ("BOOL", b.to_string()),
+                V::String(s) => ("STRING", s.clone()),
+                other => ("OTHER", format!("{other:?}")),
+            };
+            (k.to_owned(), ty.to_owned(), text)
+        })
+        .collect()
+}
+
+fn recorded_keys(metadata: &Value) -> Vec<(String, String, String)> {
+    metadata
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| {
+            !k.starts_with("tokenizer.")
+                && ![
+                    "general.architecture",
+                    "general.type",
+                    "general.name",
+                    "general.size_label",
+                ]
+                .contains(&k.as_str())
+        })
+        .map(|(k, v)| {
+            let ty = v["types"][0].as_str().unwrap().to_owned();
+            let text = match ty.as_str() {
+                "FLOAT32" => (v["value"].as_f64().unwrap() as f32).to_string(),
+                "STRING" => v["value"].as_str().unwrap().to_owned(),
+                _ => v["value"].to_string(),
+            };
+            (k.clone(), ty, text)
+        })
+        .collect()
+}
+
+#[test]
+fn hyper_parameter_keys_equal_llama_cpp() {
+    use memwall_convert::metadata::hparams;
+    use memwall_runtime::gguf::Metadata;
+    // tiny-zh, against the committed conversion.
+    let ckpt = Checkpoint::open(&fixtures().join("tiny-zh")).unwrap();
+    let mut meta = Metadata::new();
+    hparams(&mut meta, ckpt.config(), class(&ckpt), OutType::F16).unwrap();
+    let reference = GgufFile::open(&fixtures().join("tiny-zh/reference/tiny-zh-f16.gguf")).unwrap();
+    assert_eq!(model_keys(&meta), model_keys(reference.metadata()));
+    // Every architecture and output type, against the recorded conversions.
+    let text = std::fs::read_to_string(fixtures().join("synth/llama-convert.json")).unwrap();
+    let reference: Value = serde_json::from_str(&text).unwrap();
+    for (arch, expected) in reference["archs"].as_object().unwrap() {
+        let p = preset(&format!("tiny-{arch}")).unwrap();
+        let mut shape = p.shape.clone();
+        shape.vocab = 49152;
+        let config = memwall_fixtures::synth::config_json(p.arch, &shape);
+        let class = config["architectures"][0].as_str().unwrap();
+        for (outtype, want) in expected["outtypes"].as_object().unwrap() {
+            let mut meta = Metadata::new();
+            hparams(
+                &mut meta,
+                &config,
+                Arch::for_class(class).unwrap(),
+                OutType::parse(outtype).unwrap(),
+            )
+            .unwrap();
+            assert_eq!(
+                model_keys(&meta),
+                recorded_keys(&want["metadata"]),
+                "{arch} {outtype}"
+            );
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! The model keys llama.cpp's converter writes from `config.json`, in its
+//! order: the hyper-parameters (`TextModel.set_gguf_parameters`), the file
+//! type, then each architecture's own keys (`LlamaModel`, `Qwen2MoeModel`,
+//! `CommandR2Model`), then `general.quantization_version`.
+//!
+//! Not yet here: the `general.*` naming keys and the tokenizer.
+
+use memwall_runtime::gguf::{Metadata, Value};
+
+use crate::arch::Arch;
+use crate::tensors::OutType;
+
+/// `general.quantization_version` (`GGML_QUANT_VERSION`).
+pub const QUANTIZATION_VERSION: u32 = 2;
+
+/// Reads `config.json` values as llama.cpp's `find_hparam` does: the first
+/// key present wins.
+struct Hparams<'a>(&'a serde_json::Value);
+
+impl Hparams<'_> {
+    fn find(&self, keys: &[&str]) -> Option<&serde_json::Value> {
+        keys.iter()
+            .find_map(|k| self.0.get(*k).filter(|v| !v.is_null()))
+    }
+
+    fn uint(&self, keys: &[&str]) -> Result<Option<u32>, String> {
+        self.find(keys)
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(|| {
+                        format!(
+                            "config.json: {} must be a non-negative integer, got {v}",
+                            keys[0]
+                        )
+                    })
+            })
+            .transpose()
+    }
+
+    fn float(&self, keys: &[&str]) -> Result<Option<f32>, String> {
+        self.find(keys)
+            .map(|v| {
+                v.as_f64()
+                    .map(|f| f as f32)
+                    .ok_or_else(|| format!("config.json: {} must be a number, got {v}", keys[0]))
+            })
+            .transpose()
+    }
+}
+
+/// The hyper-parameter keys of `arch` for this config, in llama.cpp's order,
+/// appended to `meta`. Errors name the config key.
+pub fn hparams(
+    meta: &mut Metadata,
+    config: &serde_json::Value,
+    arch: &Arch,
+    outtype: OutType,
+) -> Result<(), String> {
+    let h = Hparams(config);
+    let a = arch.gguf;
+    let key = |k: &str| format!("{a}.{k}");
+    let put_u32 = |meta: &mut Metadata, k: &str, v: Option<u32>| {
+        if let Some(v) = v {
+            meta.set(key(k), Value::U32(v));
+        }
+    };
+    let block_count = h
+        .uint(&["n_layers", "num_hidden_layers", "n_layer", "num_layers"])?
+        .ok_or("config.json has no num_hidden_layers")?;
+    meta.set(key("block_count"), Value::U32(block_count));
+    // Command-R's config understates its context; llama.cpp prefers model_max_length.
+    let ctx_keys: &[&str] = if a == "command-r" {
+        &[
+            "model_max_length",
+            "max_position_embeddings",
+            "n_ctx",
+            "n_positions",
+            "max_length",
+            "max_sequence_length",
+        ]
+    } else {
+        &[
+            "max_position_embeddings",
+            "n_ctx",
+            "n_positions",
+            "max_length",
+            "max_sequence_length",
+            "model_max_length",
+        ]
+    };
+    put_u32(meta, "context_length", h.uint(ctx_keys)?);
+    put_u32(
+        meta,
+        "embedding_length",
+        h.uint(&["hidden_size", "n_embd", "dim"])?,
+    );
+    put_u32(
+        meta,
+        "feed_forward_length",
+        h.uint(&[
+            "prefix_dense_intermediate_size",
+            "dense_intermediate_size",
+            "intermediate_size",
+            "n_inner",
+            "hidden_dim",
+        ])?,
+    );
+    put_u32(
+        meta,
+        "attention.head_count",
+        h.uint(&["num_attention_heads", "n_head", "n_heads"])?,
+    );
+    put_u32(
+        meta,
+        "attention.head_count_kv",
+        h.uint(&["num_key_value_heads", "n_kv_heads"])?,
+    );
+    if config.get("is_causal") == Some(&serde_json::Value::Bool(false)) {
+        meta.set(key("attention.causal"), Value::Bool(false));
+    }
+    // Rope parameters: transformers 5's rope_parameters, or the older rope_scaling + rope_theta.
+    let rope = config
+        .get("rope_parameters")
+        .or_else(|| config.get("rope_scaling"))
+        .filter(|v| v.is_object());
+    let rope_get = |k: &str| rope.and_then(|r| r.get(k));
+    let rope_type = rope_get("rope_type")
+        .or_else(|| rope_get("type"))
+        .and_then(|v| v.as_str());
+    match rope_type {
+        None | Some("default") => {}
+        Some("linear") => {
+            if let Some(f) = rope_get("factor").and_then(|v| v.as_f64()) {
+                meta.set(key("rope.scaling.type"), "linear");
+                meta.set(key("rope.scaling.factor"), Value::F32(f as f32));
+            }
+        }
+        Some(other) => {
+            return Err(format!(
+                "config.json: rope type {other:?} is not supported yet (memwall writes default and linear rope)"
+            ));
+        }
+    }
+    let theta = rope_get("rope_theta")
+        .and_then(|v| v.as_f64())
+        .map(|f| f as f32);
+    let theta = match theta {
+        Some(t) => Some(t),
+        None => h.float(&[
+            "global_rope_theta",
+            "rope_global_theta",
+            "rope_theta_global",
+            "rope_theta",
+            "rotary_emb_base",
+        ])?,
+    };
+    if let Some(t) = theta {
+        meta.set(key("rope.freq_base"), Value::F32(t));
+    }
+    if let Some(eps) = h.float(&["rms_norm_eps", "norm_eps"])? {
+        meta.set(key("attention.layer_norm_rms_epsilon"), Value::F32(eps));
+    }
+    if let Some(eps) = h.float(&["layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"])? {
+        meta.set(key("attention.layer_norm_epsilon"), Value::F32(eps));
+    }
+    put_u32(
+        meta,
+        "expert_count",
+        h.uint(&["num_local_experts", "num_experts", "n_routed_experts"])?,
+    );
+    put_u32(
+        meta,
+        "expert_used_count",
+        h.uint(&[
+            "num_experts_per_tok",
+            "num_experts_per_token",
+            "top_k_experts",
+        ])?,
+    );
+    if let Some(head_dim) = h.uint(&["head_dim"])? {
+        meta.set(key("attention.key_length"), Value::U32(head_dim));
+        meta.set(key("attention.value_length"), Value::U32(head_dim));
+    }
+    meta.set("general.file_type", Value::U32(outtype.file_type()));
+    match a {
+        "llama" => {
+            let vocab = h
+                .uint(&["vocab_size"])?
+                .ok_or("config.json has no vocab_size")?;
+            meta.set(key("vocab_size"), Value::U32(vocab));
+            let rope_dim = match h.uint(&["head_dim"])? {
+                Some(d) => d,
+                None => {
+                    let hidden = h
+                        .uint(&["hidden_size"])?
+                        .ok_or("config.json has no hidden_size")?;
+                    let heads = h.uint(&["num_attention_heads"])?.filter(|&n| n > 0);
+                    hidden / heads.ok_or("config.json has no num_attention_heads")?
+                }
+            };
+            meta.set(key("rope.dimension_count"), Value::U32(rope_dim));
+        }
+        "qwen3moe" => {
+            put_u32(
+                meta,
+                "expert_feed_forward_length",
+                h.uint(&["moe_intermediate_size"])?,
+            );
+            put_u32(
+                meta,
+                "expert_shared_feed_forward_length",
+                h.uint(&["shared_expert_intermediate_size"])?,
+            );
+        }
+        "command-r" => {
+            let scale = h
+                .float(&["logit_scale"])?
+                .ok_or("config.json has no logit_scale")?;
+            meta.set(key("logit_scale"), Value::F32(scale));
+            meta.set(key("rope.scaling.type"), "none");
+        }
+        _ => {}
+    }
+    meta.set(
+        "general.quantization_version",
+        Value::U32(QUANTIZATION_VERSION),
+    );
+    Ok(())
+}
