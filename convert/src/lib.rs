@@ -10,4 +10,5 @@
 pub mod arch;
 pub mod checkpoint;
 pub mod metadata;
+pub mod naming;
 pub mod tensors;

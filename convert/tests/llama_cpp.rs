@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use memwall_convert::arch::Arch;
 use memwall_convert::checkpoint::Checkpoint;
+use memwall_convert::naming::{naming, parameter_counts};
 use memwall_convert::tensors::{OutType, encode, plan, values};
 use memwall_fixtures::synth::{Options, preset, write_checkpoint};
 use memwall_runtime::GgmlType;
@@ -90,6 +91,21 @@ fn every_architecture_and_outtype_equals_llama_cpp() {
             "{arch}: synth input"
         );
         let ckpt = Checkpoint::open(&out).unwrap();
+        // Naming keys from the folder name and the parameter count.
+        let planned = plan(&ckpt, class(&ckpt), OutType::F16).unwrap();
+        let counts = parameter_counts(planned.iter().map(|p| (p.name.as_str(), p.dims.as_slice())));
+        let n = naming(&out, ckpt.config(), counts);
+        let meta = &expected["outtypes"]["f16"]["metadata"];
+        assert_eq!(
+            n.name.as_deref(),
+            meta["general.name"]["value"].as_str(),
+            "{arch}"
+        );
+        assert_eq!(
+            n.size_label.as_deref(),
+            meta["general.size_label"]["value"].as_str(),
+            "{arch}"
+        );
         for (outtype, want) in expected["outtypes"].as_object().unwrap() {
             let ours = converted(&ckpt, OutType::parse(outtype).unwrap());
             let theirs: Vec<_> = want["tensors"]
