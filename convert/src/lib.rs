@@ -12,3 +12,4 @@ pub mod checkpoint;
 pub mod metadata;
 pub mod naming;
 pub mod tensors;
+pub mod vocab;

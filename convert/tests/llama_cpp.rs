@@ -225,3 +225,104 @@ fn hyper_parameter_keys_equal_llama_cpp() {
         }
     }
 }
+
+/// Tokenizer keys as (key, type, value or SHA-256 of the JSON of long arrays).
+fn tokenizer_keys(meta: &memwall_runtime::gguf::Metadata) -> Vec<(String, String)> {
+    use memwall_runtime::gguf::{Array as A, Value as V};
+    let json_sha = |v: serde_json::Value| {
+        // Python's json.dumps(ensure_ascii=False): ", " between elements.
+        let items: Vec<String> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.to_string())
+            .collect();
+        sha(format!("[{}]", items.join(", ")).as_bytes())
+    };
+    meta.iter()
+        .filter(|(k, _)| k.starts_with("tokenizer."))
+        .map(|(k, v)| {
+            let text = match v {
+                V::U32(n) => format!("UINT32 {n}"),
+                V::Bool(b) => format!("BOOL {}", if *b { "True" } else { "False" }),
+                V::String(s) => format!("STRING {s}"),
+                V::Array(A::String(a)) => format!("STRING[] {}", json_sha(serde_json::json!(a))),
+                V::Array(A::I32(a)) => format!("INT32[] {}", json_sha(serde_json::json!(a))),
+                other => format!("{other:?}"),
+            };
+            (k.to_owned(), text)
+        })
+        .collect()
+}
+
+fn recorded_tokenizer_keys(metadata: &Value) -> Vec<(String, String)> {
+    metadata
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k.starts_with("tokenizer."))
+        .map(|(k, v)| {
+            let types: Vec<&str> = v["types"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_str().unwrap())
+                .collect();
+            let text = match (types.as_slice(), v.get("sha256")) {
+                (["ARRAY", t], Some(h)) => format!("{t}[] {}", h.as_str().unwrap()),
+                (["BOOL"], _) => format!(
+                    "BOOL {}",
+                    if v["value"].as_bool().unwrap() {
+                        "True"
+                    } else {
+                        "False"
+                    }
+                ),
+                (["STRING"], _) => format!("STRING {}", v["value"].as_str().unwrap()),
+                ([t], _) => format!("{t} {}", v["value"]),
+                _ => format!("{v}"),
+            };
+            (k.clone(), text)
+        })
+        .collect()
+}
+
+#[test]
+fn tokenizer_keys_equal_llama_cpp() {
+    use memwall_convert::vocab::{load_bpe, write_bpe};
+    use memwall_runtime::gguf::Metadata;
+    // tiny-zh against its committed conversion (pre-tokenizer named: gpt-2).
+    let dir = fixtures().join("tiny-zh");
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    let v = load_bpe(&dir, ckpt.config(), "llama").unwrap();
+    let mut meta = Metadata::new();
+    write_bpe(&mut meta, &v, "gpt-2");
+    let reference = GgufFile::open(&dir.join("reference/tiny-zh-f16.gguf")).unwrap();
+    assert_eq!(tokenizer_keys(reference.metadata()).len(), 10);
+    assert_eq!(tokenizer_keys(&meta), tokenizer_keys(reference.metadata()));
+    // SmolLM2's tokenizer in every synthetic architecture (llama.cpp names it smollm).
+    let text = std::fs::read_to_string(fixtures().join("synth/llama-convert.json")).unwrap();
+    let reference: Value = serde_json::from_str(&text).unwrap();
+    let tokdir = tempfile::tempdir().unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(fixtures().join("smollm2").join(f), tokdir.path().join(f)).unwrap();
+    }
+    for (arch, expected) in reference["archs"].as_object().unwrap() {
+        let p = preset(&format!("tiny-{arch}")).unwrap();
+        let mut shape = p.shape.clone();
+        shape.vocab = 49152;
+        let config = memwall_fixtures::synth::config_json(p.arch, &shape);
+        let gguf_arch = Arch::for_class(config["architectures"][0].as_str().unwrap())
+            .unwrap()
+            .gguf;
+        let v = load_bpe(tokdir.path(), &config, gguf_arch).unwrap();
+        let mut meta = Metadata::new();
+        write_bpe(&mut meta, &v, "smollm");
+        let want = recorded_tokenizer_keys(&expected["outtypes"]["f16"]["metadata"]);
+        assert!(
+            want.len() >= 10,
+            "{arch}: the recording has the tokenizer keys"
+        );
+        assert_eq!(tokenizer_keys(&meta), want, "{arch}");
+    }
+}

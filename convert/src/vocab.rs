@@ -1,0 +1,382 @@
+//! Byte-level BPE tokenizers (`tokenizer.json`) to GGUF's `tokenizer.*` keys,
+//! as llama.cpp's converter writes them (`TextModel.get_vocab_base`,
+//! `_set_vocab_gpt2` and gguf-py's `SpecialVocab`): the token list padded to
+//! the model's vocabulary size, token types, merges, special token ids,
+//! whether BOS/EOS are added, the chat template.
+//!
+//! The pre-tokenizer name (`tokenizer.ggml.pre`) is given by the caller;
+//! recognising it by hashing the tokenization of llama.cpp's probe text is the
+//! next step. SentencePiece (`tokenizer.model`) is not read yet.
+
+use std::path::Path;
+
+use memwall_runtime::gguf::{Array, Metadata, Value};
+use serde_json::Value as Json;
+
+/// GGUF token types (`llama_token_type`).
+pub mod token_type {
+    /// An ordinary token.
+    pub const NORMAL: i32 = 1;
+    /// A control token (`<|im_start|>`).
+    pub const CONTROL: i32 = 3;
+    /// An added token that is not special.
+    pub const USER_DEFINED: i32 = 4;
+    /// A filler id with no token (`[PAD123]`).
+    pub const UNUSED: i32 = 5;
+}
+
+/// The special token kinds gguf-py looks for, in its order, with their GGUF keys.
+const SPECIAL: [(&str, &str); 9] = [
+    ("bos", "tokenizer.ggml.bos_token_id"),
+    ("eos", "tokenizer.ggml.eos_token_id"),
+    ("unk", "tokenizer.ggml.unknown_token_id"),
+    ("sep", "tokenizer.ggml.seperator_token_id"),
+    ("pad", "tokenizer.ggml.padding_token_id"),
+    ("cls", "tokenizer.ggml.cls_token_id"),
+    ("mask", "tokenizer.ggml.mask_token_id"),
+    ("eot", "tokenizer.ggml.eot_token_id"),
+    ("eom", "tokenizer.ggml.eom_token_id"),
+];
+
+/// A byte-level BPE vocabulary ready for GGUF.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BpeVocab {
+    /// Tokens, one per id up to the model's vocabulary size.
+    pub tokens: Vec<String>,
+    /// `token_type` per token.
+    pub types: Vec<i32>,
+    /// Merges as `"left right"`.
+    pub merges: Vec<String>,
+    /// Special token ids, in the order gguf-py finds them.
+    pub special: Vec<(&'static str, u32)>,
+    /// `add_{bos,eos,sep}_token` flags, in the order gguf-py sets them.
+    pub add: Vec<(&'static str, bool)>,
+    /// `tokenizer.chat_template`.
+    pub chat_template: Option<String>,
+    /// `tokenizer.ggml.add_space_prefix` (llama only, from `add_prefix_space`).
+    pub add_space_prefix: Option<bool>,
+}
+
+fn read_json(path: &Path) -> Result<Option<Json>, String> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| format!("{}: not valid JSON: {e}", path.display()))
+}
+
+fn looks_special(token: &str) -> bool {
+    ["<pad>", "<mask>", "<2mass>", "[@BOS@]"].contains(&token)
+        || (token.starts_with("<|") && token.ends_with("|>"))
+        || (token.starts_with("<｜") && token.ends_with("｜>"))
+        || (token.starts_with("<unused") && token.ends_with('>'))
+}
+
+struct Special {
+    ids: Vec<(&'static str, u32)>,
+    types: Vec<&'static str>,
+    n_vocab: usize,
+}
+
+impl Special {
+    /// `_set_special_token`: the first id found for a kind wins; ids past the vocabulary are skipped.
+    fn set(&mut self, typ: &'static str, id: Option<&Json>) -> Result<(), String> {
+        let Some(id) = id.and_then(Json::as_i64) else {
+            return Ok(());
+        };
+        if id < 0 {
+            return Err(format!("invalid value for special token type {typ}: {id}"));
+        }
+        if (id as usize) < self.n_vocab && !self.ids.iter().any(|(t, _)| *t == typ) {
+            self.ids.push((typ, id as u32));
+        }
+        Ok(())
+    }
+}
+
+/// Reads the BPE vocabulary of the checkpoint in `dir` (`tokenizer.json`,
+/// `tokenizer_config.json`, `config.json`). `gguf_arch` selects the
+/// architecture-specific keys.
+pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<BpeVocab, String> {
+    let tokenizer_path = dir.join("tokenizer.json");
+    let tokenizer = read_json(&tokenizer_path)?.ok_or_else(|| {
+        format!(
+            "{}: missing (memwall reads byte-level BPE tokenizers from tokenizer.json)",
+            tokenizer_path.display()
+        )
+    })?;
+    let model = &tokenizer["model"];
+    if model["type"].as_str() != Some("BPE") {
+        return Err(format!(
+            "{}: model type {} is not BPE",
+            tokenizer_path.display(),
+            model["type"]
+        ));
+    }
+    let tc_path = dir.join("tokenizer_config.json");
+    let mut tc = read_json(&tc_path)?.filter(Json::is_object);
+    let mut v = BpeVocab::default();
+    if gguf_arch == "llama" {
+        v.add_space_prefix = tc
+            .as_ref()
+            .and_then(|t| t.get("add_prefix_space"))
+            .and_then(Json::as_bool);
+    }
+
+    // Tokens: the model's vocabulary plus added tokens, padded to vocab_size.
+    let vocab = model["vocab"]
+        .as_object()
+        .ok_or_else(|| format!("{}: model.vocab is not an object", tokenizer_path.display()))?;
+    let added = tokenizer["added_tokens"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut by_id: std::collections::BTreeMap<u64, String> = std::collections::BTreeMap::new();
+    for (token, id) in vocab {
+        let id = id
+            .as_u64()
+            .ok_or_else(|| format!("{}: token {token:?} has no id", tokenizer_path.display()))?;
+        by_id.insert(id, token.clone());
+    }
+    for a in &added {
+        if let (Some(id), Some(content)) = (a["id"].as_u64(), a["content"].as_str()) {
+            by_id.insert(id, content.to_owned());
+        }
+    }
+    let max_id = by_id.keys().next_back().copied().unwrap_or(0);
+    let vocab_size = match config.get("vocab_size").and_then(Json::as_u64) {
+        Some(n) => n,
+        None => by_id.len() as u64,
+    };
+    if max_id >= vocab_size {
+        return Err(format!(
+            "token id {max_id} is not below the model's vocab_size {vocab_size}"
+        ));
+    }
+    for i in 0..vocab_size {
+        let Some(token) = by_id.get(&i) else {
+            v.tokens.push(format!("[PAD{i}]"));
+            v.types.push(token_type::UNUSED);
+            continue;
+        };
+        let entry = added
+            .iter()
+            .rev()
+            .find(|a| a["content"].as_str() == Some(token.as_str()));
+        let ty = match entry {
+            None => token_type::NORMAL,
+            Some(a) if a["special"].as_bool() == Some(true) || looks_special(token) => {
+                token_type::CONTROL
+            }
+            Some(_) => token_type::USER_DEFINED,
+        };
+        let token = if ty == token_type::USER_DEFINED {
+            token.replace('▁', " ")
+        } else {
+            token.clone()
+        };
+        v.tokens.push(token);
+        v.types.push(ty);
+    }
+
+    // Merges: strings, or pairs (spaces inside a pair encoded as U+0120).
+    if let Some(merges) = model["merges"].as_array() {
+        for m in merges {
+            match m {
+                Json::String(s) => v.merges.push(s.clone()),
+                Json::Array(pair) if pair.len() == 2 => {
+                    let part = |p: &Json| -> Result<String, String> {
+                        let s = p.as_str().ok_or("merge pair of non-strings")?;
+                        Ok(s.chars()
+                            .map(|c| if c == ' ' { '\u{120}' } else { c })
+                            .collect())
+                    };
+                    v.merges
+                        .push(format!("{} {}", part(&pair[0])?, part(&pair[1])?));
+                }
+                _ => {
+                    return Err(format!(
+                        "{}: unknown merges format",
+                        tokenizer_path.display()
+                    ));
+                }
+            }
+        }
+    }
+
+    // Special tokens (SpecialVocab._try_load_from_tokenizer_json, then config.json).
+    let mut special = Special {
+        ids: Vec::new(),
+        types: SPECIAL[..7].iter().map(|(t, _)| *t).collect(),
+        n_vocab: usize::MAX,
+    };
+    let tc_str = |tc: &Option<Json>, key: &str| -> Option<String> {
+        let e = tc.as_ref()?.get(key)?;
+        e.as_str()
+            .map(str::to_owned)
+            .or_else(|| e.get("content")?.as_str().map(str::to_owned))
+    };
+    let mut add: Vec<(&'static str, bool)> = Vec::new();
+    let set_add =
+        |add: &mut Vec<(&'static str, bool)>, typ: &'static str, value: bool, overwrite: bool| {
+            match add.iter_mut().find(|(t, _)| *t == typ) {
+                Some(slot) if overwrite => slot.1 = value,
+                Some(_) => {}
+                None => add.push((typ, value)),
+            }
+        };
+    let mut special_bos = tc_str(&tc, "bos_token");
+    let mut special_cls = tc_str(&tc, "cls_token");
+    let mut special_eos = tc_str(&tc, "eos_token");
+    let mut special_sep = tc_str(&tc, "sep_token");
+    if special_bos.is_none() && special_cls.is_some() {
+        if let Some(t) = tc.as_mut() {
+            t["bos_token"] = Json::from(special_cls.clone());
+            special_bos = special_cls.clone();
+        }
+    }
+    if special_eos.is_none() && special_sep.is_some() {
+        if let Some(t) = tc.as_mut() {
+            t["eos_token"] = Json::from(special_sep.clone());
+            special_eos = special_sep.clone();
+        }
+    }
+    if let Some(pp) = tokenizer.get("post_processor").filter(|p| !p.is_null()) {
+        let processors = pp
+            .get("processors")
+            .and_then(Json::as_array)
+            .cloned()
+            .unwrap_or_else(|| vec![pp.clone()]);
+        for p in &processors {
+            match p["type"].as_str() {
+                Some("ByteLevel") => {
+                    set_add(&mut add, "bos", false, false);
+                    set_add(&mut add, "eos", false, false);
+                }
+                Some("RobertaProcessing") => {
+                    for t in ["bos", "eos", "sep"] {
+                        set_add(&mut add, t, true, true);
+                    }
+                    if let Some(t) = tc.as_mut() {
+                        if special_cls.is_none() {
+                            special_cls = p["cls"][0]
+                                .as_str()
+                                .map(str::to_owned)
+                                .or(special_bos.clone());
+                            t["cls_token"] = Json::from(special_cls.clone());
+                        }
+                        if special_sep.is_none() {
+                            special_sep = p["sep"][0]
+                                .as_str()
+                                .map(str::to_owned)
+                                .or(special_eos.clone());
+                            t["sep_token"] = Json::from(special_sep.clone());
+                        }
+                    }
+                }
+                Some("TemplateProcessing") => {
+                    // Only templates without special tokens are read yet (they set nothing).
+                    let single = p["single"].as_array().cloned().unwrap_or_default();
+                    let pair = p["pair"].as_array().cloned().unwrap_or_default();
+                    let has_special = single
+                        .iter()
+                        .chain(&pair)
+                        .any(|e| e.get("SpecialToken").is_some());
+                    if has_special {
+                        return Err(
+                            "tokenizer.json: TemplateProcessing with special tokens is not supported yet".into(),
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    if let Some(tc) = &tc {
+        let template = match tc.get("chat_template") {
+            Some(Json::String(s)) => Some(s.clone()),
+            Some(Json::Null) | None => {
+                let jinja = dir.join("chat_template.jinja");
+                if jinja.is_file() {
+                    Some(
+                        std::fs::read_to_string(&jinja)
+                            .map_err(|e| format!("{}: {e}", jinja.display()))?,
+                    )
+                } else {
+                    match read_json(&dir.join("chat_template.json"))? {
+                        Some(j) => j
+                            .get("chat_template")
+                            .and_then(Json::as_str)
+                            .map(str::to_owned),
+                        None => None,
+                    }
+                }
+            }
+            Some(_) => {
+                return Err(
+                    "tokenizer_config.json: lists of chat templates are not supported yet".into(),
+                );
+            }
+        };
+        v.chat_template = template;
+        for typ in special.types.clone() {
+            if let Some(flag) = tc.get(format!("add_{typ}_token")).and_then(Json::as_bool) {
+                set_add(&mut add, typ, flag, false);
+            }
+            let Some(content) = tc_str(&Some(tc.clone()), &format!("{typ}_token")) else {
+                continue;
+            };
+            let id = added
+                .iter()
+                .find(|a| a["content"].as_str() == Some(content.as_str()))
+                .map(|a| &a["id"]);
+            special.set(typ, id)?;
+        }
+    }
+    for typ in special.types.clone() {
+        special.set(typ, config.get(format!("{typ}_token_id")))?;
+    }
+    v.special = special.ids;
+    v.add = add;
+    Ok(v)
+}
+
+/// Appends the tokenizer keys in llama.cpp's order. `add_space_prefix` goes
+/// first (LlamaModel writes it before the vocabulary).
+pub fn write_bpe(meta: &mut Metadata, v: &BpeVocab, pre: &str) {
+    if let Some(b) = v.add_space_prefix {
+        meta.set("tokenizer.ggml.add_space_prefix", Value::Bool(b));
+    }
+    meta.set("tokenizer.ggml.model", "gpt2");
+    meta.set("tokenizer.ggml.pre", pre);
+    meta.set(
+        "tokenizer.ggml.tokens",
+        Value::Array(Array::String(v.tokens.clone())),
+    );
+    meta.set(
+        "tokenizer.ggml.token_type",
+        Value::Array(Array::I32(v.types.clone())),
+    );
+    if !v.merges.is_empty() {
+        meta.set(
+            "tokenizer.ggml.merges",
+            Value::Array(Array::String(v.merges.clone())),
+        );
+    }
+    for (typ, id) in &v.special {
+        if let Some((_, key)) = SPECIAL.iter().find(|(t, _)| t == typ) {
+            meta.set(*key, Value::U32(*id));
+        }
+    }
+    for (typ, flag) in &v.add {
+        meta.set(
+            format!("tokenizer.ggml.add_{typ}_token"),
+            Value::Bool(*flag),
+        );
+    }
+    if let Some(t) = &v.chat_template {
+        meta.set("tokenizer.chat_template", t.as_str());
+    }
+}
