@@ -18,6 +18,7 @@ use clap::{Parser, Subcommand};
   memwall inspect model.gguf               header, metadata, tensors, totals
   memwall inspect model.gguf --json | jq   the same, for scripts
   memwall inspect model-00001-of-00003.gguf   a split model, all files at once
+  memwall convert ./checkpoint --pre smollm   HF checkpoint to GGUF, as llama.cpp writes it
   memwall quantize model-f16.gguf Q4_K_M   llama.cpp's Q4_K_M, byte for byte
   memwall quantize model-f16.gguf out.gguf --recipe attn-f16-ffn-q4
 
@@ -29,6 +30,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Convert a Hugging Face checkpoint folder to GGUF: the same file as
+    /// llama.cpp's convert_hf_to_gguf.py.
+    #[command(after_help = "Examples:
+  memwall convert ./SmolLM2-135M-Instruct --pre smollm            writes SmolLM2-135M-Instruct-f16.gguf
+  memwall convert ./Qwen3-8B --pre qwen2 --outtype bf16 -o qwen3-8b-bf16.gguf
+  memwall convert ./Mixtral-8x7B-v0.1 --pre llama-bpe --outtype q8_0
+
+Architectures: LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM,
+Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, CohereForCausalLM;
+byte-level BPE tokenizers (tokenizer.json). Then: memwall quantize OUT.gguf Q4_K_M")]
+    Convert(commands::convert::Args),
     /// Show what a GGUF file holds: header, metadata, hyper-parameters,
     /// tokenizer, tensors and totals.
     #[command(after_help = "Examples:
@@ -60,6 +72,7 @@ the memwall.recipe metadata key.")]
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Convert(args) => commands::convert::run(args),
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Quantize(args) => commands::quantize::run(*args),
     };

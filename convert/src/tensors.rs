@@ -260,6 +260,49 @@ pub fn values(ckpt: &Checkpoint, p: &Planned) -> Result<Vec<f32>, String> {
     Ok(x)
 }
 
+impl Planned {
+    /// Rows of the output tensor (all dims but the first multiplied).
+    pub fn rows(&self) -> u64 {
+        self.dims.iter().skip(1).product::<u64>().max(1)
+    }
+}
+
+/// Output rows `[start, start + count)` as `f32`: each row is read from its
+/// source tensor (the expert it belongs to; through llama.cpp's Q/K permutation),
+/// so a tensor is converted in bounded pieces.
+pub fn rows(ckpt: &Checkpoint, p: &Planned, start: u64, count: u64) -> Result<Vec<f32>, String> {
+    let row_len = p.dims[0] as usize;
+    let per_part = p.rows() / p.parts.len() as u64;
+    let perm = match p.permute_heads {
+        Some(heads) => {
+            let n = per_part as usize;
+            if heads == 0 || n % (2 * heads) != 0 {
+                return Err(format!(
+                    "{}: {n} rows do not split into {heads} heads of even size",
+                    p.name
+                ));
+            }
+            Some((n / heads, n / heads / 2))
+        }
+        None => None,
+    };
+    let mut x = Vec::with_capacity(count as usize * row_len);
+    for r in start..start + count {
+        let part = (r / per_part) as usize;
+        let mut local = (r % per_part) as usize;
+        if let Some((head, half)) = perm {
+            // Output row 2i + j of a head comes from row j·half + i.
+            let (h, within) = (local / head, local % head);
+            local = h * head + (within % 2) * half + within / 2;
+        }
+        let t = &ckpt.tensors()[p.parts[part]];
+        let bytes = t.ty.size() * row_len;
+        let data = &ckpt.data(t)[local * bytes..(local + 1) * bytes];
+        decode(t, data, &mut x);
+    }
+    Ok(x)
+}
+
 /// Encodes one row of weights as a quantized type (the quantizer's
 /// `quantize_row`, passed in so that this crate depends on the runtime only).
 pub type RowEncoder = dyn Fn(GgmlType, &[f32], &mut [u8]) -> Result<(), String>;

@@ -326,3 +326,57 @@ fn tokenizer_keys_equal_llama_cpp() {
         assert_eq!(tokenizer_keys(&meta), want, "{arch}");
     }
 }
+
+#[test]
+fn whole_files_equal_llama_cpp() {
+    use memwall_convert::job::{Options as Convert, convert};
+    use memwall_runtime::progress::Silent;
+    let out_dir = tempfile::tempdir().unwrap();
+    // tiny-zh: the committed conversion, byte for byte.
+    let out = out_dir.path().join("tiny-zh.gguf");
+    let gpt2 = Convert {
+        outtype: OutType::F16,
+        pre: "gpt-2".into(),
+        encode: &quantize,
+        allow_nonfinite: false,
+    };
+    convert(&fixtures().join("tiny-zh"), &out, &gpt2, &Silent).unwrap();
+    assert_eq!(
+        sha(&std::fs::read(&out).unwrap()),
+        sha(&std::fs::read(fixtures().join("tiny-zh/reference/tiny-zh-f16.gguf")).unwrap())
+    );
+    // Every synthetic architecture at every output type: the recorded file hashes.
+    let text = std::fs::read_to_string(fixtures().join("synth/llama-convert.json")).unwrap();
+    let reference: Value = serde_json::from_str(&text).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options {
+        tokenizer_dir: Some(fixtures().join("smollm2")),
+        ..Options::default()
+    };
+    for (arch, expected) in reference["archs"].as_object().unwrap() {
+        let mut p = preset(&format!("tiny-{arch}")).unwrap();
+        p.shape.vocab = 49152;
+        let ckpt = dir.path().join(arch);
+        write_checkpoint(&ckpt, p.arch, &p.shape, &options, &mut |_| {}).unwrap();
+        for (outtype, want) in expected["outtypes"].as_object().unwrap() {
+            let o = Convert {
+                outtype: OutType::parse(outtype).unwrap(),
+                pre: "smollm".into(),
+                encode: &quantize,
+                allow_nonfinite: false,
+            };
+            convert(&ckpt, &out, &o, &Silent).unwrap();
+            let bytes = std::fs::read(&out).unwrap();
+            assert_eq!(
+                bytes.len() as u64,
+                want["bytes"].as_u64().unwrap(),
+                "{arch} {outtype}"
+            );
+            assert_eq!(
+                sha(&bytes),
+                want["sha256"].as_str().unwrap(),
+                "{arch} {outtype}"
+            );
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! One module per subcommand: `run(args)` turns parsed arguments into work in
 //! the libraries and renders the result.
 
+pub mod convert;
 pub mod inspect;
 pub mod quantize;
 

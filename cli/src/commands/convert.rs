@@ -1,0 +1,99 @@
+//! `memwall convert MODEL`: a Hugging Face checkpoint folder to GGUF, the
+//! file llama.cpp's `convert_hf_to_gguf.py` writes.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use memwall_convert::job::{Options, convert};
+use memwall_convert::tensors::OutType;
+use serde_json::json;
+
+use crate::progress::Bar;
+use crate::render::human_bytes;
+
+/// Arguments of `memwall convert`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// A local checkpoint folder (config.json, *.safetensors, tokenizer.json).
+    pub model: PathBuf,
+    /// Output file (default: `<folder name>-<outtype>.gguf` in the current folder).
+    #[arg(long, short = 'o', value_name = "OUT.gguf")]
+    pub outfile: Option<PathBuf>,
+    /// Type of the weight matrices: f32, f16, bf16 or q8_0 (norms stay f32).
+    #[arg(long, default_value = "f16", value_name = "TYPE")]
+    pub outtype: String,
+    /// The BPE pre-tokenizer llama.cpp should use (tokenizer.ggml.pre), e.g. llama-bpe,
+    /// qwen2, smollm, command-r, gpt-2, default.
+    #[arg(long, value_name = "NAME")]
+    pub pre: Option<String>,
+    /// Write NaN/Inf weights instead of refusing them.
+    #[arg(long)]
+    pub allow_nonfinite: bool,
+    /// Print a JSON summary instead of text (and no progress bar).
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn quantize(ty: memwall_runtime::GgmlType, x: &[f32], y: &mut [u8]) -> Result<(), String> {
+    memwall_quantize::quantize_row(ty, x, y).map_err(|e| e.to_string())
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> Result<()> {
+    let Some(outtype) = OutType::parse(&args.outtype) else {
+        bail!(
+            "unknown --outtype '{}'; use f32, f16, bf16 or q8_0",
+            args.outtype
+        );
+    };
+    if !args.model.is_dir() {
+        let text = args.model.to_string_lossy();
+        if text.matches('/').count() == 1 && !args.model.exists() {
+            bail!(
+                "{text}: no such folder. Downloading from the Hugging Face Hub is not supported yet; \
+                 download the checkpoint (e.g. `huggingface-cli download {text} --local-dir DIR`) and pass DIR"
+            );
+        }
+        bail!("{}: not a checkpoint folder", args.model.display());
+    }
+    let Some(pre) = args.pre.clone() else {
+        bail!(
+            "name the tokenizer's pre-tokenizer with --pre (llama.cpp's tokenizer.ggml.pre: llama-bpe \
+             for Llama 3, qwen2 for Qwen2/3, smollm, command-r, gpt-2, default, …); memwall does not \
+             recognise it from tokenizer.json yet"
+        );
+    };
+    let out = args.outfile.clone().unwrap_or_else(|| {
+        let name = args
+            .model
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "model".into());
+        PathBuf::from(format!("{name}-{}.gguf", args.outtype.to_ascii_lowercase()))
+    });
+    let options = Options {
+        outtype,
+        pre,
+        encode: &quantize,
+        allow_nonfinite: args.allow_nonfinite,
+    };
+    let bar = Bar::new(!args.json);
+    let started = Instant::now();
+    convert(&args.model, &out, &options, &bar)?;
+    let seconds = started.elapsed().as_secs_f64();
+    let bytes = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    if args.json {
+        let report = json!({"output": out, "bytes": bytes, "outtype": args.outtype.to_ascii_lowercase(), "seconds": seconds});
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "wrote {}: {} in {seconds:.1} s",
+            out.display(),
+            human_bytes(bytes)
+        );
+        println!("next: memwall quantize {} Q4_K_M", out.display());
+    }
+    Ok(())
+}
