@@ -18,7 +18,7 @@ use clap::{Parser, Subcommand};
   memwall inspect model.gguf               header, metadata, tensors, totals
   memwall inspect model.gguf --json | jq   the same, for scripts
   memwall inspect model-00001-of-00003.gguf   a split model, all files at once
-  memwall convert ./checkpoint --pre smollm   HF checkpoint to GGUF, as llama.cpp writes it
+  memwall convert ./checkpoint             HF checkpoint to GGUF, as llama.cpp writes it
   memwall quantize model-f16.gguf Q4_K_M   llama.cpp's Q4_K_M, byte for byte
   memwall quantize model-f16.gguf out.gguf --recipe attn-f16-ffn-q4
 
@@ -33,9 +33,10 @@ enum Command {
     /// Convert a Hugging Face checkpoint folder to GGUF: the same file as
     /// llama.cpp's convert_hf_to_gguf.py.
     #[command(after_help = "Examples:
-  memwall convert ./SmolLM2-135M-Instruct --pre smollm            writes SmolLM2-135M-Instruct-f16.gguf
-  memwall convert ./Qwen3-8B --pre qwen2 --outtype bf16 -o qwen3-8b-bf16.gguf
-  memwall convert ./Mixtral-8x7B-v0.1 --pre llama-bpe --outtype q8_0
+  memwall convert ./SmolLM2-135M-Instruct          writes SmolLM2-135M-Instruct-f16.gguf
+  memwall convert ./Qwen3-8B --outtype bf16 -o qwen3-8b-bf16.gguf
+  memwall convert ./my-model --pre gpt-2          a tokenizer llama.cpp does not recognise
+  memwall convert ./Mixtral-8x7B-v0.1 --outtype q8_0
 
 Architectures: LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM,
 Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, CohereForCausalLM;

@@ -12,7 +12,7 @@ use crate::checkpoint::Checkpoint;
 use crate::metadata::hparams;
 use crate::naming::{naming, parameter_counts};
 use crate::tensors::{OutType, Planned, RowEncoder, encode, plan, rows};
-use crate::vocab::{load_bpe, write_bpe};
+use crate::vocab::{detect_pre, load_bpe, write_bpe};
 
 /// Why a conversion failed.
 #[derive(Debug, thiserror::Error)]
@@ -37,8 +37,9 @@ pub enum ConvertError {
 pub struct Options<'a> {
     /// Type of the 2-D weights.
     pub outtype: OutType,
-    /// `tokenizer.ggml.pre`, the pre-tokenizer llama.cpp should use.
-    pub pre: String,
+    /// `tokenizer.ggml.pre`, the pre-tokenizer llama.cpp should use; `None`
+    /// recognises it from the tokenizer as llama.cpp does.
+    pub pre: Option<String>,
     /// Encoder for quantized output types (Q8_0).
     pub encode: &'a RowEncoder,
     /// Write NaN/Inf weights instead of refusing them.
@@ -84,7 +85,11 @@ pub fn prepare(ckpt: &Checkpoint, options: &Options) -> Result<Conversion, Conve
     }
     hparams(&mut meta, ckpt.config(), arch, options.outtype).map_err(model_err)?;
     let vocab = load_bpe(ckpt.dir(), ckpt.config(), arch.gguf).map_err(model_err)?;
-    write_bpe(&mut meta, &vocab, &options.pre);
+    let pre = match &options.pre {
+        Some(p) => p.clone(),
+        None => detect_pre(ckpt.dir()).map_err(model_err)?,
+    };
+    write_bpe(&mut meta, &vocab, &pre);
     Ok(Conversion {
         metadata: meta,
         tensors,

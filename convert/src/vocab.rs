@@ -4,9 +4,11 @@
 //! the model's vocabulary size, token types, merges, special token ids,
 //! whether BOS/EOS are added, the chat template.
 //!
-//! The pre-tokenizer name (`tokenizer.ggml.pre`) is given by the caller;
-//! recognising it by hashing the tokenization of llama.cpp's probe text is the
-//! next step. SentencePiece (`tokenizer.model`) is not read yet.
+//! The pre-tokenizer name (`tokenizer.ggml.pre`) is recognised as llama.cpp
+//! recognises it ([`detect_pre`]): the tokenizer (run by the `tokenizers`
+//! crate) encodes llama.cpp's probe text, and the SHA-256 of the id list is
+//! looked up in llama.cpp's table. SentencePiece (`tokenizer.model`) is not
+//! read yet.
 
 use std::path::Path;
 
@@ -379,4 +381,50 @@ pub fn write_bpe(meta: &mut Metadata, v: &BpeVocab, pre: &str) {
     if let Some(t) = &v.chat_template {
         meta.set("tokenizer.chat_template", t.as_str());
     }
+}
+
+/// llama.cpp's probe text (`chktxt` in `get_vocab_base_pre`).
+const PROBE: &str = include_str!("../data/chktxt.txt");
+/// llama.cpp's table of probe hashes → pre-tokenizer names (see the file's header).
+const PRE_TOKENIZERS: &str = include_str!("../data/pre_tokenizers.tsv");
+
+/// The SHA-256 llama.cpp computes for a tokenizer: of Python's `str()` of the
+/// ids the tokenizer gives the probe text (special tokens added, as
+/// `tokenizer.encode` does).
+pub fn probe_hash(dir: &Path) -> Result<String, String> {
+    use sha2::{Digest, Sha256};
+    let path = dir.join("tokenizer.json");
+    let tokenizer = tokenizers::Tokenizer::from_file(&path)
+        .map_err(|e| format!("{}: cannot load the tokenizer: {e}", path.display()))?;
+    let encoding = tokenizer
+        .encode(PROBE, true)
+        .map_err(|e| format!("{}: cannot tokenize: {e}", path.display()))?;
+    let ids: Vec<String> = encoding.get_ids().iter().map(u32::to_string).collect();
+    Ok(format!(
+        "{:x}",
+        Sha256::digest(format!("[{}]", ids.join(", ")).as_bytes())
+    ))
+}
+
+/// Recognises the pre-tokenizer of the BPE tokenizer in `dir` the way llama.cpp
+/// does; an unknown hash is an error that says how to name it by hand.
+pub fn detect_pre(dir: &Path) -> Result<String, String> {
+    let hash = probe_hash(dir)?;
+    PRE_TOKENIZERS
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let mut f = l.split('\t');
+            Some((f.next()?, f.next()?))
+        })
+        .find(|(h, _)| *h == hash)
+        .map(|(_, name)| name.to_owned())
+        .ok_or_else(|| {
+            format!(
+                "the BPE pre-tokenizer of {} is not one llama.cpp recognises (probe hash {hash}); \
+                 if you know which it is, name it with --pre (e.g. llama-bpe, qwen2, smollm, \
+                 command-r, gpt-2)",
+                dir.join("tokenizer.json").display()
+            )
+        })
 }

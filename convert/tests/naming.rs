@@ -82,3 +82,19 @@ fn folder_naming_equals_gguf_py() {
         }
     }
 }
+
+#[test]
+fn pre_tokenizers_are_recognised_like_llama_cpp() {
+    use memwall_convert::vocab::{detect_pre, probe_hash};
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
+    // SmolLM2's tokenizer: llama.cpp's converter wrote `smollm` for it (smollm2/reference).
+    assert_eq!(detect_pre(&fixtures.join("smollm2")).unwrap(), "smollm");
+    // tiny-zh's own vocabulary is not in llama.cpp's table either: an error naming
+    // the file and the hash, suggesting --pre.
+    let err = detect_pre(&fixtures.join("tiny-zh")).unwrap_err();
+    let hash = probe_hash(&fixtures.join("tiny-zh")).unwrap();
+    assert!(
+        err.contains("tiny-zh/tokenizer.json") && err.contains(&hash) && err.contains("--pre"),
+        "{err}"
+    );
+}

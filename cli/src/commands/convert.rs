@@ -24,7 +24,8 @@ pub struct Args {
     #[arg(long, default_value = "f16", value_name = "TYPE")]
     pub outtype: String,
     /// The BPE pre-tokenizer llama.cpp should use (tokenizer.ggml.pre), e.g. llama-bpe,
-    /// qwen2, smollm, command-r, gpt-2, default.
+    /// qwen2, smollm, command-r, gpt-2 (default: recognised from tokenizer.json as
+    /// llama.cpp recognises it).
     #[arg(long, value_name = "NAME")]
     pub pre: Option<String>,
     /// Write NaN/Inf weights instead of refusing them.
@@ -57,13 +58,7 @@ pub fn run(args: Args) -> Result<()> {
         }
         bail!("{}: not a checkpoint folder", args.model.display());
     }
-    let Some(pre) = args.pre.clone() else {
-        bail!(
-            "name the tokenizer's pre-tokenizer with --pre (llama.cpp's tokenizer.ggml.pre: llama-bpe \
-             for Llama 3, qwen2 for Qwen2/3, smollm, command-r, gpt-2, default, …); memwall does not \
-             recognise it from tokenizer.json yet"
-        );
-    };
+    let pre = args.pre.clone();
     let out = args.outfile.clone().unwrap_or_else(|| {
         let name = args
             .model
