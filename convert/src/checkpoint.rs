@@ -247,6 +247,35 @@ impl Checkpoint {
         &self.shards[t.shard].1[t.range.clone()]
     }
 
+    /// Tells the OS a tensor's input pages are done with (`MADV_DONTNEED`), so
+    /// that a pass over a large checkpoint does not keep it all resident. The
+    /// data stays valid: a later access reads it again. No-op off Unix.
+    pub fn release(&self, t: &SourceTensor) {
+        self.release_range(t, 0..t.range.len());
+    }
+
+    /// [`Checkpoint::release`] for a byte range of the tensor's data (clipped to it).
+    pub fn release_range(&self, t: &SourceTensor, range: std::ops::Range<usize>) {
+        let end = range.end.min(t.range.len());
+        let start = range.start.min(end);
+        #[cfg(unix)]
+        {
+            let map = &self.shards[t.shard].1;
+            // SAFETY: a read-only mapping of a file memwall does not modify: dropped
+            // pages are read back unchanged on the next access, so every slice
+            // handed out keeps its contents. The range lies inside the mapping.
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    t.range.start + start,
+                    end - start,
+                )
+            };
+        }
+        #[cfg(not(unix))]
+        let _ = (t, start);
+    }
+
     /// The file holding a tensor.
     pub fn shard_path(&self, t: &SourceTensor) -> &Path {
         &self.shards[t.shard].0

@@ -70,6 +70,7 @@ pub fn prepare(ckpt: &Checkpoint, options: &Options) -> Result<Conversion, Conve
     let mut meta = Metadata::new();
     meta.set("general.architecture", arch.gguf);
     meta.set("general.type", "model");
+    sampling(&mut meta, ckpt.dir()).map_err(model_err)?;
     let fields = [
         ("general.name", &names.name),
         ("general.version", &names.version),
@@ -95,6 +96,118 @@ pub fn prepare(ckpt: &Checkpoint, options: &Options) -> Result<Conversion, Conve
         tensors,
     })
 }
+
+/// The `general.sampling.*` keys gguf-py takes from `generation_config.json`, in its order.
+fn sampling(meta: &mut Metadata, dir: &Path) -> Result<(), String> {
+    let path = dir.join("generation_config.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(());
+    };
+    // gguf-py ignores a generation config that is not valid JSON.
+    let Ok(serde_json::Value::Object(g)) = serde_json::from_str::<serde_json::Value>(&text) else {
+        return Ok(());
+    };
+    let get = |k: &str| g.get(k).filter(|v| !v.is_null());
+    let int = |k: &str| -> Result<Option<Value>, String> {
+        get(k)
+            .map(|v| {
+                v.as_i64()
+                    .and_then(|n| i32::try_from(n).ok())
+                    .map(Value::I32)
+                    .ok_or_else(|| format!("{}: {k} must be an integer, got {v}", path.display()))
+            })
+            .transpose()
+    };
+    let float = |v: Option<&serde_json::Value>, k: &str| -> Result<Option<Value>, String> {
+        v.map(|v| {
+            v.as_f64()
+                .map(|f| Value::F32(f as f32))
+                .ok_or_else(|| format!("{}: {k} must be a number, got {v}", path.display()))
+        })
+        .transpose()
+    };
+    let entries = [
+        (
+            "sequence",
+            get("sequence")
+                .and_then(|v| v.as_str())
+                .map(|s| Value::String(s.to_owned())),
+        ),
+        ("top_k", int("top_k")?),
+        ("top_p", float(get("top_p"), "top_p")?),
+        ("min_p", float(get("min_p"), "min_p")?),
+        (
+            "xtc_probability",
+            float(get("xtc_probability"), "xtc_probability")?,
+        ),
+        (
+            "xtc_threshold",
+            float(get("xtc_threshold"), "xtc_threshold")?,
+        ),
+        ("temp", float(get("temperature"), "temperature")?),
+        ("penalty_last_n", int("penalty_last_n")?),
+        (
+            "penalty_repeat",
+            float(
+                get("penalty_repeat").or_else(|| get("repetition_penalty")),
+                "repetition_penalty",
+            )?,
+        ),
+        ("mirostat", int("mirostat")?),
+        ("mirostat_tau", float(get("mirostat_tau"), "mirostat_tau")?),
+        ("mirostat_eta", float(get("mirostat_eta"), "mirostat_eta")?),
+    ];
+    for (name, value) in entries {
+        if let Some(v) = value {
+            meta.set(format!("general.sampling.{name}"), v);
+        }
+    }
+    Ok(())
+}
+
+/// Output rows `[r, r + n)` of `p`, checked and encoded, split over the rayon pool.
+fn encode_rows(
+    ckpt: &Checkpoint,
+    p: &Planned,
+    r: u64,
+    n: u64,
+    options: &Options,
+) -> Result<Vec<u8>, String> {
+    use rayon::prelude::*;
+    let sub = (SUB_WEIGHTS / p.dims[0].max(1)).max(1);
+    let pieces: Vec<Result<Vec<u8>, String>> = (r..r + n)
+        .step_by(sub as usize)
+        .collect::<Vec<u64>>()
+        .into_par_iter()
+        .map(|start| {
+            let count = sub.min(r + n - start);
+            let x = rows(ckpt, p, start, count)?;
+            if !options.allow_nonfinite {
+                if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+                    return Err(format!(
+                        "tensor {} has a non-finite value ({}) at element {} (--allow-nonfinite writes it anyway)",
+                        p.name,
+                        x[i],
+                        start * p.dims[0] + i as u64
+                    ));
+                }
+            }
+            let piece = Planned {
+                dims: vec![p.dims[0], count],
+                ..p.clone()
+            };
+            encode(&piece, &x, options.encode)
+        })
+        .collect();
+    let mut out = Vec::new();
+    for piece in pieces {
+        out.extend(piece?);
+    }
+    Ok(out)
+}
+
+/// Weights per parallel work item.
+const SUB_WEIGHTS: u64 = 256 << 10;
 
 /// Rows converted at a time: bounds memory to a few MiB per tensor piece.
 const CHUNK_WEIGHTS: u64 = 4 << 20;
@@ -122,45 +235,96 @@ pub fn convert(
         .iter()
         .map(|p| p.dims.iter().product::<u64>())
         .sum();
-    let mut w = GgufWriter::create(out, 3, c.metadata, specs)?;
+    let w = GgufWriter::create(out, 3, c.metadata, specs)?;
     progress.start("converting", total, Unit::Items);
-    for p in &c.tensors {
-        progress.item(&p.name);
-        let chunk_rows = (CHUNK_WEIGHTS / p.dims[0].max(1)).max(1);
-        let mut r = 0;
-        while r < p.rows() {
-            let n = chunk_rows.min(p.rows() - r);
-            let x = rows(&ckpt, p, r, n).map_err(|message| ConvertError::Model {
-                dir: dir.to_owned(),
-                message,
-            })?;
-            if !options.allow_nonfinite {
-                if let Some(i) = x.iter().position(|v| !v.is_finite()) {
-                    let index = r * p.dims[0] + i as u64;
-                    return Err(ConvertError::Model {
-                        dir: dir.to_owned(),
-                        message: format!(
-                            "tensor {} has a non-finite value ({}) at element {index} (--allow-nonfinite writes it anyway)",
-                            p.name, x[i]
-                        ),
-                    });
-                }
+    let model_err = |message: String| ConvertError::Model {
+        dir: dir.to_owned(),
+        message,
+    };
+    // Encoding runs on the rayon pool, a writer thread appends finished pieces
+    // (two in flight), and input pages are released once converted: memory
+    // stays at a few pieces whatever the model's size.
+    let w = std::thread::scope(|scope| -> Result<GgufWriter<_>, ConvertError> {
+        let (send, receive) = std::sync::mpsc::sync_channel::<(usize, Vec<u8>)>(2);
+        let names: Vec<&str> = c.tensors.iter().map(|p| p.name.as_str()).collect();
+        let mut w = w;
+        let writer = scope.spawn(move || -> Result<GgufWriter<_>, ConvertError> {
+            for (i, bytes) in receive {
+                w.write_tensor_data(names[i], &bytes)?;
             }
-            let piece = Planned {
-                dims: vec![p.dims[0], n],
-                ..p.clone()
-            };
-            let bytes =
-                encode(&piece, &x, options.encode).map_err(|message| ConvertError::Model {
-                    dir: dir.to_owned(),
-                    message,
-                })?;
-            w.write_tensor_data(&p.name, &bytes)?;
-            progress.advance(n * p.dims[0]);
-            r += n;
+            Ok(w)
+        });
+        let mut produced = Ok(());
+        'tensors: for (i, p) in c.tensors.iter().enumerate() {
+            progress.item(&p.name);
+            let chunk_rows = (CHUNK_WEIGHTS / p.dims[0].max(1)).max(1);
+            let mut r = 0;
+            while r < p.rows() {
+                let n = chunk_rows.min(p.rows() - r);
+                match encode_rows(&ckpt, p, r, n, options) {
+                    Ok(bytes) => {
+                        if send.send((i, bytes)).is_err() {
+                            break 'tensors;
+                        }
+                    }
+                    Err(message) => {
+                        produced = Err(model_err(message));
+                        break 'tensors;
+                    }
+                }
+                progress.advance(n * p.dims[0]);
+                // Rows of an unpermuted single tensor map one to one onto its input.
+                if p.parts.len() == 1 && p.permute_heads.is_none() {
+                    let t = &ckpt.tensors()[p.parts[0]];
+                    let row = t.ty.size() * p.dims[0] as usize;
+                    ckpt.release_range(t, r as usize * row..(r + n) as usize * row);
+                }
+                r += n;
+            }
+            for &part in &p.parts {
+                ckpt.release(&ckpt.tensors()[part]);
+            }
         }
-    }
+        drop(send);
+        let written = writer
+            .join()
+            .unwrap_or_else(|_| Err(model_err("the writer thread panicked".into())));
+        produced?;
+        written
+    })?;
     progress.finish();
     w.commit()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_keys_follow_gguf_py() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("generation_config.json"),
+            r#"{"do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.95, "repetition_penalty": 1.05, "bos_token_id": 1}"#,
+        )
+        .unwrap();
+        let mut meta = Metadata::new();
+        sampling(&mut meta, dir.path()).unwrap();
+        let keys: Vec<(&str, &Value)> = meta.iter().collect();
+        assert_eq!(
+            keys,
+            [
+                ("general.sampling.top_k", &Value::I32(20)),
+                ("general.sampling.top_p", &Value::F32(0.95)),
+                ("general.sampling.temp", &Value::F32(0.6)),
+                ("general.sampling.penalty_repeat", &Value::F32(1.05)),
+            ]
+        );
+        // Not JSON: ignored, as gguf-py ignores it.
+        std::fs::write(dir.path().join("generation_config.json"), "{").unwrap();
+        let mut meta = Metadata::new();
+        sampling(&mut meta, dir.path()).unwrap();
+        assert!(meta.is_empty());
+    }
 }

@@ -305,7 +305,7 @@ pub fn rows(ckpt: &Checkpoint, p: &Planned, start: u64, count: u64) -> Result<Ve
 
 /// Encodes one row of weights as a quantized type (the quantizer's
 /// `quantize_row`, passed in so that this crate depends on the runtime only).
-pub type RowEncoder = dyn Fn(GgmlType, &[f32], &mut [u8]) -> Result<(), String>;
+pub type RowEncoder = dyn Fn(GgmlType, &[f32], &mut [u8]) -> Result<(), String> + Sync;
 
 /// Encodes planned values; `encode` quantizes rows for the quantized types.
 pub fn encode(p: &Planned, x: &[f32], encode: &RowEncoder) -> Result<Vec<u8>, String> {

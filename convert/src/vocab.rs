@@ -117,6 +117,20 @@ pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<BpeVocab, 
             model["type"]
         ));
     }
+    // llama.cpp writes these as SentencePiece-style ("llama") vocabularies, which memwall
+    // does not produce yet.
+    if dir.join("tokenizer.model").is_file() {
+        return Err(format!(
+            "{}: SentencePiece tokenizers are not supported yet",
+            dir.join("tokenizer.model").display()
+        ));
+    }
+    if gguf_arch == "llama" && model["byte_fallback"].as_bool() == Some(true) {
+        return Err(format!(
+            "{}: BPE with byte fallback (a SentencePiece-style vocabulary) is not supported yet",
+            tokenizer_path.display()
+        ));
+    }
     let tc_path = dir.join("tokenizer_config.json");
     let mut tc = read_json(&tc_path)?.filter(Json::is_object);
     let mut v = BpeVocab::default();
