@@ -50,6 +50,32 @@ fn converted(ckpt: &Checkpoint, outtype: OutType) -> Vec<(String, String, Vec<u6
         .collect()
 }
 
+/// llama.cpp's recorded conversions of the synthetic checkpoints.
+fn recorded() -> Value {
+    let text = std::fs::read_to_string(fixtures().join("synth/llama-convert.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Writes memwall-synth's tiny checkpoint of `arch` (vocabulary 49152, SmolLM2's
+/// tokenizer) into `dir/arch`, checking it is the input llama.cpp converted.
+fn synth_checkpoint(dir: &Path, arch: &str, expected: &Value) -> PathBuf {
+    let options = Options {
+        tokenizer_dir: Some(fixtures().join("smollm2")),
+        ..Options::default()
+    };
+    let mut p = preset(&format!("tiny-{arch}")).unwrap();
+    p.shape.vocab = 49152;
+    let out = dir.join(arch);
+    write_checkpoint(&out, p.arch, &p.shape, &options, &mut |_| {}).unwrap();
+    let st = std::fs::read(out.join("model.safetensors")).unwrap();
+    assert_eq!(
+        sha(&st),
+        expected["safetensors_sha256"].as_str().unwrap(),
+        "{arch}: synth input"
+    );
+    out
+}
+
 #[test]
 fn tiny_zh_tensors_equal_llama_cpp_f16_conversion() {
     let ckpt = Checkpoint::open(&fixtures().join("tiny-zh")).unwrap();
@@ -72,24 +98,10 @@ fn tiny_zh_tensors_equal_llama_cpp_f16_conversion() {
 
 #[test]
 fn every_architecture_and_outtype_equals_llama_cpp() {
-    let text = std::fs::read_to_string(fixtures().join("synth/llama-convert.json")).unwrap();
-    let reference: Value = serde_json::from_str(&text).unwrap();
+    let reference = recorded();
     let dir = tempfile::tempdir().unwrap();
-    let options = Options {
-        tokenizer_dir: Some(fixtures().join("smollm2")),
-        ..Options::default()
-    };
     for (arch, expected) in reference["archs"].as_object().unwrap() {
-        let mut p = preset(&format!("tiny-{arch}")).unwrap();
-        p.shape.vocab = 49152;
-        let out = dir.path().join(arch);
-        write_checkpoint(&out, p.arch, &p.shape, &options, &mut |_| {}).unwrap();
-        let st = std::fs::read(out.join("model.safetensors")).unwrap();
-        assert_eq!(
-            sha(&st),
-            expected["safetensors_sha256"].as_str().unwrap(),
-            "{arch}: synth input"
-        );
+        let out = synth_checkpoint(dir.path(), arch, expected);
         let ckpt = Checkpoint::open(&out).unwrap();
         // Naming keys from the folder name and the parameter count.
         let planned = plan(&ckpt, class(&ckpt), OutType::F16).unwrap();
@@ -200,8 +212,7 @@ fn hyper_parameter_keys_equal_llama_cpp() {
     let reference = GgufFile::open(&fixtures().join("tiny-zh/reference/tiny-zh-f16.gguf")).unwrap();
     assert_eq!(model_keys(&meta), model_keys(reference.metadata()));
     // Every architecture and output type, against the recorded conversions.
-    let text = std::fs::read_to_string(fixtures().join("synth/llama-convert.json")).unwrap();
-    let reference: Value = serde_json::from_str(&text).unwrap();
+    let reference = recorded();
     for (arch, expected) in reference["archs"].as_object().unwrap() {
         let p = preset(&format!("tiny-{arch}")).unwrap();
         let mut shape = p.shape.clone();
@@ -301,8 +312,7 @@ fn tokenizer_keys_equal_llama_cpp() {
     assert_eq!(tokenizer_keys(reference.metadata()).len(), 10);
     assert_eq!(tokenizer_keys(&meta), tokenizer_keys(reference.metadata()));
     // SmolLM2's tokenizer in every synthetic architecture (llama.cpp names it smollm).
-    let text = std::fs::read_to_string(fixtures().join("synth/llama-convert.json")).unwrap();
-    let reference: Value = serde_json::from_str(&text).unwrap();
+    let reference = recorded();
     let tokdir = tempfile::tempdir().unwrap();
     for f in ["tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(fixtures().join("smollm2").join(f), tokdir.path().join(f)).unwrap();
@@ -346,18 +356,10 @@ fn whole_files_equal_llama_cpp() {
         sha(&std::fs::read(fixtures().join("tiny-zh/reference/tiny-zh-f16.gguf")).unwrap())
     );
     // Every synthetic architecture at every output type: the recorded file hashes.
-    let text = std::fs::read_to_string(fixtures().join("synth/llama-convert.json")).unwrap();
-    let reference: Value = serde_json::from_str(&text).unwrap();
+    let reference = recorded();
     let dir = tempfile::tempdir().unwrap();
-    let options = Options {
-        tokenizer_dir: Some(fixtures().join("smollm2")),
-        ..Options::default()
-    };
     for (arch, expected) in reference["archs"].as_object().unwrap() {
-        let mut p = preset(&format!("tiny-{arch}")).unwrap();
-        p.shape.vocab = 49152;
-        let ckpt = dir.path().join(arch);
-        write_checkpoint(&ckpt, p.arch, &p.shape, &options, &mut |_| {}).unwrap();
+        let ckpt = synth_checkpoint(dir.path(), arch, expected);
         for (outtype, want) in expected["outtypes"].as_object().unwrap() {
             let o = Convert {
                 outtype: OutType::parse(outtype).unwrap(),
