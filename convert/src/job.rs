@@ -65,6 +65,7 @@ pub fn prepare(ckpt: &Checkpoint, options: &Options) -> Result<Conversion, Conve
         .ok_or_else(|| model_err("config.json has no architectures list".into()))?;
     let arch: &Arch = Arch::for_class(class).map_err(model_err)?;
     let tensors = plan(ckpt, arch, options.outtype).map_err(model_err)?;
+    crate::validate::validate(ckpt, arch, &tensors).map_err(model_err)?;
     let counts = parameter_counts(tensors.iter().map(|p| (p.name.as_str(), p.dims.as_slice())));
     let names = naming(ckpt.dir(), ckpt.config(), counts);
     let mut meta = Metadata::new();

@@ -13,4 +13,5 @@ pub mod job;
 pub mod metadata;
 pub mod naming;
 pub mod tensors;
+pub mod validate;
 pub mod vocab;

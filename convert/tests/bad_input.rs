@@ -160,3 +160,47 @@ fn unknown_architectures_and_tensors_are_listed() {
     .unwrap_err();
     assert!(err.contains("num_experts"), "{err}");
 }
+
+#[test]
+fn weights_that_do_not_match_the_config_are_listed() {
+    use memwall_convert::job::{Options as Convert, convert};
+    use memwall_runtime::progress::Silent;
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = synth(dir.path(), "tiny-qwen3", u64::MAX);
+    let out = dir.path().join("out.gguf");
+    let encode =
+        |_: memwall_runtime::GgmlType, _: &[f32], _: &mut [u8]| -> Result<(), String> { Ok(()) };
+    let options = Convert {
+        outtype: OutType::F16,
+        pre: Some("gpt-2".into()),
+        encode: &encode,
+        allow_nonfinite: false,
+    };
+    let config_path = ckpt.join("config.json");
+    let config = std::fs::read_to_string(&config_path).unwrap();
+    // A config that claims more layers and another FFN width than the weights have.
+    let mut v: serde_json::Value = serde_json::from_str(&config).unwrap();
+    v["num_hidden_layers"] = serde_json::json!(3);
+    v["intermediate_size"] = serde_json::json!(1024);
+    std::fs::write(&config_path, v.to_string()).unwrap();
+    let err = convert(&ckpt, &out, &options, &Silent)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("missing blk.2.attn_q.weight"), "{err}");
+    assert!(
+        err.contains("model.layers.0.mlp.down_proj.weight (blk.0.ffn_down.weight) has shape [256, 512], config.json implies [256, 1024]"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    // A config without the keys the shapes come from.
+    v.as_object_mut().unwrap().remove("hidden_size");
+    v.as_object_mut().unwrap().remove("vocab_size");
+    std::fs::write(&config_path, v.to_string()).unwrap();
+    let err = convert(&ckpt, &out, &options, &Silent)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("config.json lacks hidden_size, vocab_size"),
+        "{err}"
+    );
+}
