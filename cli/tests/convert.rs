@@ -39,8 +39,8 @@ fn missing_pre_tokenizer_and_bad_paths_fail_with_a_next_step() {
         err.contains("not one llama.cpp recognises") && err.contains("--pre"),
         "{err}"
     );
-    let err = run(&["convert", "HuggingFaceTB/SmolLM2-135M", "--pre", "smollm"]);
-    assert!(err.contains("huggingface-cli download"), "{err}");
+    let err = run(&["convert", "./no-such-folder", "--pre", "smollm"]);
+    assert!(err.contains("not a checkpoint folder"), "{err}");
     let err = run(&[
         "convert",
         "fixtures/tiny-zh",
@@ -68,4 +68,71 @@ fn missing_pre_tokenizer_and_bad_paths_fail_with_a_next_step() {
     ]);
     assert!(err.contains("no model.safetensors"), "{err}");
     assert!(!out.exists());
+}
+
+#[test]
+fn repo_ids_are_found_in_the_hugging_face_cache() {
+    let cache = tempfile::tempdir().unwrap();
+    let repo = cache.path().join("models--someorg--tiny-zh");
+    let snapshot = repo.join("snapshots/0123abcd");
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "0123abcd").unwrap();
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        std::fs::copy(
+            common::repo().join("fixtures/tiny-zh").join(f),
+            snapshot.join(f),
+        )
+        .unwrap();
+    }
+    let out = cache.path().join("out.gguf");
+    let run = |id: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_memwall"))
+            .args(["convert", id, "--pre", "gpt-2", "-o", out.to_str().unwrap()])
+            .env("HF_HUB_CACHE", cache.path())
+            .output()
+            .unwrap()
+    };
+    let ok = run("someorg/tiny-zh");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    // The same tensors as the committed conversion; the metadata differs only in
+    // general.name (the snapshot folder's name, as llama.cpp would name it).
+    let ours = memwall_runtime::gguf::GgufFile::open(&out).unwrap();
+    let theirs = memwall_runtime::gguf::GgufFile::open(
+        &common::repo().join("fixtures/tiny-zh/reference/tiny-zh-f16.gguf"),
+    )
+    .unwrap();
+    assert_eq!(ours.tensors().len(), theirs.tensors().len());
+    for (a, b) in ours.tensors().iter().zip(theirs.tensors()) {
+        assert_eq!((&a.name, a.ty), (&b.name, b.ty));
+        assert!(ours.tensor_data(a) == theirs.tensor_data(b), "{}", a.name);
+    }
+    assert_eq!(
+        ours.metadata().get_str("general.name").unwrap(),
+        Some("0123abcd")
+    );
+    let by_rev = run("someorg/tiny-zh@0123abcd");
+    assert!(
+        by_rev.status.success(),
+        "{}",
+        String::from_utf8_lossy(&by_rev.stderr)
+    );
+    let missing = run("someorg/other-model");
+    assert_eq!(missing.status.code(), Some(1));
+    let err = String::from_utf8(missing.stderr).unwrap();
+    assert!(
+        err.contains("not in the Hugging Face cache")
+            && err.contains("huggingface-cli download someorg/other-model"),
+        "{err}"
+    );
 }

@@ -9,6 +9,7 @@
 
 pub mod arch;
 pub mod checkpoint;
+pub mod hub;
 pub mod job;
 pub mod metadata;
 pub mod naming;

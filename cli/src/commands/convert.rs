@@ -15,7 +15,8 @@ use crate::render::human_bytes;
 /// Arguments of `memwall convert`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// A local checkpoint folder (config.json, *.safetensors, tokenizer.json).
+    /// A local checkpoint folder (config.json, *.safetensors, tokenizer.json), or a
+    /// Hugging Face repo id `org/name[@revision]` already in the local Hugging Face cache.
     pub model: PathBuf,
     /// Output file (default: `<folder name>-<outtype>.gguf` in the current folder).
     #[arg(long, short = 'o', value_name = "OUT.gguf")]
@@ -48,24 +49,32 @@ pub fn run(args: Args) -> Result<()> {
             args.outtype
         );
     };
-    if !args.model.is_dir() {
-        let text = args.model.to_string_lossy();
-        if text.matches('/').count() == 1 && !args.model.exists() {
-            bail!(
-                "{text}: no such folder. Downloading from the Hugging Face Hub is not supported yet; \
-                 download the checkpoint (e.g. `huggingface-cli download {text} --local-dir DIR`) and pass DIR"
-            );
-        }
-        bail!("{}: not a checkpoint folder", args.model.display());
-    }
-    let pre = args.pre.clone();
-    let out = args.outfile.clone().unwrap_or_else(|| {
+    // A folder, or a repo id found in the local Hugging Face cache.
+    let text = args.model.to_string_lossy().into_owned();
+    let (model, name) = if args.model.is_dir() {
         let name = args
             .model
             .canonicalize()
             .ok()
-            .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
-            .unwrap_or_else(|| "model".into());
+            .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()));
+        (args.model.clone(), name)
+    } else if memwall_convert::hub::is_repo_id(&text) {
+        let dir = memwall_convert::hub::resolve(&text).map_err(|e| anyhow::anyhow!(e))?;
+        let repo_name = text
+            .split('@')
+            .next()
+            .and_then(|id| id.split('/').nth(1))
+            .map(str::to_owned);
+        (dir, repo_name)
+    } else {
+        bail!(
+            "{}: not a checkpoint folder (nor an org/name repo id)",
+            args.model.display()
+        );
+    };
+    let pre = args.pre.clone();
+    let out = args.outfile.clone().unwrap_or_else(|| {
+        let name = name.clone().unwrap_or_else(|| "model".into());
         PathBuf::from(format!("{name}-{}.gguf", args.outtype.to_ascii_lowercase()))
     });
     let options = Options {
@@ -76,7 +85,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     let bar = Bar::new(!args.json);
     let started = Instant::now();
-    convert(&args.model, &out, &options, &bar)?;
+    convert(&model, &out, &options, &bar)?;
     let seconds = started.elapsed().as_secs_f64();
     let bytes = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
     if args.json {
