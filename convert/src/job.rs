@@ -44,6 +44,8 @@ pub struct Options<'a> {
     pub encode: &'a RowEncoder,
     /// Write NaN/Inf weights instead of refusing them.
     pub allow_nonfinite: bool,
+    /// Largest output file in bytes (tensor data), as `--split-max-size`; `None` for one file.
+    pub split_max_size: Option<u64>,
 }
 
 /// The planned output: metadata and tensors.
@@ -213,30 +215,105 @@ const SUB_WEIGHTS: u64 = 256 << 10;
 /// Rows converted at a time: bounds memory to a few MiB per tensor piece.
 const CHUNK_WEIGHTS: u64 = 4 << 20;
 
-/// Converts the checkpoint in `dir` to `out`. Nothing is left at `out` on failure.
+/// Parses llama.cpp's `--split-max-size` (`300M`, `2G`, `500K`, or bytes; powers of 1000).
+pub fn parse_split_size(text: &str) -> Result<u64, String> {
+    let (digits, unit) = match text.char_indices().last() {
+        Some((i, 'K')) => (&text[..i], 1_000),
+        Some((i, 'M')) => (&text[..i], 1_000_000),
+        Some((i, 'G')) => (&text[..i], 1_000_000_000),
+        _ => (text, 1),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .ok_or_else(|| {
+            format!("invalid split size {text:?}: a number, optionally followed by K, M or G")
+        })
+}
+
+/// Groups tensors into files as gguf-py does: a new file starts when the
+/// current one has a tensor and the next would take it over `max` bytes.
+fn shards(tensors: &[Planned], max: Option<u64>) -> Vec<usize> {
+    let mut file = 0;
+    let mut size = 0u64;
+    let mut count = 0;
+    tensors
+        .iter()
+        .map(|p| {
+            let bytes = p.ty.tensor_size(&p.dims).map(|s| s.bytes).unwrap_or(0);
+            if let Some(max) = max.filter(|&m| m > 0) {
+                if count > 0 && size + bytes > max {
+                    file += 1;
+                    size = 0;
+                    count = 0;
+                }
+            }
+            size += bytes;
+            count += 1;
+            file
+        })
+        .collect()
+}
+
+/// The output paths: `out`, or `<out without extension>-0000i-of-0000n.gguf`.
+pub fn output_paths(out: &Path, n: usize) -> Vec<PathBuf> {
+    if n <= 1 {
+        return vec![out.to_owned()];
+    }
+    let stem = out
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    (0..n)
+        .map(|i| out.with_file_name(format!("{stem}-{:05}-of-{n:05}.gguf", i + 1)))
+        .collect()
+}
+
+/// Converts the checkpoint in `dir` to `out` (split into several files when
+/// `split_max_size` says so). Nothing is left at the output paths on failure.
 pub fn convert(
     dir: &Path,
     out: &Path,
     options: &Options,
     progress: &dyn Progress,
-) -> Result<(), ConvertError> {
+) -> Result<Vec<PathBuf>, ConvertError> {
     let ckpt = Checkpoint::open(dir)?;
     let c = prepare(&ckpt, options)?;
-    let specs: Vec<TensorSpec> = c
-        .tensors
-        .iter()
-        .map(|p| TensorSpec {
-            name: p.name.clone(),
-            dims: p.dims.clone(),
-            ty: p.ty,
-        })
-        .collect();
+    let file_of = shards(&c.tensors, options.split_max_size);
+    let n_files = file_of.last().map_or(1, |&f| f + 1);
+    let paths = output_paths(out, n_files);
+    let mut writers = Vec::with_capacity(n_files);
+    for (f, path) in paths.iter().enumerate() {
+        let specs: Vec<TensorSpec> = c
+            .tensors
+            .iter()
+            .zip(&file_of)
+            .filter(|&(_, &file)| file == f)
+            .map(|(p, _)| TensorSpec {
+                name: p.name.clone(),
+                dims: p.dims.clone(),
+                ty: p.ty,
+            })
+            .collect();
+        // gguf-py keeps all keys in the first file; every file gets the split keys.
+        let mut meta = if f == 0 {
+            c.metadata.clone()
+        } else {
+            Metadata::new()
+        };
+        if n_files > 1 {
+            meta.set("split.no", Value::U16(f as u16));
+            meta.set("split.count", Value::U16(n_files as u16));
+            meta.set("split.tensors.count", Value::I32(c.tensors.len() as i32));
+        }
+        writers.push(GgufWriter::create(path, 3, meta, specs)?);
+    }
     let total: u64 = c
         .tensors
         .iter()
         .map(|p| p.dims.iter().product::<u64>())
         .sum();
-    let w = GgufWriter::create(out, 3, c.metadata, specs)?;
     progress.start("converting", total, Unit::Items);
     let model_err = |message: String| ConvertError::Model {
         dir: dir.to_owned(),
@@ -245,15 +322,16 @@ pub fn convert(
     // Encoding runs on the rayon pool, a writer thread appends finished pieces
     // (two in flight), and input pages are released once converted: memory
     // stays at a few pieces whatever the model's size.
-    let w = std::thread::scope(|scope| -> Result<GgufWriter<_>, ConvertError> {
+    let writers = std::thread::scope(|scope| -> Result<Vec<GgufWriter<_>>, ConvertError> {
         let (send, receive) = std::sync::mpsc::sync_channel::<(usize, Vec<u8>)>(2);
         let names: Vec<&str> = c.tensors.iter().map(|p| p.name.as_str()).collect();
-        let mut w = w;
-        let writer = scope.spawn(move || -> Result<GgufWriter<_>, ConvertError> {
+        let file_of = &file_of;
+        let mut writers = writers;
+        let writer = scope.spawn(move || -> Result<Vec<GgufWriter<_>>, ConvertError> {
             for (i, bytes) in receive {
-                w.write_tensor_data(names[i], &bytes)?;
+                writers[file_of[i]].write_tensor_data(names[i], &bytes)?;
             }
-            Ok(w)
+            Ok(writers)
         });
         let mut produced = Ok(());
         'tensors: for (i, p) in c.tensors.iter().enumerate() {
@@ -294,8 +372,20 @@ pub fn convert(
         written
     })?;
     progress.finish();
-    w.commit()?;
-    Ok(())
+    // Every file complete before any is moved into place.
+    let mut files = Vec::with_capacity(writers.len());
+    for w in writers {
+        files.push(w.finish()?);
+    }
+    for (file, path) in files.into_iter().zip(&paths) {
+        file.commit().map_err(|error| {
+            ConvertError::Gguf(memwall_runtime::gguf::GgufError::Io {
+                path: path.clone(),
+                error,
+            })
+        })?;
+    }
+    Ok(paths)
 }
 
 #[cfg(test)]

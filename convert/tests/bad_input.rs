@@ -175,6 +175,7 @@ fn weights_that_do_not_match_the_config_are_listed() {
         pre: Some("gpt-2".into()),
         encode: &encode,
         allow_nonfinite: false,
+        split_max_size: None,
     };
     let config_path = ckpt.join("config.json");
     let config = std::fs::read_to_string(&config_path).unwrap();

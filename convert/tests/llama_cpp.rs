@@ -349,6 +349,7 @@ fn whole_files_equal_llama_cpp() {
         pre: Some("gpt-2".into()),
         encode: &quantize,
         allow_nonfinite: false,
+        split_max_size: None,
     };
     convert(&fixtures().join("tiny-zh"), &out, &gpt2, &Silent).unwrap();
     assert_eq!(
@@ -367,6 +368,7 @@ fn whole_files_equal_llama_cpp() {
                 pre: None,
                 encode: &quantize,
                 allow_nonfinite: false,
+                split_max_size: None,
             };
             convert(&ckpt, &out, &o, &Silent).unwrap();
             let bytes = std::fs::read(&out).unwrap();
@@ -382,4 +384,44 @@ fn whole_files_equal_llama_cpp() {
             );
         }
     }
+}
+
+#[test]
+fn split_output_equals_llama_cpps_parts() {
+    use memwall_convert::job::{Options as Convert, convert, parse_split_size};
+    use memwall_runtime::progress::Silent;
+    let text =
+        std::fs::read_to_string(fixtures().join("tiny-zh/reference/llamacpp-split.json")).unwrap();
+    let reference: Value = serde_json::from_str(&text).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let options = Convert {
+        outtype: OutType::F16,
+        pre: Some("gpt-2".into()),
+        encode: &quantize,
+        allow_nonfinite: false,
+        split_max_size: Some(parse_split_size("4M").unwrap()),
+    };
+    let written = convert(
+        &fixtures().join("tiny-zh"),
+        &dir.path().join("tz.gguf"),
+        &options,
+        &Silent,
+    )
+    .unwrap();
+    let parts = reference["parts"].as_object().unwrap();
+    assert_eq!(written.len(), parts.len());
+    for path in &written {
+        let name = path.file_name().unwrap().to_str().unwrap();
+        let want = &parts[name];
+        assert_eq!(
+            sha(&std::fs::read(path).unwrap()),
+            want["sha256"].as_str().unwrap(),
+            "{name}"
+        );
+    }
+    // And the split model opens as one, with every tensor of the unsplit conversion.
+    let model = memwall_runtime::gguf::GgufModel::open(&written[0]).unwrap();
+    assert_eq!(model.tensor_count(), 39);
+    assert_eq!(parse_split_size("2G").unwrap(), 2_000_000_000);
+    assert!(parse_split_size("2T").is_err() && parse_split_size("x").is_err());
 }

@@ -32,6 +32,10 @@ pub struct Args {
     /// Write NaN/Inf weights instead of refusing them.
     #[arg(long)]
     pub allow_nonfinite: bool,
+    /// Split the output into files of at most this much tensor data (e.g. 2G, 500M),
+    /// named OUT-00001-of-0000N.gguf, as llama.cpp's converter and llama-gguf-split do.
+    #[arg(long, value_name = "SIZE")]
+    pub split_max_size: Option<String>,
     /// Print a JSON summary instead of text (and no progress bar).
     #[arg(long)]
     pub json: bool,
@@ -82,22 +86,32 @@ pub fn run(args: Args) -> Result<()> {
         pre,
         encode: &quantize,
         allow_nonfinite: args.allow_nonfinite,
+        split_max_size: args
+            .split_max_size
+            .as_deref()
+            .map(memwall_convert::job::parse_split_size)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--split-max-size: {e}"))?,
     };
     let bar = Bar::new(!args.json);
     let started = Instant::now();
-    convert(&model, &out, &options, &bar)?;
+    let written = convert(&model, &out, &options, &bar)?;
     let seconds = started.elapsed().as_secs_f64();
-    let bytes = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    let bytes: u64 = written
+        .iter()
+        .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .sum();
+    let names: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
     if args.json {
-        let report = json!({"output": out, "bytes": bytes, "outtype": args.outtype.to_ascii_lowercase(), "seconds": seconds});
+        let report = json!({"outputs": written, "bytes": bytes, "outtype": args.outtype.to_ascii_lowercase(), "seconds": seconds});
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!(
             "wrote {}: {} in {seconds:.1} s",
-            out.display(),
+            names.join(", "),
             human_bytes(bytes)
         );
-        println!("next: memwall quantize {} Q4_K_M", out.display());
+        println!("next: memwall quantize {} Q4_K_M", names[0]);
     }
     Ok(())
 }
