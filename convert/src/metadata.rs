@@ -129,7 +129,9 @@ pub fn hparams(
         .or_else(|| rope_get("type"))
         .and_then(|v| v.as_str());
     match rope_type {
+        // llama3 is written as the rope_freqs tensor (tensors::llama3_rope_factors).
         None | Some("default") => {}
+        Some(t) if t.eq_ignore_ascii_case("llama3") && a == "llama" => {}
         Some("linear") => {
             if let Some(f) = rope_get("factor").and_then(|v| v.as_f64()) {
                 meta.set(key("rope.scaling.type"), "linear");

@@ -49,7 +49,7 @@ impl OutType {
 }
 
 /// One output tensor.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Planned {
     /// GGUF name.
     pub name: String,
@@ -62,6 +62,8 @@ pub struct Planned {
     pub parts: Vec<usize>,
     /// Head count for llama.cpp's Q/K row permutation, if it applies.
     pub permute_heads: Option<usize>,
+    /// Values computed by the converter rather than read (Llama-3's `rope_freqs`).
+    pub generated: Option<Vec<f32>>,
 }
 
 fn config_usize(ckpt: &Checkpoint, keys: &[&str]) -> Option<usize> {
@@ -87,7 +89,20 @@ pub fn plan(ckpt: &Checkpoint, arch: &Arch, outtype: OutType) -> Result<Vec<Plan
         .enumerate()
         .map(|(i, t)| (t.name.as_str(), i))
         .collect();
+    // llama.cpp emits generated tensors before the checkpoint's.
     let mut out = Vec::new();
+    if arch.gguf == "llama" {
+        if let Some(factors) = llama3_rope_factors(ckpt.config())? {
+            out.push(Planned {
+                name: "rope_freqs.weight".into(),
+                dims: vec![factors.len() as u64],
+                ty: GgmlType::F32,
+                parts: Vec::new(),
+                permute_heads: None,
+                generated: Some(factors),
+            });
+        }
+    }
     let mut pending: BTreeMap<usize, usize> = BTreeMap::new();
     let mut unknown = Vec::new();
     for (i, t) in ckpt.tensors().iter().enumerate() {
@@ -122,6 +137,7 @@ pub fn plan(ckpt: &Checkpoint, arch: &Arch, outtype: OutType) -> Result<Vec<Plan
                             ty,
                             parts,
                             permute_heads: None,
+                            generated: None,
                         });
                     }
                 }
@@ -148,6 +164,7 @@ pub fn plan(ckpt: &Checkpoint, arch: &Arch, outtype: OutType) -> Result<Vec<Plan
             ty,
             parts: vec![i],
             permute_heads,
+            generated: None,
         });
     }
     if !unknown.is_empty() {
@@ -167,6 +184,73 @@ pub fn plan(ckpt: &Checkpoint, arch: &Arch, outtype: OutType) -> Result<Vec<Plan
         ));
     }
     Ok(out)
+}
+
+/// Llama 3's per-dimension rope frequency factors (`rope_freqs.weight`), when
+/// the config asks for `llama3` rope scaling: llama.cpp's
+/// `LlamaModel.generate_extra_tensors`, with each operation in `f32` as
+/// PyTorch performs it (`scalar / tensor` is a reciprocal, then a product).
+/// The power is computed correctly rounded; PyTorch's is not always, so other
+/// parameters than the recorded Llama 3.1/3.2 ones could differ in a last bit.
+pub fn llama3_rope_factors(config: &serde_json::Value) -> Result<Option<Vec<f32>>, String> {
+    let rope = config
+        .get("rope_parameters")
+        .or_else(|| config.get("rope_scaling"))
+        .filter(|v| v.is_object());
+    let Some(rope) = rope else {
+        return Ok(None);
+    };
+    let kind = rope
+        .get("rope_type")
+        .or_else(|| rope.get("type"))
+        .and_then(|v| v.as_str());
+    if !kind.is_some_and(|k| k.eq_ignore_ascii_case("llama3")) {
+        return Ok(None);
+    }
+    let num =
+        |v: Option<&serde_json::Value>, default: f64| v.and_then(|v| v.as_f64()).unwrap_or(default);
+    let base = num(
+        rope.get("rope_theta").or_else(|| config.get("rope_theta")),
+        10000.0,
+    );
+    let dim = match config.get("head_dim").and_then(|v| v.as_u64()) {
+        Some(d) => d,
+        None => {
+            let hidden = config
+                .get("hidden_size")
+                .and_then(|v| v.as_u64())
+                .ok_or("config.json has no hidden_size")?;
+            let heads = config
+                .get("num_attention_heads")
+                .and_then(|v| v.as_u64())
+                .filter(|&h| h > 0)
+                .ok_or("config.json has no num_attention_heads")?;
+            hidden / heads
+        }
+    };
+    let factor = num(rope.get("factor"), 8.0) as f32;
+    let low = num(rope.get("low_freq_factor"), 1.0);
+    let high = num(rope.get("high_freq_factor"), 4.0);
+    let old = num(rope.get("original_max_position_embeddings"), 8192.0);
+    let (low_wavelen, high_wavelen) = ((old / low) as f32, (old / high) as f32);
+    let two_pi = (2.0 * std::f64::consts::PI) as f32;
+    let factors = (0..dim)
+        .step_by(2)
+        .map(|i| {
+            let e = i as f32 / dim as f32;
+            let freq = 1.0 / (base.powf(f64::from(e)) as f32);
+            let wavelen = (1.0 / freq) * two_pi;
+            if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                factor
+            } else {
+                let smooth = ((1.0 / wavelen) * old as f32 - low as f32) / (high - low) as f32;
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            }
+        })
+        .collect();
+    Ok(Some(factors))
 }
 
 /// The block of an expert tensor `model.layers.N.<module with X>.<proj>.weight`.
@@ -242,6 +326,9 @@ fn permute_rows(x: &[f32], rows: usize, heads: usize) -> Vec<f32> {
 
 /// The tensor's values as `f32`, permuted and stacked as planned.
 pub fn values(ckpt: &Checkpoint, p: &Planned) -> Result<Vec<f32>, String> {
+    if let Some(values) = &p.generated {
+        return Ok(values.clone());
+    }
     let mut x = Vec::new();
     for &i in &p.parts {
         let t = &ckpt.tensors()[i];
@@ -272,6 +359,13 @@ impl Planned {
 /// so a tensor is converted in bounded pieces.
 pub fn rows(ckpt: &Checkpoint, p: &Planned, start: u64, count: u64) -> Result<Vec<f32>, String> {
     let row_len = p.dims[0] as usize;
+    if let Some(values) = &p.generated {
+        let (a, b) = (start as usize * row_len, (start + count) as usize * row_len);
+        return values
+            .get(a..b)
+            .map(<[f32]>::to_vec)
+            .ok_or_else(|| format!("{}: rows out of range", p.name));
+    }
     let per_part = p.rows() / p.parts.len() as u64;
     let perm = match p.permute_heads {
         Some(heads) => {

@@ -425,3 +425,73 @@ fn split_output_equals_llama_cpps_parts() {
     assert_eq!(parse_split_size("2G").unwrap(), 2_000_000_000);
     assert!(parse_split_size("2T").is_err() && parse_split_size("x").is_err());
 }
+
+#[test]
+fn llama3_rope_factors_equal_pytorchs_and_the_file_llama_cpps() {
+    use memwall_convert::job::{Options as Convert, convert};
+    use memwall_convert::tensors::llama3_rope_factors;
+    use memwall_runtime::progress::Silent;
+    // The factors, bit for bit, for Llama 3.1's and 3.2's rope parameters (recorded from torch).
+    let text = std::fs::read_to_string(fixtures().join("synth/rope_freqs.json")).unwrap();
+    let recorded: Value = serde_json::from_str(&text).unwrap();
+    for case in recorded["cases"].as_array().unwrap() {
+        let config = serde_json::json!({
+            "head_dim": case["head_dim"],
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "rope_theta": case["rope_theta"],
+                "factor": case["factor"],
+                "low_freq_factor": case["low_freq_factor"],
+                "high_freq_factor": case["high_freq_factor"],
+                "original_max_position_embeddings": case["original_max_position_embeddings"],
+            },
+        });
+        let ours: Vec<u32> = llama3_rope_factors(&config)
+            .unwrap()
+            .unwrap()
+            .iter()
+            .map(|f| f.to_bits())
+            .collect();
+        let theirs: Vec<u32> = case["bits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(ours, theirs, "{}", case["name"]);
+    }
+    // A whole conversion with Llama 3.1's rope scaling: llama.cpp's file.
+    let want: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("synth/llama3-rope.json")).unwrap(),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = synth_checkpoint(dir.path(), "llama", &recorded_llama());
+    let renamed = dir.path().join("llama3");
+    std::fs::rename(&ckpt, &renamed).unwrap();
+    let config_path = renamed.join("config.json");
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["rope_theta"] = serde_json::json!(500000.0);
+    config["rope_scaling"] = serde_json::json!({
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192
+    });
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let out = dir.path().join("out.gguf");
+    let options = Convert {
+        outtype: OutType::F16,
+        pre: None,
+        encode: &quantize,
+        allow_nonfinite: false,
+        split_max_size: None,
+    };
+    convert(&renamed, &out, &options, &Silent).unwrap();
+    let bytes = std::fs::read(&out).unwrap();
+    assert_eq!(bytes.len() as u64, want["bytes"].as_u64().unwrap());
+    assert_eq!(sha(&bytes), want["sha256"].as_str().unwrap());
+}
+
+fn recorded_llama() -> Value {
+    recorded()["archs"]["llama"].clone()
+}
