@@ -94,10 +94,35 @@ pub fn prepare(ckpt: &Checkpoint, options: &Options) -> Result<Conversion, Conve
         None => detect_pre(ckpt.dir()).map_err(model_err)?,
     };
     write_bpe(&mut meta, &vocab, &pre);
+    if arch.gguf == "llama" {
+        llama_vocab_quirks(&mut meta, ckpt.config());
+    }
     Ok(Conversion {
         metadata: meta,
         tensors,
     })
+}
+
+/// What llama.cpp's `LlamaModel.set_vocab` adds after the vocabulary: CodeLlama's
+/// infill tokens (vocabulary 32016) and, for vocabulary 49152 (Granite's small
+/// models), `add_bos_token` forced to false (overwriting the value in place).
+fn llama_vocab_quirks(meta: &mut Metadata, config: &serde_json::Value) {
+    match config.get("vocab_size").and_then(|v| v.as_u64()) {
+        Some(32016) => {
+            for (key, id) in [
+                ("prefix", 32007u32),
+                ("suffix", 32008),
+                ("middle", 32009),
+                ("eot", 32010),
+            ] {
+                meta.set(format!("tokenizer.ggml.{key}_token_id"), Value::U32(id));
+            }
+        }
+        Some(49152) => {
+            meta.set("tokenizer.ggml.add_bos_token", Value::Bool(false));
+        }
+        _ => {}
+    }
 }
 
 /// The `general.sampling.*` keys gguf-py takes from `generation_config.json`, in its order.

@@ -132,7 +132,8 @@ pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<BpeVocab, 
         ));
     }
     let tc_path = dir.join("tokenizer_config.json");
-    let mut tc = read_json(&tc_path)?.filter(Json::is_object);
+    // gguf-py treats an empty tokenizer_config.json like a missing one.
+    let mut tc = read_json(&tc_path)?.filter(|t| t.as_object().is_some_and(|o| !o.is_empty()));
     let mut v = BpeVocab::default();
     if gguf_arch == "llama" {
         v.add_space_prefix = tc
@@ -293,17 +294,99 @@ pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<BpeVocab, 
                     }
                 }
                 Some("TemplateProcessing") => {
-                    // Only templates without special tokens are read yet (they set nothing).
+                    // gguf-py's "crude parsing" of the template: a leading special token
+                    // means BOS is added, a trailing one EOS, one between A and B a separator.
+                    let id = |e: &Json| {
+                        e.get("SpecialToken")
+                            .and_then(|t| t["id"].as_str())
+                            .map(str::to_owned)
+                    };
                     let single = p["single"].as_array().cloned().unwrap_or_default();
-                    let pair = p["pair"].as_array().cloned().unwrap_or_default();
-                    let has_special = single
-                        .iter()
-                        .chain(&pair)
-                        .any(|e| e.get("SpecialToken").is_some());
-                    if has_special {
-                        return Err(
-                            "tokenizer.json: TemplateProcessing with special tokens is not supported yet".into(),
+                    let mut pair = p["pair"].as_array().cloned().unwrap_or_default();
+                    let (mut special_first, mut special_last) = (None, None);
+                    if single.len() > 1 {
+                        special_first = id(&single[0]);
+                        if let Some(first) = &special_first {
+                            match tc.as_mut() {
+                                None => special_bos = Some(first.clone()),
+                                Some(t) => {
+                                    if special_bos.as_ref() != Some(first)
+                                        && special_cls.as_ref() != Some(first)
+                                    {
+                                        if special_bos.is_none() {
+                                            t["bos_token"] = Json::from(first.clone());
+                                            special_bos = Some(first.clone());
+                                        }
+                                        if special_cls.is_none() {
+                                            t["cls_token"] = Json::from(first.clone());
+                                            special_cls = Some(first.clone());
+                                        }
+                                    }
+                                }
+                            }
+                            let known = special_bos.as_ref() == Some(first)
+                                || special_cls.as_ref() == Some(first);
+                            set_add(&mut add, "bos", known, true);
+                        }
+                        special_last = id(&single[single.len() - 1]);
+                        if let Some(last) = &special_last {
+                            match tc.as_mut() {
+                                None => special_eos = Some(last.clone()),
+                                Some(t) => {
+                                    if special_eos.as_ref() != Some(last) {
+                                        if !special.types.contains(&"eot") {
+                                            special.types.push("eot");
+                                            t["eot_token"] = Json::from(special_eos.clone());
+                                        } else if !special.types.contains(&"eom") {
+                                            special.types.push("eom");
+                                            t["eom_token"] = Json::from(special_eos.clone());
+                                        }
+                                        t["eos_token"] = Json::from(last.clone());
+                                        special_eos = Some(last.clone());
+                                    }
+                                }
+                            }
+                            set_add(&mut add, "eos", special_eos.as_ref() == Some(last), true);
+                        }
+                    }
+                    if !pair.is_empty() {
+                        let start =
+                            usize::from(special_first.is_some() && id(&pair[0]) == special_first);
+                        let stop = usize::from(
+                            special_last.is_some() && id(&pair[pair.len() - 1]) == special_last,
                         );
+                        pair = pair
+                            .get(start..pair.len().saturating_sub(stop))
+                            .map(<[Json]>::to_vec)
+                            .unwrap_or_default();
+                        if !pair.is_empty() {
+                            let seq = |e: &Json| {
+                                e.get("Sequence")
+                                    .and_then(|s| s["id"].as_str())
+                                    .map(str::to_owned)
+                            };
+                            let (a, b) = (seq(&pair[0]), seq(&pair[pair.len() - 1]));
+                            if a.as_deref() == Some("A")
+                                && b.as_deref() == Some("B")
+                                && pair.len() > 2
+                            {
+                                let middle = &pair[1..pair.len() - 1];
+                                let is_sep = |e: &Json| {
+                                    let t = id(e);
+                                    t.is_some() && (t == special_sep || t == special_eos)
+                                };
+                                let mut add_sep = is_sep(&middle[0]) && special_last.is_none();
+                                if middle.len() == 2 && is_sep(&middle[1]) {
+                                    add_sep = true;
+                                }
+                                set_add(&mut add, "sep", add_sep, true);
+                                if add_sep && special_sep.is_none() {
+                                    if let Some(t) = tc.as_mut() {
+                                        t["sep_token"] = Json::from(special_eos.clone());
+                                    }
+                                }
+                            }
+                        }
                     }
                 }
                 _ => {}

@@ -495,3 +495,47 @@ fn llama3_rope_factors_equal_pytorchs_and_the_file_llama_cpps() {
 fn recorded_llama() -> Value {
     recorded()["archs"]["llama"].clone()
 }
+
+#[test]
+fn post_processor_templates_with_bos_equal_llama_cpp() {
+    use memwall_convert::job::{Options as Convert, convert};
+    use memwall_runtime::progress::Silent;
+    let want: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("synth/template-bos.json")).unwrap(),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = synth_checkpoint(dir.path(), "qwen3", &recorded()["archs"]["qwen3"]);
+    // The same edit as fixtures/synth/template_bos_tokenizer.py.
+    let path = ckpt.join("tokenizer.json");
+    let mut t: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let bos = serde_json::json!({"SpecialToken": {"id": "<|im_start|>", "type_id": 0}});
+    t["post_processor"] = serde_json::json!({"type": "Sequence", "processors": [
+        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true},
+        {"type": "TemplateProcessing",
+         "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+         "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "<|im_start|>", "type_id": 1}},
+                  {"Sequence": {"id": "B", "type_id": 1}}],
+         "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]}}}
+    ]});
+    std::fs::write(&path, t.to_string()).unwrap();
+    let out = dir.path().join("out.gguf");
+    let options = Convert {
+        outtype: OutType::F16,
+        pre: Some("smollm".into()),
+        encode: &quantize,
+        allow_nonfinite: false,
+        split_max_size: None,
+    };
+    convert(&ckpt, &out, &options, &Silent).unwrap();
+    let file = GgufFile::open(&out).unwrap();
+    assert_eq!(
+        file.metadata()
+            .get_bool("tokenizer.ggml.add_bos_token")
+            .unwrap(),
+        Some(true)
+    );
+    let bytes = std::fs::read(&out).unwrap();
+    assert_eq!(bytes.len() as u64, want["bytes"].as_u64().unwrap());
+    assert_eq!(sha(&bytes), want["sha256"].as_str().unwrap());
+}
