@@ -166,6 +166,8 @@ pub struct TensorPlan {
     pub file: usize,
     /// Importance matrix use.
     pub imatrix: ImatrixUse,
+    /// The file type needs an importance matrix for this tensor and none is used.
+    pub requires_imatrix: bool,
 }
 
 impl TensorPlan {
@@ -357,12 +359,13 @@ pub fn plan(model: &GgufModel, input: &Path, options: &Options) -> Result<Plan, 
                 Category::of(&t.name),
                 Category::TokenEmbd | Category::Output
             );
-        if needs_imatrix && use_ != ImatrixUse::Used {
-            return Err(JobError::Tensor {
-                tensor: t.name.clone(),
-                message: "Q2_K_S needs an importance matrix for this tensor (pass --imatrix)"
-                    .into(),
-            });
+        // As llama-quantize: a plan (--dry-run) warns, a run refuses (see `run`).
+        let requires_imatrix = needs_imatrix && use_ != ImatrixUse::Used;
+        if requires_imatrix {
+            warnings.push(format!(
+                "{}: Q2_K_S needs an importance matrix for this tensor; quantizing will fail without --imatrix",
+                t.name
+            ));
         }
         tensors.push(TensorPlan {
             name: t.name.clone(),
@@ -375,6 +378,7 @@ pub fn plan(model: &GgufModel, input: &Path, options: &Options) -> Result<Plan, 
             elements: t.elements,
             file: if options.keep_split { file } else { 0 },
             imatrix: use_,
+            requires_imatrix,
         });
     }
     if let Some(m) = imatrix {
@@ -497,6 +501,13 @@ pub fn run(
 ) -> Result<Vec<PathBuf>, JobError> {
     // Refuse up front what cannot be done, before creating any file.
     for t in plan.tensors.iter().filter(|t| t.converts()) {
+        if t.requires_imatrix {
+            return Err(JobError::Tensor {
+                tensor: t.name.clone(),
+                message: "Q2_K_S needs an importance matrix for this tensor (pass --imatrix)"
+                    .into(),
+            });
+        }
         if !ENCODABLE.contains(&t.target) {
             return Err(JobError::Tensor {
                 tensor: t.name.clone(),

@@ -262,3 +262,27 @@ fn missing_metadata_and_same_output_are_errors() {
 fn model_file_same(dir: &Path) -> PathBuf {
     model(dir, "same.gguf", &weights(), GgmlType::F32)
 }
+
+#[test]
+fn q2_k_s_needs_an_imatrix_to_run_but_not_to_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = model(dir.path(), "m.gguf", &weights(), GgmlType::F32);
+    let out = dir.path().join("out.gguf");
+    let options = Options::new(file_type_by_name("Q2_K_S").unwrap());
+    let model_file = GgufModel::open(&input).unwrap();
+    let plan = job::plan(&model_file, &input, &options).unwrap();
+    assert!(plan.tensors.iter().any(|t| t.requires_imatrix));
+    assert!(
+        plan.warnings
+            .iter()
+            .any(|w| w.contains("Q2_K_S needs an importance matrix")),
+        "{:?}",
+        plan.warnings
+    );
+    let err = quantize(&input, &options, &out).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "tensor blk.0.ffn_up.weight: Q2_K_S needs an importance matrix for this tensor (pass --imatrix)"
+    );
+    nothing_at(&out);
+}
