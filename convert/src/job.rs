@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use memwall_runtime::gguf::{GgufWriter, Metadata, TensorSpec, Value};
+use memwall_runtime::gguf::{GgufWriter, Metadata, TensorSpec, Value, split_path};
 use memwall_runtime::progress::{Progress, Unit};
 
 use crate::arch::Arch;
@@ -286,12 +286,10 @@ pub fn output_paths(out: &Path, n: usize) -> Vec<PathBuf> {
     if n <= 1 {
         return vec![out.to_owned()];
     }
-    let stem = out
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let prefix = out.with_extension("");
+    let prefix = prefix.to_string_lossy();
     (0..n)
-        .map(|i| out.with_file_name(format!("{stem}-{:05}-of-{n:05}.gguf", i + 1)))
+        .map(|i| split_path(&prefix, i as u32, n as u32))
         .collect()
 }
 

@@ -305,46 +305,11 @@ fn decode(t: &SourceTensor, bytes: &[u8], out: &mut Vec<f32>) {
     }
 }
 
-/// llama.cpp's `LlamaModel.permute`: within each head, rows `[0, h/2)` and
-/// `[h/2, h)` are interleaved (row `2i + j` ← row `j·h/2 + i`).
-fn permute_rows(x: &[f32], rows: usize, heads: usize) -> Vec<f32> {
-    let cols = x.len() / rows;
-    let head = rows / heads;
-    let half = head / 2;
-    let mut out = vec![0f32; x.len()];
-    for h in 0..heads {
-        for i in 0..half {
-            for j in 0..2 {
-                let src = h * head + j * half + i;
-                let dst = h * head + 2 * i + j;
-                out[dst * cols..(dst + 1) * cols].copy_from_slice(&x[src * cols..(src + 1) * cols]);
-            }
-        }
-    }
-    out
-}
-
-/// The tensor's values as `f32`, permuted and stacked as planned.
-pub fn values(ckpt: &Checkpoint, p: &Planned) -> Result<Vec<f32>, String> {
-    if let Some(values) = &p.generated {
-        return Ok(values.clone());
-    }
-    let mut x = Vec::new();
-    for &i in &p.parts {
-        let t = &ckpt.tensors()[i];
-        decode(t, ckpt.data(t), &mut x);
-    }
-    if let Some(heads) = p.permute_heads {
-        let rows = ckpt.tensors()[p.parts[0]].shape[0];
-        if heads == 0 || rows % (2 * heads) != 0 {
-            return Err(format!(
-                "{}: {rows} rows do not split into {heads} heads of even size",
-                p.name
-            ));
-        }
-        x = permute_rows(&x, rows, heads);
-    }
-    Ok(x)
+/// llama.cpp's `LlamaModel.permute` as a row mapping: within each head of
+/// `head` rows, output row `2i + j` comes from source row `j·head/2 + i`.
+fn permuted_source_row(row: usize, head: usize) -> usize {
+    let (h, within) = (row / head, row % head);
+    h * head + (within % 2) * (head / 2) + within / 2
 }
 
 impl Planned {
@@ -376,7 +341,7 @@ pub fn rows(ckpt: &Checkpoint, p: &Planned, start: u64, count: u64) -> Result<Ve
                     p.name
                 ));
             }
-            Some((n / heads, n / heads / 2))
+            Some(n / heads)
         }
         None => None,
     };
@@ -384,10 +349,8 @@ pub fn rows(ckpt: &Checkpoint, p: &Planned, start: u64, count: u64) -> Result<Ve
     for r in start..start + count {
         let part = (r / per_part) as usize;
         let mut local = (r % per_part) as usize;
-        if let Some((head, half)) = perm {
-            // Output row 2i + j of a head comes from row j·half + i.
-            let (h, within) = (local / head, local % head);
-            local = h * head + (within % 2) * half + within / 2;
+        if let Some(head) = perm {
+            local = permuted_source_row(local, head);
         }
         let t = &ckpt.tensors()[p.parts[part]];
         let bytes = t.ty.size() * row_len;
@@ -434,9 +397,9 @@ mod tests {
 
     #[test]
     fn permutation_interleaves_halves_of_each_head() {
-        // 2 heads of 4 rows, 1 column: [0 1 2 3 | 4 5 6 7] → [0 2 1 3 | 4 6 5 7].
-        let x: Vec<f32> = (0..8).map(|v| v as f32).collect();
-        assert_eq!(permute_rows(&x, 8, 2), [0., 2., 1., 3., 4., 6., 5., 7.]);
+        // 2 heads of 4 rows: [0 1 2 3 | 4 5 6 7] → [0 2 1 3 | 4 6 5 7].
+        let order: Vec<usize> = (0..8).map(|r| permuted_source_row(r, 4)).collect();
+        assert_eq!(order, [0, 2, 1, 3, 4, 6, 5, 7]);
     }
 
     #[test]

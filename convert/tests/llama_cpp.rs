@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use memwall_convert::arch::Arch;
 use memwall_convert::checkpoint::Checkpoint;
 use memwall_convert::naming::{naming, parameter_counts};
-use memwall_convert::tensors::{OutType, encode, plan, values};
+use memwall_convert::tensors::{OutType, encode, plan, rows};
 use memwall_fixtures::synth::{Options, preset, write_checkpoint};
 use memwall_runtime::GgmlType;
 use memwall_runtime::gguf::GgufFile;
@@ -39,7 +39,7 @@ fn converted(ckpt: &Checkpoint, outtype: OutType) -> Vec<(String, String, Vec<u6
         .unwrap()
         .iter()
         .map(|p| {
-            let bytes = encode(p, &values(ckpt, p).unwrap(), &quantize).unwrap();
+            let bytes = encode(p, &rows(ckpt, p, 0, p.rows()).unwrap(), &quantize).unwrap();
             (
                 p.name.clone(),
                 p.ty.name().to_uppercase(),
@@ -147,20 +147,23 @@ fn every_architecture_and_outtype_equals_llama_cpp() {
     }
 }
 
+/// Keys the converter derives from config.json (not naming, not tokenizer).
+fn is_model_key(k: &str) -> bool {
+    !k.starts_with("tokenizer.")
+        && ![
+            "general.architecture",
+            "general.type",
+            "general.name",
+            "general.size_label",
+        ]
+        .contains(&k)
+}
+
 /// The keys between `general.size_label` and the tokenizer, as (key, type, value text).
 fn model_keys(meta: &memwall_runtime::gguf::Metadata) -> Vec<(String, String, String)> {
     use memwall_runtime::gguf::Value as V;
     meta.iter()
-        .filter(|(k, _)| {
-            !k.starts_with("tokenizer.")
-                && ![
-                    "general.architecture",
-                    "general.type",
-                    "general.name",
-                    "general.size_label",
-                ]
-                .contains(k)
-        })
+        .filter(|(k, _)| is_model_key(k))
         .map(|(k, v)| {
             let (ty, text) = match v {
                 V::U32(n) => ("UINT32", n.to_string()),
@@ -179,16 +182,7 @@ fn recorded_keys(metadata: &Value) -> Vec<(String, String, String)> {
         .as_object()
         .unwrap()
         .iter()
-        .filter(|(k, _)| {
-            !k.starts_with("tokenizer.")
-                && ![
-                    "general.architecture",
-                    "general.type",
-                    "general.name",
-                    "general.size_label",
-                ]
-                .contains(&k.as_str())
-        })
+        .filter(|(k, _)| is_model_key(k))
         .map(|(k, v)| {
             let ty = v["types"][0].as_str().unwrap().to_owned();
             let text = match ty.as_str() {
