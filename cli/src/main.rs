@@ -19,6 +19,7 @@ use clap::{Parser, Subcommand};
   memwall inspect model.gguf --json | jq   the same, for scripts
   memwall inspect model-00001-of-00003.gguf   a split model, all files at once
   memwall convert ./checkpoint             HF checkpoint to GGUF, as llama.cpp writes it
+  memwall export model.gguf ./checkpoint   GGUF back to an HF checkpoint
   memwall quantize model-f16.gguf Q4_K_M   llama.cpp's Q4_K_M, byte for byte
   memwall quantize model-f16.gguf out.gguf --recipe attn-f16-ffn-q4
 
@@ -42,6 +43,18 @@ Architectures: LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM,
 Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, CohereForCausalLM;
 byte-level BPE tokenizers (tokenizer.json). Then: memwall quantize OUT.gguf Q4_K_M")]
     Convert(commands::convert::Args),
+    /// Export a GGUF model as a Hugging Face checkpoint folder (safetensors,
+    /// config, tokenizer) that transformers loads and `memwall convert` reads back.
+    #[command(after_help = "Examples:
+  memwall export SmolLM2-135M-Instruct.Q4_1.gguf ./SmolLM2-135M-Instruct
+  memwall export model-Q4_K_M.gguf ./model-hf --dtype f32    exact dequantized values
+  memwall export model.gguf ./model-hf --max-shard-size 2G --json
+
+Weights are dequantized (every type `memwall inspect` marks dequantizable),
+llama.cpp's Q/K row permutation is undone and experts are unstacked.
+Architectures: llama (and mistral, mixtral), qwen2, qwen3, qwen3moe, command-r;
+byte-level BPE vocabularies. Then: memwall convert ./model-hf")]
+    Export(commands::export::Args),
     /// Show what a GGUF file holds: header, metadata, hyper-parameters,
     /// tokenizer, tensors and totals.
     #[command(after_help = "Examples:
@@ -74,6 +87,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Convert(args) => commands::convert::run(args),
+        Command::Export(args) => commands::export::run(args),
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Quantize(args) => commands::quantize::run(*args),
     };

@@ -9,6 +9,8 @@
 pub struct Experts {
     /// The module holding expert `X` under `model.layers.N.`: `{}` stands for `X`.
     pub module: &'static str,
+    /// The router (`ffn_gate_inp`) under `model.layers.N.`.
+    pub router: &'static str,
     /// Config keys giving the expert count (first present wins).
     pub count_keys: &'static [&'static str],
     /// (HF projection, GGUF name), in the order llama.cpp emits the stacked tensors.
@@ -22,6 +24,8 @@ pub struct Arch {
     pub hf_classes: &'static [&'static str],
     /// `general.architecture`.
     pub gguf: &'static str,
+    /// `model_type` of its `config.json` (what `memwall export` writes).
+    pub model_type: &'static str,
     /// llama.cpp reorders Q and K rows for its rope layout (`LlamaModel.permute`).
     pub permute_qk: bool,
     /// Expert layout of MoE models.
@@ -61,6 +65,7 @@ pub const SKIPPED_SUFFIXES: &[&str] = &[
 
 const MIXTRAL_EXPERTS: Experts = Experts {
     module: "block_sparse_moe.experts.{}",
+    router: "block_sparse_moe.gate",
     count_keys: &["num_local_experts"],
     stacked: &[
         ("w1", "ffn_gate_exps"),
@@ -71,6 +76,7 @@ const MIXTRAL_EXPERTS: Experts = Experts {
 
 const QWEN_EXPERTS: Experts = Experts {
     module: "mlp.experts.{}",
+    router: "mlp.gate",
     count_keys: &["num_local_experts", "num_experts"],
     stacked: &[
         ("down_proj", "ffn_down_exps"),
@@ -84,36 +90,42 @@ pub const ARCHS: &[Arch] = &[
     Arch {
         hf_classes: &["LlamaForCausalLM", "MistralForCausalLM"],
         gguf: "llama",
+        model_type: "llama",
         permute_qk: true,
         experts: None,
     },
     Arch {
         hf_classes: &["MixtralForCausalLM"],
         gguf: "llama",
+        model_type: "mixtral",
         permute_qk: true,
         experts: Some(&MIXTRAL_EXPERTS),
     },
     Arch {
         hf_classes: &["Qwen2ForCausalLM"],
         gguf: "qwen2",
+        model_type: "qwen2",
         permute_qk: false,
         experts: None,
     },
     Arch {
         hf_classes: &["Qwen3ForCausalLM"],
         gguf: "qwen3",
+        model_type: "qwen3",
         permute_qk: false,
         experts: None,
     },
     Arch {
         hf_classes: &["Qwen3MoeForCausalLM"],
         gguf: "qwen3moe",
+        model_type: "qwen3_moe",
         permute_qk: false,
         experts: Some(&QWEN_EXPERTS),
     },
     Arch {
         hf_classes: &["CohereForCausalLM"],
         gguf: "command-r",
+        model_type: "cohere",
         permute_qk: false,
         experts: None,
     },
@@ -158,6 +170,24 @@ pub fn gguf_name(name: &str) -> Option<String> {
     Some(format!("{g}.{suffix}"))
 }
 
+/// The Hugging Face name of a (non-expert) GGUF tensor of `arch`: the inverse
+/// of [`gguf_name`], e.g. `blk.3.attn_q.weight` → `model.layers.3.self_attn.q_proj.weight`.
+pub fn hf_name(arch: &Arch, name: &str) -> Option<String> {
+    let (module, suffix) = name.rsplit_once('.')?;
+    if let Some(rest) = module.strip_prefix("blk.") {
+        let (n, kind) = rest.split_once('.')?;
+        let n: usize = n.parse().ok()?;
+        let hf = match (kind, arch.experts) {
+            ("ffn_gate_inp", Some(e)) => e.router,
+            ("ffn_gate_inp", None) => return None,
+            _ => BLOCK_NAMES.iter().find(|(_, g)| *g == kind)?.0,
+        };
+        return Some(format!("model.layers.{n}.{hf}.{suffix}"));
+    }
+    let (h, _) = GLOBAL_NAMES.iter().find(|(_, g)| *g == module)?;
+    Some(format!("{h}.{suffix}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,6 +212,22 @@ mod tests {
             "blk.1.ffn_gate_inp.weight"
         );
         assert_eq!(gguf_name("model.layers.1.mystery.weight"), None);
+        for arch in ARCHS {
+            for name in [
+                "model.layers.7.self_attn.k_proj.bias",
+                "model.layers.0.mlp.down_proj.weight",
+                "model.norm.weight",
+                "lm_head.weight",
+            ] {
+                assert_eq!(hf_name(arch, &gguf_name(name).unwrap()).unwrap(), name);
+            }
+            let router = hf_name(arch, "blk.2.ffn_gate_inp.weight");
+            assert_eq!(
+                router.map(|r| gguf_name(&r).unwrap()),
+                arch.experts.map(|_| "blk.2.ffn_gate_inp.weight".to_owned())
+            );
+        }
+        assert_eq!(hf_name(&ARCHS[0], "blk.1.mystery.weight"), None);
         assert!(
             Arch::for_class("GPT2LMHeadModel")
                 .unwrap_err()

@@ -102,11 +102,12 @@ impl Checkpoint {
     pub fn open(dir: &Path) -> Result<Checkpoint, CheckpointError> {
         let config_path = dir.join("config.json");
         let text = std::fs::read_to_string(&config_path).map_err(io(&config_path))?;
-        let config: serde_json::Value = serde_json::from_str(&text)
+        let mut config: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| invalid(&config_path, format!("not valid JSON: {e}")))?;
         if !config.is_object() {
             return Err(invalid(&config_path, "must hold a JSON object"));
         }
+        crate::hf_config::with_defaults(&mut config);
         let index_path = dir.join("model.safetensors.index.json");
         let (shard_names, index) = if index_path.exists() {
             let text = std::fs::read_to_string(&index_path).map_err(io(&index_path))?;
@@ -227,7 +228,8 @@ impl Checkpoint {
         &self.dir
     }
 
-    /// `config.json`.
+    /// `config.json`, with the keys it leaves out filled as transformers fills
+    /// them ([`crate::hf_config`]).
     pub fn config(&self) -> &serde_json::Value {
         &self.config
     }

@@ -12,7 +12,7 @@ use crate::checkpoint::Checkpoint;
 use crate::metadata::hparams;
 use crate::naming::{naming, parameter_counts};
 use crate::tensors::{OutType, Planned, RowEncoder, encode, plan, rows};
-use crate::vocab::{detect_pre, load_bpe, write_bpe};
+use crate::vocab::{detect_pre, load_bpe, load_sentencepiece, write_vocab};
 
 /// Why a conversion failed.
 #[derive(Debug, thiserror::Error)]
@@ -88,12 +88,21 @@ pub fn prepare(ckpt: &Checkpoint, options: &Options) -> Result<Conversion, Conve
         }
     }
     hparams(&mut meta, ckpt.config(), arch, options.outtype).map_err(model_err)?;
-    let vocab = load_bpe(ckpt.dir(), ckpt.config(), arch.gguf).map_err(model_err)?;
-    let pre = match &options.pre {
-        Some(p) => p.clone(),
-        None => detect_pre(ckpt.dir()).map_err(model_err)?,
+    // llama.cpp's LlamaModel and Qwen2Model (Qwen3Model) try tokenizer.model first.
+    let sentencepiece = matches!(arch.gguf, "llama" | "qwen2" | "qwen3")
+        && ckpt.dir().join("tokenizer.model").is_file();
+    let (vocab, pre) = if sentencepiece {
+        let v = load_sentencepiece(ckpt.dir(), ckpt.config(), arch.gguf).map_err(model_err)?;
+        (v, "default".to_owned())
+    } else {
+        let v = load_bpe(ckpt.dir(), ckpt.config(), arch.gguf).map_err(model_err)?;
+        let pre = match &options.pre {
+            Some(p) => p.clone(),
+            None => detect_pre(ckpt.dir()).map_err(model_err)?,
+        };
+        (v, pre)
     };
-    write_bpe(&mut meta, &vocab, &pre);
+    write_vocab(&mut meta, &vocab, &pre);
     if arch.gguf == "llama" {
         llama_vocab_quirks(&mut meta, ckpt.config());
     }

@@ -9,10 +9,13 @@
 
 pub mod arch;
 pub mod checkpoint;
+pub mod export;
+pub mod hf_config;
 pub mod hub;
 pub mod job;
 pub mod metadata;
 pub mod naming;
+pub mod sentencepiece;
 pub mod tensors;
 pub mod validate;
 pub mod vocab;

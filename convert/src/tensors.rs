@@ -312,6 +312,13 @@ fn permuted_source_row(row: usize, head: usize) -> usize {
     h * head + (within % 2) * (head / 2) + within / 2
 }
 
+/// The inverse of [`permuted_source_row`]: the output row that source row `row` becomes
+/// (`memwall export` undoes the permutation with it).
+pub(crate) fn permuted_row_of_source(row: usize, head: usize) -> usize {
+    let (h, within, half) = (row / head, row % head, head / 2);
+    h * head + 2 * (within % half) + within / half
+}
+
 impl Planned {
     /// Rows of the output tensor (all dims but the first multiplied).
     pub fn rows(&self) -> u64 {
@@ -400,6 +407,14 @@ mod tests {
         // 2 heads of 4 rows: [0 1 2 3 | 4 5 6 7] → [0 2 1 3 | 4 6 5 7].
         let order: Vec<usize> = (0..8).map(|r| permuted_source_row(r, 4)).collect();
         assert_eq!(order, [0, 2, 1, 3, 4, 6, 5, 7]);
+        for head in [2, 4, 64, 128] {
+            for r in 0..3 * head {
+                assert_eq!(
+                    permuted_row_of_source(permuted_source_row(r, head), head),
+                    r
+                );
+            }
+        }
     }
 
     #[test]

@@ -19,16 +19,20 @@ use serde_json::Value as Json;
 pub mod token_type {
     /// An ordinary token.
     pub const NORMAL: i32 = 1;
+    /// The unknown token.
+    pub const UNKNOWN: i32 = 2;
     /// A control token (`<|im_start|>`).
     pub const CONTROL: i32 = 3;
     /// An added token that is not special.
     pub const USER_DEFINED: i32 = 4;
     /// A filler id with no token (`[PAD123]`).
     pub const UNUSED: i32 = 5;
+    /// A byte-fallback token (`<0x41>`).
+    pub const BYTE: i32 = 6;
 }
 
 /// The special token kinds gguf-py looks for, in its order, with their GGUF keys.
-const SPECIAL: [(&str, &str); 9] = [
+pub(crate) const SPECIAL: [(&str, &str); 9] = [
     ("bos", "tokenizer.ggml.bos_token_id"),
     ("eos", "tokenizer.ggml.eos_token_id"),
     ("unk", "tokenizer.ggml.unknown_token_id"),
@@ -40,11 +44,15 @@ const SPECIAL: [(&str, &str); 9] = [
     ("eom", "tokenizer.ggml.eom_token_id"),
 ];
 
-/// A byte-level BPE vocabulary ready for GGUF.
+/// A vocabulary ready for GGUF: byte-level BPE (`gpt2`) or SentencePiece (`llama`).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct BpeVocab {
+pub struct Vocab {
+    /// `tokenizer.ggml.model`: `gpt2` or `llama`.
+    pub model: &'static str,
     /// Tokens, one per id up to the model's vocabulary size.
     pub tokens: Vec<String>,
+    /// `tokenizer.ggml.scores` (SentencePiece only).
+    pub scores: Option<Vec<f32>>,
     /// `token_type` per token.
     pub types: Vec<i32>,
     /// Merges as `"left right"`.
@@ -101,7 +109,7 @@ impl Special {
 /// Reads the BPE vocabulary of the checkpoint in `dir` (`tokenizer.json`,
 /// `tokenizer_config.json`, `config.json`). `gguf_arch` selects the
 /// architecture-specific keys.
-pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<BpeVocab, String> {
+pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<Vocab, String> {
     let tokenizer_path = dir.join("tokenizer.json");
     let tokenizer = read_json(&tokenizer_path)?.ok_or_else(|| {
         format!(
@@ -117,11 +125,11 @@ pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<BpeVocab, 
             model["type"]
         ));
     }
-    // llama.cpp writes these as SentencePiece-style ("llama") vocabularies, which memwall
-    // does not produce yet.
-    if dir.join("tokenizer.model").is_file() {
+    // llama.cpp reads tokenizer.model (not this file) for llama, qwen2 and qwen3; the
+    // other architectures ignore it.
+    if dir.join("tokenizer.model").is_file() && matches!(gguf_arch, "llama" | "qwen2" | "qwen3") {
         return Err(format!(
-            "{}: SentencePiece tokenizers are not supported yet",
+            "{}: a SentencePiece model is read with load_sentencepiece",
             dir.join("tokenizer.model").display()
         ));
     }
@@ -133,8 +141,11 @@ pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<BpeVocab, 
     }
     let tc_path = dir.join("tokenizer_config.json");
     // gguf-py treats an empty tokenizer_config.json like a missing one.
-    let mut tc = read_json(&tc_path)?.filter(|t| t.as_object().is_some_and(|o| !o.is_empty()));
-    let mut v = BpeVocab::default();
+    let tc = read_json(&tc_path)?.filter(|t| t.as_object().is_some_and(|o| !o.is_empty()));
+    let mut v = Vocab {
+        model: "gpt2",
+        ..Vocab::default()
+    };
     if gguf_arch == "llama" {
         v.add_space_prefix = tc
             .as_ref()
@@ -223,11 +234,136 @@ pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<BpeVocab, 
         }
     }
 
+    let sv = special_vocab(dir, config, Some(&tokenizer), tc, usize::MAX)?;
+    v.special = sv.special;
+    v.add = sv.add;
+    v.chat_template = sv.chat_template;
+    Ok(v)
+}
+
+/// Reads the SentencePiece vocabulary of the llama-family checkpoint in `dir`
+/// as llama.cpp's `_create_vocab_sentencepiece` does: the pieces of
+/// `tokenizer.model` (text, score, type) up to the model's `vocab_size`, then
+/// `added_tokens.json`, then `tokenizer_config.json`'s `added_tokens_decoder`
+/// (score -1000; special or special-looking tokens are control tokens, the
+/// others user-defined with `▁` turned into spaces); ids without a token are
+/// `[PADi]` (score -10000, unused). Special ids and flags as gguf-py finds them.
+pub fn load_sentencepiece(dir: &Path, config: &Json, gguf_arch: &str) -> Result<Vocab, String> {
+    use crate::sentencepiece::{parse, piece_type};
+    let path = dir.join("tokenizer.model");
+    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let model = parse(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let tc_path = dir.join("tokenizer_config.json");
+    let tc = read_json(&tc_path)?;
+    let mut v = Vocab {
+        model: "llama",
+        ..Vocab::default()
+    };
+    if gguf_arch == "llama" {
+        v.add_space_prefix = tc
+            .as_ref()
+            .and_then(|t| t.get("add_prefix_space"))
+            .and_then(Json::as_bool);
+    }
+    let n = match config.get("vocab_size").and_then(Json::as_u64) {
+        Some(n) => usize::try_from(n).map_err(|_| format!("vocab_size {n} is too large"))?,
+        None => model.pieces.len(),
+    };
+    // Bounded by the checkpoint: the embedding has vocab_size rows.
+    if n > 1 << 24 {
+        return Err(format!("config.json: vocab_size {n} is implausibly large"));
+    }
+    v.tokens = (0..n).map(|i| format!("[PAD{i}]")).collect();
+    let mut scores = vec![-10000.0f32; n];
+    v.types = vec![token_type::UNUSED; n];
+    for (id, p) in model.pieces.iter().enumerate().take(n) {
+        v.tokens[id] = p.piece.clone();
+        scores[id] = p.score;
+        // sentencepiece's IsUnknown / IsControl / IsUnused / IsByte; anything else,
+        // user-defined pieces included, is normal.
+        v.types[id] = match p.kind {
+            piece_type::UNKNOWN | piece_type::CONTROL | piece_type::UNUSED | piece_type::BYTE => {
+                p.kind
+            }
+            _ => token_type::NORMAL,
+        };
+    }
+    let added_path = dir.join("added_tokens.json");
+    if let Some(added) = read_json(&added_path)? {
+        let added = added
+            .as_object()
+            .ok_or_else(|| format!("{}: not an object", added_path.display()))?;
+        for (token, id) in added {
+            let id = id
+                .as_u64()
+                .ok_or_else(|| format!("{}: {token:?} has no id", added_path.display()))?
+                as usize;
+            if id < n {
+                v.tokens[id] = token.clone();
+                scores[id] = -1000.0;
+                v.types[id] = token_type::USER_DEFINED;
+            }
+        }
+    }
+    if let Some(decoder) = tc
+        .as_ref()
+        .and_then(|t| t.get("added_tokens_decoder"))
+        .and_then(Json::as_object)
+    {
+        for (id, data) in decoder {
+            let id: usize = id
+                .parse()
+                .map_err(|_| format!("{}: added token id {id:?}", tc_path.display()))?;
+            let content = data["content"]
+                .as_str()
+                .ok_or_else(|| format!("{}: added token {id} has no content", tc_path.display()))?;
+            if id >= n {
+                continue;
+            }
+            if data["special"].as_bool() == Some(true) || looks_special(content) {
+                v.types[id] = token_type::CONTROL;
+                v.tokens[id] = content.to_owned();
+            } else {
+                v.types[id] = token_type::USER_DEFINED;
+                v.tokens[id] = content.replace('▁', " ");
+            }
+            scores[id] = -1000.0;
+        }
+    }
+    v.scores = Some(scores);
+    let tokenizer = read_json(&dir.join("tokenizer.json"))?;
+    let tc = tc.filter(|t| t.as_object().is_some_and(|o| !o.is_empty()));
+    let sv = special_vocab(dir, config, tokenizer.as_ref(), tc, n)?;
+    v.special = sv.special;
+    v.add = sv.add;
+    v.chat_template = sv.chat_template;
+    Ok(v)
+}
+
+/// What gguf-py's `SpecialVocab` finds: special token ids, add_* flags, chat template.
+struct SpecialVocab {
+    special: Vec<(&'static str, u32)>,
+    add: Vec<(&'static str, bool)>,
+    chat_template: Option<String>,
+}
+
+/// gguf-py's `SpecialVocab` for the checkpoint in `dir`: from `tokenizer.json`'s
+/// added tokens and post-processor (when there is one), `tokenizer_config.json`
+/// (`tc`, already read; `None` when missing or empty), then `config.json`'s
+/// `*_token_id`. Ids at or past `n_vocab` are skipped.
+fn special_vocab(
+    dir: &Path,
+    config: &Json,
+    tokenizer: Option<&Json>,
+    mut tc: Option<Json>,
+    n_vocab: usize,
+) -> Result<SpecialVocab, String> {
+    let mut chat_template = None;
     // Special tokens (SpecialVocab._try_load_from_tokenizer_json, then config.json).
     let mut special = Special {
         ids: Vec::new(),
         types: SPECIAL[..7].iter().map(|(t, _)| *t).collect(),
-        n_vocab: usize::MAX,
+        n_vocab,
     };
     let tc_str = |tc: &Option<Json>, key: &str| -> Option<String> {
         let e = tc.as_ref()?.get(key)?;
@@ -260,7 +396,14 @@ pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<BpeVocab, 
             special_eos = special_sep.clone();
         }
     }
-    if let Some(pp) = tokenizer.get("post_processor").filter(|p| !p.is_null()) {
+    let added = tokenizer
+        .and_then(|t| t["added_tokens"].as_array())
+        .cloned()
+        .unwrap_or_default();
+    if let Some(pp) = tokenizer
+        .and_then(|t| t.get("post_processor"))
+        .filter(|p| !p.is_null())
+    {
         let processors = pp
             .get("processors")
             .and_then(Json::as_array)
@@ -419,7 +562,7 @@ pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<BpeVocab, 
                 );
             }
         };
-        v.chat_template = template;
+        chat_template = template;
         for typ in special.types.clone() {
             if let Some(flag) = tc.get(format!("add_{typ}_token")).and_then(Json::as_bool) {
                 set_add(&mut add, typ, flag, false);
@@ -437,23 +580,32 @@ pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<BpeVocab, 
     for typ in special.types.clone() {
         special.set(typ, config.get(format!("{typ}_token_id")))?;
     }
-    v.special = special.ids;
-    v.add = add;
-    Ok(v)
+    Ok(SpecialVocab {
+        special: special.ids,
+        add,
+        chat_template,
+    })
 }
 
 /// Appends the tokenizer keys in llama.cpp's order. `add_space_prefix` goes
-/// first (LlamaModel writes it before the vocabulary).
-pub fn write_bpe(meta: &mut Metadata, v: &BpeVocab, pre: &str) {
+/// first (LlamaModel writes it before the vocabulary). `pre` is `default` for
+/// SentencePiece vocabularies, as llama.cpp writes.
+pub fn write_vocab(meta: &mut Metadata, v: &Vocab, pre: &str) {
     if let Some(b) = v.add_space_prefix {
         meta.set("tokenizer.ggml.add_space_prefix", Value::Bool(b));
     }
-    meta.set("tokenizer.ggml.model", "gpt2");
+    meta.set("tokenizer.ggml.model", v.model);
     meta.set("tokenizer.ggml.pre", pre);
     meta.set(
         "tokenizer.ggml.tokens",
         Value::Array(Array::String(v.tokens.clone())),
     );
+    if let Some(scores) = &v.scores {
+        meta.set(
+            "tokenizer.ggml.scores",
+            Value::Array(Array::F32(scores.clone())),
+        );
+    }
     meta.set(
         "tokenizer.ggml.token_type",
         Value::Array(Array::I32(v.types.clone())),

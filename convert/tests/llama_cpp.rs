@@ -294,14 +294,14 @@ fn recorded_tokenizer_keys(metadata: &Value) -> Vec<(String, String)> {
 
 #[test]
 fn tokenizer_keys_equal_llama_cpp() {
-    use memwall_convert::vocab::{load_bpe, write_bpe};
+    use memwall_convert::vocab::{load_bpe, write_vocab};
     use memwall_runtime::gguf::Metadata;
     // tiny-zh against its committed conversion (pre-tokenizer named: gpt-2).
     let dir = fixtures().join("tiny-zh");
     let ckpt = Checkpoint::open(&dir).unwrap();
     let v = load_bpe(&dir, ckpt.config(), "llama").unwrap();
     let mut meta = Metadata::new();
-    write_bpe(&mut meta, &v, "gpt-2");
+    write_vocab(&mut meta, &v, "gpt-2");
     let reference = GgufFile::open(&dir.join("reference/tiny-zh-f16.gguf")).unwrap();
     assert_eq!(tokenizer_keys(reference.metadata()).len(), 10);
     assert_eq!(tokenizer_keys(&meta), tokenizer_keys(reference.metadata()));
@@ -321,7 +321,7 @@ fn tokenizer_keys_equal_llama_cpp() {
             .gguf;
         let v = load_bpe(tokdir.path(), &config, gguf_arch).unwrap();
         let mut meta = Metadata::new();
-        write_bpe(&mut meta, &v, "smollm");
+        write_vocab(&mut meta, &v, "smollm");
         let want = recorded_tokenizer_keys(&expected["outtypes"]["f16"]["metadata"]);
         assert!(
             want.len() >= 10,
@@ -532,4 +532,45 @@ fn post_processor_templates_with_bos_equal_llama_cpp() {
     let bytes = std::fs::read(&out).unwrap();
     assert_eq!(bytes.len() as u64, want["bytes"].as_u64().unwrap());
     assert_eq!(sha(&bytes), want["sha256"].as_str().unwrap());
+}
+
+#[test]
+fn missing_config_keys_take_transformers_defaults_like_llama_cpp() {
+    use memwall_convert::hf_config::with_defaults;
+    use memwall_convert::metadata::hparams;
+    use memwall_runtime::gguf::Metadata;
+    let text = std::fs::read_to_string(fixtures().join("synth/config-defaults.json")).unwrap();
+    let reference: Value = serde_json::from_str(&text).unwrap();
+    for (arch, expected) in reference["archs"].as_object().unwrap() {
+        let mut p = preset(&format!("tiny-{arch}")).unwrap();
+        p.shape.vocab = 49152;
+        let mut config = memwall_fixtures::synth::config_json(p.arch, &p.shape);
+        for k in expected["stripped"].as_array().unwrap() {
+            config.as_object_mut().unwrap().remove(k.as_str().unwrap());
+        }
+        with_defaults(&mut config);
+        let class = Arch::for_class(config["architectures"][0].as_str().unwrap()).unwrap();
+        let mut meta = Metadata::new();
+        hparams(&mut meta, &config, class, OutType::F16).unwrap();
+        let prefix = format!("{}.", class.gguf);
+        let ours: Vec<(String, String, String)> = model_keys(&meta)
+            .into_iter()
+            .filter(|(k, _, _)| k.starts_with(&prefix))
+            .collect();
+        let theirs: Vec<(String, String, String)> = expected["keys"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| {
+                let ty = v[0].as_str().unwrap().to_owned();
+                let text = match ty.as_str() {
+                    "FLOAT32" => (v[1].as_f64().unwrap() as f32).to_string(),
+                    "STRING" => v[1].as_str().unwrap().to_owned(),
+                    _ => v[1].to_string(),
+                };
+                (k.clone(), ty, text)
+            })
+            .collect();
+        assert_eq!(ours, theirs, "{arch}");
+    }
 }

@@ -2,9 +2,12 @@
 //! the libraries and renders the result.
 
 pub mod convert;
+pub mod export;
 pub mod inspect;
 pub mod quantize;
 
+use memwall_convert::export::ExportError;
+use memwall_convert::job::ConvertError;
 use memwall_quantize::job::JobError;
 use memwall_runtime::gguf::GgufError;
 
@@ -26,7 +29,18 @@ pub fn hint(err: &anyhow::Error) -> Option<&'static str> {
             _ => {}
         }
     }
-    let gguf = err.chain().find_map(|e| e.downcast_ref::<GgufError>())?;
+    // Transparent wrappers hide the GGUF error from the source chain.
+    let gguf = err.chain().find_map(|e| {
+        e.downcast_ref::<GgufError>()
+            .or_else(|| match e.downcast_ref::<ExportError>() {
+                Some(ExportError::Gguf(g)) => Some(g),
+                _ => None,
+            })
+            .or_else(|| match e.downcast_ref::<ConvertError>() {
+                Some(ConvertError::Gguf(g)) => Some(g),
+                _ => None,
+            })
+    })?;
     Some(match gguf {
         GgufError::Format { .. } => {
             "the file is damaged, truncated or not GGUF; download or convert it again \

@@ -1,0 +1,883 @@
+//! GGUF back to a Hugging Face checkpoint (`memwall export`): every tensor
+//! dequantized to BF16, F16 or F32 safetensors (sharded past a size, with
+//! `model.safetensors.index.json`), llama.cpp's Q/K permutation undone, experts
+//! unstacked, plus `config.json`, `generation_config.json`, `tokenizer.json`
+//! and `tokenizer_config.json` built from the GGUF keys, so that
+//! `transformers` loads the folder and `memwall convert` (or llama.cpp's
+//! converter) turns it back into the same GGUF.
+//!
+//! The folder is written as `<out>.partial/` and renamed when complete.
+
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use memwall_runtime::blocks::{DEQUANTIZABLE, dequantize_row, f32_to_bf16, f32_to_f16};
+use memwall_runtime::gguf::{Array, GgufError, GgufModel, Metadata, TensorInfo};
+use memwall_runtime::progress::{Progress, Unit};
+use rayon::prelude::*;
+use serde_json::{Map, Value as Json, json};
+
+use crate::arch::{ARCHS, Arch, hf_name};
+use crate::tensors::permuted_row_of_source;
+use crate::vocab::{SPECIAL, token_type};
+
+/// Element type of the exported safetensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExportDtype {
+    /// bfloat16, what most checkpoints are published in.
+    Bf16,
+    /// IEEE half.
+    F16,
+    /// float32: exact for every GGUF type.
+    F32,
+}
+
+impl ExportDtype {
+    /// Parses `bf16`, `f16` or `f32`.
+    pub fn parse(s: &str) -> Option<ExportDtype> {
+        match s.to_ascii_lowercase().as_str() {
+            "bf16" => Some(ExportDtype::Bf16),
+            "f16" => Some(ExportDtype::F16),
+            "f32" => Some(ExportDtype::F32),
+            _ => None,
+        }
+    }
+
+    fn size(self) -> u64 {
+        match self {
+            ExportDtype::F32 => 4,
+            _ => 2,
+        }
+    }
+
+    fn safetensors(self) -> &'static str {
+        match self {
+            ExportDtype::Bf16 => "BF16",
+            ExportDtype::F16 => "F16",
+            ExportDtype::F32 => "F32",
+        }
+    }
+
+    fn torch(self) -> &'static str {
+        match self {
+            ExportDtype::Bf16 => "bfloat16",
+            ExportDtype::F16 => "float16",
+            ExportDtype::F32 => "float32",
+        }
+    }
+
+    fn put(self, x: &[f32], out: &mut [u8]) {
+        match self {
+            ExportDtype::F32 => {
+                for (o, v) in out.chunks_exact_mut(4).zip(x) {
+                    o.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            ExportDtype::F16 | ExportDtype::Bf16 => {
+                let f = if self == ExportDtype::F16 {
+                    f32_to_f16
+                } else {
+                    f32_to_bf16
+                };
+                for (o, v) in out.chunks_exact_mut(2).zip(x) {
+                    o.copy_from_slice(&f(*v).to_le_bytes());
+                }
+            }
+        }
+    }
+}
+
+/// What to export to.
+#[derive(Clone, Debug)]
+pub struct ExportOptions {
+    /// Element type of the weights.
+    pub dtype: ExportDtype,
+    /// Largest safetensors file (tensor bytes); more data is sharded as
+    /// `transformers` shards (`model-0000i-of-0000n.safetensors` and an index).
+    pub max_shard_size: u64,
+}
+
+impl Default for ExportOptions {
+    fn default() -> Self {
+        ExportOptions {
+            dtype: ExportDtype::Bf16,
+            max_shard_size: 5_000_000_000,
+        }
+    }
+}
+
+/// Why an export failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// The GGUF could not be read.
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    /// The GGUF holds something a checkpoint cannot express.
+    #[error("{}: {message}", path.display())]
+    Model {
+        /// The GGUF file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// Writing the folder failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or folder being written.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// What was written.
+#[derive(Clone, Debug)]
+pub struct ExportSummary {
+    /// `architectures[0]` of the written config.
+    pub hf_class: String,
+    /// Tensors written.
+    pub tensors: usize,
+    /// Bytes of tensor data written.
+    pub bytes: u64,
+    /// Files in the folder, in the order written.
+    pub files: Vec<String>,
+}
+
+/// One output tensor: a whole GGUF tensor, or one expert of a stacked one.
+struct Piece {
+    hf: String,
+    source: String,
+    /// Rows of the GGUF tensor this piece covers.
+    first_row: u64,
+    rows: u64,
+    row_len: u64,
+    /// PyTorch shape.
+    shape: Vec<u64>,
+    /// Rows per head when llama.cpp's Q/K permutation is to be undone.
+    head: Option<u64>,
+}
+
+impl Piece {
+    fn bytes(&self, dtype: ExportDtype) -> u64 {
+        self.rows * self.row_len * dtype.size()
+    }
+}
+
+fn model_error(path: &Path, message: impl Into<String>) -> ExportError {
+    ExportError::Model {
+        path: path.to_owned(),
+        message: message.into(),
+    }
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> ExportError + '_ {
+    move |source| ExportError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Reads GGUF keys for one file, with errors that name the key.
+struct Keys<'a> {
+    meta: &'a Metadata,
+    arch: &'a str,
+}
+
+impl Keys<'_> {
+    fn u64(&self, key: &str) -> Result<Option<u64>, String> {
+        let key = format!("{}.{key}", self.arch);
+        self.meta.get_u64(&key).map_err(|e| e.to_string())
+    }
+
+    fn f32(&self, key: &str) -> Result<Option<f64>, String> {
+        let key = format!("{}.{key}", self.arch);
+        let v = self.meta.get_f64(&key).map_err(|e| e.to_string())?;
+        // The shortest decimal that reads back as the same f32, so config.json
+        // says 1e-05 rather than 9.999999747378752e-06.
+        Ok(v.map(|v| format!("{}", v as f32).parse().unwrap_or(v)))
+    }
+
+    fn require(&self, key: &str) -> Result<u64, String> {
+        self.u64(key)?
+            .ok_or_else(|| format!("missing key {}.{key}", self.arch))
+    }
+}
+
+fn expert_count(keys: &Keys) -> Result<u64, String> {
+    Ok(keys.u64("expert_count")?.unwrap_or(0))
+}
+
+/// The architecture table entry for a GGUF architecture (MoE or not).
+fn target(meta: &Metadata) -> Result<&'static Arch, String> {
+    let name = meta
+        .require_str("general.architecture")
+        .map_err(|e| e.to_string())?;
+    let keys = Keys { meta, arch: name };
+    let moe = expert_count(&keys)? > 0;
+    ARCHS
+        .iter()
+        .find(|a| a.gguf == name && a.experts.is_some() == moe)
+        .ok_or_else(|| {
+            let mut known: Vec<&str> = ARCHS.iter().map(|a| a.gguf).collect();
+            known.dedup();
+            format!(
+                "architecture {name}{} cannot be exported; memwall exports {}",
+                if moe { " (with experts)" } else { "" },
+                known.join(", ")
+            )
+        })
+}
+
+/// The output tensors, in GGUF order with experts unstacked.
+fn pieces(model: &GgufModel, arch: &Arch, keys: &Keys) -> Result<Vec<Piece>, String> {
+    let n_head = keys.require("attention.head_count")?;
+    let n_head_kv = keys.u64("attention.head_count_kv")?.unwrap_or(n_head);
+    let mut out = Vec::new();
+    for (_, t) in model.tensors() {
+        if !DEQUANTIZABLE.contains(&t.ty) {
+            return Err(format!(
+                "tensor {}: type {} cannot be dequantized by memwall yet",
+                t.name,
+                t.ty.name()
+            ));
+        }
+        let row_len = t.dims[0];
+        let rows = t.elements / row_len.max(1);
+        let mut shape: Vec<u64> = t.dims.iter().rev().copied().collect();
+        if t.name == "rope_freqs.weight" {
+            return Err(
+                "rope_freqs.weight (Llama 3 rope scaling) cannot be turned back into config.json's rope_scaling".into(),
+            );
+        }
+        let stacked = arch.experts.and_then(|e| {
+            let (module, suffix) = t.name.rsplit_once('.')?;
+            let (blk, kind) = module.strip_prefix("blk.")?.split_once('.')?;
+            let (proj, _) = e.stacked.iter().find(|(_, g)| *g == kind)?;
+            Some((e, blk.to_owned(), *proj, suffix.to_owned()))
+        });
+        if let Some((e, blk, proj, suffix)) = stacked {
+            let n = shape[0];
+            if n == 0 || t.dims.len() != 3 {
+                return Err(format!(
+                    "tensor {}: expected [experts, rows, columns], got {shape:?}",
+                    t.name
+                ));
+            }
+            shape.remove(0);
+            for x in 0..n {
+                let module = e.module.replace("{}", &x.to_string());
+                out.push(Piece {
+                    hf: format!("model.layers.{blk}.{module}.{proj}.{suffix}"),
+                    source: t.name.clone(),
+                    first_row: x * (rows / n),
+                    rows: rows / n,
+                    row_len,
+                    shape: shape.clone(),
+                    head: None,
+                });
+            }
+            continue;
+        }
+        let hf = hf_name(arch, &t.name).ok_or_else(|| {
+            format!(
+                "tensor {} has no Hugging Face name in {}",
+                t.name, arch.model_type
+            )
+        })?;
+        let heads = match t.name.rsplit('.').nth(1) {
+            Some("attn_q") if arch.permute_qk => Some(n_head),
+            Some("attn_k") if arch.permute_qk => Some(n_head_kv),
+            _ => None,
+        };
+        let head = match heads {
+            Some(h) if h > 0 && rows % (2 * h) == 0 => Some(rows / h),
+            Some(h) => {
+                return Err(format!(
+                    "tensor {}: {rows} rows do not split into {h} heads of even size",
+                    t.name
+                ));
+            }
+            None => None,
+        };
+        out.push(Piece {
+            hf,
+            source: t.name.clone(),
+            first_row: 0,
+            rows,
+            row_len,
+            shape,
+            head,
+        });
+    }
+    Ok(out)
+}
+
+/// Writes `x` as JSON (a number of a GGUF float key kept short).
+fn num(v: f64) -> Json {
+    serde_json::Number::from_f64(v).map_or(Json::Null, Json::Number)
+}
+
+fn token_id(meta: &Metadata, kind: &str) -> Result<Option<u64>, String> {
+    let (_, key) = SPECIAL
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .expect("a special token kind");
+    meta.get_u64(key).map_err(|e| e.to_string())
+}
+
+/// `config.json` for the exported model.
+fn config(
+    meta: &Metadata,
+    arch: &Arch,
+    keys: &Keys,
+    model: &GgufModel,
+    dtype: ExportDtype,
+) -> Result<Json, String> {
+    let mut c = Map::new();
+    let class = arch.hf_classes[0];
+    c.insert("architectures".into(), json!([class]));
+    c.insert("model_type".into(), json!(arch.model_type));
+    let embd = model
+        .tensor("token_embd.weight")
+        .ok_or("missing tensor token_embd.weight")?
+        .0;
+    c.insert(
+        "vocab_size".into(),
+        json!(embd.dims.get(1).copied().unwrap_or(0)),
+    );
+    c.insert(
+        "hidden_size".into(),
+        json!(keys.require("embedding_length")?),
+    );
+    c.insert(
+        "intermediate_size".into(),
+        json!(keys.require("feed_forward_length")?),
+    );
+    c.insert(
+        "num_hidden_layers".into(),
+        json!(keys.require("block_count")?),
+    );
+    let n_head = keys.require("attention.head_count")?;
+    c.insert("num_attention_heads".into(), json!(n_head));
+    c.insert(
+        "num_key_value_heads".into(),
+        json!(keys.u64("attention.head_count_kv")?.unwrap_or(n_head)),
+    );
+    if let Some(d) = keys.u64("attention.key_length")? {
+        c.insert("head_dim".into(), json!(d));
+    }
+    if let Some(n) = keys.u64("context_length")? {
+        c.insert("max_position_embeddings".into(), json!(n));
+    }
+    if let Some(eps) = keys.f32("attention.layer_norm_rms_epsilon")? {
+        c.insert("rms_norm_eps".into(), num(eps));
+    }
+    if let Some(eps) = keys.f32("attention.layer_norm_epsilon")? {
+        c.insert("layer_norm_eps".into(), num(eps));
+    }
+    c.insert(
+        "rope_theta".into(),
+        num(keys.f32("rope.freq_base")?.unwrap_or(10000.0)),
+    );
+    let scaling_key = format!("{}.rope.scaling.type", arch.gguf);
+    match meta.get_str(&scaling_key).map_err(|e| e.to_string())? {
+        None | Some("none") => {}
+        Some("linear") => {
+            let factor = keys
+                .f32("rope.scaling.factor")?
+                .ok_or_else(|| format!("{scaling_key} is linear but has no factor"))?;
+            c.insert(
+                "rope_scaling".into(),
+                json!({"rope_type": "linear", "factor": num(factor)}),
+            );
+        }
+        Some(other) => {
+            return Err(format!(
+                "{scaling_key} = {other} cannot be exported yet (memwall exports default and linear rope)"
+            ));
+        }
+    }
+    c.insert("hidden_act".into(), json!("silu"));
+    c.insert(
+        "tie_word_embeddings".into(),
+        json!(model.tensor("output.weight").is_none()),
+    );
+    if arch.experts.is_some() {
+        let experts = expert_count(keys)?;
+        let used = keys.require("expert_used_count")?;
+        if arch.model_type == "mixtral" {
+            c.insert("num_local_experts".into(), json!(experts));
+        } else {
+            c.insert("num_experts".into(), json!(experts));
+            if let Some(n) = keys.u64("expert_feed_forward_length")? {
+                c.insert("moe_intermediate_size".into(), json!(n));
+            }
+            // llama.cpp's qwen3moe graph renormalises the chosen experts' weights.
+            c.insert("norm_topk_prob".into(), json!(true));
+            c.insert("decoder_sparse_step".into(), json!(1));
+            c.insert("mlp_only_layers".into(), json!([]));
+        }
+        c.insert("num_experts_per_tok".into(), json!(used));
+    }
+    match arch.gguf {
+        "command-r" => {
+            let scale = keys
+                .f32("logit_scale")?
+                .ok_or("missing key command-r.logit_scale")?;
+            c.insert("logit_scale".into(), num(scale));
+            c.insert(
+                "use_qk_norm".into(),
+                json!(model.tensor("blk.0.attn_q_norm.weight").is_some()),
+            );
+        }
+        "qwen2" => {
+            c.insert("use_sliding_window".into(), json!(false));
+        }
+        _ => {}
+    }
+    for kind in ["bos", "eos", "pad"] {
+        if let Some(id) = token_id(meta, kind)? {
+            c.insert(format!("{kind}_token_id"), json!(id));
+        }
+    }
+    c.insert("torch_dtype".into(), json!(dtype.torch()));
+    Ok(Json::Object(c))
+}
+
+/// The `tokenizers` pre-tokenizer that splits text as llama.cpp's pre-tokenizer
+/// `pre` does, for the pre-tokenizers of the families memwall converts.
+fn pre_tokenizer(pre: &str) -> Option<Json> {
+    let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
+    let split = |regex: &str| json!({"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false});
+    // The two regexes, as llama.cpp's llama-vocab.cpp lists them for these names.
+    const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    let digits = json!({"type": "Digits", "individual_digits": true});
+    Some(match pre {
+        "gpt-2" => byte_level(true),
+        "smollm" | "command-r" => {
+            json!({"type": "Sequence", "pretokenizers": [digits, byte_level(true)]})
+        }
+        "llama-bpe" => {
+            json!({"type": "Sequence", "pretokenizers": [split(LLAMA3), byte_level(false)]})
+        }
+        "qwen2" => json!({"type": "Sequence", "pretokenizers": [split(QWEN2), byte_level(false)]}),
+        _ => return None,
+    })
+}
+
+/// Pre-tokenizers [`pre_tokenizer`] knows, for messages.
+pub const EXPORTED_PRE: &[&str] = &["gpt-2", "smollm", "command-r", "llama-bpe", "qwen2"];
+
+fn ints(meta: &Metadata, key: &str) -> Result<Vec<i64>, String> {
+    match meta.get_array(key).map_err(|e| e.to_string())? {
+        Some(Array::I32(v)) => Ok(v.iter().map(|&x| x as i64).collect()),
+        Some(a) => (0..a.len())
+            .map(|i| {
+                a.get(i)
+                    .and_then(|v| v.as_i64())
+                    .ok_or_else(|| format!("{key}: element {i} is not an integer"))
+            })
+            .collect(),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// `tokenizer.json` and `tokenizer_config.json` for a byte-level BPE vocabulary.
+fn tokenizer(meta: &Metadata, keys: &Keys) -> Result<(Json, Json), String> {
+    let model = meta
+        .require_str("tokenizer.ggml.model")
+        .map_err(|e| e.to_string())?;
+    if model != "gpt2" {
+        return Err(format!(
+            "tokenizer.ggml.model = {model}: memwall exports byte-level BPE (gpt2) vocabularies only"
+        ));
+    }
+    let pre = meta
+        .get_str("tokenizer.ggml.pre")
+        .map_err(|e| e.to_string())?
+        .unwrap_or("default");
+    let pre_tokenizer = pre_tokenizer(pre).ok_or_else(|| {
+        format!(
+            "tokenizer.ggml.pre = {pre}: memwall does not know its tokenizer.json form; it exports {}",
+            EXPORTED_PRE.join(", ")
+        )
+    })?;
+    let tokens = meta
+        .get_str_array("tokenizer.ggml.tokens")
+        .map_err(|e| e.to_string())?
+        .ok_or("missing key tokenizer.ggml.tokens")?;
+    let types = ints(meta, "tokenizer.ggml.token_type")?;
+    if !types.is_empty() && types.len() != tokens.len() {
+        return Err(format!(
+            "tokenizer.ggml.token_type has {} entries for {} tokens",
+            types.len(),
+            tokens.len()
+        ));
+    }
+    let ty = |i: usize| types.get(i).copied().unwrap_or(token_type::NORMAL as i64);
+    let merges = meta
+        .get_str_array("tokenizer.ggml.merges")
+        .map_err(|e| e.to_string())?
+        .unwrap_or(&[]);
+    let mut vocab = Map::new();
+    let mut added = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        // llama.cpp fills ids the tokenizer lacks with `[PADi]`; they are not tokens.
+        if ty(i) == token_type::UNUSED as i64 && *t == format!("[PAD{i}]") {
+            continue;
+        }
+        vocab.insert(t.clone(), json!(i));
+        let t_ty = ty(i);
+        if t_ty == token_type::CONTROL as i64 || t_ty == token_type::USER_DEFINED as i64 {
+            added.push(json!({
+                "id": i, "content": t, "single_word": false, "lstrip": false, "rstrip": false,
+                "normalized": t_ty == token_type::USER_DEFINED as i64,
+                "special": t_ty == token_type::CONTROL as i64,
+            }));
+        }
+    }
+    let merges: Vec<Json> = merges
+        .iter()
+        .map(|m| {
+            m.split_once(' ')
+                .map(|(a, b)| json!([a, b]))
+                .ok_or_else(|| format!("tokenizer.ggml.merges: {m:?} is not \"left right\""))
+        })
+        .collect::<Result<_, _>>()?;
+    // Written back only when the GGUF says: llama.cpp writes what the checkpoint said.
+    let flag = |k: &str| -> Result<Option<bool>, String> {
+        meta.get_bool(&format!("tokenizer.ggml.add_{k}_token"))
+            .map_err(|e| e.to_string())
+    };
+    let (add_bos, add_eos) = (flag("bos")?, flag("eos")?);
+    let token_of = |kind: &str| -> Result<Option<(u64, String)>, String> {
+        Ok(match token_id(meta, kind)? {
+            Some(id) => Some((
+                id,
+                tokens
+                    .get(id as usize)
+                    .ok_or_else(|| {
+                        format!("tokenizer.ggml.{kind}_token_id {id} is past the vocabulary")
+                    })?
+                    .clone(),
+            )),
+            None => None,
+        })
+    };
+    let (bos, eos) = (token_of("bos")?, token_of("eos")?);
+    // The post-processor adds BOS/EOS as the GGUF says, for transformers; llama.cpp's
+    // converter reads the same flags back from it and from tokenizer_config.json.
+    let mut single = Vec::new();
+    let mut pair = Vec::new();
+    let mut special_tokens = Map::new();
+    let mut special =
+        |tok: &Option<(u64, String)>, single: &mut Vec<Json>, pair: &mut Vec<Json>| {
+            if let Some((id, t)) = tok {
+                single.push(json!({"SpecialToken": {"id": t, "type_id": 0}}));
+                pair.push(json!({"SpecialToken": {"id": t, "type_id": 0}}));
+                special_tokens.insert(t.clone(), json!({"id": t, "ids": [id], "tokens": [t]}));
+            }
+        };
+    if add_bos == Some(true) {
+        special(&bos, &mut single, &mut pair);
+    }
+    single.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
+    pair.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
+    pair.push(json!({"Sequence": {"id": "B", "type_id": 1}}));
+    if add_eos == Some(true) {
+        special(&eos, &mut single, &mut pair);
+    }
+    let post_processor = if add_bos == Some(true) || add_eos == Some(true) {
+        json!({"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": special_tokens})
+    } else {
+        Json::Null
+    };
+    let tokenizer = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": post_processor,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+            "ignore_merges": false, "vocab": vocab, "merges": merges,
+        },
+    });
+    let mut tc = Map::new();
+    tc.insert("tokenizer_class".into(), json!("PreTrainedTokenizerFast"));
+    for (k, v) in [("add_bos_token", add_bos), ("add_eos_token", add_eos)] {
+        if let Some(v) = v {
+            tc.insert(k.into(), json!(v));
+        }
+    }
+    for kind in ["bos", "eos", "unk", "pad"] {
+        if let Some((_, t)) = token_of(kind)? {
+            tc.insert(format!("{kind}_token"), json!(t));
+        }
+    }
+    if let Some(n) = keys.u64("context_length")? {
+        tc.insert("model_max_length".into(), json!(n));
+    }
+    tc.insert("clean_up_tokenization_spaces".into(), json!(false));
+    if let Some(v) = meta
+        .get_bool("tokenizer.ggml.add_space_prefix")
+        .map_err(|e| e.to_string())?
+    {
+        tc.insert("add_prefix_space".into(), json!(v));
+    }
+    if let Some(t) = meta
+        .get_str("tokenizer.chat_template")
+        .map_err(|e| e.to_string())?
+    {
+        tc.insert("chat_template".into(), json!(t));
+    }
+    Ok((tokenizer, Json::Object(tc)))
+}
+
+fn generation_config(meta: &Metadata) -> Result<Json, String> {
+    let mut g = Map::new();
+    for kind in ["bos", "eos", "pad"] {
+        if let Some(id) = token_id(meta, kind)? {
+            g.insert(format!("{kind}_token_id"), json!(id));
+        }
+    }
+    Ok(Json::Object(g))
+}
+
+/// Rows converted per step: bounded memory whatever the tensor size.
+const CHUNK_VALUES: u64 = 4 << 20;
+
+/// Writes one piece's data (dequantized, un-permuted, converted) to `w`.
+fn write_piece(
+    model: &GgufModel,
+    p: &Piece,
+    dtype: ExportDtype,
+    w: &mut impl Write,
+    path: &Path,
+    progress: &dyn Progress,
+) -> Result<(), ExportError> {
+    let input = model.files()[0].path();
+    let (info, data): (&TensorInfo, &[u8]) = model
+        .tensor(&p.source)
+        .ok_or_else(|| model_error(input, format!("tensor {} vanished", p.source)))?;
+    let row_bytes = info
+        .ty
+        .tensor_size(&[p.row_len])
+        .map_err(|e| model_error(input, format!("tensor {}: {e}", p.source)))?
+        .bytes;
+    let row_len = p.row_len as usize;
+    // Whole heads per chunk, so that un-permuting stays inside the chunk.
+    let unit = p.head.unwrap_or(1);
+    let chunk_rows = ((CHUNK_VALUES / p.row_len.max(1)) / unit).max(1) * unit;
+    let mut start = 0;
+    while start < p.rows {
+        let count = chunk_rows.min(p.rows - start);
+        let first = p.first_row + start;
+        let src = &data[(first * row_bytes) as usize..((first + count) * row_bytes) as usize];
+        let mut x = vec![0f32; count as usize * row_len];
+        x.par_chunks_mut(row_len)
+            .zip(src.par_chunks(row_bytes as usize))
+            .try_for_each(|(dst, src)| dequantize_row(info.ty, src, dst))
+            .map_err(|e| model_error(input, format!("tensor {}: {e}", p.source)))?;
+        let mut out = vec![0u8; x.len() * dtype.size() as usize];
+        let out_row = row_len * dtype.size() as usize;
+        out.par_chunks_mut(out_row).enumerate().for_each(|(s, o)| {
+            let r = match p.head {
+                Some(head) => permuted_row_of_source(s, head as usize),
+                None => s,
+            };
+            dtype.put(&x[r * row_len..(r + 1) * row_len], o);
+        });
+        w.write_all(&out).map_err(io_error(path))?;
+        model.release(&p.source, first * row_bytes..(first + count) * row_bytes);
+        progress.advance(out.len() as u64);
+        start += count;
+    }
+    Ok(())
+}
+
+/// The safetensors header for `pieces`, padded to a multiple of 8 bytes.
+fn safetensors_header(pieces: &[&Piece], dtype: ExportDtype) -> Vec<u8> {
+    let mut h = Map::new();
+    h.insert("__metadata__".into(), json!({"format": "pt"}));
+    let mut offset = 0;
+    for p in pieces {
+        let end = offset + p.bytes(dtype);
+        h.insert(
+            p.hf.clone(),
+            json!({"dtype": dtype.safetensors(), "shape": p.shape, "data_offsets": [offset, end]}),
+        );
+        offset = end;
+    }
+    let mut text = serde_json::to_vec(&Json::Object(h)).expect("JSON of plain values");
+    while text.len() % 8 != 0 {
+        text.push(b' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend(text);
+    out
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), ExportError> {
+    let mut f = File::create(path).map_err(io_error(path))?;
+    f.write_all(bytes).map_err(io_error(path))?;
+    f.sync_all().map_err(io_error(path))
+}
+
+fn pretty(v: &Json) -> Vec<u8> {
+    let mut s = serde_json::to_vec_pretty(v).expect("JSON of plain values");
+    s.push(b'\n');
+    s
+}
+
+/// `<out>.partial`, the folder written before the rename.
+pub fn partial_dir(out: &Path) -> PathBuf {
+    let mut s = out.as_os_str().to_owned();
+    s.push(".partial");
+    PathBuf::from(s)
+}
+
+/// Exports the GGUF model at `input` (a single file or the first of a split)
+/// into the folder `out`, which must not exist or be empty.
+pub fn export(
+    input: &Path,
+    out: &Path,
+    options: &ExportOptions,
+    progress: &dyn Progress,
+) -> Result<ExportSummary, ExportError> {
+    let model = GgufModel::open(input)?;
+    let meta = model.metadata();
+    let fail = |m: String| model_error(input, m);
+    let arch = target(meta).map_err(fail)?;
+    let keys = Keys {
+        meta,
+        arch: arch.gguf,
+    };
+    let pieces = pieces(&model, arch, &keys).map_err(fail)?;
+    let config = config(meta, arch, &keys, &model, options.dtype).map_err(fail)?;
+    let (tokenizer, tokenizer_config) = tokenizer(meta, &keys).map_err(fail)?;
+    let generation = generation_config(meta).map_err(fail)?;
+
+    if out.exists() {
+        let empty = fs::read_dir(out).map_err(io_error(out))?.next().is_none();
+        if !empty {
+            return Err(model_error(
+                out,
+                "exists and is not empty; choose a new folder or remove it",
+            ));
+        }
+    }
+    let partial = partial_dir(out);
+    if partial.exists() {
+        fs::remove_dir_all(&partial).map_err(io_error(&partial))?;
+    }
+    fs::create_dir_all(&partial).map_err(io_error(&partial))?;
+    let result = write_all(
+        &model,
+        &partial,
+        &pieces,
+        [&config, &generation, &tokenizer, &tokenizer_config],
+        options,
+        progress,
+    );
+    let files = match result {
+        Ok(files) => files,
+        Err(e) => {
+            let _ = fs::remove_dir_all(&partial);
+            return Err(e);
+        }
+    };
+    if out.exists() {
+        fs::remove_dir(out).map_err(io_error(out))?;
+    }
+    fs::rename(&partial, out).map_err(io_error(out))?;
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if let Ok(d) = File::open(parent) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(ExportSummary {
+        hf_class: arch.hf_classes[0].to_owned(),
+        tensors: pieces.len(),
+        bytes: pieces.iter().map(|p| p.bytes(options.dtype)).sum(),
+        files,
+    })
+}
+
+fn write_all(
+    model: &GgufModel,
+    dir: &Path,
+    pieces: &[Piece],
+    [config, generation, tokenizer, tokenizer_config]: [&Json; 4],
+    options: &ExportOptions,
+    progress: &dyn Progress,
+) -> Result<Vec<String>, ExportError> {
+    let dtype = options.dtype;
+    let mut files = Vec::new();
+    for (name, value) in [
+        ("config.json", config),
+        ("generation_config.json", generation),
+        ("tokenizer_config.json", tokenizer_config),
+    ] {
+        write_file(&dir.join(name), &pretty(value))?;
+        files.push(name.to_owned());
+    }
+    let tok = serde_json::to_vec(tokenizer).expect("JSON of plain values");
+    write_file(&dir.join("tokenizer.json"), &tok)?;
+    files.push("tokenizer.json".to_owned());
+
+    // Shards in tensor order, each at most max_shard_size (a bigger tensor alone).
+    let mut shards: Vec<Vec<&Piece>> = vec![Vec::new()];
+    let mut size = 0;
+    for p in pieces {
+        let b = p.bytes(dtype);
+        let last = shards.last_mut().expect("one shard at least");
+        if !last.is_empty() && size + b > options.max_shard_size {
+            shards.push(Vec::new());
+            size = 0;
+        }
+        shards.last_mut().expect("one shard at least").push(p);
+        size += b;
+    }
+    let n = shards.len();
+    let total: u64 = pieces.iter().map(|p| p.bytes(dtype)).sum();
+    progress.start("exporting", total, Unit::Bytes);
+    let mut weight_map = std::collections::BTreeMap::new();
+    for (i, shard) in shards.iter().enumerate() {
+        let name = if n == 1 {
+            "model.safetensors".to_owned()
+        } else {
+            format!("model-{:05}-of-{n:05}.safetensors", i + 1)
+        };
+        let path = dir.join(&name);
+        let file = File::create(&path).map_err(io_error(&path))?;
+        let mut w = BufWriter::with_capacity(1 << 20, file);
+        w.write_all(&safetensors_header(shard, dtype))
+            .map_err(io_error(&path))?;
+        for p in shard {
+            progress.item(&p.hf);
+            write_piece(model, p, dtype, &mut w, &path, progress)?;
+            weight_map.insert(p.hf.clone(), name.clone());
+        }
+        let file = w.into_inner().map_err(|e| ExportError::Io {
+            path: path.clone(),
+            source: e.into_error(),
+        })?;
+        file.sync_all().map_err(io_error(&path))?;
+        files.push(name);
+    }
+    progress.finish();
+    if n > 1 {
+        let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+        let path = dir.join("model.safetensors.index.json");
+        write_file(&path, &pretty(&index))?;
+        files.push("model.safetensors.index.json".to_owned());
+    }
+    Ok(files)
+}

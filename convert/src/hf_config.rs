@@ -1,0 +1,181 @@
+//! `config.json` as llama.cpp's converter sees it. llama.cpp reads the config
+//! through `transformers.AutoConfig(...).to_dict()`, which fills every key the
+//! file leaves out with the config class's default; those defaults reach the
+//! GGUF (a Llama config without `head_dim` still gets `attention.key_length`,
+//! a Qwen3 one gets 128). memwall reads the file itself and fills the keys it
+//! uses from this table, taken from transformers 5.24.0
+//! (`AutoConfig.for_model(model_type).to_dict()`, printed by
+//! fixtures/synth/config_defaults_reference.sh).
+
+use serde_json::{Map, Value};
+
+/// How a missing key is filled.
+#[derive(Clone, Copy, Debug)]
+enum Fill {
+    /// A constant integer.
+    Int(u64),
+    /// A constant float.
+    Float(f64),
+    /// The value of another key (`num_key_value_heads` = `num_attention_heads`).
+    Same(&'static str),
+    /// `hidden_size / num_attention_heads`.
+    HiddenPerHead,
+}
+
+use Fill::{Float, HiddenPerHead, Int, Same};
+
+/// Per `model_type`: (key, default), for the keys memwall reads.
+const DEFAULTS: &[(&str, &[(&str, Fill)])] = &[
+    (
+        "llama",
+        &[
+            ("max_position_embeddings", Int(2048)),
+            ("num_key_value_heads", Same("num_attention_heads")),
+            ("rope_theta", Float(10000.0)),
+            ("rms_norm_eps", Float(1e-6)),
+            ("head_dim", HiddenPerHead),
+        ],
+    ),
+    (
+        "mistral",
+        &[
+            ("max_position_embeddings", Int(131072)),
+            ("num_key_value_heads", Int(8)),
+            ("rope_theta", Float(10000.0)),
+            ("rms_norm_eps", Float(1e-6)),
+            ("head_dim", HiddenPerHead),
+        ],
+    ),
+    (
+        "mixtral",
+        &[
+            ("max_position_embeddings", Int(131072)),
+            ("num_key_value_heads", Int(8)),
+            ("rope_theta", Float(1e6)),
+            ("rms_norm_eps", Float(1e-5)),
+            ("num_local_experts", Int(8)),
+            ("num_experts_per_tok", Int(2)),
+        ],
+    ),
+    (
+        "qwen2",
+        &[
+            ("max_position_embeddings", Int(32768)),
+            ("num_key_value_heads", Int(32)),
+            ("rope_theta", Float(10000.0)),
+            ("rms_norm_eps", Float(1e-6)),
+        ],
+    ),
+    (
+        "qwen3",
+        &[
+            ("max_position_embeddings", Int(32768)),
+            ("num_key_value_heads", Int(32)),
+            ("rope_theta", Float(10000.0)),
+            ("rms_norm_eps", Float(1e-6)),
+            ("head_dim", Int(128)),
+        ],
+    ),
+    (
+        "qwen3_moe",
+        &[
+            ("max_position_embeddings", Int(32768)),
+            ("num_key_value_heads", Int(4)),
+            ("rope_theta", Float(10000.0)),
+            ("rms_norm_eps", Float(1e-6)),
+            ("num_experts", Int(128)),
+            ("num_experts_per_tok", Int(8)),
+            ("moe_intermediate_size", Int(768)),
+        ],
+    ),
+    (
+        "cohere",
+        &[
+            ("max_position_embeddings", Int(8192)),
+            ("num_key_value_heads", Same("num_attention_heads")),
+            ("rope_theta", Float(500000.0)),
+            ("layer_norm_eps", Float(1e-5)),
+            ("logit_scale", Float(0.0625)),
+        ],
+    ),
+];
+
+/// Keys that stand for the same setting: one present means the default is not needed.
+fn aliases(key: &str) -> &[&str] {
+    match key {
+        "num_experts" | "num_local_experts" => &["num_experts", "num_local_experts"],
+        _ => &[],
+    }
+}
+
+fn present(c: &Map<String, Value>, key: &str) -> bool {
+    let set = |k: &str| c.get(k).is_some_and(|v| !v.is_null());
+    if key == "rope_theta" {
+        // transformers 5 keeps the base inside rope_parameters.
+        let nested = ["rope_parameters", "rope_scaling"]
+            .iter()
+            .any(|r| c.get(*r).and_then(|p| p.get("rope_theta")).is_some());
+        return set(key) || nested;
+    }
+    set(key) || aliases(key).iter().any(|k| set(k))
+}
+
+/// Fills the keys `config` leaves out (or sets to null) as transformers does for
+/// its `model_type`; other model types are left as they are.
+pub fn with_defaults(config: &mut Value) {
+    let Some(c) = config.as_object_mut() else {
+        return;
+    };
+    let model_type = c.get("model_type").and_then(Value::as_str).unwrap_or("");
+    let Some((_, defaults)) = DEFAULTS.iter().find(|(t, _)| *t == model_type) else {
+        return;
+    };
+    for (key, default) in defaults.iter() {
+        if present(c, key) {
+            continue;
+        }
+        let value = match *default {
+            Int(n) => Value::from(n),
+            Float(f) => Value::from(f),
+            Same(other) => match c.get(other) {
+                Some(v) if !v.is_null() => v.clone(),
+                _ => continue,
+            },
+            HiddenPerHead => {
+                let get = |k: &str| c.get(k).and_then(Value::as_u64);
+                match (get("hidden_size"), get("num_attention_heads")) {
+                    (Some(h), Some(n)) if n > 0 => Value::from(h / n),
+                    _ => continue,
+                }
+            }
+        };
+        c.insert((*key).to_owned(), value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn fills_what_transformers_fills() {
+        let mut c = json!({"model_type": "llama", "hidden_size": 576, "num_attention_heads": 9});
+        with_defaults(&mut c);
+        assert_eq!(c["head_dim"], 64);
+        assert_eq!(c["num_key_value_heads"], 9);
+        assert_eq!(c["max_position_embeddings"], 2048);
+        let mut c = json!({"model_type": "qwen3", "head_dim": null,
+            "rope_parameters": {"rope_theta": 5.0}, "num_key_value_heads": 2});
+        with_defaults(&mut c);
+        assert_eq!(c["head_dim"], 128);
+        assert_eq!(c["num_key_value_heads"], 2);
+        assert!(c.get("rope_theta").is_none());
+        let mut c = json!({"model_type": "qwen3_moe", "num_local_experts": 4});
+        with_defaults(&mut c);
+        assert!(c.get("num_experts").is_none());
+        let mut c = json!({"model_type": "gpt2"});
+        with_defaults(&mut c);
+        assert_eq!(c, json!({"model_type": "gpt2"}));
+    }
+}
