@@ -9,10 +9,11 @@
 //! The folder is written as `<out>.partial/` and renamed when complete.
 
 use std::fs::{self, File};
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use memwall_runtime::blocks::{DEQUANTIZABLE, dequantize_row, f32_to_bf16, f32_to_f16};
+use memwall_runtime::direct::DirectWriter;
 use memwall_runtime::gguf::{Array, GgufError, GgufModel, Metadata, TensorInfo};
 use memwall_runtime::progress::{Progress, Unit};
 use rayon::prelude::*;
@@ -436,7 +437,15 @@ fn config(
         }
         _ => {}
     }
-    for kind in ["bos", "eos", "pad"] {
+    // A SentencePiece folder has no tokenizer.json to name special tokens by content;
+    // gguf-py then takes every *_token_id from config.json.
+    let sentencepiece = meta.get_str("tokenizer.ggml.model").ok().flatten() == Some("llama");
+    let kinds: &[&str] = if sentencepiece {
+        &["bos", "eos", "unk", "sep", "pad", "cls", "mask"]
+    } else {
+        &["bos", "eos", "pad"]
+    };
+    for kind in kinds {
         if let Some(id) = token_id(meta, kind)? {
             c.insert(format!("{kind}_token_id"), json!(id));
         }
@@ -485,15 +494,172 @@ fn ints(meta: &Metadata, key: &str) -> Result<Vec<i64>, String> {
 }
 
 /// `tokenizer.json` and `tokenizer_config.json` for a byte-level BPE vocabulary.
-fn tokenizer(meta: &Metadata, keys: &Keys) -> Result<(Json, Json), String> {
+/// The tokenizer files: `tokenizer.json` for byte-level BPE, `tokenizer.model` for
+/// SentencePiece, each with `tokenizer_config.json`; (file name, bytes).
+fn tokenizer_files(meta: &Metadata, keys: &Keys) -> Result<Vec<(&'static str, Vec<u8>)>, String> {
     let model = meta
         .require_str("tokenizer.ggml.model")
         .map_err(|e| e.to_string())?;
-    if model != "gpt2" {
+    match model {
+        "gpt2" => {
+            let (tokenizer, config) = tokenizer(meta, keys)?;
+            let tok = serde_json::to_vec(&tokenizer).expect("JSON of plain values");
+            Ok(vec![
+                ("tokenizer_config.json", pretty(&config)),
+                ("tokenizer.json", tok),
+            ])
+        }
+        "llama" => sentencepiece_files(meta, keys),
+        other => Err(format!(
+            "tokenizer.ggml.model = {other}: memwall exports byte-level BPE (gpt2) and SentencePiece (llama) vocabularies"
+        )),
+    }
+}
+
+/// `tokenizer_config.json` keys both vocabulary kinds write: special tokens by
+/// content, the add_* flags the GGUF states, context, chat template.
+fn common_tokenizer_config(
+    meta: &Metadata,
+    keys: &Keys,
+    tokens: &[String],
+    tc: &mut Map<String, Json>,
+) -> Result<(), String> {
+    for k in ["bos", "eos", "sep"] {
+        if let Some(v) = meta
+            .get_bool(&format!("tokenizer.ggml.add_{k}_token"))
+            .map_err(|e| e.to_string())?
+        {
+            tc.insert(format!("add_{k}_token"), json!(v));
+        }
+    }
+    for kind in ["bos", "eos", "unk", "pad"] {
+        if let Some(id) = token_id(meta, kind)? {
+            let t = tokens
+                .get(id as usize)
+                .ok_or_else(|| format!("the {kind} token id {id} is past the vocabulary"))?;
+            tc.insert(format!("{kind}_token"), json!(t));
+        }
+    }
+    if let Some(n) = keys.u64("context_length")? {
+        tc.insert("model_max_length".into(), json!(n));
+    }
+    tc.insert("clean_up_tokenization_spaces".into(), json!(false));
+    if let Some(v) = meta
+        .get_bool("tokenizer.ggml.add_space_prefix")
+        .map_err(|e| e.to_string())?
+    {
+        tc.insert("add_prefix_space".into(), json!(v));
+    }
+    if let Some(t) = meta
+        .get_str("tokenizer.chat_template")
+        .map_err(|e| e.to_string())?
+    {
+        tc.insert("chat_template".into(), json!(t));
+    }
+    Ok(())
+}
+
+/// A SentencePiece vocabulary as `tokenizer.model` (a BPE model with the GGUF's
+/// pieces, scores and types; byte fallback when there are byte pieces) and a
+/// `tokenizer_config.json` whose `added_tokens_decoder` lists the tokens llama.cpp
+/// took from one (score −1000, control or user-defined), so that converting the
+/// folder gives the same vocabulary back.
+fn sentencepiece_files(
+    meta: &Metadata,
+    keys: &Keys,
+) -> Result<Vec<(&'static str, Vec<u8>)>, String> {
+    use crate::sentencepiece::{Model, Piece, piece_type, write};
+    let tokens = meta
+        .get_str_array("tokenizer.ggml.tokens")
+        .map_err(|e| e.to_string())?
+        .ok_or("missing key tokenizer.ggml.tokens")?;
+    let types = ints(meta, "tokenizer.ggml.token_type")?;
+    let scores: Vec<f32> = match meta
+        .get_array("tokenizer.ggml.scores")
+        .map_err(|e| e.to_string())?
+    {
+        Some(Array::F32(v)) => v.clone(),
+        Some(_) => return Err("tokenizer.ggml.scores is not an array of f32".into()),
+        None => vec![0.0; tokens.len()],
+    };
+    if types.len() != tokens.len() || scores.len() != tokens.len() {
         return Err(format!(
-            "tokenizer.ggml.model = {model}: memwall exports byte-level BPE (gpt2) vocabularies only"
+            "{} tokens, {} token types, {} scores",
+            tokens.len(),
+            types.len(),
+            scores.len()
         ));
     }
+    let unk = token_id(meta, "unk")?.ok_or(
+        "a SentencePiece vocabulary needs tokenizer.ggml.unknown_token_id (sentencepiece requires an unknown piece)",
+    )?;
+    // Trailing ids llama.cpp filled with [PADi] are not pieces.
+    let mut n = tokens.len();
+    while n > 0
+        && types[n - 1] == token_type::UNUSED as i64
+        && tokens[n - 1] == format!("[PAD{}]", n - 1)
+    {
+        n -= 1;
+    }
+    let mut decoder = Map::new();
+    let mut pieces = Vec::with_capacity(n);
+    for i in 0..n {
+        let ty = types[i] as i32;
+        let kind = if i as u64 == unk {
+            piece_type::UNKNOWN
+        } else if (1..=6).contains(&ty) {
+            ty
+        } else {
+            piece_type::NORMAL
+        };
+        // llama.cpp writes user-defined tokens with spaces; pieces spell them with ▁.
+        let text = if ty == token_type::USER_DEFINED {
+            tokens[i].replace(' ', "▁")
+        } else {
+            tokens[i].clone()
+        };
+        if scores[i] == -1000.0 && (ty == token_type::CONTROL || ty == token_type::USER_DEFINED) {
+            let special = ty == token_type::CONTROL;
+            decoder.insert(
+                i.to_string(),
+                json!({"content": text, "lstrip": false, "normalized": !special,
+                       "rstrip": false, "single_word": false, "special": special}),
+            );
+        }
+        pieces.push(Piece {
+            piece: text,
+            score: scores[i],
+            kind,
+        });
+    }
+    let add_dummy_prefix = meta
+        .get_bool("tokenizer.ggml.add_space_prefix")
+        .map_err(|e| e.to_string())?
+        .unwrap_or(true);
+    let byte_fallback = pieces.iter().any(|p| p.kind == piece_type::BYTE);
+    let id =
+        |kind: &str| -> Result<Option<u32>, String> { Ok(token_id(meta, kind)?.map(|v| v as u32)) };
+    let model = write(
+        &Model {
+            pieces,
+            add_dummy_prefix,
+        },
+        unk as u32,
+        id("bos")?,
+        id("eos")?,
+        byte_fallback,
+    );
+    let mut tc = Map::new();
+    tc.insert("tokenizer_class".into(), json!("LlamaTokenizer"));
+    common_tokenizer_config(meta, keys, tokens, &mut tc)?;
+    tc.insert("added_tokens_decoder".into(), Json::Object(decoder));
+    Ok(vec![
+        ("tokenizer_config.json", pretty(&Json::Object(tc))),
+        ("tokenizer.model", model),
+    ])
+}
+
+fn tokenizer(meta: &Metadata, keys: &Keys) -> Result<(Json, Json), String> {
     let pre = meta
         .get_str("tokenizer.ggml.pre")
         .map_err(|e| e.to_string())?
@@ -611,32 +777,7 @@ fn tokenizer(meta: &Metadata, keys: &Keys) -> Result<(Json, Json), String> {
     });
     let mut tc = Map::new();
     tc.insert("tokenizer_class".into(), json!("PreTrainedTokenizerFast"));
-    for (k, v) in [("add_bos_token", add_bos), ("add_eos_token", add_eos)] {
-        if let Some(v) = v {
-            tc.insert(k.into(), json!(v));
-        }
-    }
-    for kind in ["bos", "eos", "unk", "pad"] {
-        if let Some((_, t)) = token_of(kind)? {
-            tc.insert(format!("{kind}_token"), json!(t));
-        }
-    }
-    if let Some(n) = keys.u64("context_length")? {
-        tc.insert("model_max_length".into(), json!(n));
-    }
-    tc.insert("clean_up_tokenization_spaces".into(), json!(false));
-    if let Some(v) = meta
-        .get_bool("tokenizer.ggml.add_space_prefix")
-        .map_err(|e| e.to_string())?
-    {
-        tc.insert("add_prefix_space".into(), json!(v));
-    }
-    if let Some(t) = meta
-        .get_str("tokenizer.chat_template")
-        .map_err(|e| e.to_string())?
-    {
-        tc.insert("chat_template".into(), json!(t));
-    }
+    common_tokenizer_config(meta, keys, tokens, &mut tc)?;
     Ok((tokenizer, Json::Object(tc)))
 }
 
@@ -761,7 +902,7 @@ pub fn export(
     };
     let pieces = pieces(&model, arch, &keys).map_err(fail)?;
     let config = config(meta, arch, &keys, &model, options.dtype).map_err(fail)?;
-    let (tokenizer, tokenizer_config) = tokenizer(meta, &keys).map_err(fail)?;
+    let tokenizer = tokenizer_files(meta, &keys).map_err(fail)?;
     let generation = generation_config(meta).map_err(fail)?;
 
     if out.exists() {
@@ -782,7 +923,8 @@ pub fn export(
         &model,
         &partial,
         &pieces,
-        [&config, &generation, &tokenizer, &tokenizer_config],
+        [&config, &generation],
+        &tokenizer,
         options,
         progress,
     );
@@ -814,7 +956,8 @@ fn write_all(
     model: &GgufModel,
     dir: &Path,
     pieces: &[Piece],
-    [config, generation, tokenizer, tokenizer_config]: [&Json; 4],
+    [config, generation]: [&Json; 2],
+    tokenizer: &[(&'static str, Vec<u8>)],
     options: &ExportOptions,
     progress: &dyn Progress,
 ) -> Result<Vec<String>, ExportError> {
@@ -823,14 +966,14 @@ fn write_all(
     for (name, value) in [
         ("config.json", config),
         ("generation_config.json", generation),
-        ("tokenizer_config.json", tokenizer_config),
     ] {
         write_file(&dir.join(name), &pretty(value))?;
         files.push(name.to_owned());
     }
-    let tok = serde_json::to_vec(tokenizer).expect("JSON of plain values");
-    write_file(&dir.join("tokenizer.json"), &tok)?;
-    files.push("tokenizer.json".to_owned());
+    for (name, bytes) in tokenizer {
+        write_file(&dir.join(name), bytes)?;
+        files.push((*name).to_owned());
+    }
 
     // Shards in tensor order, each at most max_shard_size (a bigger tensor alone).
     let mut shards: Vec<Vec<&Piece>> = vec![Vec::new()];
@@ -856,8 +999,8 @@ fn write_all(
             format!("model-{:05}-of-{n:05}.safetensors", i + 1)
         };
         let path = dir.join(&name);
-        let file = File::create(&path).map_err(io_error(&path))?;
-        let mut w = BufWriter::with_capacity(1 << 20, file);
+        // Large and written once: around the page cache where the system allows.
+        let mut w = DirectWriter::create(&path).map_err(io_error(&path))?;
         w.write_all(&safetensors_header(shard, dtype))
             .map_err(io_error(&path))?;
         for p in shard {
@@ -865,10 +1008,7 @@ fn write_all(
             write_piece(model, p, dtype, &mut w, &path, progress)?;
             weight_map.insert(p.hf.clone(), name.clone());
         }
-        let file = w.into_inner().map_err(|e| ExportError::Io {
-            path: path.clone(),
-            source: e.into_error(),
-        })?;
+        let file = w.finish().map_err(io_error(&path))?;
         file.sync_all().map_err(io_error(&path))?;
         files.push(name);
     }

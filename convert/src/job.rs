@@ -11,7 +11,9 @@ use crate::arch::Arch;
 use crate::checkpoint::Checkpoint;
 use crate::metadata::hparams;
 use crate::naming::{naming, parameter_counts};
-use crate::tensors::{OutType, Planned, RowEncoder, encode, plan, rows};
+use crate::tensors::{
+    OutType, Planned, RowEncoder, encode_into, float_rows, is_float_copy, plan, rows,
+};
 use crate::vocab::{detect_pre, load_bpe, load_sentencepiece, write_vocab};
 
 /// Why a conversion failed.
@@ -211,13 +213,22 @@ fn encode_rows(
     options: &Options,
 ) -> Result<Vec<u8>, String> {
     use rayon::prelude::*;
-    let sub = (SUB_WEIGHTS / p.dims[0].max(1)).max(1);
-    let pieces: Vec<Result<Vec<u8>, String>> = (r..r + n)
-        .step_by(sub as usize)
-        .collect::<Vec<u64>>()
-        .into_par_iter()
-        .map(|start| {
-            let count = sub.min(r + n - start);
+    let row_len = p.dims[0].max(1);
+    let row_bytes =
+        p.ty.tensor_size(&[row_len])
+            .map_err(|e| format!("{}: {e}", p.name))?
+            .bytes as usize;
+    let sub = (SUB_WEIGHTS / row_len).max(1) as usize;
+    // One buffer for the chunk; each work item fills its rows in place.
+    let mut out = vec![0u8; n as usize * row_bytes];
+    out.par_chunks_mut(sub * row_bytes)
+        .enumerate()
+        .try_for_each(|(k, piece)| {
+            let start = r + (k * sub) as u64;
+            let count = (piece.len() / row_bytes) as u64;
+            if is_float_copy(p) {
+                return float_rows(ckpt, p, start, count, piece, options.allow_nonfinite);
+            }
             let x = rows(ckpt, p, start, count)?;
             if !options.allow_nonfinite {
                 if let Some(i) = x.iter().position(|v| !v.is_finite()) {
@@ -229,17 +240,8 @@ fn encode_rows(
                     ));
                 }
             }
-            let piece = Planned {
-                dims: vec![p.dims[0], count],
-                ..p.clone()
-            };
-            encode(&piece, &x, options.encode)
-        })
-        .collect();
-    let mut out = Vec::new();
-    for piece in pieces {
-        out.extend(piece?);
-    }
+            encode_into(p, &x, piece, options.encode)
+        })?;
     Ok(out)
 }
 
@@ -355,7 +357,7 @@ pub fn convert(
     // (two in flight), and input pages are released once converted: memory
     // stays at a few pieces whatever the model's size.
     let writers = std::thread::scope(|scope| -> Result<Vec<GgufWriter<_>>, ConvertError> {
-        let (send, receive) = std::sync::mpsc::sync_channel::<(usize, Vec<u8>)>(2);
+        let (send, receive) = std::sync::mpsc::sync_channel::<(usize, Vec<u8>)>(8);
         let names: Vec<&str> = c.tensors.iter().map(|p| p.name.as_str()).collect();
         let file_of = &file_of;
         let mut writers = writers;

@@ -178,10 +178,16 @@ fn put_bytes(out: &mut Vec<u8>, field: u64, b: &[u8]) {
     out.extend_from_slice(b);
 }
 
-/// A `ModelProto` for `pieces`, with a BPE trainer spec, byte fallback and
+/// A `ModelProto` for `pieces`, with a BPE trainer spec, byte fallback as asked and
 /// identity normalization: what `memwall export` writes for a GGUF `llama`
 /// vocabulary. The trainer spec carries the special ids SentencePiece needs.
-pub fn write(model: &Model, unk: u32, bos: Option<u32>, eos: Option<u32>) -> Vec<u8> {
+pub fn write(
+    model: &Model,
+    unk: u32,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    byte_fallback: bool,
+) -> Vec<u8> {
     let mut out = Vec::new();
     for p in &model.pieces {
         let mut b = Vec::new();
@@ -202,7 +208,7 @@ pub fn write(model: &Model, unk: u32, bos: Option<u32>, eos: Option<u32>) -> Vec
     put_varint(&mut t, 4 << 3);
     put_varint(&mut t, model.pieces.len() as u64);
     put_varint(&mut t, 35 << 3);
-    put_varint(&mut t, 1);
+    put_varint(&mut t, u64::from(byte_fallback));
     let id = |v: Option<u32>| v.map_or(u64::MAX, u64::from);
     for (field, v) in [(40, Some(unk)), (41, bos), (42, eos), (43, None)] {
         put_varint(&mut t, field << 3);
@@ -248,7 +254,7 @@ mod tests {
             ],
             add_dummy_prefix: false,
         };
-        let bytes = write(&model, 0, None, None);
+        let bytes = write(&model, 0, None, None, true);
         assert_eq!(parse(&bytes).unwrap(), model);
         for cut in [1, bytes.len() - 1] {
             assert!(parse(&bytes[..cut]).is_err(), "cut at {cut}");

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use memwall_runtime::GgmlType;
-use memwall_runtime::blocks::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+use memwall_runtime::blocks::{bf16_to_f32, f16_to_f32, f32_to_bf16};
 
 use crate::arch::{Arch, SKIPPED_SUFFIXES, block_of, gguf_name};
 use crate::checkpoint::{Checkpoint, SourceTensor, SourceType};
@@ -285,23 +285,24 @@ fn weight_type(name: &str, dims: &[u64], outtype: OutType) -> GgmlType {
     }
 }
 
-fn decode(t: &SourceTensor, bytes: &[u8], out: &mut Vec<f32>) {
+/// Decodes one source row into `out` (its length).
+fn decode(t: &SourceTensor, bytes: &[u8], out: &mut [f32]) {
     match t.ty {
-        SourceType::F32 => out.extend(
-            bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        ),
-        SourceType::F16 => out.extend(
-            bytes
-                .chunks_exact(2)
-                .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]]))),
-        ),
-        SourceType::BF16 => out.extend(
-            bytes
-                .chunks_exact(2)
-                .map(|b| bf16_to_f32(u16::from_le_bytes([b[0], b[1]]))),
-        ),
+        SourceType::F32 => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        SourceType::F16 => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+            }
+        }
+        SourceType::BF16 => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+            }
+        }
     }
 }
 
@@ -338,7 +339,19 @@ pub fn rows(ckpt: &Checkpoint, p: &Planned, start: u64, count: u64) -> Result<Ve
             .map(<[f32]>::to_vec)
             .ok_or_else(|| format!("{}: rows out of range", p.name));
     }
-    let per_part = p.rows() / p.parts.len() as u64;
+    let (per_part, perm) = row_mapping(p)?;
+    let mut x = vec![0f32; count as usize * row_len];
+    for (r, dst) in (start..start + count).zip(x.chunks_exact_mut(row_len.max(1))) {
+        let (t, data) = source_row(ckpt, p, per_part, perm, r);
+        decode(t, data, dst);
+    }
+    Ok(x)
+}
+
+/// How output rows map onto source rows: rows per part, rows per head when
+/// permuted. Errors when the rows do not split into the heads.
+fn row_mapping(p: &Planned) -> Result<(u64, Option<usize>), String> {
+    let per_part = p.rows() / p.parts.len().max(1) as u64;
     let perm = match p.permute_heads {
         Some(heads) => {
             let n = per_part as usize;
@@ -352,19 +365,96 @@ pub fn rows(ckpt: &Checkpoint, p: &Planned, start: u64, count: u64) -> Result<Ve
         }
         None => None,
     };
-    let mut x = Vec::with_capacity(count as usize * row_len);
-    for r in start..start + count {
-        let part = (r / per_part) as usize;
-        let mut local = (r % per_part) as usize;
-        if let Some(head) = perm {
-            local = permuted_source_row(local, head);
-        }
-        let t = &ckpt.tensors()[p.parts[part]];
-        let bytes = t.ty.size() * row_len;
-        let data = &ckpt.data(t)[local * bytes..(local + 1) * bytes];
-        decode(t, data, &mut x);
+    Ok((per_part, perm))
+}
+
+/// The source tensor and bytes of output row `r`.
+fn source_row<'a>(
+    ckpt: &'a Checkpoint,
+    p: &Planned,
+    per_part: u64,
+    perm: Option<usize>,
+    r: u64,
+) -> (&'a SourceTensor, &'a [u8]) {
+    let part = (r / per_part) as usize;
+    let mut local = (r % per_part) as usize;
+    if let Some(head) = perm {
+        local = permuted_source_row(local, head);
     }
-    Ok(x)
+    let t = &ckpt.tensors()[p.parts[part]];
+    let bytes = t.ty.size() * p.dims[0] as usize;
+    (t, &ckpt.data(t)[local * bytes..(local + 1) * bytes])
+}
+
+/// Whether the fast float path ([`float_rows`]) converts `p`.
+pub fn is_float_copy(p: &Planned) -> bool {
+    p.generated.is_none() && matches!(p.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+}
+
+/// Output rows `[start, start + count)` of a float tensor ([`is_float_copy`])
+/// straight into `out`, a few thousand values at a time through small buffers:
+/// the same bytes as [`rows`] then [`encode`], without whole-chunk
+/// intermediates. Non-finite values are an error unless `allow_nonfinite`.
+pub fn float_rows(
+    ckpt: &Checkpoint,
+    p: &Planned,
+    start: u64,
+    count: u64,
+    out: &mut [u8],
+    allow_nonfinite: bool,
+) -> Result<(), String> {
+    use half::slice::HalfFloatSliceExt;
+    const BLOCK: usize = 2048;
+    let row_len = p.dims[0] as usize;
+    let size = match p.ty {
+        GgmlType::F32 => 4,
+        GgmlType::F16 | GgmlType::BF16 => 2,
+        ty => return Err(format!("{}: {} is not a float type", p.name, ty.name())),
+    };
+    let (per_part, perm) = row_mapping(p)?;
+    let mut f = [0f32; BLOCK];
+    let mut h = [half::f16::ZERO; BLOCK];
+    for (r, orow) in (start..start + count).zip(out.chunks_exact_mut(row_len.max(1) * size)) {
+        let (t, src) = source_row(ckpt, p, per_part, perm, r);
+        let blocks = src
+            .chunks(BLOCK * t.ty.size())
+            .zip(orow.chunks_mut(BLOCK * size));
+        for (b, (sblk, oblk)) in blocks.enumerate() {
+            let n = oblk.len() / size;
+            let f = &mut f[..n];
+            decode(t, sblk, f);
+            // A branch-free test first (it vectorizes); the position only on failure.
+            if !allow_nonfinite && f.iter().fold(false, |bad, v| bad | !v.is_finite()) {
+                let i = f.iter().position(|v| !v.is_finite()).unwrap_or(0);
+                return Err(format!(
+                    "tensor {} has a non-finite value ({}) at element {} (--allow-nonfinite writes it anyway)",
+                    p.name,
+                    f[i],
+                    r * row_len as u64 + (b * BLOCK + i) as u64
+                ));
+            }
+            match p.ty {
+                GgmlType::F16 => {
+                    let h = &mut h[..n];
+                    h.convert_from_f32_slice(f);
+                    for (o, v) in oblk.chunks_exact_mut(2).zip(h.iter()) {
+                        o.copy_from_slice(&v.to_le_bytes());
+                    }
+                }
+                GgmlType::BF16 => {
+                    for (o, &v) in oblk.chunks_exact_mut(2).zip(f.iter()) {
+                        o.copy_from_slice(&f32_to_bf16(v).to_le_bytes());
+                    }
+                }
+                _ => {
+                    for (o, v) in oblk.chunks_exact_mut(4).zip(f.iter()) {
+                        o.copy_from_slice(&v.to_le_bytes());
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Encodes one row of weights as a quantized type (the quantizer's
@@ -373,29 +463,55 @@ pub type RowEncoder = dyn Fn(GgmlType, &[f32], &mut [u8]) -> Result<(), String> 
 
 /// Encodes planned values; `encode` quantizes rows for the quantized types.
 pub fn encode(p: &Planned, x: &[f32], encode: &RowEncoder) -> Result<Vec<u8>, String> {
-    Ok(match p.ty {
-        GgmlType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        GgmlType::F16 => x
-            .iter()
-            .flat_map(|&v| f32_to_f16(v).to_le_bytes())
-            .collect(),
-        GgmlType::BF16 => x
-            .iter()
-            .flat_map(|&v| f32_to_bf16(v).to_le_bytes())
-            .collect(),
+    let size =
+        p.ty.tensor_size(&p.dims)
+            .map_err(|e| format!("{}: {e}", p.name))?;
+    let mut out = vec![0u8; size.bytes as usize];
+    encode_into(p, x, &mut out, encode)?;
+    Ok(out)
+}
+
+/// Encodes whole rows `x` of `p` into `out`, which holds exactly their bytes.
+pub fn encode_into(
+    p: &Planned,
+    x: &[f32],
+    out: &mut [u8],
+    encode: &RowEncoder,
+) -> Result<(), String> {
+    match p.ty {
+        GgmlType::F32 => {
+            for (o, v) in out.chunks_exact_mut(4).zip(x) {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        GgmlType::F16 => {
+            // half converts with F16C / FP16 instructions where the CPU has them;
+            // rounding is to nearest even, as numpy's astype(float16) and f32_to_f16.
+            use half::slice::HalfFloatSliceExt;
+            let mut h = vec![half::f16::ZERO; x.len()];
+            h.convert_from_f32_slice(x);
+            for (o, v) in out.chunks_exact_mut(2).zip(&h) {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        GgmlType::BF16 => {
+            for (o, &v) in out.chunks_exact_mut(2).zip(x) {
+                o.copy_from_slice(&f32_to_bf16(v).to_le_bytes());
+            }
+        }
         ty => {
-            let size = ty
-                .tensor_size(&p.dims)
-                .map_err(|e| format!("{}: {e}", p.name))?;
-            let mut out = vec![0u8; size.bytes as usize];
             let row = p.dims[0] as usize;
-            let row_bytes = out.len() / (x.len() / row);
+            let rows = x.len() / row.max(1);
+            if rows == 0 || out.len() % rows != 0 {
+                return Err(format!("{}: rows do not fit the output", p.name));
+            }
+            let row_bytes = out.len() / rows;
             for (xs, ys) in x.chunks_exact(row).zip(out.chunks_exact_mut(row_bytes)) {
                 encode(ty, xs, ys).map_err(|e| format!("{}: {e}", p.name))?;
             }
-            out
         }
-    })
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -414,6 +530,38 @@ mod tests {
                     r
                 );
             }
+        }
+    }
+
+    #[test]
+    fn half_rounds_like_the_scalar_reference() {
+        // F16C (or FP16) through `half` and ggml-style scalar rounding agree on every
+        // non-NaN value: normal, subnormal, halfway cases, overflow to infinity.
+        use half::slice::HalfFloatSliceExt;
+        use memwall_runtime::blocks::f32_to_f16;
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut xs: Vec<f32> = (0..1_000_000)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                f32::from_bits(state as u32)
+            })
+            .filter(|x| !x.is_nan())
+            .collect();
+        xs.extend([
+            0.0, -0.0, 65504.0, 65520.0, 65519.99, 6.1e-5, 5.96e-8, 2.98e-8, 1e-9,
+        ]);
+        xs.extend([
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+        ]);
+        let mut h = vec![half::f16::ZERO; xs.len()];
+        h.convert_from_f32_slice(&xs);
+        for (x, h) in xs.iter().zip(&h) {
+            assert_eq!(h.to_bits(), f32_to_f16(*x), "{x:e}");
         }
     }
 

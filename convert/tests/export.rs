@@ -183,6 +183,49 @@ fn every_architecture_round_trips_to_the_same_file() {
     }
 }
 
+/// Every metadata key and value, sorted by key.
+fn sorted_metadata(path: &Path) -> Vec<(String, String)> {
+    let f = GgufFile::open(path).unwrap();
+    let mut keys: Vec<(String, String)> = f
+        .metadata()
+        .iter()
+        .map(|(k, v)| (k.to_owned(), format!("{v:?}")))
+        .collect();
+    keys.sort();
+    keys
+}
+
+#[test]
+fn sentencepiece_models_round_trip_to_an_equivalent_file() {
+    // SentencePiece GGUFs come back as tokenizer.model + tokenizer_config.json. Without a
+    // tokenizer.json the add_* flags are read in gguf-py's type order, so keys may change
+    // order; every key and value, and every tensor, is the same.
+    let dir = tempfile::tempdir().unwrap();
+    let synth = Options {
+        tokenizer_dir: Some(fixtures().join("spm")),
+        ..Options::default()
+    };
+    for arch in ["llama", "mixtral"] {
+        let mut p = preset(&format!("tiny-{arch}")).unwrap();
+        p.shape.vocab = 2008;
+        let hf = dir.path().join("hf").join(arch);
+        write_checkpoint(&hf, p.arch, &p.shape, &synth, &mut |_| {}).unwrap();
+        let first = dir.path().join(format!("{arch}.gguf"));
+        convert(&hf, &first, &options(OutType::F16, None), &Silent).unwrap();
+        let back = dir.path().join("back").join(arch);
+        exported(&first, &back, ExportDtype::F32);
+        assert!(back.join("tokenizer.model").is_file() && !back.join("tokenizer.json").exists());
+        let again = dir.path().join(format!("{arch}-again.gguf"));
+        convert(&back, &again, &options(OutType::F16, None), &Silent).unwrap();
+        assert_eq!(tensor_list(&again), tensor_list(&first), "{arch}: tensors");
+        assert_eq!(
+            sorted_metadata(&again),
+            sorted_metadata(&first),
+            "{arch}: metadata"
+        );
+    }
+}
+
 #[test]
 fn large_exports_are_sharded_with_an_index() {
     let original = fixtures().join("tiny-zh/reference/tiny-zh-f16.gguf");

@@ -9,13 +9,30 @@ use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+use crate::direct::DirectWriter;
+
 /// A file being written at `<path>.partial`; see the module docs.
 ///
 /// Dropping it without [`AtomicFile::commit`] removes the partial file.
 pub struct AtomicFile {
     path: PathBuf,
     partial: PathBuf,
-    file: Option<BufWriter<File>>,
+    file: Option<Sink>,
+}
+
+/// Where the bytes go: through the page cache, or around it for large files.
+enum Sink {
+    Buffered(BufWriter<File>),
+    Direct(DirectWriter),
+}
+
+impl Sink {
+    fn out(&mut self) -> &mut dyn Write {
+        match self {
+            Sink::Buffered(w) => w,
+            Sink::Direct(w) => w,
+        }
+    }
 }
 
 impl AtomicFile {
@@ -33,7 +50,19 @@ impl AtomicFile {
         Ok(AtomicFile {
             path: path.to_owned(),
             partial,
-            file: Some(BufWriter::with_capacity(1 << 20, file)),
+            file: Some(Sink::Buffered(BufWriter::with_capacity(1 << 20, file))),
+        })
+    }
+
+    /// Like [`AtomicFile::create`], for a large file written once: bytes bypass
+    /// the page cache where the system allows ([`DirectWriter`]).
+    pub fn create_large(path: &Path) -> io::Result<Self> {
+        let partial = Self::partial_path_for(path);
+        let writer = DirectWriter::create(&partial)?;
+        Ok(AtomicFile {
+            path: path.to_owned(),
+            partial,
+            file: Some(Sink::Direct(writer)),
         })
     }
 
@@ -50,11 +79,14 @@ impl AtomicFile {
     /// Flushes, fsyncs, renames `<path>.partial` to `path` and fsyncs the
     /// directory, so that the rename survives a crash.
     pub fn commit(mut self) -> io::Result<()> {
-        let writer = self
+        let file = match self
             .file
             .take()
-            .expect("file is present until commit or drop");
-        let file = writer.into_inner().map_err(|e| e.into_error())?;
+            .expect("file is present until commit or drop")
+        {
+            Sink::Buffered(w) => w.into_inner().map_err(|e| e.into_error())?,
+            Sink::Direct(w) => w.finish()?,
+        };
         file.sync_all()?;
         drop(file);
         fs::rename(&self.partial, &self.path)?;
@@ -71,6 +103,7 @@ impl Write for AtomicFile {
         self.file
             .as_mut()
             .expect("file is present until commit or drop")
+            .out()
             .write(buf)
     }
 
@@ -78,6 +111,7 @@ impl Write for AtomicFile {
         self.file
             .as_mut()
             .expect("file is present until commit or drop")
+            .out()
             .write_all(buf)
     }
 
@@ -85,16 +119,19 @@ impl Write for AtomicFile {
         self.file
             .as_mut()
             .expect("file is present until commit or drop")
+            .out()
             .flush()
     }
 }
 
 impl Drop for AtomicFile {
     fn drop(&mut self) {
-        if let Some(writer) = self.file.take() {
+        if let Some(sink) = self.file.take() {
             // Unwritten buffered bytes are worthless now; drop without flushing errors.
-            let (file, _) = writer.into_parts();
-            drop(file);
+            if let Sink::Buffered(writer) = sink {
+                let (file, _) = writer.into_parts();
+                drop(file);
+            }
             let _ = fs::remove_file(&self.partial);
         }
     }
@@ -119,6 +156,9 @@ mod tests {
 
         let mut f = AtomicFile::create(&out).unwrap();
         f.write_all(b"half").unwrap();
+        drop(f);
+        let mut f = AtomicFile::create_large(&out).unwrap();
+        f.write_all(&[7u8; 10_000]).unwrap();
         drop(f);
         assert_eq!(
             fs::read(&out).unwrap(),

@@ -60,7 +60,7 @@ impl GgufWriter<AtomicFile> {
         tensors: Vec<TensorSpec>,
     ) -> Result<Self, GgufError> {
         let header = plan(path, version, metadata, tensors)?;
-        let out = AtomicFile::create(path).map_err(|error| GgufError::Io {
+        let out = AtomicFile::create_large(path).map_err(|error| GgufError::Io {
             path: AtomicFile::partial_path_for(path),
             error,
         })?;
