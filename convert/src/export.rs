@@ -550,11 +550,36 @@ fn common_tokenizer_config(
     {
         tc.insert("add_prefix_space".into(), json!(v));
     }
-    if let Some(t) = meta
+    let default = meta
         .get_str("tokenizer.chat_template")
-        .map_err(|e| e.to_string())?
-    {
-        tc.insert("chat_template".into(), json!(t));
+        .map_err(|e| e.to_string())?;
+    let names = meta
+        .get_str_array("tokenizer.chat_templates")
+        .map_err(|e| e.to_string())?;
+    match names {
+        // Named templates: the list form of tokenizer_config.json.
+        Some(names) if !names.is_empty() => {
+            let mut list = Vec::new();
+            if let Some(t) = default {
+                list.push(json!({"name": "default", "template": t}));
+            }
+            for name in names {
+                let key = format!("tokenizer.chat_template.{name}");
+                let t = meta
+                    .get_str(&key)
+                    .map_err(|e| e.to_string())?
+                    .ok_or_else(|| {
+                        format!("tokenizer.chat_templates names {name} but {key} is missing")
+                    })?;
+                list.push(json!({"name": name, "template": t}));
+            }
+            tc.insert("chat_template".into(), Json::Array(list));
+        }
+        _ => {
+            if let Some(t) = default {
+                tc.insert("chat_template".into(), json!(t));
+            }
+        }
     }
     Ok(())
 }

@@ -71,24 +71,13 @@ pub fn prepare(ckpt: &Checkpoint, options: &Options) -> Result<Conversion, Conve
     let tensors = plan(ckpt, arch, options.outtype).map_err(model_err)?;
     crate::validate::validate(ckpt, arch, &tensors).map_err(model_err)?;
     let counts = parameter_counts(tensors.iter().map(|p| (p.name.as_str(), p.dims.as_slice())));
-    let names = naming(ckpt.dir(), ckpt.config(), counts);
+    let card = crate::model_card::load(ckpt.dir(), counts.0 as i64).map_err(model_err)?;
+    let names = naming(ckpt.dir(), ckpt.config(), counts, &card);
     let mut meta = Metadata::new();
     meta.set("general.architecture", arch.gguf);
     meta.set("general.type", "model");
     sampling(&mut meta, ckpt.dir()).map_err(model_err)?;
-    let fields = [
-        ("general.name", &names.name),
-        ("general.version", &names.version),
-        ("general.organization", &names.organization),
-        ("general.finetune", &names.finetune),
-        ("general.basename", &names.basename),
-        ("general.size_label", &names.size_label),
-    ];
-    for (key, value) in fields {
-        if let Some(v) = value {
-            meta.set(key, Value::String(v.clone()));
-        }
-    }
+    general_keys(&mut meta, &names, &card);
     hparams(&mut meta, ckpt.config(), arch, options.outtype).map_err(model_err)?;
     // llama.cpp's LlamaModel and Qwen2Model (Qwen3Model) try tokenizer.model first.
     let sentencepiece = matches!(arch.gguf, "llama" | "qwen2" | "qwen3")
@@ -112,6 +101,72 @@ pub fn prepare(ckpt: &Checkpoint, options: &Options) -> Result<Conversion, Conve
         metadata: meta,
         tensors,
     })
+}
+
+/// The `general.*` keys of the model's identity, in gguf-py's
+/// `set_gguf_meta_model` order: naming, description, license, source, base
+/// models, datasets, tags, languages.
+fn general_keys(
+    meta: &mut Metadata,
+    names: &crate::naming::Naming,
+    card: &crate::model_card::Card,
+) {
+    let put = |meta: &mut Metadata, key: &str, value: &Option<String>| {
+        if let Some(v) = value {
+            meta.set(key, Value::String(v.clone()));
+        }
+    };
+    put(meta, "general.name", &names.name);
+    put(meta, "general.author", &card.author);
+    put(meta, "general.version", &names.version);
+    put(meta, "general.organization", &names.organization);
+    put(meta, "general.finetune", &names.finetune);
+    put(meta, "general.basename", &names.basename);
+    put(meta, "general.description", &card.description);
+    put(meta, "general.size_label", &names.size_label);
+    put(meta, "general.license", &card.license);
+    put(meta, "general.license.name", &card.license_name);
+    put(meta, "general.license.link", &card.license_link);
+    for (suffix, value) in ["url", "doi", "uuid", "repo_url"].iter().zip(&card.source) {
+        put(meta, &format!("general.source.{suffix}"), value);
+    }
+    for (group, list) in [
+        ("base_model", &card.base_models),
+        ("dataset", &card.datasets),
+    ] {
+        let Some(list) = list else { continue };
+        meta.set(
+            format!("general.{group}.count"),
+            Value::U32(list.len() as u32),
+        );
+        for (i, s) in list.iter().enumerate() {
+            let fields = [
+                ("name", &s.name),
+                ("author", &s.author),
+                ("version", &s.version),
+                ("organization", &s.organization),
+                ("description", &s.description),
+                ("url", &s.url),
+                ("doi", &s.doi),
+                ("uuid", &s.uuid),
+                ("repo_url", &s.repo_url),
+            ];
+            for (field, value) in fields {
+                put(meta, &format!("general.{group}.{i}.{field}"), value);
+            }
+        }
+    }
+    for (key, list) in [
+        ("general.tags", &card.tags),
+        ("general.languages", &card.languages),
+    ] {
+        if let Some(list) = list {
+            meta.set(
+                key,
+                Value::Array(memwall_runtime::gguf::Array::String(list.clone())),
+            );
+        }
+    }
 }
 
 /// What llama.cpp's `LlamaModel.set_vocab` adds after the vocabulary: CodeLlama's

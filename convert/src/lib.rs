@@ -14,6 +14,7 @@ pub mod hf_config;
 pub mod hub;
 pub mod job;
 pub mod metadata;
+pub mod model_card;
 pub mod naming;
 pub mod sentencepiece;
 pub mod tensors;

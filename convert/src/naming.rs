@@ -4,8 +4,7 @@
 //! basename, finetune, version and size label, from `config.json`'s
 //! `_name_or_path` and the checkpoint folder's name.
 //!
-//! Not read yet: the model card (`README.md` front matter), which can add
-//! license, tags, languages and base-model keys.
+//! Fields the model card states ([`crate::model_card`]) come first.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -296,11 +295,24 @@ pub fn parameter_counts<'a>(
     (total, shared, expert, experts)
 }
 
-/// The naming keys for a checkpoint folder (`Metadata.load` without a model
-/// card, then `prepare_metadata`'s fallbacks).
-pub fn naming(dir: &Path, config: &serde_json::Value, counts: (u64, u64, u64, u64)) -> Naming {
+/// The naming keys for a checkpoint folder (`Metadata.load`: the model card's
+/// fields, then `_name_or_path`, then the folder name; then `prepare_metadata`'s
+/// fallbacks).
+pub fn naming(
+    dir: &Path,
+    config: &serde_json::Value,
+    counts: (u64, u64, u64, u64),
+    card: &crate::model_card::Card,
+) -> Naming {
     let (total, shared, expert, experts) = counts;
-    let mut n = Naming::default();
+    let mut n = Naming {
+        name: card.name.clone(),
+        version: card.version.clone(),
+        organization: card.organization.clone(),
+        finetune: card.finetune.clone(),
+        basename: card.basename.clone(),
+        size_label: card.size_label.clone(),
+    };
     let apply = |parts: IdParts, n: &mut Naming| {
         if n.name.is_none() {
             n.name = parts.full_name.as_deref().map(id_to_title);

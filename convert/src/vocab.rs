@@ -63,6 +63,9 @@ pub struct Vocab {
     pub add: Vec<(&'static str, bool)>,
     /// `tokenizer.chat_template`.
     pub chat_template: Option<String>,
+    /// `tokenizer.chat_template.<name>` for named templates (listed in
+    /// `tokenizer.chat_templates`), in the checkpoint's order.
+    pub named_templates: Vec<(String, String)>,
     /// `tokenizer.ggml.add_space_prefix` (llama only, from `add_prefix_space`).
     pub add_space_prefix: Option<bool>,
 }
@@ -238,6 +241,7 @@ pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<Vocab, Str
     v.special = sv.special;
     v.add = sv.add;
     v.chat_template = sv.chat_template;
+    v.named_templates = sv.named_templates;
     Ok(v)
 }
 
@@ -337,6 +341,7 @@ pub fn load_sentencepiece(dir: &Path, config: &Json, gguf_arch: &str) -> Result<
     v.special = sv.special;
     v.add = sv.add;
     v.chat_template = sv.chat_template;
+    v.named_templates = sv.named_templates;
     Ok(v)
 }
 
@@ -345,6 +350,7 @@ struct SpecialVocab {
     special: Vec<(&'static str, u32)>,
     add: Vec<(&'static str, bool)>,
     chat_template: Option<String>,
+    named_templates: Vec<(String, String)>,
 }
 
 /// gguf-py's `SpecialVocab` for the checkpoint in `dir`: from `tokenizer.json`'s
@@ -359,6 +365,7 @@ fn special_vocab(
     n_vocab: usize,
 ) -> Result<SpecialVocab, String> {
     let mut chat_template = None;
+    let mut named = Vec::new();
     // Special tokens (SpecialVocab._try_load_from_tokenizer_json, then config.json).
     let mut special = Special {
         ids: Vec::new(),
@@ -537,32 +544,74 @@ fn special_vocab(
         }
     }
     if let Some(tc) = &tc {
-        let template = match tc.get("chat_template") {
-            Some(Json::String(s)) => Some(s.clone()),
-            Some(Json::Null) | None => {
-                let jinja = dir.join("chat_template.jinja");
-                if jinja.is_file() {
-                    Some(
-                        std::fs::read_to_string(&jinja)
-                            .map_err(|e| format!("{}: {e}", jinja.display()))?,
-                    )
-                } else {
-                    match read_json(&dir.join("chat_template.json"))? {
-                        Some(j) => j
-                            .get("chat_template")
-                            .and_then(Json::as_str)
-                            .map(str::to_owned),
-                        None => None,
+        // gguf-py: tokenizer_config's chat_template if the key is there (even null),
+        // else chat_template.jinja (with additional_chat_templates/*.jinja as named
+        // templates), else chat_template.json's.
+        let alternative = || -> Result<Json, String> {
+            let jinja = dir.join("chat_template.jinja");
+            if jinja.is_file() {
+                let read = |p: &Path| {
+                    std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))
+                };
+                let default = read(&jinja)?;
+                let mut extra: Vec<std::path::PathBuf> =
+                    std::fs::read_dir(dir.join("additional_chat_templates"))
+                        .map(|d| {
+                            d.filter_map(|e| e.ok().map(|e| e.path()))
+                                .filter(|p| p.extension().is_some_and(|x| x == "jinja"))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                if extra.is_empty() {
+                    return Ok(Json::String(default));
+                }
+                // Python's glob order is the directory's; memwall sorts by name.
+                extra.sort();
+                let mut list = vec![serde_json::json!({"name": "default", "template": default})];
+                for p in extra {
+                    let name = p.file_stem().map(|s| s.to_string_lossy().into_owned());
+                    list.push(serde_json::json!({"name": name, "template": read(&p)?}));
+                }
+                return Ok(Json::Array(list));
+            }
+            Ok(read_json(&dir.join("chat_template.json"))?
+                .and_then(|j| j.get("chat_template").cloned())
+                .unwrap_or(Json::Null))
+        };
+        let value = match tc.get("chat_template") {
+            Some(v) => v.clone(),
+            None => alternative()?,
+        };
+        match value {
+            Json::String(s) => chat_template = Some(s),
+            Json::Array(list) => {
+                // GGUFWriter.add_chat_template: names reduced to [A-Za-z0-9_], "default"
+                // is tokenizer.chat_template, the others tokenizer.chat_template.<name>.
+                for choice in &list {
+                    let name: String = choice["name"]
+                        .as_str()
+                        .unwrap_or("")
+                        .chars()
+                        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                        .collect();
+                    let Some(template) = choice["template"].as_str() else {
+                        continue;
+                    };
+                    if name.is_empty() {
+                        continue;
+                    }
+                    if name == "default" {
+                        chat_template = Some(template.to_owned());
+                    } else if let Some(slot) = named.iter_mut().find(|(n, _)| *n == name) {
+                        slot.1 = template.to_owned();
+                    } else {
+                        named.push((name, template.to_owned()));
                     }
                 }
             }
-            Some(_) => {
-                return Err(
-                    "tokenizer_config.json: lists of chat templates are not supported yet".into(),
-                );
-            }
-        };
-        chat_template = template;
+            // gguf-py ignores other values (with a warning).
+            _ => {}
+        }
         for typ in special.types.clone() {
             if let Some(flag) = tc.get(format!("add_{typ}_token")).and_then(Json::as_bool) {
                 set_add(&mut add, typ, flag, false);
@@ -584,6 +633,7 @@ fn special_vocab(
         special: special.ids,
         add,
         chat_template,
+        named_templates: named,
     })
 }
 
@@ -625,6 +675,16 @@ pub fn write_vocab(meta: &mut Metadata, v: &Vocab, pre: &str) {
         meta.set(
             format!("tokenizer.ggml.add_{typ}_token"),
             Value::Bool(*flag),
+        );
+    }
+    for (name, template) in &v.named_templates {
+        meta.set(format!("tokenizer.chat_template.{name}"), template.as_str());
+    }
+    if !v.named_templates.is_empty() {
+        let names = v.named_templates.iter().map(|(n, _)| n.clone()).collect();
+        meta.set(
+            "tokenizer.chat_templates",
+            Value::Array(Array::String(names)),
         );
     }
     if let Some(t) = &v.chat_template {

@@ -327,3 +327,42 @@ fn what_cannot_be_exported_is_refused_before_writing() {
     assert!(err.contains("cut.gguf"), "{err}");
     assert!(!out.exists() && !partial_dir(&out).exists());
 }
+
+#[test]
+fn named_chat_templates_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let synth = Options {
+        tokenizer_dir: Some(fixtures().join("smollm2")),
+        ..Options::default()
+    };
+    let mut p = preset("tiny-llama").unwrap();
+    p.shape.vocab = 49152;
+    let hf = dir.path().join("hf").join("m");
+    write_checkpoint(&hf, p.arch, &p.shape, &synth, &mut |_| {}).unwrap();
+    let tc_path = hf.join("tokenizer_config.json");
+    let mut tc: Value = serde_json::from_slice(&std::fs::read(&tc_path).unwrap()).unwrap();
+    tc["chat_template"] = serde_json::json!([
+        {"name": "default", "template": "A"},
+        {"name": "tool use", "template": "B"},
+        {"name": "rag", "template": "C"}
+    ]);
+    std::fs::write(&tc_path, serde_json::to_vec(&tc).unwrap()).unwrap();
+    let first = dir.path().join("a.gguf");
+    convert(&hf, &first, &options(OutType::F16, None), &Silent).unwrap();
+    let back = dir.path().join("back").join("m");
+    exported(&first, &back, ExportDtype::F32);
+    let again = dir.path().join("b.gguf");
+    convert(&back, &again, &options(OutType::F16, None), &Silent).unwrap();
+    assert_eq!(
+        sha(&std::fs::read(&again).unwrap()),
+        sha(&std::fs::read(&first).unwrap())
+    );
+    let f = GgufFile::open(&first).unwrap();
+    assert_eq!(
+        f.metadata()
+            .get_str_array("tokenizer.chat_templates")
+            .unwrap()
+            .unwrap(),
+        ["tool_use", "rag"]
+    );
+}

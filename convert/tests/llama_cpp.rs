@@ -106,7 +106,7 @@ fn every_architecture_and_outtype_equals_llama_cpp() {
         // Naming keys from the folder name and the parameter count.
         let planned = plan(&ckpt, class(&ckpt), OutType::F16).unwrap();
         let counts = parameter_counts(planned.iter().map(|p| (p.name.as_str(), p.dims.as_slice())));
-        let n = naming(&out, ckpt.config(), counts);
+        let n = naming(&out, ckpt.config(), counts, &Default::default());
         let meta = &expected["outtypes"]["f16"]["metadata"];
         assert_eq!(
             n.name.as_deref(),
@@ -572,5 +572,117 @@ fn missing_config_keys_take_transformers_defaults_like_llama_cpp() {
             })
             .collect();
         assert_eq!(ours, theirs, "{arch}");
+    }
+}
+
+#[test]
+fn model_card_keys_equal_llama_cpp() {
+    use memwall_convert::job::{Options as Convert, prepare};
+    use memwall_runtime::gguf::{Array as A, Value as V};
+    let text = std::fs::read_to_string(fixtures().join("synth/model-cards.json")).unwrap();
+    let reference: Value = serde_json::from_str(&text).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options {
+        tokenizer_dir: Some(fixtures().join("smollm2")),
+        ..Options::default()
+    };
+    for (card, want) in reference.as_object().unwrap() {
+        let mut p = preset("tiny-llama").unwrap();
+        p.shape.vocab = 49152;
+        let out = dir.path().join(card);
+        write_checkpoint(&out, p.arch, &p.shape, &options, &mut |_| {}).unwrap();
+        std::fs::copy(
+            fixtures().join(format!("synth/model-cards/{card}.md")),
+            out.join("README.md"),
+        )
+        .unwrap();
+        let ckpt = Checkpoint::open(&out).unwrap();
+        let o = Convert {
+            outtype: OutType::F16,
+            pre: None,
+            encode: &quantize,
+            allow_nonfinite: false,
+            split_max_size: None,
+        };
+        let c = prepare(&ckpt, &o).unwrap();
+        let ours: Vec<Value> = c
+            .metadata
+            .iter()
+            .filter(|(k, _)| k.starts_with("general."))
+            .map(|(k, v)| {
+                let (types, value) = match v {
+                    V::String(s) => (serde_json::json!(["STRING"]), serde_json::json!(s)),
+                    V::U32(n) => (serde_json::json!(["UINT32"]), serde_json::json!(n)),
+                    V::Array(A::String(a)) => {
+                        (serde_json::json!(["ARRAY", "STRING"]), serde_json::json!(a))
+                    }
+                    other => panic!("{k}: unexpected {other:?}"),
+                };
+                serde_json::json!([k, types, value])
+            })
+            .collect();
+        assert_eq!(&ours, want.as_array().unwrap(), "{card}");
+    }
+}
+
+#[test]
+fn named_chat_templates_equal_llama_cpp() {
+    use memwall_convert::job::{Options as Convert, prepare};
+    use memwall_runtime::gguf::{Array as A, Value as V};
+    let text = std::fs::read_to_string(fixtures().join("synth/chat-templates.json")).unwrap();
+    let reference: Value = serde_json::from_str(&text).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options {
+        tokenizer_dir: Some(fixtures().join("smollm2")),
+        ..Options::default()
+    };
+    for case in ["list", "jinja"] {
+        let mut p = preset("tiny-llama").unwrap();
+        p.shape.vocab = 49152;
+        let out = dir.path().join(case);
+        write_checkpoint(&out, p.arch, &p.shape, &options, &mut |_| {}).unwrap();
+        // The same edits as fixtures/synth/chat_templates_reference.sh.
+        let tc_path = out.join("tokenizer_config.json");
+        let mut tc: Value = serde_json::from_slice(&std::fs::read(&tc_path).unwrap()).unwrap();
+        if case == "list" {
+            tc["chat_template"] = serde_json::json!([
+                {"name": "default", "template": "{{ messages[0]['content'] }}"},
+                {"name": "tool use", "template": "{{ tools }}{{ messages[0]['content'] }}"}
+            ]);
+        } else {
+            tc.as_object_mut().unwrap().remove("chat_template");
+            std::fs::write(
+                out.join("chat_template.jinja"),
+                "{% for m in messages %}{{ m['content'] }}{% endfor %}",
+            )
+            .unwrap();
+            std::fs::create_dir(out.join("additional_chat_templates")).unwrap();
+            std::fs::write(
+                out.join("additional_chat_templates/rag.jinja"),
+                "{{ documents }}",
+            )
+            .unwrap();
+        }
+        std::fs::write(&tc_path, serde_json::to_vec(&tc).unwrap()).unwrap();
+        let ckpt = Checkpoint::open(&out).unwrap();
+        let o = Convert {
+            outtype: OutType::F16,
+            pre: None,
+            encode: &quantize,
+            allow_nonfinite: false,
+            split_max_size: None,
+        };
+        let c = prepare(&ckpt, &o).unwrap();
+        let ours: Vec<Value> = c
+            .metadata
+            .iter()
+            .filter(|(k, _)| k.starts_with("tokenizer.chat_template"))
+            .map(|(k, v)| match v {
+                V::String(s) => serde_json::json!([k, s]),
+                V::Array(A::String(a)) => serde_json::json!([k, a]),
+                other => panic!("{k}: {other:?}"),
+            })
+            .collect();
+        assert_eq!(&ours, reference[case].as_array().unwrap(), "{case}");
     }
 }

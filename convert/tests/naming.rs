@@ -63,7 +63,7 @@ fn folder_naming_equals_gguf_py() {
             None => serde_json::json!({}),
         };
         let total = case["total_params"].as_u64().unwrap();
-        let n = naming(&folder, &config, (total, total, 0, 0));
+        let n = naming(&folder, &config, (total, total, 0, 0), &Default::default());
         let label = format!("{}", case["dir"]);
         assert_eq!(n.name, opt(&case["name"]), "{label}");
         assert_eq!(n.organization, opt(&case["organization"]), "{label}");
