@@ -393,9 +393,30 @@ fn config(
                 json!({"rope_type": "linear", "factor": num(factor)}),
             );
         }
+        Some("yarn") => {
+            let factor = keys
+                .f32("rope.scaling.factor")?
+                .ok_or_else(|| format!("{scaling_key} is yarn but has no factor"))?;
+            let original = keys.require("rope.scaling.original_context_length")?;
+            let mut r = Map::new();
+            r.insert("rope_type".into(), json!("yarn"));
+            r.insert("factor".into(), num(factor));
+            r.insert("original_max_position_embeddings".into(), json!(original));
+            for (k, name) in [
+                ("rope.scaling.yarn_ext_factor", "extrapolation_factor"),
+                ("rope.scaling.yarn_attn_factor", "attention_factor"),
+                ("rope.scaling.yarn_beta_fast", "beta_fast"),
+                ("rope.scaling.yarn_beta_slow", "beta_slow"),
+            ] {
+                if let Some(v) = keys.f32(k)? {
+                    r.insert(name.into(), num(v));
+                }
+            }
+            c.insert("rope_scaling".into(), Json::Object(r));
+        }
         Some(other) => {
             return Err(format!(
-                "{scaling_key} = {other} cannot be exported yet (memwall exports default and linear rope)"
+                "{scaling_key} = {other} cannot be exported yet (memwall exports default, linear and yarn rope)"
             ));
         }
     }

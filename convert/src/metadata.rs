@@ -128,19 +128,57 @@ pub fn hparams(
     let rope_type = rope_get("rope_type")
         .or_else(|| rope_get("type"))
         .and_then(|v| v.as_str());
+    let rope_f32 = |k: &str| rope_get(k).and_then(|v| v.as_f64()).map(|f| f as f32);
     match rope_type {
-        // llama3 is written as the rope_freqs tensor (tensors::llama3_rope_factors).
-        None | Some("default") => {}
-        Some(t) if t.eq_ignore_ascii_case("llama3") && a == "llama" => {}
+        // llama3 is written as the rope_freqs tensor (tensors::llama3_rope_factors) for
+        // llama; llama.cpp writes nothing for it elsewhere, nor for dynamic scaling.
+        None | Some("default") | Some("dynamic") => {}
+        Some(t) if t.eq_ignore_ascii_case("llama3") => {}
         Some("linear") => {
-            if let Some(f) = rope_get("factor").and_then(|v| v.as_f64()) {
+            if let Some(f) = rope_f32("factor") {
                 meta.set(key("rope.scaling.type"), "linear");
-                meta.set(key("rope.scaling.factor"), Value::F32(f as f32));
+                meta.set(key("rope.scaling.factor"), Value::F32(f));
             }
+        }
+        Some("yarn") => {
+            if let Some(f) = rope_f32("factor") {
+                meta.set(key("rope.scaling.type"), "yarn");
+                meta.set(key("rope.scaling.factor"), Value::F32(f));
+                let original = rope_get("original_max_position_embeddings")
+                    .or_else(|| config.get("original_max_position_embeddings"))
+                    .and_then(|v| v.as_u64())
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or(
+                        "config.json: YaRN rope scaling needs original_max_position_embeddings",
+                    )?;
+                meta.set(
+                    key("rope.scaling.original_context_length"),
+                    Value::U32(original),
+                );
+                let attn = rope_f32("attention_factor").or_else(|| rope_f32("attn_factor"));
+                for (k, v) in [
+                    (
+                        "rope.scaling.yarn_ext_factor",
+                        rope_f32("extrapolation_factor"),
+                    ),
+                    ("rope.scaling.yarn_attn_factor", attn),
+                    ("rope.scaling.yarn_beta_fast", rope_f32("beta_fast")),
+                    ("rope.scaling.yarn_beta_slow", rope_f32("beta_slow")),
+                ] {
+                    if let Some(v) = v {
+                        meta.set(key(k), Value::F32(v));
+                    }
+                }
+            }
+        }
+        // The factors of LongRoPE models are tensors of architectures memwall does not
+        // convert; for these llama.cpp writes the type alone.
+        Some("su") | Some("longrope") => {
+            meta.set(key("rope.scaling.type"), "longrope");
         }
         Some(other) => {
             return Err(format!(
-                "config.json: rope type {other:?} is not supported yet (memwall writes default and linear rope)"
+                "config.json: rope type {other:?} is not one llama.cpp knows (default, linear, yarn, longrope, dynamic, llama3)"
             ));
         }
     }

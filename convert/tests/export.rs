@@ -168,8 +168,26 @@ fn every_architecture_round_trips_to_the_same_file() {
         p.shape.vocab = 49152;
         let hf = dir.path().join("hf").join(arch);
         write_checkpoint(&hf, p.arch, &p.shape, &synth, &mut |_| {}).unwrap();
+        if arch.starts_with("qwen") {
+            // YaRN rope scaling, as Qwen documents it for long contexts, survives the trip.
+            let path = hf.join("config.json");
+            let mut c: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            c["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0,
+                "original_max_position_embeddings": 32768, "beta_fast": 16.0});
+            std::fs::write(&path, serde_json::to_vec(&c).unwrap()).unwrap();
+        }
         let first = dir.path().join(format!("{arch}.gguf"));
         convert(&hf, &first, &options(OutType::F32, None), &Silent).unwrap();
+        if arch.starts_with("qwen") {
+            let f = GgufFile::open(&first).unwrap();
+            let gguf_arch = f
+                .metadata()
+                .get_str("general.architecture")
+                .unwrap()
+                .unwrap();
+            let key = format!("{gguf_arch}.rope.scaling.type");
+            assert_eq!(f.metadata().get_str(&key).unwrap(), Some("yarn"));
+        }
         let back = dir.path().join("back").join(arch);
         exported(&first, &back, ExportDtype::F32);
         let again = dir.path().join(format!("{arch}-again.gguf"));

@@ -686,3 +686,45 @@ fn named_chat_templates_equal_llama_cpp() {
         assert_eq!(&ours, reference[case].as_array().unwrap(), "{case}");
     }
 }
+
+#[test]
+fn rope_scaling_keys_equal_llama_cpp() {
+    use memwall_convert::hf_config::with_defaults;
+    use memwall_convert::metadata::hparams;
+    use memwall_runtime::gguf::Metadata;
+    let text = std::fs::read_to_string(fixtures().join("synth/rope-scaling.json")).unwrap();
+    let reference: Value = serde_json::from_str(&text).unwrap();
+    for (case, expected) in reference["cases"].as_object().unwrap() {
+        let arch = expected["arch"].as_str().unwrap();
+        let mut p = preset(&format!("tiny-{arch}")).unwrap();
+        p.shape.vocab = 49152;
+        let mut config = memwall_fixtures::synth::config_json(p.arch, &p.shape);
+        for (k, v) in expected["config"].as_object().unwrap() {
+            config[k.as_str()] = v.clone();
+        }
+        with_defaults(&mut config);
+        let class = Arch::for_class(config["architectures"][0].as_str().unwrap()).unwrap();
+        let mut meta = Metadata::new();
+        hparams(&mut meta, &config, class, OutType::F16).unwrap();
+        let prefix = format!("{}.", class.gguf);
+        let ours: Vec<(String, String, String)> = model_keys(&meta)
+            .into_iter()
+            .filter(|(k, _, _)| k.starts_with(&prefix))
+            .collect();
+        let theirs: Vec<(String, String, String)> = expected["keys"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| {
+                let ty = v[0].as_str().unwrap().to_owned();
+                let text = match ty.as_str() {
+                    "FLOAT32" => (v[1].as_f64().unwrap() as f32).to_string(),
+                    "STRING" => v[1].as_str().unwrap().to_owned(),
+                    _ => v[1].to_string(),
+                };
+                (k.clone(), ty, text)
+            })
+            .collect();
+        assert_eq!(ours, theirs, "{case}");
+    }
+}
