@@ -38,10 +38,12 @@ enum Command {
   memwall convert ./Qwen3-8B --outtype bf16 -o qwen3-8b-bf16.gguf
   memwall convert ./my-model --pre gpt-2          a tokenizer llama.cpp does not recognise
   memwall convert ./Mixtral-8x7B-v0.1 --outtype q8_0
+  memwall convert Qwen/Qwen3-8B                    from the HF cache, else downloaded into it
 
 Architectures: LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM,
 Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, CohereForCausalLM;
-byte-level BPE tokenizers (tokenizer.json). Then: memwall quantize OUT.gguf Q4_K_M")]
+byte-level BPE (tokenizer.json) and SentencePiece (tokenizer.model) tokenizers.
+Then: memwall quantize OUT.gguf Q4_K_M")]
     Convert(commands::convert::Args),
     /// Export a GGUF model as a Hugging Face checkpoint folder (safetensors,
     /// config, tokenizer) that transformers loads and `memwall convert` reads back.

@@ -127,12 +127,17 @@ fn repo_ids_are_found_in_the_hugging_face_cache() {
         "{}",
         String::from_utf8_lossy(&by_rev.stderr)
     );
-    let missing = run("someorg/other-model");
+    // Not cached, downloads forbidden: the error says how to allow them.
+    let missing = std::process::Command::new(env!("CARGO_BIN_EXE_memwall"))
+        .args(["convert", "someorg/other-model", "-o", out.to_str().unwrap()])
+        .env("HF_HUB_CACHE", cache.path())
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .unwrap();
     assert_eq!(missing.status.code(), Some(1));
     let err = String::from_utf8(missing.stderr).unwrap();
     assert!(
-        err.contains("not in the Hugging Face cache")
-            && err.contains("huggingface-cli download someorg/other-model"),
+        err.contains("not in the Hugging Face cache") && err.contains("HF_HUB_OFFLINE"),
         "{err}"
     );
 }

@@ -1,11 +1,14 @@
 //! Checkpoints named by Hugging Face repo id (`org/name[@revision]`), found in
 //! the local Hugging Face cache (`HF_HUB_CACHE`, else `HF_HOME/hub`, else
-//! `~/.cache/huggingface/hub`) with the `hf-hub` crate's cache layout.
-//! Downloading is not supported yet.
+//! `~/.cache/huggingface/hub`) with the `hf-hub` crate's cache layout, or
+//! downloaded into it ([`download`]: the files a conversion reads, from
+//! `HF_ENDPOINT` or huggingface.co, with `HF_TOKEN` for gated repos).
 
 use std::path::PathBuf;
 
+use hf_hub::api::sync::ApiBuilder;
 use hf_hub::{Cache, Repo, RepoType};
+use memwall_runtime::progress::{Progress, Unit};
 
 /// Whether `spec` looks like a repo id rather than a path.
 pub fn is_repo_id(spec: &str) -> bool {
@@ -62,8 +65,117 @@ pub fn resolve(spec: &str) -> Result<PathBuf, String> {
         return Ok(snapshot);
     }
     Err(format!(
-        "{id} (revision {revision}) is not in the Hugging Face cache at {}; memwall does not download \
-         yet: run `huggingface-cli download {id}` or pass a local checkpoint folder",
+        "{id} (revision {revision}) is not in the Hugging Face cache at {}",
         root.display()
     ))
+}
+
+/// Files of a repository that a conversion reads.
+pub fn wanted(name: &str) -> bool {
+    const FILES: [&str; 11] = [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "tokenizer.model",
+        "added_tokens.json",
+        "special_tokens_map.json",
+        "chat_template.jinja",
+        "chat_template.json",
+        "README.md",
+    ];
+    (name.ends_with(".safetensors") && !name.contains('/'))
+        || FILES.contains(&name)
+        || (name.starts_with("additional_chat_templates/") && name.ends_with(".jinja"))
+}
+
+/// Forwards hf-hub's per-file progress: one byte-counted stage per file.
+struct Forward<'a>(&'a dyn Progress);
+
+impl hf_hub::api::Progress for Forward<'_> {
+    fn init(&mut self, size: usize, filename: &str) {
+        self.0
+            .start(&format!("downloading {filename}"), size as u64, Unit::Bytes);
+    }
+    fn update(&mut self, size: usize) {
+        self.0.advance(size as u64);
+    }
+    fn finish(&mut self) {
+        self.0.finish();
+    }
+}
+
+/// Downloads the files of `org/name[@revision]` a conversion needs (safetensors
+/// weights, config, tokenizer, model card) into the Hugging Face cache, skipping
+/// those already there, and returns the snapshot folder.
+pub fn download(spec: &str, progress: &dyn Progress) -> Result<PathBuf, String> {
+    let (id, revision) = match spec.split_once('@') {
+        Some((id, rev)) => (id, rev),
+        None => (spec, "main"),
+    };
+    let root = cache_root()?;
+    let mut builder = ApiBuilder::from_cache(Cache::new(root.clone())).with_progress(false);
+    if let Ok(endpoint) = std::env::var("HF_ENDPOINT") {
+        builder = builder.with_endpoint(endpoint);
+    }
+    if let Ok(token) = std::env::var("HF_TOKEN") {
+        builder = builder.with_token(Some(token));
+    }
+    let api = builder
+        .build()
+        .map_err(|e| format!("cannot set up downloads: {e}"))?;
+    let repo = Repo::with_revision(id.to_owned(), RepoType::Model, revision.to_owned());
+    let remote = api.repo(repo.clone());
+    let info = remote.info().map_err(|e| {
+        format!("{id} (revision {revision}): cannot list the repository: {e} (gated repositories need HF_TOKEN)")
+    })?;
+    let files: Vec<String> = info
+        .siblings
+        .iter()
+        .map(|s| s.rfilename.clone())
+        .filter(|f| wanted(f))
+        .collect();
+    if !files.iter().any(|f| f == "config.json") {
+        return Err(format!(
+            "{id}: no config.json; not a transformers checkpoint"
+        ));
+    }
+    if !files.iter().any(|f| f.ends_with(".safetensors")) {
+        return Err(format!(
+            "{id}: no .safetensors weights (memwall converts safetensors checkpoints, not .bin or .pth)"
+        ));
+    }
+    let cached = Cache::new(root).repo(repo);
+    let mut snapshot = None;
+    for f in &files {
+        progress.item(f);
+        let path = match cached.get(f) {
+            Some(p) => p,
+            None => remote
+                .download_with_progress(f, Forward(progress))
+                .map_err(|e| format!("{id}: downloading {f}: {e}"))?,
+        };
+        if f == "config.json" {
+            snapshot = path.parent().map(PathBuf::from);
+        }
+    }
+    snapshot.ok_or_else(|| format!("{id}: config.json has no snapshot folder"))
+}
+
+/// The checkpoint folder for `org/name[@revision]`: from the cache, else
+/// downloaded, unless `HF_HUB_OFFLINE` is set.
+pub fn resolve_or_download(spec: &str, progress: &dyn Progress) -> Result<PathBuf, String> {
+    match resolve(spec) {
+        Ok(dir) => Ok(dir),
+        Err(missing) => {
+            let offline = std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| v == "1" || v == "true");
+            if offline {
+                return Err(format!(
+                    "{missing}, and HF_HUB_OFFLINE is set: unset it to download, or pass a local checkpoint folder"
+                ));
+            }
+            download(spec, progress)
+        }
+    }
 }

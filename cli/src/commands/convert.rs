@@ -16,7 +16,8 @@ use crate::render::human_bytes;
 #[derive(clap::Args)]
 pub struct Args {
     /// A local checkpoint folder (config.json, *.safetensors, tokenizer.json), or a
-    /// Hugging Face repo id `org/name[@revision]` already in the local Hugging Face cache.
+    /// Hugging Face repo id `org/name[@revision]`: taken from the local Hugging Face cache,
+    /// else downloaded into it (HF_ENDPOINT, HF_TOKEN and HF_HUB_OFFLINE are honoured).
     pub model: PathBuf,
     /// Output file (default: `<folder name>-<outtype>.gguf` in the current folder).
     #[arg(long, short = 'o', value_name = "OUT.gguf")]
@@ -63,7 +64,9 @@ pub fn run(args: Args) -> Result<()> {
             .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()));
         (args.model.clone(), name)
     } else if memwall_convert::hub::is_repo_id(&text) {
-        let dir = memwall_convert::hub::resolve(&text).map_err(|e| anyhow::anyhow!(e))?;
+        let bar = Bar::new(!args.json);
+        let dir = memwall_convert::hub::resolve_or_download(&text, &bar)
+            .map_err(|e| anyhow::anyhow!(e))?;
         let repo_name = text
             .split('@')
             .next()
