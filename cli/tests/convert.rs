@@ -129,7 +129,12 @@ fn repo_ids_are_found_in_the_hugging_face_cache() {
     );
     // Not cached, downloads forbidden: the error says how to allow them.
     let missing = std::process::Command::new(env!("CARGO_BIN_EXE_memwall"))
-        .args(["convert", "someorg/other-model", "-o", out.to_str().unwrap()])
+        .args([
+            "convert",
+            "someorg/other-model",
+            "-o",
+            out.to_str().unwrap(),
+        ])
         .env("HF_HUB_CACHE", cache.path())
         .env("HF_HUB_OFFLINE", "1")
         .output()
@@ -140,4 +145,57 @@ fn repo_ids_are_found_in_the_hugging_face_cache() {
         err.contains("not in the Hugging Face cache") && err.contains("HF_HUB_OFFLINE"),
         "{err}"
     );
+}
+
+#[test]
+fn write_failures_leave_nothing_behind() {
+    // A file-size limit makes writes fail part way, as a full disk does (SIGXFSZ ignored,
+    // so write returns EFBIG instead of killing the process).
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tz.gguf");
+    let bin = env!("CARGO_BIN_EXE_memwall");
+    let script = format!(
+        "trap '' XFSZ; ulimit -f 2048; exec '{bin}' convert fixtures/tiny-zh --pre gpt-2 -o '{}'",
+        out.display()
+    );
+    let o = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .current_dir(common::repo())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("tz.gguf"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    // An output folder that does not exist: named, nothing written.
+    let missing = dir.path().join("no/such/dir/x.gguf");
+    let o = memwall(&[
+        "convert",
+        "fixtures/tiny-zh",
+        "--pre",
+        "gpt-2",
+        "-o",
+        missing.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no/such/dir"));
+    // The same for export.
+    let script = format!(
+        "trap '' XFSZ; ulimit -f 2048; exec '{bin}' export fixtures/tiny-zh/reference/tiny-zh-f16.gguf '{}'",
+        dir.path().join("hf").display()
+    );
+    let o = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .current_dir(common::repo())
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
