@@ -109,6 +109,15 @@ impl Special {
     }
 }
 
+/// `tokenizer.ggml.add_space_prefix`: LlamaModel.set_vocab writes tokenizer_config's
+/// `add_prefix_space` when it is there; other architectures do not.
+fn add_space_prefix(tc: Option<&Json>, gguf_arch: &str) -> Option<bool> {
+    if gguf_arch != "llama" {
+        return None;
+    }
+    tc?.get("add_prefix_space").and_then(Json::as_bool)
+}
+
 /// Reads the BPE vocabulary of the checkpoint in `dir` (`tokenizer.json`,
 /// `tokenizer_config.json`, `config.json`). `gguf_arch` selects the
 /// architecture-specific keys.
@@ -147,14 +156,9 @@ pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<Vocab, Str
     let tc = read_json(&tc_path)?.filter(|t| t.as_object().is_some_and(|o| !o.is_empty()));
     let mut v = Vocab {
         model: "gpt2",
+        add_space_prefix: add_space_prefix(tc.as_ref(), gguf_arch),
         ..Vocab::default()
     };
-    if gguf_arch == "llama" {
-        v.add_space_prefix = tc
-            .as_ref()
-            .and_then(|t| t.get("add_prefix_space"))
-            .and_then(Json::as_bool);
-    }
 
     // Tokens: the model's vocabulary plus added tokens, padded to vocab_size.
     let vocab = model["vocab"]
@@ -261,14 +265,9 @@ pub fn load_sentencepiece(dir: &Path, config: &Json, gguf_arch: &str) -> Result<
     let tc = read_json(&tc_path)?;
     let mut v = Vocab {
         model: "llama",
+        add_space_prefix: add_space_prefix(tc.as_ref(), gguf_arch),
         ..Vocab::default()
     };
-    if gguf_arch == "llama" {
-        v.add_space_prefix = tc
-            .as_ref()
-            .and_then(|t| t.get("add_prefix_space"))
-            .and_then(Json::as_bool);
-    }
     let n = match config.get("vocab_size").and_then(Json::as_u64) {
         Some(n) => usize::try_from(n).map_err(|_| format!("vocab_size {n} is too large"))?,
         None => model.pieces.len(),

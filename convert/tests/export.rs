@@ -9,29 +9,19 @@
 //!   (experts unstacked and restacked, Q/K permutation undone and redone);
 //! - what cannot be exported is refused before anything is written.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{fixtures, quantize, sha};
+
+use std::path::Path;
 
 use memwall_convert::export::{ExportDtype, ExportOptions, export, partial_dir};
 use memwall_convert::job::{Options as Convert, convert};
 use memwall_convert::tensors::OutType;
 use memwall_fixtures::synth::{Options, preset, write_checkpoint};
-use memwall_runtime::GgmlType;
 use memwall_runtime::gguf::GgufFile;
 use memwall_runtime::progress::Silent;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures")
-}
-
-fn sha(b: &[u8]) -> String {
-    format!("{:x}", Sha256::digest(b))
-}
-
-fn quantize(ty: GgmlType, x: &[f32], y: &mut [u8]) -> Result<(), String> {
-    memwall_quantize::quantize_row(ty, x, y).map_err(|e| e.to_string())
-}
 
 fn options(outtype: OutType, pre: Option<&str>) -> Convert<'static> {
     Convert {

@@ -5,28 +5,23 @@
 //! the Hugging Face cache layout, fetch only what a conversion reads, skip what
 //! is cached, and convert to the same file as the local folder.
 
+mod common;
+
+use common::{fixtures, quantize};
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use memwall_convert::hub::download;
 use memwall_convert::job::{Options, convert};
 use memwall_convert::tensors::OutType;
-use memwall_runtime::GgmlType;
 use memwall_runtime::progress::Silent;
 use sha2::{Digest, Sha256};
 
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures")
-}
-
-fn quantize(ty: GgmlType, x: &[f32], y: &mut [u8]) -> Result<(), String> {
-    memwall_quantize::quantize_row(ty, x, y).map_err(|e| e.to_string())
-}
 
 /// Serves `dir` as repository `org/tiny-zh` at revision `main`; counts file downloads.
 fn serve(dir: PathBuf, files: Vec<String>, downloads: &'static AtomicUsize) -> String {

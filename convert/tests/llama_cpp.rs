@@ -4,6 +4,10 @@
 //! architecture at f16, bf16, f32 and q8_0 (expectations recorded by
 //! fixtures/synth/convert_reference.sh).
 
+mod common;
+
+use common::{fixtures, quantize, sha};
+
 use std::path::{Path, PathBuf};
 
 use memwall_convert::arch::Arch;
@@ -11,22 +15,8 @@ use memwall_convert::checkpoint::Checkpoint;
 use memwall_convert::naming::{naming, parameter_counts};
 use memwall_convert::tensors::{OutType, encode, plan, rows};
 use memwall_fixtures::synth::{Options, preset, write_checkpoint};
-use memwall_runtime::GgmlType;
 use memwall_runtime::gguf::GgufFile;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures")
-}
-
-fn sha(b: &[u8]) -> String {
-    format!("{:x}", Sha256::digest(b))
-}
-
-fn quantize(ty: GgmlType, x: &[f32], y: &mut [u8]) -> Result<(), String> {
-    memwall_quantize::quantize_row(ty, x, y).map_err(|e| e.to_string())
-}
 
 fn class(ckpt: &Checkpoint) -> &'static Arch {
     let class = ckpt.config()["architectures"][0].as_str().unwrap();
@@ -534,6 +524,23 @@ fn post_processor_templates_with_bos_equal_llama_cpp() {
     assert_eq!(sha(&bytes), want["sha256"].as_str().unwrap());
 }
 
+/// Keys recorded as `{key: [type, value]}`, as (key, type, value text).
+fn recorded_pairs(keys: &Value) -> Vec<(String, String, String)> {
+    keys.as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| {
+            let ty = v[0].as_str().unwrap().to_owned();
+            let text = match ty.as_str() {
+                "FLOAT32" => (v[1].as_f64().unwrap() as f32).to_string(),
+                "STRING" => v[1].as_str().unwrap().to_owned(),
+                _ => v[1].to_string(),
+            };
+            (k.clone(), ty, text)
+        })
+        .collect()
+}
+
 #[test]
 fn missing_config_keys_take_transformers_defaults_like_llama_cpp() {
     use memwall_convert::hf_config::with_defaults;
@@ -557,20 +564,7 @@ fn missing_config_keys_take_transformers_defaults_like_llama_cpp() {
             .into_iter()
             .filter(|(k, _, _)| k.starts_with(&prefix))
             .collect();
-        let theirs: Vec<(String, String, String)> = expected["keys"]
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(k, v)| {
-                let ty = v[0].as_str().unwrap().to_owned();
-                let text = match ty.as_str() {
-                    "FLOAT32" => (v[1].as_f64().unwrap() as f32).to_string(),
-                    "STRING" => v[1].as_str().unwrap().to_owned(),
-                    _ => v[1].to_string(),
-                };
-                (k.clone(), ty, text)
-            })
-            .collect();
+        let theirs = recorded_pairs(&expected["keys"]);
         assert_eq!(ours, theirs, "{arch}");
     }
 }
@@ -711,20 +705,7 @@ fn rope_scaling_keys_equal_llama_cpp() {
             .into_iter()
             .filter(|(k, _, _)| k.starts_with(&prefix))
             .collect();
-        let theirs: Vec<(String, String, String)> = expected["keys"]
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(k, v)| {
-                let ty = v[0].as_str().unwrap().to_owned();
-                let text = match ty.as_str() {
-                    "FLOAT32" => (v[1].as_f64().unwrap() as f32).to_string(),
-                    "STRING" => v[1].as_str().unwrap().to_owned(),
-                    _ => v[1].to_string(),
-                };
-                (k.clone(), ty, text)
-            })
-            .collect();
+        let theirs = recorded_pairs(&expected["keys"]);
         assert_eq!(ours, theirs, "{case}");
     }
 }

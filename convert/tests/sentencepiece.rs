@@ -4,28 +4,18 @@
 //! tokenizer_config.json, padding ids) convert to llama.cpp's files byte for byte
 //! (recorded by fixtures/spm/convert_reference.sh).
 
+mod common;
+
+use common::{fixtures, quantize, sha};
+
 use std::path::{Path, PathBuf};
 
 use memwall_convert::job::{Options as Convert, convert};
 use memwall_convert::tensors::OutType;
 use memwall_fixtures::synth::{Options, preset, write_checkpoint};
-use memwall_runtime::GgmlType;
 use memwall_runtime::gguf::{Array, GgufFile, Value};
 use memwall_runtime::progress::Silent;
 use serde_json::Value as Json;
-use sha2::{Digest, Sha256};
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures")
-}
-
-fn sha(b: &[u8]) -> String {
-    format!("{:x}", Sha256::digest(b))
-}
-
-fn quantize(ty: GgmlType, x: &[f32], y: &mut [u8]) -> Result<(), String> {
-    memwall_quantize::quantize_row(ty, x, y).map_err(|e| e.to_string())
-}
 
 fn recorded() -> Json {
     let text = std::fs::read_to_string(fixtures().join("spm/llama-convert.json")).unwrap();
