@@ -569,9 +569,22 @@ fn missing_config_keys_take_transformers_defaults_like_llama_cpp() {
     }
 }
 
+/// The metadata `memwall convert --outtype f16` plans for the checkpoint in `dir`.
+fn prepared_f16(dir: &Path) -> memwall_runtime::gguf::Metadata {
+    use memwall_convert::job::{Options as Convert, prepare};
+    let ckpt = Checkpoint::open(dir).unwrap();
+    let o = Convert {
+        outtype: OutType::F16,
+        pre: None,
+        encode: &quantize,
+        allow_nonfinite: false,
+        split_max_size: None,
+    };
+    prepare(&ckpt, &o).unwrap().metadata
+}
+
 #[test]
 fn model_card_keys_equal_llama_cpp() {
-    use memwall_convert::job::{Options as Convert, prepare};
     use memwall_runtime::gguf::{Array as A, Value as V};
     let text = std::fs::read_to_string(fixtures().join("synth/model-cards.json")).unwrap();
     let reference: Value = serde_json::from_str(&text).unwrap();
@@ -590,17 +603,8 @@ fn model_card_keys_equal_llama_cpp() {
             out.join("README.md"),
         )
         .unwrap();
-        let ckpt = Checkpoint::open(&out).unwrap();
-        let o = Convert {
-            outtype: OutType::F16,
-            pre: None,
-            encode: &quantize,
-            allow_nonfinite: false,
-            split_max_size: None,
-        };
-        let c = prepare(&ckpt, &o).unwrap();
-        let ours: Vec<Value> = c
-            .metadata
+        let meta = prepared_f16(&out);
+        let ours: Vec<Value> = meta
             .iter()
             .filter(|(k, _)| k.starts_with("general."))
             .map(|(k, v)| {
@@ -621,7 +625,6 @@ fn model_card_keys_equal_llama_cpp() {
 
 #[test]
 fn named_chat_templates_equal_llama_cpp() {
-    use memwall_convert::job::{Options as Convert, prepare};
     use memwall_runtime::gguf::{Array as A, Value as V};
     let text = std::fs::read_to_string(fixtures().join("synth/chat-templates.json")).unwrap();
     let reference: Value = serde_json::from_str(&text).unwrap();
@@ -658,17 +661,8 @@ fn named_chat_templates_equal_llama_cpp() {
             .unwrap();
         }
         std::fs::write(&tc_path, serde_json::to_vec(&tc).unwrap()).unwrap();
-        let ckpt = Checkpoint::open(&out).unwrap();
-        let o = Convert {
-            outtype: OutType::F16,
-            pre: None,
-            encode: &quantize,
-            allow_nonfinite: false,
-            split_max_size: None,
-        };
-        let c = prepare(&ckpt, &o).unwrap();
-        let ours: Vec<Value> = c
-            .metadata
+        let meta = prepared_f16(&out);
+        let ours: Vec<Value> = meta
             .iter()
             .filter(|(k, _)| k.starts_with("tokenizer.chat_template"))
             .map(|(k, v)| match v {
