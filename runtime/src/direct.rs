@@ -24,7 +24,8 @@ const BLOCK: usize = 8 << 20;
 pub struct DirectWriter {
     file: File,
     path: PathBuf,
-    /// `BLOCK + ALIGN` bytes; the block starts at `start`, aligned.
+    /// `BLOCK + ALIGN` bytes once written to (empty before); the block starts at
+    /// `start`, aligned.
     buf: Vec<u8>,
     start: usize,
     /// Bytes buffered.
@@ -37,8 +38,6 @@ pub struct DirectWriter {
 impl DirectWriter {
     /// Creates (or truncates) `path`.
     pub fn create(path: &Path) -> io::Result<Self> {
-        let buf = vec![0u8; BLOCK + ALIGN];
-        let start = buf.as_ptr().align_offset(ALIGN);
         let (file, direct) = match open_direct(path) {
             Some(file) => (file, true),
             None => (File::create(path)?, false),
@@ -46,8 +45,9 @@ impl DirectWriter {
         Ok(DirectWriter {
             file,
             path: path.to_owned(),
-            buf,
-            start,
+            // Allocated on the first write: a split output opens all its files up front.
+            buf: Vec::new(),
+            start: 0,
             len: 0,
             written: 0,
             direct,
@@ -117,6 +117,10 @@ fn open_direct(_path: &Path) -> Option<File> {
 
 impl Write for DirectWriter {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if self.buf.is_empty() {
+            self.buf = vec![0u8; BLOCK + ALIGN];
+            self.start = self.buf.as_ptr().align_offset(ALIGN);
+        }
         let n = data.len().min(BLOCK - self.len);
         let at = self.start + self.len;
         self.buf[at..at + n].copy_from_slice(&data[..n]);
