@@ -10,10 +10,12 @@
 //! - [`direct`]: large outputs written around the page cache.
 //! - [`blocks`]: ggml block formats and scalar dequantization (the reference).
 //! - [`progress`]: the trait through which libraries report long work.
+//! - [`forward`]: the scalar reference forward pass (llama so far).
 
 pub mod atomic;
 pub mod blocks;
 pub mod direct;
+pub mod forward;
 pub mod ggml_type;
 pub mod gguf;
 pub mod model_info;
