@@ -541,29 +541,36 @@ fn recorded_pairs(keys: &Value) -> Vec<(String, String, String)> {
         .collect()
 }
 
-#[test]
-fn missing_config_keys_take_transformers_defaults_like_llama_cpp() {
+/// The `<arch>.*` keys memwall writes for the tiny synthetic `arch` whose
+/// config.json `edit` changed (then filled with transformers' defaults).
+fn arch_keys(arch: &str, edit: impl FnOnce(&mut Value)) -> Vec<(String, String, String)> {
     use memwall_convert::hf_config::with_defaults;
     use memwall_convert::metadata::hparams;
-    use memwall_runtime::gguf::Metadata;
+    let mut p = preset(&format!("tiny-{arch}")).unwrap();
+    p.shape.vocab = 49152;
+    let mut config = memwall_fixtures::synth::config_json(p.arch, &p.shape);
+    edit(&mut config);
+    with_defaults(&mut config);
+    let class = Arch::for_class(config["architectures"][0].as_str().unwrap()).unwrap();
+    let mut meta = memwall_runtime::gguf::Metadata::new();
+    hparams(&mut meta, &config, class, OutType::F16).unwrap();
+    let prefix = format!("{}.", class.gguf);
+    model_keys(&meta)
+        .into_iter()
+        .filter(|(k, _, _)| k.starts_with(&prefix))
+        .collect()
+}
+
+#[test]
+fn missing_config_keys_take_transformers_defaults_like_llama_cpp() {
     let text = std::fs::read_to_string(fixtures().join("synth/config-defaults.json")).unwrap();
     let reference: Value = serde_json::from_str(&text).unwrap();
     for (arch, expected) in reference["archs"].as_object().unwrap() {
-        let mut p = preset(&format!("tiny-{arch}")).unwrap();
-        p.shape.vocab = 49152;
-        let mut config = memwall_fixtures::synth::config_json(p.arch, &p.shape);
-        for k in expected["stripped"].as_array().unwrap() {
-            config.as_object_mut().unwrap().remove(k.as_str().unwrap());
-        }
-        with_defaults(&mut config);
-        let class = Arch::for_class(config["architectures"][0].as_str().unwrap()).unwrap();
-        let mut meta = Metadata::new();
-        hparams(&mut meta, &config, class, OutType::F16).unwrap();
-        let prefix = format!("{}.", class.gguf);
-        let ours: Vec<(String, String, String)> = model_keys(&meta)
-            .into_iter()
-            .filter(|(k, _, _)| k.starts_with(&prefix))
-            .collect();
+        let ours = arch_keys(arch, |config| {
+            for k in expected["stripped"].as_array().unwrap() {
+                config.as_object_mut().unwrap().remove(k.as_str().unwrap());
+            }
+        });
         let theirs = recorded_pairs(&expected["keys"]);
         assert_eq!(ours, theirs, "{arch}");
     }
@@ -677,28 +684,14 @@ fn named_chat_templates_equal_llama_cpp() {
 
 #[test]
 fn rope_scaling_keys_equal_llama_cpp() {
-    use memwall_convert::hf_config::with_defaults;
-    use memwall_convert::metadata::hparams;
-    use memwall_runtime::gguf::Metadata;
     let text = std::fs::read_to_string(fixtures().join("synth/rope-scaling.json")).unwrap();
     let reference: Value = serde_json::from_str(&text).unwrap();
     for (case, expected) in reference["cases"].as_object().unwrap() {
-        let arch = expected["arch"].as_str().unwrap();
-        let mut p = preset(&format!("tiny-{arch}")).unwrap();
-        p.shape.vocab = 49152;
-        let mut config = memwall_fixtures::synth::config_json(p.arch, &p.shape);
-        for (k, v) in expected["config"].as_object().unwrap() {
-            config[k.as_str()] = v.clone();
-        }
-        with_defaults(&mut config);
-        let class = Arch::for_class(config["architectures"][0].as_str().unwrap()).unwrap();
-        let mut meta = Metadata::new();
-        hparams(&mut meta, &config, class, OutType::F16).unwrap();
-        let prefix = format!("{}.", class.gguf);
-        let ours: Vec<(String, String, String)> = model_keys(&meta)
-            .into_iter()
-            .filter(|(k, _, _)| k.starts_with(&prefix))
-            .collect();
+        let ours = arch_keys(expected["arch"].as_str().unwrap(), |config| {
+            for (k, v) in expected["config"].as_object().unwrap() {
+                config[k.as_str()] = v.clone();
+            }
+        });
         let theirs = recorded_pairs(&expected["keys"]);
         assert_eq!(ours, theirs, "{case}");
     }
