@@ -778,31 +778,28 @@ fn tokenizer(meta: &Metadata, keys: &Keys) -> Result<(Json, Json), String> {
             None => None,
         })
     };
-    let (bos, eos) = (token_of("bos")?, token_of("eos")?);
     // The post-processor adds BOS/EOS as the GGUF says, for transformers; llama.cpp's
     // converter reads the same flags back from it and from tokenizer_config.json.
-    let mut single = Vec::new();
-    let mut pair = Vec::new();
-    let mut special_tokens = Map::new();
-    let mut special =
-        |tok: &Option<(u64, String)>, single: &mut Vec<Json>, pair: &mut Vec<Json>| {
-            if let Some((id, t)) = tok {
-                single.push(json!({"SpecialToken": {"id": t, "type_id": 0}}));
-                pair.push(json!({"SpecialToken": {"id": t, "type_id": 0}}));
-                special_tokens.insert(t.clone(), json!({"id": t, "ids": [id], "tokens": [t]}));
-            }
-        };
-    if add_bos == Some(true) {
-        special(&bos, &mut single, &mut pair);
-    }
-    single.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
-    pair.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
-    pair.push(json!({"Sequence": {"id": "B", "type_id": 1}}));
-    if add_eos == Some(true) {
-        special(&eos, &mut single, &mut pair);
-    }
     let post_processor = if add_bos == Some(true) || add_eos == Some(true) {
-        json!({"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": special_tokens})
+        let first = token_of("bos")?.filter(|_| add_bos == Some(true));
+        let last = token_of("eos")?.filter(|_| add_eos == Some(true));
+        let special = |(_, t): &(u64, String)| json!({"SpecialToken": {"id": t, "type_id": 0}});
+        let seq = |id: &str, ty: u32| json!({"Sequence": {"id": id, "type_id": ty}});
+        let around = |middle: Vec<Json>| -> Vec<Json> {
+            first
+                .iter()
+                .map(special)
+                .chain(middle)
+                .chain(last.iter().map(special))
+                .collect()
+        };
+        let special_tokens: Map<String, Json> = first
+            .iter()
+            .chain(&last)
+            .map(|(id, t)| (t.clone(), json!({"id": t, "ids": [id], "tokens": [t]})))
+            .collect();
+        json!({"type": "TemplateProcessing", "single": around(vec![seq("A", 0)]),
+               "pair": around(vec![seq("A", 0), seq("B", 1)]), "special_tokens": special_tokens})
     } else {
         Json::Null
     };

@@ -522,6 +522,17 @@ fn post_processor_templates_with_bos_equal_llama_cpp() {
     let bytes = std::fs::read(&out).unwrap();
     assert_eq!(bytes.len() as u64, want["bytes"].as_u64().unwrap());
     assert_eq!(sha(&bytes), want["sha256"].as_str().unwrap());
+    // memwall export writes the BOS template back; converting that gives the same file.
+    use memwall_convert::export::{ExportDtype, ExportOptions, export};
+    let back = dir.path().join("back").join(ckpt.file_name().unwrap());
+    let o = ExportOptions {
+        dtype: ExportDtype::F32,
+        ..ExportOptions::default()
+    };
+    export(&out, &back, &o, &Silent).unwrap();
+    let again = dir.path().join("again.gguf");
+    convert(&back, &again, &options, &Silent).unwrap();
+    assert_eq!(sha(&std::fs::read(&again).unwrap()), sha(&bytes));
 }
 
 /// Keys recorded as `{key: [type, value]}`, as (key, type, value text).
