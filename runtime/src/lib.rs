@@ -10,7 +10,7 @@
 //! - [`direct`]: large outputs written around the page cache.
 //! - [`blocks`]: ggml block formats and scalar dequantization (the reference).
 //! - [`progress`]: the trait through which libraries report long work.
-//! - [`forward`]: the scalar reference forward pass (llama so far).
+//! - [`forward`]: the forward pass of every architecture memwall converts.
 
 pub mod atomic;
 pub mod blocks;

@@ -1,0 +1,955 @@
+//! The forward pass: the architectures memwall converts, run as llama.cpp
+//! runs them. Weights stay in the GGUF (memory-mapped or read, any type
+//! [`blocks::dequantize_row`] decodes); every tensor is found and its shape
+//! and type checked once, when the model is opened, so running cannot fail on
+//! the model itself.
+//!
+//! | architecture | norm | RoPE | attention extras | FFN |
+//! |---|---|---|---|---|
+//! | `llama` (Llama, Mistral, Mixtral) | RMS | NORM (+`rope_freqs`) | optional biases | SwiGLU or MoE |
+//! | `qwen2` | RMS | NEOX | Q/K/V biases | SwiGLU |
+//! | `qwen3` | RMS | NEOX | per-head RMSNorm of Q and K | SwiGLU |
+//! | `qwen3moe` | RMS | NEOX | per-head RMSNorm of Q and K | MoE |
+//! | `command-r` | LayerNorm | NORM | optional per-head LayerNorm of Q, K | SwiGLU, parallel; logit scale |
+//!
+//! RoPE scaling: linear, YaRN and Llama 3 frequency factors. The KV cache
+//! holds `f16`, as llama.cpp's default cache does; queries are rounded to
+//! `f16` for the `Q·K` products like ggml's F16 dot products.
+//!
+//! [`blocks::dequantize_row`]: crate::blocks::dequantize_row
+
+mod rope;
+
+pub use rope::{Rope, Yarn};
+
+use crate::GgmlType;
+use crate::blocks::{DEQUANTIZABLE, dequantize_row, f16_to_f32, f32_to_f16};
+use crate::gguf::{GgufModel, Metadata};
+use crate::model_info::HyperParams;
+
+/// Why a model cannot be run.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// Metadata missing or wrong.
+    #[error("{0}")]
+    Metadata(String),
+    /// A tensor is missing or has the wrong shape or type.
+    #[error("tensor {name}: {message}")]
+    Tensor {
+        /// The tensor.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A token id past the vocabulary.
+    #[error("token id {0} is not in the vocabulary")]
+    Token(u32),
+    /// The context is full.
+    #[error("the context holds {0} tokens; no room for more")]
+    ContextFull(usize),
+}
+
+/// The architectures the forward pass runs (`general.architecture`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// `llama`: Llama, Mistral, Mixtral.
+    Llama,
+    /// `qwen2`.
+    Qwen2,
+    /// `qwen3`.
+    Qwen3,
+    /// `qwen3moe`.
+    Qwen3Moe,
+    /// `command-r` (Cohere Command-R).
+    CommandR,
+}
+
+impl Arch {
+    /// Every architecture, for messages.
+    pub const ALL: [Arch; 5] = [
+        Arch::Llama,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Qwen3Moe,
+        Arch::CommandR,
+    ];
+
+    /// The `general.architecture` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Qwen3Moe => "qwen3moe",
+            Arch::CommandR => "command-r",
+        }
+    }
+
+    /// The architecture named `name`.
+    pub fn from_name(name: &str) -> Option<Arch> {
+        Arch::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    fn neox(self) -> bool {
+        matches!(self, Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe)
+    }
+
+    fn layer_norm(self) -> bool {
+        self == Arch::CommandR
+    }
+}
+
+/// The hyper-parameters the forward pass uses.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Architecture.
+    pub arch: Arch,
+    /// Hidden size.
+    pub n_embd: usize,
+    /// Blocks.
+    pub n_layer: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Head size.
+    pub head_dim: usize,
+    /// Rotary embedding.
+    pub rope: Rope,
+    /// Norm epsilon (RMSNorm or LayerNorm, by architecture).
+    pub eps: f32,
+    /// Vocabulary size (rows of the output matrix).
+    pub n_vocab: usize,
+    /// Context length the session allows.
+    pub n_ctx: usize,
+    /// Experts per MoE layer (0: dense).
+    pub n_expert: usize,
+    /// Experts used per token.
+    pub n_expert_used: usize,
+    /// Factor on the routing weights (`expert_weights_scale`; 0 and 1 leave them).
+    pub expert_weights_scale: f32,
+    /// Factor on the logits (`logit_scale`, Command-R; else 1).
+    pub logit_scale: f32,
+    /// What the KV cache stores (set before opening sessions).
+    pub kv_type: KvType,
+}
+
+/// A decodable matrix: `rows` rows of `cols` weights.
+#[derive(Clone, Copy)]
+struct Matrix<'a> {
+    ty: GgmlType,
+    data: &'a [u8],
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+}
+
+/// A norm: weights, and a bias for LayerNorm when the model has one.
+struct Norm {
+    weight: Vec<f32>,
+    bias: Option<Vec<f32>>,
+}
+
+/// The feed-forward part of a block.
+enum Ffn<'a> {
+    Dense {
+        gate: Matrix<'a>,
+        up: Matrix<'a>,
+        down: Matrix<'a>,
+    },
+    /// Experts stacked in 3-D tensors; expert `e` is a slice of each.
+    Moe {
+        router: Matrix<'a>,
+        gate: Matrix<'a>,
+        up: Matrix<'a>,
+        down: Matrix<'a>,
+    },
+}
+
+struct Layer<'a> {
+    attn_norm: Norm,
+    wq: Matrix<'a>,
+    wk: Matrix<'a>,
+    wv: Matrix<'a>,
+    bq: Option<Vec<f32>>,
+    bk: Option<Vec<f32>>,
+    bv: Option<Vec<f32>>,
+    /// Per-head norms of queries and keys: one `head_dim` vector shared by all
+    /// heads, or one per head.
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    wo: Matrix<'a>,
+    bo: Option<Vec<f32>>,
+    /// `None` for parallel blocks (Command-R), whose FFN reads the attention norm.
+    ffn_norm: Option<Norm>,
+    ffn: Ffn<'a>,
+}
+
+/// A model over a GGUF file, every tensor resolved.
+pub struct Model<'a> {
+    /// Its hyper-parameters.
+    pub config: Config,
+    embd: Matrix<'a>,
+    layers: Vec<Layer<'a>>,
+    output_norm: Norm,
+    output: Matrix<'a>,
+}
+
+/// What the KV cache stores.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvType {
+    /// `f16`, llama.cpp's default; queries are rounded to `f16` for `Q·K` too.
+    #[default]
+    F16,
+    /// `f32`: exact, for comparisons with a float32 reference.
+    F32,
+}
+
+/// One layer's keys or values: position-major, then head, then dimension.
+#[derive(Clone)]
+enum Cache {
+    F16(Vec<u16>),
+    F32(Vec<f32>),
+}
+
+impl Cache {
+    fn len(&self) -> usize {
+        match self {
+            Cache::F16(c) => c.len(),
+            Cache::F32(c) => c.len(),
+        }
+    }
+
+    fn truncate(&mut self, n: usize) {
+        match self {
+            Cache::F16(c) => c.truncate(n),
+            Cache::F32(c) => c.truncate(n),
+        }
+    }
+
+    fn extend(&mut self, values: &[f32]) {
+        match self {
+            Cache::F16(c) => c.extend(values.iter().map(|&v| f32_to_f16(v))),
+            Cache::F32(c) => c.extend_from_slice(values),
+        }
+    }
+
+    /// Values `start..start + out.len()`, as `f32`.
+    fn read(&self, start: usize, out: &mut [f32]) {
+        match self {
+            Cache::F16(c) => {
+                for (o, &h) in out.iter_mut().zip(&c[start..]) {
+                    *o = f16_to_f32(h);
+                }
+            }
+            Cache::F32(c) => out.copy_from_slice(&c[start..start + out.len()]),
+        }
+    }
+}
+
+/// The KV cache and position of one sequence.
+pub struct Session {
+    k: Vec<Cache>,
+    v: Vec<Cache>,
+    n_past: usize,
+}
+
+impl Session {
+    /// Tokens already in the cache.
+    pub fn len(&self) -> usize {
+        self.n_past
+    }
+
+    /// Whether nothing has been evaluated yet.
+    pub fn is_empty(&self) -> bool {
+        self.n_past == 0
+    }
+
+    /// Forgets everything after the first `n` tokens (keeps the cache's memory).
+    pub fn truncate(&mut self, n: usize) {
+        if n < self.n_past {
+            let per = |c: &Cache| c.len() / self.n_past;
+            for c in self.k.iter_mut().chain(self.v.iter_mut()) {
+                let keep = per(c) * n;
+                c.truncate(keep);
+            }
+            self.n_past = n;
+        }
+    }
+}
+
+fn meta_err(e: impl std::fmt::Display) -> ForwardError {
+    ForwardError::Metadata(e.to_string())
+}
+
+fn tensor_err(name: &str, message: impl Into<String>) -> ForwardError {
+    ForwardError::Tensor {
+        name: name.to_owned(),
+        message: message.into(),
+    }
+}
+
+fn f32_of(meta: &Metadata, key: &str) -> Result<Option<f32>, ForwardError> {
+    Ok(meta.get_f64(key).map_err(meta_err)?.map(|v| v as f32))
+}
+
+/// Finds tensors and checks their shapes and types.
+struct Loader<'g> {
+    gguf: &'g GgufModel,
+}
+
+impl<'g> Loader<'g> {
+    fn has(&self, name: &str) -> bool {
+        self.gguf.tensor(name).is_some()
+    }
+
+    /// The tensor `name` as `rows × cols` (trailing dimensions fold into rows).
+    fn matrix(&self, name: &str) -> Result<Matrix<'g>, ForwardError> {
+        let (info, data) = self
+            .gguf
+            .tensor(name)
+            .ok_or_else(|| tensor_err(name, "missing"))?;
+        if !DEQUANTIZABLE.contains(&info.ty) {
+            return Err(tensor_err(
+                name,
+                format!("type {} is not decoded yet", info.ty.name()),
+            ));
+        }
+        let cols = info.dims[0] as usize;
+        let rows = (info.elements / info.dims[0].max(1)) as usize;
+        let row_bytes = info
+            .ty
+            .tensor_size(&[info.dims[0]])
+            .map_err(|e| tensor_err(name, e.to_string()))?
+            .bytes as usize;
+        Ok(Matrix {
+            ty: info.ty,
+            data,
+            rows,
+            cols,
+            row_bytes,
+        })
+    }
+
+    fn shaped(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix<'g>, ForwardError> {
+        let m = self.matrix(name)?;
+        if m.rows != rows || m.cols != cols {
+            return Err(tensor_err(
+                name,
+                format!("shape {}×{}, expected {rows}×{cols}", m.rows, m.cols),
+            ));
+        }
+        Ok(m)
+    }
+
+    /// `n_expert` stacked `rows × cols` matrices, as one `n_expert·rows × cols` matrix.
+    fn experts(
+        &self,
+        name: &str,
+        n_expert: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix<'g>, ForwardError> {
+        let m = self.shaped(name, n_expert * rows, cols)?;
+        let dims = self.gguf.tensor(name).map(|(info, _)| info.dims.clone());
+        if dims.is_none_or(|d| d.len() != 3 || d[2] as usize != n_expert) {
+            return Err(tensor_err(
+                name,
+                format!("expected {n_expert} experts in the third dimension"),
+            ));
+        }
+        Ok(m)
+    }
+
+    /// A vector of `len` values, decoded to `f32`.
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ForwardError> {
+        let m = self.matrix(name)?;
+        if m.rows * m.cols != len {
+            return Err(tensor_err(
+                name,
+                format!("{} values, expected {len}", m.rows * m.cols),
+            ));
+        }
+        let mut out = vec![0f32; len];
+        for (r, chunk) in out.chunks_exact_mut(m.cols).enumerate() {
+            dequantize_row(m.ty, m.row(r), chunk).map_err(|e| tensor_err(name, e.to_string()))?;
+        }
+        if let Some(i) = out.iter().position(|v| !v.is_finite()) {
+            return Err(tensor_err(name, format!("value {i} is {}", out[i])));
+        }
+        Ok(out)
+    }
+
+    fn optional_vector(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>, ForwardError> {
+        if self.has(name) {
+            self.vector(name, len).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn norm(&self, prefix: &str, len: usize) -> Result<Norm, ForwardError> {
+        Ok(Norm {
+            weight: self.vector(&format!("{prefix}.weight"), len)?,
+            bias: self.optional_vector(&format!("{prefix}.bias"), len)?,
+        })
+    }
+
+    /// A per-head norm weight: `head_dim` values shared by all heads, or one set per head.
+    fn head_norm(
+        &self,
+        name: &str,
+        head_dim: usize,
+        heads: usize,
+    ) -> Result<Option<Vec<f32>>, ForwardError> {
+        if !self.has(name) {
+            return Ok(None);
+        }
+        let m = self.matrix(name)?;
+        let len = m.rows * m.cols;
+        if len != head_dim && len != head_dim * heads {
+            return Err(tensor_err(
+                name,
+                format!("{len} values, expected {head_dim} or {}", head_dim * heads),
+            ));
+        }
+        self.vector(name, len).map(Some)
+    }
+}
+
+impl Matrix<'_> {
+    fn row(&self, r: usize) -> &[u8] {
+        &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// Rows `first..first + n` as a matrix (one expert of a stacked tensor).
+    fn rows(&self, first: usize, n: usize) -> Self {
+        Matrix {
+            data: &self.data[first * self.row_bytes..(first + n) * self.row_bytes],
+            rows: n,
+            ..*self
+        }
+    }
+}
+
+impl<'a> Model<'a> {
+    /// Reads the hyper-parameters and resolves every tensor the forward pass
+    /// needs (shape and type), so that running cannot fail on the model itself.
+    pub fn new(gguf: &'a GgufModel, n_ctx: usize) -> Result<Self, ForwardError> {
+        let meta = gguf.metadata();
+        let hp = HyperParams::try_from(meta).map_err(meta_err)?;
+        let arch = Arch::from_name(&hp.architecture).ok_or_else(|| {
+            ForwardError::Metadata(format!(
+                "architecture {} is not run; memwall runs {}",
+                hp.architecture,
+                Arch::ALL.map(Arch::name).join(", ")
+            ))
+        })?;
+        let a = arch.name();
+        let key = |k: &str| format!("{a}.{k}");
+        let load = Loader { gguf };
+        let head_dim = hp.head_dim() as usize;
+        let n_embd = hp.embedding_length as usize;
+        let embd = load.matrix("token_embd.weight")?;
+        let n_rot = hp.rope_dimension_count.map_or(head_dim, |d| d as usize);
+        let factor = hp.rope_scaling_factor.unwrap_or(1.0) as f32;
+        let scaling = hp.rope_scaling_type.as_deref().unwrap_or("none");
+        let freq_scale = match scaling {
+            "none" => 1.0,
+            "linear" | "yarn" if factor > 0.0 => 1.0 / factor,
+            "linear" | "yarn" => 1.0,
+            other => {
+                return Err(ForwardError::Metadata(format!(
+                    "{a}.rope.scaling.type {other} is not run (none, linear and yarn are)"
+                )));
+            }
+        };
+        let attn_factor = f32_of(meta, &key("rope.scaling.attn_factor"))?.unwrap_or(1.0);
+        let (yarn, mscale) = if scaling == "yarn" {
+            let orig = meta
+                .get_u64(&key("rope.scaling.original_context_length"))
+                .map_err(meta_err)?
+                .unwrap_or(hp.context_length);
+            let log_mul = f32_of(meta, &key("rope.scaling.yarn_log_multiplier"))?.unwrap_or(0.0);
+            let f = 1.0 / freq_scale;
+            // transformers' `attention_factor`, when the config states it, replaces the
+            // computed magnitude. llama.cpp 0c1e570 reads this key and the betas only
+            // for a few architectures (grok, mistral3) and runs the rest with defaults.
+            let stated = f32_of(meta, &key("rope.scaling.yarn_attn_factor"))?;
+            let m = if let Some(m) = stated {
+                m
+            } else if log_mul != 0.0 {
+                rope::yarn_mscale(f, 1.0) / rope::yarn_mscale(f, log_mul)
+            } else {
+                rope::yarn_mscale(f, 1.0)
+            };
+            let yarn = Yarn {
+                orig_ctx: orig.min(u32::MAX as u64) as u32,
+                beta_fast: f32_of(meta, &key("rope.scaling.yarn_beta_fast"))?.unwrap_or(32.0),
+                beta_slow: f32_of(meta, &key("rope.scaling.yarn_beta_slow"))?.unwrap_or(1.0),
+            };
+            (Some(yarn), m * attn_factor)
+        } else {
+            (None, attn_factor)
+        };
+        let freq_factors = if load.has("rope_freqs.weight") {
+            Some(load.vector("rope_freqs.weight", n_rot / 2)?)
+        } else {
+            None
+        };
+        let eps = if arch.layer_norm() {
+            hp.layer_norm_eps
+        } else {
+            hp.rms_norm_eps
+        };
+        let config = Config {
+            arch,
+            n_embd,
+            n_layer: hp.block_count as usize,
+            n_head: hp.head_count as usize,
+            n_head_kv: hp.head_count_kv as usize,
+            head_dim,
+            rope: Rope {
+                n_rot,
+                base: hp.rope_freq_base.unwrap_or(10000.0) as f32,
+                freq_scale,
+                neox: arch.neox(),
+                yarn,
+                mscale,
+                freq_factors,
+            },
+            eps: eps.unwrap_or(1e-5) as f32,
+            n_vocab: embd.rows,
+            n_ctx,
+            n_expert: hp.expert_count.unwrap_or(0) as usize,
+            n_expert_used: hp.expert_used_count.unwrap_or(0) as usize,
+            expert_weights_scale: f32_of(meta, &key("expert_weights_scale"))?.unwrap_or(0.0),
+            logit_scale: f32_of(meta, &key("logit_scale"))?.unwrap_or(1.0),
+            kv_type: KvType::F16,
+        };
+        let c = &config;
+        if c.n_head == 0
+            || c.n_head_kv == 0
+            || c.n_head % c.n_head_kv != 0
+            || n_rot > head_dim
+            || n_rot % 2 != 0
+            || head_dim == 0
+        {
+            return Err(ForwardError::Metadata(format!(
+                "{} heads, {} KV heads, head size {head_dim}, {n_rot} rotated dims do not fit together",
+                c.n_head, c.n_head_kv
+            )));
+        }
+        if c.n_expert > 0 && (c.n_expert_used == 0 || c.n_expert_used > c.n_expert) {
+            return Err(ForwardError::Metadata(format!(
+                "{a}.expert_used_count is {}, expected 1..={}",
+                c.n_expert_used, c.n_expert
+            )));
+        }
+        if n_embd == 0 || embd.cols != n_embd {
+            return Err(tensor_err(
+                "token_embd.weight",
+                format!("{} columns, expected {n_embd}", embd.cols),
+            ));
+        }
+        let output = if load.has("output.weight") {
+            load.shaped("output.weight", c.n_vocab, n_embd)?
+        } else {
+            embd
+        };
+        let output_norm = load.norm("output_norm", n_embd)?;
+        let layers = (0..c.n_layer)
+            .map(|l| Self::layer(&load, c, l))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Model {
+            config,
+            embd,
+            layers,
+            output_norm,
+            output,
+        })
+    }
+
+    fn layer(load: &Loader<'a>, c: &Config, l: usize) -> Result<Layer<'a>, ForwardError> {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        let (q, kv) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
+        let e = c.n_embd;
+        let ffn_norm = if c.arch == Arch::CommandR {
+            None
+        } else {
+            Some(load.norm(&n("ffn_norm"), e)?)
+        };
+        let ffn = if c.n_expert > 0 {
+            let router = load.shaped(&n("ffn_gate_inp.weight"), c.n_expert, e)?;
+            let gate = load.matrix(&n("ffn_gate_exps.weight"))?;
+            let ff = gate.rows / c.n_expert;
+            Ffn::Moe {
+                router,
+                gate: load.experts(&n("ffn_gate_exps.weight"), c.n_expert, ff, e)?,
+                up: load.experts(&n("ffn_up_exps.weight"), c.n_expert, ff, e)?,
+                down: load.experts(&n("ffn_down_exps.weight"), c.n_expert, e, ff)?,
+            }
+        } else {
+            let gate = load.matrix(&n("ffn_gate.weight"))?;
+            Ffn::Dense {
+                gate: load.shaped(&n("ffn_gate.weight"), gate.rows, e)?,
+                up: load.shaped(&n("ffn_up.weight"), gate.rows, e)?,
+                down: load.shaped(&n("ffn_down.weight"), e, gate.rows)?,
+            }
+        };
+        Ok(Layer {
+            attn_norm: load.norm(&n("attn_norm"), e)?,
+            wq: load.shaped(&n("attn_q.weight"), q, e)?,
+            wk: load.shaped(&n("attn_k.weight"), kv, e)?,
+            wv: load.shaped(&n("attn_v.weight"), kv, e)?,
+            bq: load.optional_vector(&n("attn_q.bias"), q)?,
+            bk: load.optional_vector(&n("attn_k.bias"), kv)?,
+            bv: load.optional_vector(&n("attn_v.bias"), kv)?,
+            q_norm: load.head_norm(&n("attn_q_norm.weight"), c.head_dim, c.n_head)?,
+            k_norm: load.head_norm(&n("attn_k_norm.weight"), c.head_dim, c.n_head_kv)?,
+            wo: load.shaped(&n("attn_output.weight"), e, q)?,
+            bo: load.optional_vector(&n("attn_output.bias"), e)?,
+            ffn_norm,
+            ffn,
+        })
+    }
+
+    /// An empty session with room for `config.n_ctx` tokens.
+    pub fn session(&self) -> Session {
+        let empty = match self.config.kv_type {
+            KvType::F16 => Cache::F16(Vec::new()),
+            KvType::F32 => Cache::F32(Vec::new()),
+        };
+        Session {
+            k: vec![empty.clone(); self.config.n_layer],
+            v: vec![empty; self.config.n_layer],
+            n_past: 0,
+        }
+    }
+
+    /// Evaluates `tokens` after what `session` holds and returns their logits,
+    /// `tokens.len() × n_vocab`, row by row.
+    pub fn forward(&self, session: &mut Session, tokens: &[u32]) -> Result<Vec<f32>, ForwardError> {
+        self.forward_from(session, tokens, 0)
+    }
+
+    /// Like [`Model::forward`], but returns the logits of `tokens[first..]` only
+    /// (the output head is the largest matrix of small models).
+    pub fn forward_from(
+        &self,
+        session: &mut Session,
+        tokens: &[u32],
+        first: usize,
+    ) -> Result<Vec<f32>, ForwardError> {
+        let c = &self.config;
+        let t_n = tokens.len();
+        if session.n_past + t_n > c.n_ctx {
+            return Err(ForwardError::ContextFull(c.n_ctx));
+        }
+        let e = c.n_embd;
+        let mut x = vec![0f32; t_n * e];
+        for (t, &id) in tokens.iter().enumerate() {
+            if id as usize >= c.n_vocab {
+                return Err(ForwardError::Token(id));
+            }
+            decode(&self.embd, id as usize, &mut x[t * e..(t + 1) * e]);
+        }
+        let tables: Vec<Vec<(f32, f32)>> = (0..t_n)
+            .map(|t| {
+                let mut table = Vec::new();
+                c.rope.table(session.n_past + t, &mut table);
+                table
+            })
+            .collect();
+        let mut h = vec![0f32; t_n * e];
+        for (l, layer) in self.layers.iter().enumerate() {
+            self.norm(&x, &layer.attn_norm, &mut h);
+            let attn = self.attention_block(layer, &h, &tables, session, l);
+            if let Some(ffn_norm) = &layer.ffn_norm {
+                add(&mut x, &attn);
+                self.norm(&x, ffn_norm, &mut h);
+                let ffn = self.ffn(&layer.ffn, &h, t_n);
+                add(&mut x, &ffn);
+            } else {
+                // Parallel block: attention and FFN both read the attention norm.
+                let ffn = self.ffn(&layer.ffn, &h, t_n);
+                add(&mut x, &attn);
+                add(&mut x, &ffn);
+            }
+        }
+        session.n_past += t_n;
+        let first = first.min(t_n);
+        let rows = t_n - first;
+        let mut out = vec![0f32; rows * e];
+        self.norm(&x[first * e..], &self.output_norm, &mut out);
+        let mut logits = matmul(&self.output, &out, rows);
+        if c.logit_scale != 1.0 {
+            logits.iter_mut().for_each(|v| *v *= c.logit_scale);
+        }
+        Ok(logits)
+    }
+
+    fn norm(&self, x: &[f32], norm: &Norm, out: &mut [f32]) {
+        if self.config.arch.layer_norm() {
+            layer_norm(x, &norm.weight, norm.bias.as_deref(), self.config.eps, out);
+        } else {
+            rms_norm(x, &norm.weight, self.config.eps, out);
+        }
+    }
+
+    /// Per-head norm of `t_n` rows of `heads` heads.
+    fn head_norm(&self, x: &mut [f32], weight: &[f32], heads: usize) {
+        let c = &self.config;
+        let hd = c.head_dim;
+        let mut tmp = vec![0f32; hd];
+        for (i, head) in x.chunks_exact_mut(hd).enumerate() {
+            let h = i % heads;
+            let w = if weight.len() == hd {
+                weight
+            } else {
+                &weight[h * hd..(h + 1) * hd]
+            };
+            if c.arch.layer_norm() {
+                layer_norm(head, w, None, c.eps, &mut tmp);
+            } else {
+                rms_norm(head, w, c.eps, &mut tmp);
+            }
+            head.copy_from_slice(&tmp);
+        }
+    }
+
+    /// Q/K/V projections, RoPE, the cache update, attention and the output projection.
+    fn attention_block(
+        &self,
+        layer: &Layer,
+        h: &[f32],
+        tables: &[Vec<(f32, f32)>],
+        session: &mut Session,
+        l: usize,
+    ) -> Vec<f32> {
+        let c = &self.config;
+        let t_n = tables.len();
+        let (qd, kvd, hd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.head_dim);
+        let mut q = matmul(&layer.wq, h, t_n);
+        let mut k = matmul(&layer.wk, h, t_n);
+        let mut v = matmul(&layer.wv, h, t_n);
+        add_bias(&mut q, layer.bq.as_deref());
+        add_bias(&mut k, layer.bk.as_deref());
+        add_bias(&mut v, layer.bv.as_deref());
+        if let Some(w) = &layer.q_norm {
+            self.head_norm(&mut q, w, c.n_head);
+        }
+        if let Some(w) = &layer.k_norm {
+            self.head_norm(&mut k, w, c.n_head_kv);
+        }
+        for (t, table) in tables.iter().enumerate() {
+            for head in q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
+                c.rope.apply(head, table);
+            }
+            for head in k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
+                c.rope.apply(head, table);
+            }
+        }
+        session.k[l].extend(&k);
+        session.v[l].extend(&v);
+        let attn = self.attention(&q, &session.k[l], &session.v[l], session.n_past, t_n);
+        let mut o = matmul(&layer.wo, &attn, t_n);
+        add_bias(&mut o, layer.bo.as_deref());
+        o
+    }
+
+    /// Causal grouped-query attention of the `t_n` new queries over the cache.
+    fn attention(&self, q: &[f32], k: &Cache, v: &Cache, n_past: usize, t_n: usize) -> Vec<f32> {
+        let c = &self.config;
+        let (qd, kvd, hd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.head_dim);
+        let group = c.n_head / c.n_head_kv;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut out = vec![0f32; t_n * qd];
+        let mut scores = Vec::new();
+        let mut qh = vec![0f32; hd];
+        let mut kvh = vec![0f32; hd];
+        let round = self.config.kv_type == KvType::F16;
+        for t in 0..t_n {
+            let n_kv = n_past + t + 1;
+            for head in 0..c.n_head {
+                let kv_head = head / group;
+                for (d, &s) in qh.iter_mut().zip(&q[t * qd + head * hd..]) {
+                    *d = if round { f16_to_f32(f32_to_f16(s)) } else { s };
+                }
+                scores.clear();
+                for j in 0..n_kv {
+                    k.read(j * kvd + kv_head * hd, &mut kvh);
+                    let dot: f32 = qh.iter().zip(&kvh).map(|(a, b)| a * b).sum();
+                    scores.push(dot * scale);
+                }
+                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0f32;
+                for s in scores.iter_mut() {
+                    *s = (*s - max).exp();
+                    sum += *s;
+                }
+                let oh = &mut out[t * qd + head * hd..t * qd + (head + 1) * hd];
+                for (j, s) in scores.iter().enumerate() {
+                    v.read(j * kvd + kv_head * hd, &mut kvh);
+                    let p = s / sum;
+                    for (o, x) in oh.iter_mut().zip(&kvh) {
+                        *o += p * x;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn ffn(&self, ffn: &Ffn, h: &[f32], t_n: usize) -> Vec<f32> {
+        match ffn {
+            Ffn::Dense { gate, up, down } => swiglu(gate, up, down, h, t_n),
+            Ffn::Moe {
+                router,
+                gate,
+                up,
+                down,
+            } => self.moe(router, gate, up, down, h, t_n),
+        }
+    }
+
+    /// Mixture of experts: softmax over the router's logits, the top
+    /// `n_expert_used` experts per token with their probabilities renormalised
+    /// to sum 1, and the weighted sum of those experts' SwiGLU outputs.
+    fn moe(
+        &self,
+        router: &Matrix,
+        gate: &Matrix,
+        up: &Matrix,
+        down: &Matrix,
+        h: &[f32],
+        t_n: usize,
+    ) -> Vec<f32> {
+        let c = &self.config;
+        let (e, n_exp) = (c.n_embd, c.n_expert);
+        let ff = gate.rows / n_exp;
+        let logits = matmul(router, h, t_n);
+        // Per expert: the tokens routed to it, with their weights.
+        let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); n_exp];
+        for t in 0..t_n {
+            let row = &logits[t * n_exp..(t + 1) * n_exp];
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let probs: Vec<f32> = row.iter().map(|v| (v - max).exp()).collect();
+            let total: f32 = probs.iter().sum();
+            let mut order: Vec<usize> = (0..n_exp).collect();
+            order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+            let chosen = &order[..c.n_expert_used];
+            let sum: f32 = chosen.iter().map(|&i| probs[i] / total).sum();
+            for &i in chosen {
+                let mut w = probs[i] / total / sum;
+                if c.expert_weights_scale != 0.0 && c.expert_weights_scale != 1.0 {
+                    w *= c.expert_weights_scale;
+                }
+                routed[i].push((t, w));
+            }
+        }
+        let mut out = vec![0f32; t_n * e];
+        for (x, tokens) in routed.iter().enumerate() {
+            if tokens.is_empty() {
+                continue;
+            }
+            let mut input = Vec::with_capacity(tokens.len() * e);
+            for &(t, _) in tokens {
+                input.extend_from_slice(&h[t * e..(t + 1) * e]);
+            }
+            let y = swiglu(
+                &gate.rows(x * ff, ff),
+                &up.rows(x * ff, ff),
+                &down.rows(x * e, e),
+                &input,
+                tokens.len(),
+            );
+            for (i, &(t, w)) in tokens.iter().enumerate() {
+                for (o, v) in out[t * e..(t + 1) * e].iter_mut().zip(&y[i * e..]) {
+                    *o += w * v;
+                }
+            }
+        }
+        out
+    }
+}
+
+fn add(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        for row in x.chunks_exact_mut(b.len()) {
+            add(row, b);
+        }
+    }
+}
+
+/// `down · (silu(gate · h) ⊙ (up · h))`.
+fn swiglu(gate: &Matrix, up: &Matrix, down: &Matrix, h: &[f32], t_n: usize) -> Vec<f32> {
+    let mut g = matmul(gate, h, t_n);
+    let u = matmul(up, h, t_n);
+    for (g, u) in g.iter_mut().zip(&u) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+    matmul(down, &g, t_n)
+}
+
+/// RMSNorm of each `weight.len()`-wide row of `x`, times `weight` (sums in
+/// `f64`, as ggml accumulates them).
+fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let n = weight.len();
+    for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let sum: f64 = xr.iter().map(|&v| v as f64 * v as f64).sum();
+        let scale = 1.0 / ((sum / n as f64) as f32 + eps).sqrt();
+        for ((o, v), w) in or.iter_mut().zip(xr).zip(weight) {
+            *o = v * scale * w;
+        }
+    }
+}
+
+/// LayerNorm (mean removed, unit variance) of each row, times `weight`, plus `bias`.
+fn layer_norm(x: &[f32], weight: &[f32], bias: Option<&[f32]>, eps: f32, out: &mut [f32]) {
+    let n = weight.len();
+    for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let mean = (xr.iter().map(|&v| v as f64).sum::<f64>() / n as f64) as f32;
+        let var: f64 = xr
+            .iter()
+            .map(|&v| {
+                let d = (v - mean) as f64;
+                d * d
+            })
+            .sum();
+        let scale = 1.0 / ((var / n as f64) as f32 + eps).sqrt();
+        for (i, (o, v)) in or.iter_mut().zip(xr).enumerate() {
+            *o = (v - mean) * scale * weight[i] + bias.map_or(0.0, |b| b[i]);
+        }
+    }
+}
+
+/// Row `r` of `m`, decoded into `out`. Matrices are checked when the model is
+/// opened, so decoding cannot fail here.
+fn decode(m: &Matrix, r: usize, out: &mut [f32]) {
+    dequantize_row(m.ty, m.row(r), out).expect("type and length checked when the model opened");
+}
+
+/// `y = W·x` for `t_n` tokens: `x` is `t_n × cols`, the result `t_n × rows`.
+/// Each row of `W` is decoded once.
+fn matmul(m: &Matrix, x: &[f32], t_n: usize) -> Vec<f32> {
+    let mut y = vec![0f32; t_n * m.rows];
+    let mut row = vec![0f32; m.cols];
+    for r in 0..m.rows {
+        decode(m, r, &mut row);
+        for t in 0..t_n {
+            y[t * m.rows + r] = row
+                .iter()
+                .zip(&x[t * m.cols..(t + 1) * m.cols])
+                .map(|(a, b)| a * b)
+                .sum();
+        }
+    }
+    y
+}
