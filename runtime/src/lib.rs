@@ -11,10 +11,12 @@
 //! - [`blocks`]: ggml block formats and scalar dequantization (the reference).
 //! - [`progress`]: the trait through which libraries report long work.
 //! - [`forward`]: the forward pass of every architecture memwall converts.
+//! - [`eval`]: perplexity and KL divergence, as llama-perplexity computes them.
 
 pub mod atomic;
 pub mod blocks;
 pub mod direct;
+pub mod eval;
 pub mod forward;
 pub mod ggml_type;
 pub mod gguf;
