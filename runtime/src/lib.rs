@@ -18,6 +18,7 @@ pub mod direct;
 pub mod forward;
 pub mod ggml_type;
 pub mod gguf;
+pub mod kernels;
 pub mod model_info;
 pub mod progress;
 
