@@ -33,11 +33,12 @@
 //!     data.extend((0..32).map(|q| q as u8));
 //! }
 //! let w = QMatrix::new(GgmlType::Q8_0, &data, 2, 32).unwrap();
-//! let x = vec![1.0f32; 32];
+//! // Activations of 127 quantize exactly (Q8_0 scale 1.0).
+//! let x = vec![127.0f32; 32];
 //! let mut y = vec![0f32; 2];
 //! let mut mm = Matmul::new(Kernels::detect(), 1);
 //! mm.matmul(&w, &x, &mut y).unwrap();
-//! assert_eq!(y, [496.0, 496.0]);
+//! assert_eq!(y, [62992.0, 62992.0]); // 127 · (0 + 1 + … + 31)
 //! ```
 
 mod arch;
