@@ -1,4 +1,2 @@
-//! placeholder
-use crate::kernels::{DotTable, scalar};
-
-pub(crate) static TABLE: DotTable = scalar::TABLE;
+//! AVX-512 kernels (placeholder: the AVX2 table until specialised).
+pub(crate) static TABLE: crate::kernels::DotTable = super::avx2::TABLE;
