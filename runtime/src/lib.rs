@@ -20,6 +20,7 @@ pub mod eval;
 pub mod forward;
 pub mod ggml_type;
 pub mod gguf;
+pub mod kernels;
 pub mod model_info;
 pub mod progress;
 

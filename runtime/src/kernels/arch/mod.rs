@@ -1,0 +1,77 @@
+//! The SIMD kernels, one module per instruction set, and CPU feature probes.
+//!
+//! Every kernel here is an `unsafe fn` compiled with `#[target_feature]`,
+//! wrapped in a safe function that is only reachable through the backend's
+//! [`DotTable`], which [`super::Kernels::new`] hands out only after the probe
+//! for that backend succeeded.
+
+use super::{Backend, DotTable};
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(target_arch = "aarch64")]
+mod neon;
+
+/// AVX2 with FMA and F16C.
+pub(crate) fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// AVX-512 F, BW, VL and VNNI, on top of [`has_avx2`].
+pub(crate) fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        has_avx2()
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Advanced SIMD (always present on aarch64).
+pub(crate) fn has_neon() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        std::arch::is_aarch64_feature_detected!("neon")
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    false
+}
+
+/// Advanced SIMD with the dot-product extension.
+pub(crate) fn has_neon_dot() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        has_neon() && std::arch::is_aarch64_feature_detected!("dotprod")
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    false
+}
+
+/// The table of a SIMD backend; `None` for one not compiled for this target.
+/// The caller has checked that the CPU supports it.
+pub(crate) fn table(backend: Backend) -> Option<&'static DotTable> {
+    match backend {
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 => Some(&avx2::TABLE),
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx512 => Some(&avx512::TABLE),
+        #[cfg(target_arch = "aarch64")]
+        Backend::Neon => Some(&neon::TABLE),
+        #[cfg(target_arch = "aarch64")]
+        Backend::NeonDot => Some(&neon::TABLE_DOT),
+        _ => None,
+    }
+}

@@ -1,0 +1,253 @@
+//! `y = W·x` over a batch of tokens: the activations are quantized once to the
+//! weight type's vec_dot type, then the weight rows are split across a
+//! persistent thread pool; each output is one [`Kernels`] dot product.
+
+use super::{Activations, KernelError, Kernels, VecDotType};
+use crate::GgmlType;
+use rayon::prelude::*;
+
+/// A weight matrix as stored in a GGUF tensor: `rows` rows of `cols` weights
+/// of type `ty`, row-major (ggml's `ne[0] = cols`, `ne[1] = rows`).
+#[derive(Clone, Copy, Debug)]
+pub struct QMatrix<'a> {
+    ty: GgmlType,
+    data: &'a [u8],
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+}
+
+impl<'a> QMatrix<'a> {
+    /// Checks that `data` holds exactly `rows × cols` weights of `ty` and that
+    /// memwall has a dot product for `ty`.
+    pub fn new(
+        ty: GgmlType,
+        data: &'a [u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, KernelError> {
+        VecDotType::of(ty).ok_or(KernelError::UnsupportedType(ty))?;
+        let (bs, ts) = (ty.block_size() as usize, ty.type_size() as usize);
+        let row_bytes = cols / bs * ts;
+        if cols % bs != 0 || rows.checked_mul(row_bytes) != Some(data.len()) {
+            return Err(KernelError::Shape(format!(
+                "{} bytes of {ty} for a {rows}×{cols} matrix",
+                data.len()
+            )));
+        }
+        Ok(QMatrix {
+            ty,
+            data,
+            rows,
+            cols,
+            row_bytes,
+        })
+    }
+
+    /// The weight type.
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// Output features (rows).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features (weights per row).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The bytes of row `r`.
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+}
+
+/// Tokens whose activations are reused against one chunk of weight rows
+/// before moving on (keeps both the rows and the tile in L2).
+const TOKEN_TILE: usize = 16;
+
+/// A reusable matrix-multiply context: the kernels, a persistent thread pool
+/// and the buffers for quantized activations and transposed outputs, kept
+/// between calls so decoding allocates nothing once warm.
+pub struct Matmul {
+    kernels: Kernels,
+    threads: usize,
+    pool: Option<rayon::ThreadPool>,
+    acts: Activations,
+    scratch: Vec<f32>,
+}
+
+impl std::fmt::Debug for Matmul {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Matmul")
+            .field("kernels", &self.kernels)
+            .field("threads", &self.threads)
+            .finish()
+    }
+}
+
+impl Matmul {
+    /// A context running `kernels` on `threads` threads (at least 1; with 1,
+    /// everything runs on the calling thread and no pool is made).
+    pub fn new(kernels: Kernels, threads: usize) -> Self {
+        let threads = threads.max(1);
+        let pool = (threads > 1)
+            .then(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(|i| format!("memwall-matmul-{i}"))
+                    .build()
+                    .ok()
+            })
+            .flatten();
+        let threads = if pool.is_some() { threads } else { 1 };
+        Matmul {
+            kernels,
+            threads,
+            pool,
+            acts: Activations::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The kernels used.
+    pub fn kernels(&self) -> Kernels {
+        self.kernels
+    }
+
+    /// Threads used (1 if the pool could not be made).
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// `y[t][r] = Σ_c W[r][c] · x[t][c]` for `t = x.len() / w.cols()` tokens:
+    /// `x` is `t × cols`, `y` is `t × rows`, both row-major. The activations
+    /// are quantized to the weight type's vec_dot type first, as ggml does.
+    pub fn matmul(&mut self, w: &QMatrix<'_>, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
+        let kind = VecDotType::of(w.ty).ok_or(KernelError::UnsupportedType(w.ty))?;
+        self.acts.quantize(kind, x, w.cols)?;
+        let Matmul {
+            kernels,
+            pool,
+            acts,
+            scratch,
+            threads,
+        } = self;
+        run(*kernels, pool.as_ref(), *threads, w, acts, y, scratch)
+    }
+
+    /// [`Matmul::matmul`] with activations already quantized (several
+    /// matrices that read the same input — Q, K, V; gate, up — share one
+    /// [`Activations`]).
+    pub fn matmul_quantized(
+        &mut self,
+        w: &QMatrix<'_>,
+        acts: &Activations,
+        y: &mut [f32],
+    ) -> Result<(), KernelError> {
+        let Matmul {
+            kernels,
+            pool,
+            scratch,
+            threads,
+            ..
+        } = self;
+        run(*kernels, pool.as_ref(), *threads, w, acts, y, scratch)
+    }
+}
+
+/// One-shot `y = W·x` (see [`Matmul::matmul`]) with the kernels of
+/// [`Kernels::from_env`] on a pool of `threads` made for this call. For
+/// decoding, keep a [`Matmul`] instead.
+pub fn matmul(
+    w: &QMatrix<'_>,
+    x: &[f32],
+    y: &mut [f32],
+    threads: usize,
+) -> Result<(), KernelError> {
+    Matmul::new(Kernels::from_env()?, threads).matmul(w, x, y)
+}
+
+fn run(
+    kernels: Kernels,
+    pool: Option<&rayon::ThreadPool>,
+    threads: usize,
+    w: &QMatrix<'_>,
+    acts: &Activations,
+    y: &mut [f32],
+    scratch: &mut Vec<f32>,
+) -> Result<(), KernelError> {
+    let want = VecDotType::of(w.ty).ok_or(KernelError::UnsupportedType(w.ty))?;
+    let t_n = acts.rows();
+    if acts.kind() != Some(want) || acts.cols() != w.cols {
+        return Err(KernelError::Shape(format!(
+            "{} weights of {} columns against {:?} activations of {} columns",
+            w.ty,
+            w.cols,
+            acts.kind(),
+            acts.cols()
+        )));
+    }
+    if y.len() != t_n * w.rows {
+        return Err(KernelError::Shape(format!(
+            "output of {} values for {t_n} tokens × {} rows",
+            y.len(),
+            w.rows
+        )));
+    }
+    if t_n == 0 || w.rows == 0 {
+        return Ok(());
+    }
+    // Work items of `chunk` rows; several per thread so uneven progress evens out.
+    let chunk = w
+        .rows
+        .div_ceil(threads * 4)
+        .clamp(1, if t_n > 1 { 64 } else { usize::MAX });
+    let dot = |r: usize, t: usize| kernels.dot_checked(w.ty, w.row(r), acts.row(t));
+    if t_n == 1 {
+        let work = |(c, ys): (usize, &mut [f32])| {
+            for (i, v) in ys.iter_mut().enumerate() {
+                *v = dot(c * chunk + i, 0);
+            }
+        };
+        match pool {
+            Some(p) => p.install(|| y.par_chunks_mut(chunk).enumerate().for_each(work)),
+            None => y.chunks_mut(chunk).enumerate().for_each(work),
+        }
+        return Ok(());
+    }
+    // Several tokens: compute into `rows × t` so each work item owns a contiguous
+    // range, each weight row read once per tile of tokens; then transpose.
+    scratch.clear();
+    scratch.resize(w.rows * t_n, 0.0);
+    let work = |(c, ys): (usize, &mut [f32])| {
+        let r0 = c * chunk;
+        let nr = ys.len() / t_n;
+        for t0 in (0..t_n).step_by(TOKEN_TILE) {
+            let t1 = (t0 + TOKEN_TILE).min(t_n);
+            for i in 0..nr {
+                for t in t0..t1 {
+                    ys[i * t_n + t] = dot(r0 + i, t);
+                }
+            }
+        }
+    };
+    match pool {
+        Some(p) => p.install(|| {
+            scratch
+                .par_chunks_mut(chunk * t_n)
+                .enumerate()
+                .for_each(work)
+        }),
+        None => scratch.chunks_mut(chunk * t_n).enumerate().for_each(work),
+    }
+    for (r, vals) in scratch.chunks_exact(t_n).enumerate() {
+        for (t, &v) in vals.iter().enumerate() {
+            y[t * w.rows + r] = v;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,590 @@
+//! Compute kernels: ggml-compatible activation quantization, quantized dot
+//! products and the multi-threaded matrix multiply of the forward pass.
+//!
+//! llama.cpp never dequantizes a weight matrix to multiply it: it quantizes the
+//! activations once to the weight type's *vec_dot type* (Q8_0, Q8_1 or Q8_K for
+//! the quantized types, F16/BF16/F32 for the float ones) and takes integer dot
+//! products block by block, scaling each block's integer sum by the two block
+//! scales. This module does the same:
+//!
+//! - [`quantize_row_q8_0`], [`quantize_row_q8_1`], [`quantize_row_q8_k`]: the
+//!   activation quantizers, bit-identical to ggml's `quantize_row_q8_*_ref`.
+//! - [`Kernels`]: the dot products of one [`Backend`] (scalar, AVX2, AVX-512,
+//!   NEON, NEON with `sdot`), chosen once at run time ([`Kernels::detect`],
+//!   overridable with `MEMWALL_KERNELS`). The scalar kernels (`scalar.rs`) are
+//!   the specification; every SIMD kernel is tested against them.
+//! - [`Matmul`]: `y = W·x` for a batch of tokens on a persistent thread pool,
+//!   with reusable scratch buffers (no allocation per call once warm).
+//!
+//! **Invariant:** the integer part of every quantized dot product is exact in
+//! every backend; backends differ only in the order of the float accumulation
+//! over blocks. For a given backend the result of [`Matmul::matmul`] does not
+//! depend on the thread count: each output is one dot product computed by one
+//! thread.
+//!
+//! ```
+//! use memwall_runtime::GgmlType;
+//! use memwall_runtime::kernels::{Kernels, Matmul, QMatrix};
+//!
+//! // A 2×32 Q8_0 matrix: each row is one block (f16 scale 1.0, quants 0..32).
+//! let mut data = Vec::new();
+//! for _ in 0..2 {
+//!     data.extend_from_slice(&0x3c00u16.to_le_bytes());
+//!     data.extend((0..32).map(|q| q as u8));
+//! }
+//! let w = QMatrix::new(GgmlType::Q8_0, &data, 2, 32).unwrap();
+//! // Activations of 127 quantize exactly (Q8_0 scale 1.0).
+//! let x = vec![127.0f32; 32];
+//! let mut y = vec![0f32; 2];
+//! let mut mm = Matmul::new(Kernels::detect(), 1);
+//! mm.matmul(&w, &x, &mut y).unwrap();
+//! assert_eq!(y, [62992.0, 62992.0]); // 127 · (0 + 1 + … + 31)
+//! ```
+
+mod arch;
+mod matmul;
+mod scalar;
+
+use std::sync::OnceLock;
+
+use crate::GgmlType;
+
+pub use matmul::{Matmul, QMatrix, matmul};
+pub use scalar::{quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
+
+/// Weights per Q8_0 / Q8_1 block (`QK8_0`).
+pub const QK8_0: usize = 32;
+/// Weights per K-quant super-block (`QK_K`).
+pub const QK_K: usize = 256;
+
+/// A Q8_0 activation block (`block_q8_0`, 34 bytes on disk): `x = d · q`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlockQ8_0 {
+    /// Scale (f16 bits).
+    pub d: u16,
+    /// Signed quants.
+    pub qs: [i8; 32],
+}
+const _: () = assert!(size_of::<BlockQ8_0>() == 34);
+
+/// A Q8_1 activation block (`block_q8_1`, 36 bytes): `x = d · q`, with
+/// `s = d · Σq` (f16) for the weight types that carry a minimum.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlockQ8_1 {
+    /// Scale (f16 bits).
+    pub d: u16,
+    /// `d · Σ qs` (f16 bits).
+    pub s: u16,
+    /// Signed quants.
+    pub qs: [i8; 32],
+}
+const _: () = assert!(size_of::<BlockQ8_1>() == 36);
+
+/// A Q8_K activation block (`block_q8_K`, 292 bytes): `x = d · q`, with the
+/// sums of each 16 quants in `bsums` (the K-quants subtract their minimums
+/// through them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockQ8K {
+    /// Scale (an `f32`, unlike the other blocks).
+    pub d: f32,
+    /// Signed quants.
+    pub qs: [i8; 256],
+    /// Sums of quants `16j..16j+16`.
+    pub bsums: [i16; 16],
+}
+const _: () = assert!(size_of::<BlockQ8K>() == 292);
+
+impl Default for BlockQ8K {
+    fn default() -> Self {
+        BlockQ8K {
+            d: 0.0,
+            qs: [0; 256],
+            bsums: [0; 16],
+        }
+    }
+}
+
+impl BlockQ8_0 {
+    /// The block as ggml lays it out (little-endian).
+    pub fn to_bytes(&self) -> [u8; 34] {
+        let mut b = [0u8; 34];
+        b[..2].copy_from_slice(&self.d.to_le_bytes());
+        for (o, &q) in b[2..].iter_mut().zip(&self.qs) {
+            *o = q as u8;
+        }
+        b
+    }
+}
+
+impl BlockQ8_1 {
+    /// The block as ggml lays it out (little-endian).
+    pub fn to_bytes(&self) -> [u8; 36] {
+        let mut b = [0u8; 36];
+        b[..2].copy_from_slice(&self.d.to_le_bytes());
+        b[2..4].copy_from_slice(&self.s.to_le_bytes());
+        for (o, &q) in b[4..].iter_mut().zip(&self.qs) {
+            *o = q as u8;
+        }
+        b
+    }
+}
+
+impl BlockQ8K {
+    /// The block as ggml lays it out (little-endian).
+    pub fn to_bytes(&self) -> [u8; 292] {
+        let mut b = [0u8; 292];
+        b[..4].copy_from_slice(&self.d.to_le_bytes());
+        for (o, &q) in b[4..260].iter_mut().zip(&self.qs) {
+            *o = q as u8;
+        }
+        for (o, s) in b[260..].chunks_exact_mut(2).zip(&self.bsums) {
+            o.copy_from_slice(&s.to_le_bytes());
+        }
+        b
+    }
+}
+
+/// The form a weight type's activations take for its dot product
+/// (ggml's `type_traits_cpu[ty].vec_dot_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum VecDotType {
+    /// `f32` as is (F32 weights).
+    F32,
+    /// Half precision, rounded to nearest even (F16 weights).
+    F16,
+    /// bfloat16, rounded to nearest even (BF16 weights).
+    BF16,
+    /// [`BlockQ8_0`] (Q4_0, Q5_0, Q8_0, IQ4_NL).
+    Q8_0,
+    /// [`BlockQ8_1`] (Q4_1, Q5_1).
+    Q8_1,
+    /// [`BlockQ8K`] (Q2_K…Q6_K, IQ4_XS).
+    Q8K,
+}
+
+impl VecDotType {
+    /// The vec_dot type of weight type `ty`, or `None` if memwall has no dot
+    /// product for it (the types outside [`crate::blocks::DEQUANTIZABLE`]).
+    pub fn of(ty: GgmlType) -> Option<VecDotType> {
+        use GgmlType as T;
+        Some(match ty {
+            T::F32 => VecDotType::F32,
+            T::F16 => VecDotType::F16,
+            T::BF16 => VecDotType::BF16,
+            T::Q4_0 | T::Q5_0 | T::Q8_0 | T::IQ4_NL => VecDotType::Q8_0,
+            T::Q4_1 | T::Q5_1 => VecDotType::Q8_1,
+            T::Q2_K | T::Q3_K | T::Q4_K | T::Q5_K | T::Q6_K | T::IQ4_XS => VecDotType::Q8K,
+            _ => return None,
+        })
+    }
+
+    /// Elements per block (1 for the float forms).
+    pub fn block_size(self) -> usize {
+        match self {
+            VecDotType::F32 | VecDotType::F16 | VecDotType::BF16 => 1,
+            VecDotType::Q8_0 | VecDotType::Q8_1 => QK8_0,
+            VecDotType::Q8K => QK_K,
+        }
+    }
+}
+
+/// One row of activations in a vec_dot type, borrowed.
+#[derive(Clone, Copy, Debug)]
+pub enum ActRow<'a> {
+    /// `f32` values.
+    F32(&'a [f32]),
+    /// f16 bits.
+    F16(&'a [u16]),
+    /// bf16 bits.
+    BF16(&'a [u16]),
+    /// Q8_0 blocks.
+    Q8_0(&'a [BlockQ8_0]),
+    /// Q8_1 blocks.
+    Q8_1(&'a [BlockQ8_1]),
+    /// Q8_K blocks.
+    Q8K(&'a [BlockQ8K]),
+}
+
+impl ActRow<'_> {
+    /// The vec_dot type of the row.
+    pub fn kind(&self) -> VecDotType {
+        match self {
+            ActRow::F32(_) => VecDotType::F32,
+            ActRow::F16(_) => VecDotType::F16,
+            ActRow::BF16(_) => VecDotType::BF16,
+            ActRow::Q8_0(_) => VecDotType::Q8_0,
+            ActRow::Q8_1(_) => VecDotType::Q8_1,
+            ActRow::Q8K(_) => VecDotType::Q8K,
+        }
+    }
+
+    /// Number of values the row holds.
+    pub fn len(&self) -> usize {
+        match self {
+            ActRow::F32(a) => a.len(),
+            ActRow::F16(a) | ActRow::BF16(a) => a.len(),
+            ActRow::Q8_0(a) => a.len() * QK8_0,
+            ActRow::Q8_1(a) => a.len() * QK8_0,
+            ActRow::Q8K(a) => a.len() * QK_K,
+        }
+    }
+
+    /// Whether the row is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Activation rows quantized to one vec_dot type, stored contiguously; the
+/// buffers are kept between calls of [`Activations::quantize`].
+#[derive(Clone, Debug, Default)]
+pub struct Activations {
+    kind: Option<VecDotType>,
+    cols: usize,
+    rows: usize,
+    f32s: Vec<f32>,
+    halves: Vec<u16>,
+    q8_0: Vec<BlockQ8_0>,
+    q8_1: Vec<BlockQ8_1>,
+    q8k: Vec<BlockQ8K>,
+}
+
+impl Activations {
+    /// An empty set of activations.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Quantizes `x` (`x.len() / cols` rows of `cols` values) to `kind`,
+    /// replacing what was held. `cols` must be a multiple of the block size
+    /// of `kind` and divide `x.len()`.
+    pub fn quantize(
+        &mut self,
+        kind: VecDotType,
+        x: &[f32],
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        let bs = kind.block_size();
+        if cols == 0 || cols % bs != 0 || x.len() % cols != 0 {
+            return Err(KernelError::Shape(format!(
+                "{} activations of {cols} columns in {kind:?} blocks of {bs}",
+                x.len()
+            )));
+        }
+        self.kind = Some(kind);
+        self.cols = cols;
+        self.rows = x.len() / cols;
+        let nb = x.len() / bs;
+        match kind {
+            VecDotType::F32 => {
+                self.f32s.clear();
+                self.f32s.extend_from_slice(x);
+            }
+            VecDotType::F16 => {
+                self.halves.clear();
+                self.halves
+                    .extend(x.iter().map(|&v| crate::blocks::f32_to_f16(v)));
+            }
+            VecDotType::BF16 => {
+                self.halves.clear();
+                self.halves
+                    .extend(x.iter().map(|&v| crate::blocks::f32_to_bf16(v)));
+            }
+            VecDotType::Q8_0 => {
+                self.q8_0.resize(nb, BlockQ8_0::default());
+                quantize_row_q8_0(x, &mut self.q8_0);
+            }
+            VecDotType::Q8_1 => {
+                self.q8_1.resize(nb, BlockQ8_1::default());
+                quantize_row_q8_1(x, &mut self.q8_1);
+            }
+            VecDotType::Q8K => {
+                self.q8k.resize(nb, BlockQ8K::default());
+                quantize_row_q8_k(x, &mut self.q8k);
+            }
+        }
+        Ok(())
+    }
+
+    /// The vec_dot type held (`None` before the first [`Activations::quantize`]).
+    pub fn kind(&self) -> Option<VecDotType> {
+        self.kind
+    }
+
+    /// Number of rows held.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Values per row.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Row `t` (panics if `t >= self.rows()`).
+    pub fn row(&self, t: usize) -> ActRow<'_> {
+        assert!(t < self.rows, "activation row {t} of {}", self.rows);
+        let (c, bs) = (self.cols, self.kind.map_or(1, VecDotType::block_size));
+        let (a, b) = (t * c / bs, (t + 1) * c / bs);
+        match self.kind {
+            Some(VecDotType::F32) | None => ActRow::F32(&self.f32s[t * c..(t + 1) * c]),
+            Some(VecDotType::F16) => ActRow::F16(&self.halves[a..b]),
+            Some(VecDotType::BF16) => ActRow::BF16(&self.halves[a..b]),
+            Some(VecDotType::Q8_0) => ActRow::Q8_0(&self.q8_0[a..b]),
+            Some(VecDotType::Q8_1) => ActRow::Q8_1(&self.q8_1[a..b]),
+            Some(VecDotType::Q8K) => ActRow::Q8K(&self.q8k[a..b]),
+        }
+    }
+}
+
+/// Why a kernel call was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KernelError {
+    /// `MEMWALL_KERNELS` (or a parsed name) names no backend.
+    #[error("unknown kernel backend {0:?} (expected scalar, avx2, avx512, neon or neon-dot)")]
+    UnknownBackend(String),
+    /// The backend exists but this CPU cannot run it.
+    #[error("kernel backend {0} is not supported by this CPU")]
+    UnsupportedBackend(&'static str),
+    /// memwall has no dot product for this weight type.
+    #[error("no dot product for weight type {0}")]
+    UnsupportedType(GgmlType),
+    /// Activations in the wrong vec_dot type for the weights.
+    #[error("{ty} weights take {want:?} activations, not {got:?}")]
+    ActivationType {
+        /// The weight type.
+        ty: GgmlType,
+        /// Its vec_dot type.
+        want: VecDotType,
+        /// What was passed.
+        got: VecDotType,
+    },
+    /// Lengths or shapes that do not fit together.
+    #[error("shape mismatch: {0}")]
+    Shape(String),
+}
+
+/// A family of kernel implementations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// Portable Rust: the specification.
+    Scalar,
+    /// x86-64 with AVX2, FMA and F16C.
+    Avx2,
+    /// x86-64 with AVX-512 F/BW/VL/VNNI on top of [`Backend::Avx2`]'s features.
+    Avx512,
+    /// aarch64 Advanced SIMD.
+    Neon,
+    /// aarch64 Advanced SIMD with the dot-product instructions (`sdot`).
+    NeonDot,
+}
+
+impl Backend {
+    /// Every backend, slowest first.
+    pub const ALL: [Backend; 5] = [
+        Backend::Scalar,
+        Backend::Avx2,
+        Backend::Avx512,
+        Backend::Neon,
+        Backend::NeonDot,
+    ];
+
+    /// The name `MEMWALL_KERNELS` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Scalar => "scalar",
+            Backend::Avx2 => "avx2",
+            Backend::Avx512 => "avx512",
+            Backend::Neon => "neon",
+            Backend::NeonDot => "neon-dot",
+        }
+    }
+
+    /// The backend called `name` (see [`Backend::name`]).
+    pub fn parse(name: &str) -> Result<Backend, KernelError> {
+        Backend::ALL
+            .into_iter()
+            .find(|b| b.name() == name.trim().to_ascii_lowercase())
+            .ok_or_else(|| KernelError::UnknownBackend(name.to_string()))
+    }
+
+    /// Whether this CPU can run the backend.
+    pub fn is_supported(self) -> bool {
+        match self {
+            Backend::Scalar => true,
+            Backend::Avx2 => arch::has_avx2(),
+            Backend::Avx512 => arch::has_avx512(),
+            Backend::Neon => arch::has_neon(),
+            Backend::NeonDot => arch::has_neon_dot(),
+        }
+    }
+
+    /// Backends this CPU can run, slowest first.
+    pub fn supported() -> Vec<Backend> {
+        Backend::ALL
+            .into_iter()
+            .filter(|b| b.is_supported())
+            .collect()
+    }
+}
+
+/// Signature of the weight-row × activation-row dot products.
+type Dot<A> = fn(&[u8], &[A]) -> f32;
+
+/// The dot products of one backend: one function per weight type plus the
+/// float helpers of attention. Backends start from the scalar table and
+/// replace what they implement.
+#[derive(Clone, Copy)]
+pub(crate) struct DotTable {
+    pub(crate) f32: Dot<f32>,
+    pub(crate) f16: Dot<u16>,
+    pub(crate) bf16: Dot<u16>,
+    pub(crate) q4_0: Dot<BlockQ8_0>,
+    pub(crate) q5_0: Dot<BlockQ8_0>,
+    pub(crate) q8_0: Dot<BlockQ8_0>,
+    pub(crate) iq4_nl: Dot<BlockQ8_0>,
+    pub(crate) q4_1: Dot<BlockQ8_1>,
+    pub(crate) q5_1: Dot<BlockQ8_1>,
+    pub(crate) q2_k: Dot<BlockQ8K>,
+    pub(crate) q3_k: Dot<BlockQ8K>,
+    pub(crate) q4_k: Dot<BlockQ8K>,
+    pub(crate) q5_k: Dot<BlockQ8K>,
+    pub(crate) q6_k: Dot<BlockQ8K>,
+    pub(crate) iq4_xs: Dot<BlockQ8K>,
+    pub(crate) dot_f32: fn(&[f32], &[f32]) -> f32,
+    pub(crate) dot_f16_f32: fn(&[u16], &[f32]) -> f32,
+    pub(crate) dot_f16_f16: fn(&[u16], &[u16]) -> f32,
+}
+
+/// The kernels of one backend, ready to call. Cheap to copy.
+#[derive(Clone, Copy)]
+pub struct Kernels {
+    backend: Backend,
+    table: &'static DotTable,
+}
+
+impl std::fmt::Debug for Kernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernels")
+            .field("backend", &self.backend)
+            .finish()
+    }
+}
+
+impl Kernels {
+    /// The kernels of `backend`, refused if this CPU cannot run them.
+    pub fn new(backend: Backend) -> Result<Kernels, KernelError> {
+        if !backend.is_supported() {
+            return Err(KernelError::UnsupportedBackend(backend.name()));
+        }
+        let table = match backend {
+            Backend::Scalar => &scalar::TABLE,
+            _ => arch::table(backend).ok_or(KernelError::UnsupportedBackend(backend.name()))?,
+        };
+        Ok(Kernels { backend, table })
+    }
+
+    /// The fastest backend this CPU runs (probed once).
+    pub fn detect() -> Kernels {
+        static BEST: OnceLock<Kernels> = OnceLock::new();
+        *BEST.get_or_init(|| {
+            let best = Backend::supported()
+                .into_iter()
+                .next_back()
+                .unwrap_or(Backend::Scalar);
+            Kernels::new(best).unwrap_or(Kernels {
+                backend: Backend::Scalar,
+                table: &scalar::TABLE,
+            })
+        })
+    }
+
+    /// The backend named by `MEMWALL_KERNELS` if set (refused if unknown or
+    /// unsupported), else [`Kernels::detect`]. Read once per process.
+    pub fn from_env() -> Result<Kernels, KernelError> {
+        static FROM_ENV: OnceLock<Result<Kernels, KernelError>> = OnceLock::new();
+        FROM_ENV
+            .get_or_init(|| match std::env::var("MEMWALL_KERNELS") {
+                Ok(name) if !name.trim().is_empty() => Kernels::new(Backend::parse(&name)?),
+                _ => Ok(Kernels::detect()),
+            })
+            .clone()
+    }
+
+    /// The backend these kernels belong to.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Dot product of one weight row of type `ty` (`w`: its bytes as stored)
+    /// with one activation row in `ty`'s vec_dot type.
+    pub fn vec_dot(&self, ty: GgmlType, w: &[u8], a: ActRow<'_>) -> Result<f32, KernelError> {
+        let want = VecDotType::of(ty).ok_or(KernelError::UnsupportedType(ty))?;
+        if a.kind() != want {
+            return Err(KernelError::ActivationType {
+                ty,
+                want,
+                got: a.kind(),
+            });
+        }
+        let n = a.len();
+        if n % ty.block_size() as usize != 0
+            || w.len() != n / ty.block_size() as usize * ty.type_size() as usize
+        {
+            return Err(KernelError::Shape(format!(
+                "{} bytes of {ty} against {n} activations",
+                w.len()
+            )));
+        }
+        Ok(self.dot_checked(ty, w, a))
+    }
+
+    /// [`Kernels::vec_dot`] after its checks: panics (never misbehaves) if
+    /// the type, activation kind or lengths do not fit.
+    pub(crate) fn dot_checked(&self, ty: GgmlType, w: &[u8], a: ActRow<'_>) -> f32 {
+        use GgmlType as T;
+        let t = self.table;
+        match (ty, a) {
+            (T::F32, ActRow::F32(a)) => (t.f32)(w, a),
+            (T::F16, ActRow::F16(a)) => (t.f16)(w, a),
+            (T::BF16, ActRow::BF16(a)) => (t.bf16)(w, a),
+            (T::Q4_0, ActRow::Q8_0(a)) => (t.q4_0)(w, a),
+            (T::Q5_0, ActRow::Q8_0(a)) => (t.q5_0)(w, a),
+            (T::Q8_0, ActRow::Q8_0(a)) => (t.q8_0)(w, a),
+            (T::IQ4_NL, ActRow::Q8_0(a)) => (t.iq4_nl)(w, a),
+            (T::Q4_1, ActRow::Q8_1(a)) => (t.q4_1)(w, a),
+            (T::Q5_1, ActRow::Q8_1(a)) => (t.q5_1)(w, a),
+            (T::Q2_K, ActRow::Q8K(a)) => (t.q2_k)(w, a),
+            (T::Q3_K, ActRow::Q8K(a)) => (t.q3_k)(w, a),
+            (T::Q4_K, ActRow::Q8K(a)) => (t.q4_k)(w, a),
+            (T::Q5_K, ActRow::Q8K(a)) => (t.q5_k)(w, a),
+            (T::Q6_K, ActRow::Q8K(a)) => (t.q6_k)(w, a),
+            (T::IQ4_XS, ActRow::Q8K(a)) => (t.iq4_xs)(w, a),
+            _ => panic!("no dot product of {ty} with {:?} activations", a.kind()),
+        }
+    }
+
+    /// `Σ a[i]·b[i]` in `f32` (attention scores over an `f32` cache). Panics
+    /// if the lengths differ.
+    pub fn dot_f32(&self, a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len(), "dot_f32 lengths");
+        (self.table.dot_f32)(a, b)
+    }
+
+    /// `Σ f16(a[i])·b[i]`: an f16 KV-cache row against `f32` values. Panics if
+    /// the lengths differ.
+    pub fn dot_f16_f32(&self, a: &[u16], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len(), "dot_f16_f32 lengths");
+        (self.table.dot_f16_f32)(a, b)
+    }
+
+    /// `Σ f16(a[i])·f16(b[i])`: ggml's `ggml_vec_dot_f16` (query rounded to
+    /// f16 against an f16 KV cache). Panics if the lengths differ.
+    pub fn dot_f16_f16(&self, a: &[u16], b: &[u16]) -> f32 {
+        assert_eq!(a.len(), b.len(), "dot_f16_f16 lengths");
+        (self.table.dot_f16_f16)(a, b)
+    }
+}

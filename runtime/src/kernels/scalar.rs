@@ -1,0 +1,424 @@
+//! The scalar kernels: activation quantizers bit-identical to ggml's
+//! reference C, and the dot product of every weight type with its vec_dot
+//! type. These are the specification the SIMD kernels are tested against.
+//!
+//! Each quantized dot product works like ggml's generic `ggml_vec_dot_*`:
+//! exact integer sums within a block (super-block for the K-quants, where the
+//! sub-block scales multiply in integers too), then one float step per block:
+//! `sum += (d_w · d_a) · isum` (minus `dmin · d_a · Σ m·bsums` for the types
+//! with minimums). Block layouts: [`crate::blocks`].
+
+use super::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, QK_K, QK8_0};
+use crate::blocks::{IQ4NL_GRID, bf16_to_f32, f16_to_f32, f32_to_f16, scale_min_k4};
+
+/// Quantizes `x` to Q8_0 blocks: `d = max|x| / 127`, `q = round(x / d)`
+/// (half away from zero, like C's `roundf`), as `quantize_row_q8_0_ref`.
+/// Panics unless `x.len() == 32 · y.len()`.
+pub fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
+    assert_eq!(x.len(), y.len() * QK8_0, "quantize_row_q8_0 lengths");
+    for (x, b) in x.chunks_exact(QK8_0).zip(y.iter_mut()) {
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        b.d = f32_to_f16(d);
+        for (q, &v) in b.qs.iter_mut().zip(x) {
+            *q = (v * id).round() as i8;
+        }
+    }
+}
+
+/// Quantizes `x` to Q8_1 blocks: Q8_0's quants plus `s = f16(Σq · d)`, as
+/// `quantize_row_q8_1_ref`. Panics unless `x.len() == 32 · y.len()`.
+pub fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
+    assert_eq!(x.len(), y.len() * QK8_0, "quantize_row_q8_1 lengths");
+    for (x, b) in x.chunks_exact(QK8_0).zip(y.iter_mut()) {
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        b.d = f32_to_f16(d);
+        let mut sum = 0i32;
+        for (q, &v) in b.qs.iter_mut().zip(x) {
+            *q = (v * id).round() as i8;
+            sum += i32::from(*q);
+        }
+        b.s = f32_to_f16(sum as f32 * d);
+    }
+}
+
+/// ggml's `nearest_int`: round to nearest, ties to even, through the float
+/// adder (valid for `|v| < 2²²`).
+fn nearest_int(v: f32) -> i32 {
+    let bits = (v + 12_582_912.0).to_bits();
+    (bits & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
+/// Quantizes `x` to Q8_K super-blocks as `quantize_row_q8_K_ref`: the value
+/// of largest magnitude `max` maps to −127 (`iscale = −127 / max`,
+/// `q = min(127, nearest_int(iscale · x))`, `d = 1 / iscale`), plus the sums
+/// of each 16 quants. An all-zero block gets `d = 0`, zero quants and zero
+/// sums (ggml leaves its sums unwritten). Panics unless
+/// `x.len() == 256 · y.len()`.
+pub fn quantize_row_q8_k(x: &[f32], y: &mut [BlockQ8K]) {
+    assert_eq!(x.len(), y.len() * QK_K, "quantize_row_q8_k lengths");
+    for (x, b) in x.chunks_exact(QK_K).zip(y.iter_mut()) {
+        let (mut amax, mut max) = (0f32, 0f32);
+        for &v in x {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            *b = BlockQ8K::default();
+            continue;
+        }
+        let iscale = -127.0 / max;
+        for (q, &v) in b.qs.iter_mut().zip(x) {
+            *q = nearest_int(iscale * v).min(127) as i8;
+        }
+        for (s, q) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
+            *s = q.iter().map(|&v| i16::from(v)).sum();
+        }
+        b.d = 1.0 / iscale;
+    }
+}
+
+fn le16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn f16(b: &[u8], at: usize) -> f32 {
+    f16_to_f32(le16(b, at))
+}
+
+/// The scalar table: the specification.
+pub(crate) static TABLE: DotTable = DotTable {
+    f32: dot_f32w,
+    f16: dot_f16w,
+    bf16: dot_bf16w,
+    q4_0: dot_q4_0,
+    q5_0: dot_q5_0,
+    q8_0: dot_q8_0,
+    iq4_nl: dot_iq4_nl,
+    q4_1: dot_q4_1,
+    q5_1: dot_q5_1,
+    q2_k: dot_q2_k,
+    q3_k: dot_q3_k,
+    q4_k: dot_q4_k,
+    q5_k: dot_q5_k,
+    q6_k: dot_q6_k,
+    iq4_xs: dot_iq4_xs,
+    dot_f32,
+    dot_f16_f32,
+    dot_f16_f16,
+};
+
+// The float dot products accumulate in f64 (ggml's scalar `ggml_float`), so
+// the reference is as exact as an f32 result can be.
+
+/// F32 weights (little-endian bytes) · f32.
+pub(crate) fn dot_f32w(w: &[u8], a: &[f32]) -> f32 {
+    let mut s = 0f64;
+    for (w, &a) in w.chunks_exact(4).zip(a) {
+        s += f64::from(f32::from_le_bytes([w[0], w[1], w[2], w[3]]) * a);
+    }
+    s as f32
+}
+
+/// F16 weights · f16 activations.
+pub(crate) fn dot_f16w(w: &[u8], a: &[u16]) -> f32 {
+    let mut s = 0f64;
+    for (w, &a) in w.chunks_exact(2).zip(a) {
+        s += f64::from(f16(w, 0) * f16_to_f32(a));
+    }
+    s as f32
+}
+
+/// BF16 weights · bf16 activations.
+pub(crate) fn dot_bf16w(w: &[u8], a: &[u16]) -> f32 {
+    let mut s = 0f64;
+    for (w, &a) in w.chunks_exact(2).zip(a) {
+        s += f64::from(bf16_to_f32(le16(w, 0)) * bf16_to_f32(a));
+    }
+    s as f32
+}
+
+/// f32 · f32.
+pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| f64::from(x * y))
+        .sum::<f64>() as f32
+}
+
+/// f16 · f32.
+pub(crate) fn dot_f16_f32(a: &[u16], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| f64::from(f16_to_f32(x) * y))
+        .sum::<f64>() as f32
+}
+
+/// f16 · f16.
+pub(crate) fn dot_f16_f16(a: &[u16], b: &[u16]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| f64::from(f16_to_f32(x) * f16_to_f32(y)))
+        .sum::<f64>() as f32
+}
+
+/// Σ over 16 nibble pairs of a 32-weight block: `(lo − off)·y[j] + (hi − off)·y[j+16]`.
+fn nibble_sum(qs: &[u8], y: &[i8; 32], off: i32) -> i32 {
+    let mut s = 0;
+    for (j, &q) in qs[..16].iter().enumerate() {
+        s += (i32::from(q & 0xf) - off) * i32::from(y[j]);
+        s += (i32::from(q >> 4) - off) * i32::from(y[j + 16]);
+    }
+    s
+}
+
+pub(crate) fn dot_q4_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
+    let mut sum = 0f32;
+    for (b, y) in w.chunks_exact(18).zip(a) {
+        let isum = nibble_sum(&b[2..], &y.qs, 8);
+        sum += isum as f32 * f16(b, 0) * f16_to_f32(y.d);
+    }
+    sum
+}
+
+pub(crate) fn dot_q4_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
+    let mut sum = 0f32;
+    for (b, y) in w.chunks_exact(20).zip(a) {
+        let isum = nibble_sum(&b[4..], &y.qs, 0);
+        sum += f16(b, 0) * f16_to_f32(y.d) * isum as f32 + f16(b, 2) * f16_to_f32(y.s);
+    }
+    sum
+}
+
+/// Σ over a Q5 block: 5-bit values (nibble + fifth bit from `qh`) minus `off`, times `y`.
+fn q5_sum(qh: &[u8], qs: &[u8], y: &[i8; 32], off: i32) -> i32 {
+    let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    let mut s = 0;
+    for (j, &q) in qs[..16].iter().enumerate() {
+        let h0 = ((qh >> j) & 1) << 4;
+        let h1 = ((qh >> (j + 16)) & 1) << 4;
+        s += ((u32::from(q & 0xf) | h0) as i32 - off) * i32::from(y[j]);
+        s += ((u32::from(q >> 4) | h1) as i32 - off) * i32::from(y[j + 16]);
+    }
+    s
+}
+
+pub(crate) fn dot_q5_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
+    let mut sum = 0f32;
+    for (b, y) in w.chunks_exact(22).zip(a) {
+        let isum = q5_sum(&b[2..6], &b[6..], &y.qs, 16);
+        sum += f16(b, 0) * f16_to_f32(y.d) * isum as f32;
+    }
+    sum
+}
+
+pub(crate) fn dot_q5_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
+    let mut sum = 0f32;
+    for (b, y) in w.chunks_exact(24).zip(a) {
+        let isum = q5_sum(&b[4..8], &b[8..], &y.qs, 0);
+        sum += f16(b, 0) * f16_to_f32(y.d) * isum as f32 + f16(b, 2) * f16_to_f32(y.s);
+    }
+    sum
+}
+
+pub(crate) fn dot_q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
+    let mut sum = 0f32;
+    for (b, y) in w.chunks_exact(34).zip(a) {
+        let isum: i32 = b[2..]
+            .iter()
+            .zip(&y.qs)
+            .map(|(&q, &v)| i32::from(q as i8) * i32::from(v))
+            .sum();
+        sum += isum as f32 * (f16(b, 0) * f16_to_f32(y.d));
+    }
+    sum
+}
+
+pub(crate) fn dot_iq4_nl(w: &[u8], a: &[BlockQ8_0]) -> f32 {
+    let mut sum = 0f32;
+    for (b, y) in w.chunks_exact(18).zip(a) {
+        let mut isum = 0i32;
+        for (j, &q) in b[2..].iter().enumerate() {
+            isum += i32::from(IQ4NL_GRID[usize::from(q & 0xf)]) * i32::from(y.qs[j]);
+            isum += i32::from(IQ4NL_GRID[usize::from(q >> 4)]) * i32::from(y.qs[j + 16]);
+        }
+        sum += (f16_to_f32(y.d) * f16(b, 0)) * isum as f32;
+    }
+    sum
+}
+
+/// `Σ_j bsums[j] · m[j / per]`: the minimum correction of a K-quant super-block.
+fn bsum_dot(y: &BlockQ8K, m: impl Fn(usize) -> i32) -> i32 {
+    y.bsums
+        .iter()
+        .enumerate()
+        .map(|(j, &s)| i32::from(s) * m(j))
+        .sum()
+}
+
+fn dot16(q: impl Iterator<Item = i32>, y: &[i8]) -> i32 {
+    q.zip(y).map(|(q, &v)| q * i32::from(v)).sum()
+}
+
+pub(crate) fn dot_q2_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut sum = 0f32;
+    for (b, y) in w.chunks_exact(84).zip(a) {
+        let (sc, qs) = (&b[..16], &b[16..80]);
+        let summs = bsum_dot(y, |j| i32::from(sc[j] >> 4));
+        let mut isum = 0i32;
+        for (k, q) in qs.chunks_exact(32).enumerate() {
+            for j in 0..4 {
+                let y = &y.qs[128 * k + 32 * j..][..32];
+                let g = 8 * k + 2 * j;
+                let v = |l: usize| i32::from((q[l] >> (2 * j)) & 3);
+                isum += i32::from(sc[g] & 0xf) * dot16((0..16).map(v), &y[..16]);
+                isum += i32::from(sc[g + 1] & 0xf) * dot16((16..32).map(v), &y[16..]);
+            }
+        }
+        let dall = y.d * f16(b, 80);
+        let dmin = y.d * f16(b, 82);
+        sum += dall * isum as f32 - dmin * summs as f32;
+    }
+    sum
+}
+
+/// The 16 Q3_K scales, unbiased (−32..31), from their 12 packed bytes.
+pub(crate) fn q3k_scales(p: &[u8]) -> [i8; 16] {
+    let mut s = [0i8; 16];
+    for (j, o) in s.iter_mut().enumerate() {
+        let low = if j < 8 { p[j] & 0xf } else { p[j - 8] >> 4 };
+        let high = (p[8 + j % 4] >> (2 * (j / 4))) & 3;
+        *o = (low | (high << 4)) as i8 - 32;
+    }
+    s
+}
+
+pub(crate) fn dot_q3_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut sum = 0f32;
+    for (b, y) in w.chunks_exact(110).zip(a) {
+        let (hmask, qs) = (&b[..32], &b[32..96]);
+        let sc = q3k_scales(&b[96..108]);
+        let mut isum = 0i32;
+        for (k, q) in qs.chunks_exact(32).enumerate() {
+            for j in 0..4 {
+                let y = &y.qs[128 * k + 32 * j..][..32];
+                let m = 1u8 << (4 * k + j);
+                let v = |l: usize| {
+                    i32::from((q[l] >> (2 * j)) & 3) - if hmask[l] & m != 0 { 0 } else { 4 }
+                };
+                let g = 8 * k + 2 * j;
+                isum += i32::from(sc[g]) * dot16((0..16).map(v), &y[..16]);
+                isum += i32::from(sc[g + 1]) * dot16((16..32).map(v), &y[16..]);
+            }
+        }
+        sum += f16(b, 108) * y.d * isum as f32;
+    }
+    sum
+}
+
+/// The 8 scales and 8 minimums of a Q4_K/Q5_K block.
+pub(crate) fn k4_scales(p: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let p: &[u8; 12] = p.try_into().expect("12 scale bytes");
+    let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
+    for j in 0..8 {
+        (sc[j], m[j]) = scale_min_k4(j, p);
+    }
+    (sc, m)
+}
+
+pub(crate) fn dot_q4_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut sum = 0f32;
+    for (b, y) in w.chunks_exact(144).zip(a) {
+        let (sc, m) = k4_scales(&b[4..16]);
+        let summs = bsum_dot(y, |j| i32::from(m[j / 2]));
+        let mut isum = 0i32;
+        for (c, q) in b[16..].chunks_exact(32).enumerate() {
+            let y = &y.qs[64 * c..][..64];
+            isum += i32::from(sc[2 * c]) * dot16(q.iter().map(|&q| i32::from(q & 0xf)), &y[..32]);
+            isum +=
+                i32::from(sc[2 * c + 1]) * dot16(q.iter().map(|&q| i32::from(q >> 4)), &y[32..]);
+        }
+        sum += f16(b, 0) * y.d * isum as f32 - f16(b, 2) * y.d * summs as f32;
+    }
+    sum
+}
+
+pub(crate) fn dot_q5_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut sum = 0f32;
+    for (b, y) in w.chunks_exact(176).zip(a) {
+        let (sc, m) = k4_scales(&b[4..16]);
+        let qh = &b[16..48];
+        let summs = bsum_dot(y, |j| i32::from(m[j / 2]));
+        let mut isum = 0i32;
+        for (c, q) in b[48..].chunks_exact(32).enumerate() {
+            let y = &y.qs[64 * c..][..64];
+            let hi = |l: usize, bit: usize| i32::from((qh[l] >> bit) & 1) << 4;
+            let lo = (0..32).map(|l| i32::from(q[l] & 0xf) + hi(l, 2 * c));
+            let up = (0..32).map(|l| i32::from(q[l] >> 4) + hi(l, 2 * c + 1));
+            isum += i32::from(sc[2 * c]) * dot16(lo, &y[..32]);
+            isum += i32::from(sc[2 * c + 1]) * dot16(up, &y[32..]);
+        }
+        sum += f16(b, 0) * y.d * isum as f32 - f16(b, 2) * y.d * summs as f32;
+    }
+    sum
+}
+
+/// The 6-bit value `i` (0..256) of a Q6_K block, minus 32.
+pub(crate) fn q6k_value(ql: &[u8], qh: &[u8], i: usize) -> i32 {
+    let (n, r) = (i / 128, i % 128);
+    let (quarter, l) = (r / 32, r % 32);
+    let lowb = ql[64 * n + l + 32 * (quarter & 1)];
+    let low = if quarter < 2 { lowb & 0xf } else { lowb >> 4 };
+    let high = (qh[32 * n + l] >> (2 * quarter)) & 3;
+    i32::from(low | (high << 4)) - 32
+}
+
+pub(crate) fn dot_q6_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut sum = 0f32;
+    for (b, y) in w.chunks_exact(210).zip(a) {
+        let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);
+        let mut isum = 0i32;
+        for (g, &s) in sc.iter().enumerate() {
+            let v = (16 * g..16 * g + 16).map(|i| q6k_value(ql, qh, i));
+            isum += i32::from(s as i8) * dot16(v, &y.qs[16 * g..][..16]);
+        }
+        sum += f16(b, 208) * y.d * isum as f32;
+    }
+    sum
+}
+
+/// The 8 IQ4_XS scales, unbiased (−32..31).
+pub(crate) fn iq4xs_scales(b: &[u8]) -> [i32; 8] {
+    let h = le16(b, 2);
+    let mut s = [0i32; 8];
+    for (ib, o) in s.iter_mut().enumerate() {
+        let low = (b[4 + ib / 2] >> (4 * (ib % 2))) & 0xf;
+        let high = ((h >> (2 * ib)) & 3) as u8;
+        *o = i32::from(low | (high << 4)) - 32;
+    }
+    s
+}
+
+pub(crate) fn dot_iq4_xs(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut sum = 0f32;
+    for (b, y) in w.chunks_exact(136).zip(a) {
+        let sc = iq4xs_scales(b);
+        let mut isum = 0i32;
+        for (ib, q) in b[8..].chunks_exact(16).enumerate() {
+            let y = &y.qs[32 * ib..][..32];
+            let mut s = 0i32;
+            for (j, &q) in q.iter().enumerate() {
+                s += i32::from(IQ4NL_GRID[usize::from(q & 0xf)]) * i32::from(y[j]);
+                s += i32::from(IQ4NL_GRID[usize::from(q >> 4)]) * i32::from(y[j + 16]);
+            }
+            isum += sc[ib] * s;
+        }
+        sum += f16(b, 0) * y.d * isum as f32;
+    }
+    sum
+}

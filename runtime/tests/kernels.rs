@@ -1,0 +1,477 @@
+//! The compute kernels against ggml and against each other.
+//!
+//! - Activation quantizers: byte for byte what ggml's `quantize_row_q8_*_ref`
+//!   wrote (`data/kernels_ggml.json`, recorded by `data/kernels_ggml.c`).
+//! - Scalar dot products: against ggml's CPU `vec_dot` on the recorded rows,
+//!   and against `dequantize_row(w) · dequantize(a)` (in f64) on random
+//!   blocks.
+//! - Every SIMD backend this CPU runs: against the scalar kernel, on many
+//!   random rows of 1 to 13 blocks.
+//! - `Matmul`: every output equal (bit for bit) to the backend's own
+//!   `vec_dot`, for any thread count and batch size.
+//!
+//! Error budget: the integer sums are exact everywhere; only the float
+//! accumulation order differs. With `B = Σ |w_i · a_i| + Σ |m_i · a_i|` (the
+//! second sum over the per-weight minimums `m_i` of the types that have them,
+//! where the integer sum splits into two parts that may cancel), every
+//! comparison allows `|Δ| ≤ 1e-5 · B` (plus 1e-30 absolute).
+
+use memwall_runtime::GgmlType;
+use memwall_runtime::blocks::{DEQUANTIZABLE, bf16_to_f32, dequantize_row, f16_to_f32, f32_to_f16};
+use memwall_runtime::kernels::{
+    ActRow, Activations, Backend, BlockQ8_0, BlockQ8_1, BlockQ8K, KernelError, Kernels, Matmul,
+    QMatrix, VecDotType, quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k,
+};
+
+const TOL: f64 = 1e-5;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    /// Uniform in [-s, s).
+    fn f(&mut self, s: f32) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * s
+    }
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn floats(s: &str) -> Vec<f32> {
+    unhex(s)
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+fn fixture() -> serde_json::Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/kernels_ggml.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn bytes_q8_0(b: &[BlockQ8_0]) -> Vec<u8> {
+    b.iter().flat_map(|b| b.to_bytes()).collect()
+}
+fn bytes_q8_1(b: &[BlockQ8_1]) -> Vec<u8> {
+    b.iter().flat_map(|b| b.to_bytes()).collect()
+}
+fn bytes_q8k(b: &[BlockQ8K]) -> Vec<u8> {
+    b.iter().flat_map(|b| b.to_bytes()).collect()
+}
+
+#[test]
+fn activation_quantizers_match_ggml_reference_bytes() {
+    let fx = fixture();
+    for case in fx["quantize"].as_array().unwrap() {
+        let x = floats(case["x"].as_str().unwrap());
+        let mut q0 = vec![BlockQ8_0::default(); x.len() / 32];
+        quantize_row_q8_0(&x, &mut q0);
+        assert_eq!(bytes_q8_0(&q0), unhex(case["q8_0"].as_str().unwrap()));
+        let mut q1 = vec![BlockQ8_1::default(); x.len() / 32];
+        quantize_row_q8_1(&x, &mut q1);
+        assert_eq!(bytes_q8_1(&q1), unhex(case["q8_1"].as_str().unwrap()));
+        let mut qk = vec![BlockQ8K::default(); x.len() / 256];
+        quantize_row_q8_k(&x, &mut qk);
+        let want = unhex(case["q8_K"].as_str().unwrap());
+        for (b, w) in qk.iter().zip(want.chunks_exact(292)) {
+            if b.d == 0.0 {
+                // ggml leaves the sums of an all-zero block unwritten; ours are zero.
+                assert_eq!(&b.to_bytes()[..260], &w[..260]);
+                assert_eq!(b.bsums, [0; 16]);
+            } else {
+                assert_eq!(&b.to_bytes()[..], w);
+            }
+        }
+    }
+}
+
+#[test]
+fn ties_round_like_ggml() {
+    // roundf: half away from zero (Q8_0/Q8_1); nearest_int: half to even (Q8_K).
+    let mut x = [0f32; 32];
+    x[0] = 127.0;
+    x[1] = 2.5;
+    x[2] = -2.5;
+    x[3] = 0.5;
+    let mut q = [BlockQ8_0::default()];
+    quantize_row_q8_0(&x, &mut q);
+    assert_eq!(&q[0].qs[..4], &[127, 3, -3, 1]);
+    let mut x = [0f32; 256];
+    x[0] = -127.0;
+    x[1] = 2.5;
+    x[2] = -2.5;
+    x[3] = 3.5;
+    let mut q = [BlockQ8K::default()];
+    quantize_row_q8_k(&x, &mut q);
+    assert_eq!(&q[0].qs[..4], &[-127, 2, -2, 4]);
+    assert_eq!(q[0].d, 1.0);
+    assert_eq!(q[0].bsums[0], -127 + 2 - 2 + 4);
+}
+
+/// Dequantized activations.
+fn act_values(a: ActRow<'_>) -> Vec<f32> {
+    match a {
+        ActRow::F32(v) => v.to_vec(),
+        ActRow::F16(v) => v.iter().map(|&h| f16_to_f32(h)).collect(),
+        ActRow::BF16(v) => v.iter().map(|&h| bf16_to_f32(h)).collect(),
+        ActRow::Q8_0(b) => b
+            .iter()
+            .flat_map(|b| b.qs.map(|q| f16_to_f32(b.d) * f32::from(q)))
+            .collect(),
+        ActRow::Q8_1(b) => b
+            .iter()
+            .flat_map(|b| b.qs.map(|q| f16_to_f32(b.d) * f32::from(q)))
+            .collect(),
+        ActRow::Q8K(b) => b
+            .iter()
+            .flat_map(|b| b.qs.map(|q| b.d * f32::from(q)))
+            .collect(),
+    }
+}
+
+/// Byte ranges, within a block, of the quants of the types with minimums:
+/// zeroing them leaves a block whose values are the minimums.
+fn quant_bytes(ty: GgmlType) -> Option<std::ops::Range<usize>> {
+    match ty {
+        GgmlType::Q4_1 => Some(4..20),
+        GgmlType::Q5_1 => Some(4..24),
+        GgmlType::Q2_K => Some(16..80),
+        GgmlType::Q4_K => Some(16..144),
+        GgmlType::Q5_K => Some(16..176),
+        _ => None,
+    }
+}
+
+/// The exact dot product of the dequantized rows (f64) and the error budget `B`.
+fn reference(ty: GgmlType, w: &[u8], a: ActRow<'_>) -> (f64, f64) {
+    let av = act_values(a);
+    let mut wv = vec![0f32; av.len()];
+    dequantize_row(ty, w, &mut wv).unwrap();
+    let mut exact: f64 = wv
+        .iter()
+        .zip(&av)
+        .map(|(&w, &a)| f64::from(w) * f64::from(a))
+        .sum();
+    if let ActRow::Q8_1(blocks) = a {
+        // Q8_1 carries `s = d·Σq` rounded to f16, and the dot product of the
+        // types with a minimum `m` uses it: add `m · (s − d·Σq)` per block.
+        let ts = ty.type_size() as usize;
+        for (wb, b) in w.chunks_exact(ts).zip(blocks) {
+            let m = f64::from(f16_to_f32(u16::from_le_bytes([wb[2], wb[3]])));
+            let sum: f64 = b.qs.iter().map(|&q| f64::from(q)).sum();
+            exact += m * (f64::from(f16_to_f32(b.s)) - f64::from(f16_to_f32(b.d)) * sum);
+        }
+    }
+    let mut budget: f64 = wv
+        .iter()
+        .zip(&av)
+        .map(|(&w, &a)| f64::from(w * a).abs())
+        .sum();
+    if let Some(q) = quant_bytes(ty) {
+        let ts = ty.type_size() as usize;
+        let mut mins = w.to_vec();
+        for b in mins.chunks_exact_mut(ts) {
+            b[q.clone()].fill(0);
+        }
+        dequantize_row(ty, &mins, &mut wv).unwrap();
+        budget += wv
+            .iter()
+            .zip(&av)
+            .map(|(&w, &a)| f64::from(w * a).abs())
+            .sum::<f64>();
+    }
+    (exact, budget)
+}
+
+fn close(got: f32, want: f64, budget: f64) -> bool {
+    (f64::from(got) - want).abs() <= TOL * budget + 1e-30
+}
+
+#[test]
+fn scalar_dots_match_ggml_vec_dot() {
+    let scalar = Kernels::new(Backend::Scalar).unwrap();
+    let fx = fixture();
+    let cases = fx["vec_dot"].as_array().unwrap();
+    assert_eq!(cases.len(), DEQUANTIZABLE.len());
+    for case in cases {
+        let ty = GgmlType::from_name(case["type"].as_str().unwrap()).unwrap();
+        let w = unhex(case["w"].as_str().unwrap());
+        let x = floats(case["x"].as_str().unwrap());
+        let want = case["dot"].as_f64().unwrap();
+        let kind = VecDotType::of(ty).unwrap();
+        let mut acts = Activations::new();
+        acts.quantize(kind, &x, x.len()).unwrap();
+        // Our activations are ggml's, byte for byte.
+        let act_bytes: Vec<u8> = match acts.row(0) {
+            ActRow::F32(v) => v.iter().flat_map(|f| f.to_le_bytes()).collect(),
+            ActRow::F16(v) | ActRow::BF16(v) => v.iter().flat_map(|h| h.to_le_bytes()).collect(),
+            ActRow::Q8_0(b) => bytes_q8_0(b),
+            ActRow::Q8_1(b) => bytes_q8_1(b),
+            ActRow::Q8K(b) => bytes_q8k(b),
+        };
+        assert_eq!(
+            act_bytes,
+            unhex(case["act"].as_str().unwrap()),
+            "{ty} activations"
+        );
+        let (exact, budget) = reference(ty, &w, acts.row(0));
+        assert!(
+            close(want as f32, exact, budget),
+            "{ty}: ggml {want} vs exact {exact}"
+        );
+        for b in Backend::supported() {
+            let k = Kernels::new(b).unwrap();
+            let got = k.vec_dot(ty, &w, acts.row(0)).unwrap();
+            assert!(
+                close(got, want, budget),
+                "{ty} {b:?}: {got} vs ggml {want} (B {budget})"
+            );
+        }
+        let got = scalar.vec_dot(ty, &w, acts.row(0)).unwrap();
+        assert!(close(got, exact, budget), "{ty}: {got} vs exact {exact}");
+    }
+}
+
+/// Byte offsets of the f16 fields (scales, minimums) within a block.
+fn f16_fields(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => {
+            &[0]
+        }
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q6_K => &[208],
+        _ => &[],
+    }
+}
+
+/// A random valid row of `n` weights: random bytes, finite scales (floats: finite values).
+fn random_row(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
+    let (bs, ts) = (ty.block_size() as usize, ty.type_size() as usize);
+    match ty {
+        GgmlType::F32 => (0..n).flat_map(|_| rng.f(2.0).to_le_bytes()).collect(),
+        GgmlType::F16 => (0..n)
+            .flat_map(|_| f32_to_f16(rng.f(2.0)).to_le_bytes())
+            .collect(),
+        GgmlType::BF16 => (0..n)
+            .flat_map(|_| memwall_runtime::blocks::f32_to_bf16(rng.f(2.0)).to_le_bytes())
+            .collect(),
+        _ => {
+            let mut w: Vec<u8> = (0..n / bs * ts).map(|_| rng.next() as u8).collect();
+            for b in w.chunks_exact_mut(ts) {
+                for &o in f16_fields(ty) {
+                    let v = rng.f(1.0) * [1.0, 0.01, 0.1][rng.below(3)];
+                    b[o..o + 2].copy_from_slice(&f32_to_f16(v).to_le_bytes());
+                }
+            }
+            w
+        }
+    }
+}
+
+/// Random activations, some blocks much larger or smaller than others, some zero.
+fn random_acts(rng: &mut Rng, n: usize) -> Vec<f32> {
+    let mut x = Vec::with_capacity(n);
+    for _ in 0..n / 32 {
+        let s = [1.0, 10.0, 0.001, 0.0, 3.0][rng.below(5)];
+        x.extend((0..32).map(|_| rng.f(s)));
+    }
+    x
+}
+
+#[test]
+fn scalar_dots_match_dequantized_rows() {
+    let scalar = Kernels::new(Backend::Scalar).unwrap();
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    for ty in DEQUANTIZABLE {
+        let kind = VecDotType::of(ty).unwrap();
+        for nb in [1, 2, 3, 5] {
+            for _ in 0..20 {
+                let n = 256 * nb;
+                let w = random_row(&mut rng, ty, n);
+                let mut acts = Activations::new();
+                acts.quantize(kind, &random_acts(&mut rng, n), n).unwrap();
+                let got = scalar.vec_dot(ty, &w, acts.row(0)).unwrap();
+                let (exact, budget) = reference(ty, &w, acts.row(0));
+                assert!(
+                    close(got, exact, budget),
+                    "{ty}: {got} vs {exact} (B {budget})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn simd_backends_match_scalar() {
+    let scalar = Kernels::new(Backend::Scalar).unwrap();
+    let mut rng = Rng(0xdead_beef_0bad_f00d);
+    for b in Backend::supported() {
+        let k = Kernels::new(b).unwrap();
+        for ty in DEQUANTIZABLE {
+            let kind = VecDotType::of(ty).unwrap();
+            let bs = ty.block_size().max(32) as usize;
+            for nb in 1..=13 {
+                for _ in 0..12 {
+                    // Float types: lengths that are not multiples of any vector width too.
+                    let n = if ty.block_size() == 1 {
+                        32 * nb + rng.below(32)
+                    } else {
+                        bs * nb
+                    };
+                    let n = if kind.block_size() == 1 {
+                        n
+                    } else {
+                        n - n % kind.block_size()
+                    };
+                    let w = random_row(&mut rng, ty, n);
+                    let mut acts = Activations::new();
+                    let mut x = random_acts(&mut rng, n.div_ceil(32) * 32);
+                    x.truncate(n);
+                    acts.quantize(kind, &x, n).unwrap();
+                    let want = scalar.vec_dot(ty, &w, acts.row(0)).unwrap();
+                    let got = k.vec_dot(ty, &w, acts.row(0)).unwrap();
+                    let (_, budget) = reference(ty, &w, acts.row(0));
+                    assert!(
+                        close(got, f64::from(want), budget),
+                        "{b:?} {ty} n={n}: {got} vs scalar {want} (B {budget})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn float_helpers_match_scalar() {
+    let scalar = Kernels::new(Backend::Scalar).unwrap();
+    let mut rng = Rng(42);
+    for b in Backend::supported() {
+        let k = Kernels::new(b).unwrap();
+        for n in (0..80).chain([127, 128, 129, 1000]) {
+            let a: Vec<f32> = (0..n).map(|_| rng.f(3.0)).collect();
+            let c: Vec<f32> = (0..n).map(|_| rng.f(3.0)).collect();
+            let ah: Vec<u16> = a.iter().map(|&v| f32_to_f16(v)).collect();
+            let ch: Vec<u16> = c.iter().map(|&v| f32_to_f16(v)).collect();
+            let budget: f64 = a
+                .iter()
+                .zip(&c)
+                .map(|(x, y)| f64::from((x * y).abs()))
+                .sum::<f64>()
+                * 1.01;
+            let pairs = [
+                (k.dot_f32(&a, &c), scalar.dot_f32(&a, &c)),
+                (k.dot_f16_f32(&ah, &c), scalar.dot_f16_f32(&ah, &c)),
+                (k.dot_f16_f16(&ah, &ch), scalar.dot_f16_f16(&ah, &ch)),
+            ];
+            for (i, (got, want)) in pairs.into_iter().enumerate() {
+                assert!(
+                    close(got, f64::from(want), budget),
+                    "{b:?} helper {i} n={n}: {got} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_equals_vec_dot_for_any_thread_count() {
+    let mut rng = Rng(7);
+    for b in Backend::supported() {
+        let k = Kernels::new(b).unwrap();
+        let mut pools: Vec<Matmul> = [1, 2, 3, 4].map(|t| Matmul::new(k, t)).into();
+        for ty in DEQUANTIZABLE {
+            let kind = VecDotType::of(ty).unwrap();
+            for (rows, cols, t_n) in [(1, 256, 1), (7, 512, 1), (100, 256, 3), (33, 768, 17)] {
+                let w = random_row(&mut rng, ty, rows * cols);
+                let x = random_acts(&mut rng, t_n * cols);
+                let m = QMatrix::new(ty, &w, rows, cols).unwrap();
+                let mut acts = Activations::new();
+                acts.quantize(kind, &x, cols).unwrap();
+                let mut want = vec![0f32; t_n * rows];
+                for t in 0..t_n {
+                    for r in 0..rows {
+                        want[t * rows + r] = k.vec_dot(ty, m.row(r), acts.row(t)).unwrap();
+                    }
+                }
+                for mm in &mut pools {
+                    let mut y = vec![f32::NAN; t_n * rows];
+                    mm.matmul(&m, &x, &mut y).unwrap();
+                    let same = y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "{b:?} {ty} {rows}×{cols} t={t_n} threads={}",
+                        mm.threads()
+                    );
+                    let mut y2 = vec![f32::NAN; t_n * rows];
+                    mm.matmul_quantized(&m, &acts, &mut y2).unwrap();
+                    assert_eq!(
+                        y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        y2.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn shapes_and_backends_are_checked() {
+    assert!(matches!(
+        QMatrix::new(GgmlType::Q4_0, &[0; 18], 1, 64),
+        Err(KernelError::Shape(_))
+    ));
+    assert!(matches!(
+        QMatrix::new(GgmlType::Q4_0, &[0; 18], 1, 16),
+        Err(KernelError::Shape(_))
+    ));
+    assert_eq!(
+        QMatrix::new(GgmlType::IQ2_XXS, &[], 0, 256).unwrap_err(),
+        KernelError::UnsupportedType(GgmlType::IQ2_XXS)
+    );
+    let m = QMatrix::new(GgmlType::Q8_0, &[0; 68], 2, 32).unwrap();
+    let mut mm = Matmul::new(Kernels::detect(), 2);
+    assert!(matches!(
+        mm.matmul(&m, &[0.0; 32], &mut [0.0; 3]),
+        Err(KernelError::Shape(_))
+    ));
+    assert!(matches!(
+        mm.matmul(&m, &[0.0; 33], &mut [0.0; 2]),
+        Err(KernelError::Shape(_))
+    ));
+    let k = Kernels::detect();
+    let a = [BlockQ8_1::default()];
+    assert!(matches!(
+        k.vec_dot(GgmlType::Q8_0, &[0; 34], ActRow::Q8_1(&a)),
+        Err(KernelError::ActivationType { .. })
+    ));
+    for b in Backend::ALL {
+        assert_eq!(Backend::parse(b.name()), Ok(b));
+        assert_eq!(Kernels::new(b).is_ok(), b.is_supported());
+        if !b.is_supported() {
+            assert_eq!(
+                Kernels::new(b).unwrap_err(),
+                KernelError::UnsupportedBackend(b.name())
+            );
+        }
+    }
+    assert!(matches!(
+        Backend::parse("sse2"),
+        Err(KernelError::UnknownBackend(_))
+    ));
+    assert!(Backend::Scalar.is_supported());
+}
