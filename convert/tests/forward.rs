@@ -12,7 +12,7 @@ use common::{fixtures, quantize, sha};
 use memwall_convert::job::{Options as Convert, convert};
 use memwall_convert::tensors::OutType;
 use memwall_fixtures::synth::{Options, preset, write_checkpoint};
-use memwall_runtime::forward::{KvType, Model};
+use memwall_runtime::forward::Model;
 use memwall_runtime::gguf::GgufModel;
 use memwall_runtime::progress::Silent;
 use serde_json::Value;
@@ -62,7 +62,7 @@ fn every_architecture_runs_like_transformers() {
         convert(&hf, &out, &convert_options, &Silent).unwrap();
         let gguf = GgufModel::open(&out).unwrap();
         let mut model = Model::new(&gguf, 64).unwrap_or_else(|e| panic!("{name}: {e}"));
-        model.config.kv_type = KvType::F32;
+        model.set_exact(true);
         let logits = model.forward(&mut model.session(), &ids).unwrap();
         let n = model.config.n_vocab;
         let mut worst = 0f32;

@@ -22,9 +22,12 @@ mod rope;
 
 pub use rope::{Rope, Yarn};
 
+use std::sync::Mutex;
+
 use crate::GgmlType;
 use crate::blocks::{DEQUANTIZABLE, dequantize_row, f16_to_f32, f32_to_f16};
 use crate::gguf::{GgufModel, Metadata};
+use crate::kernels::{KernelError, Kernels, Matmul, QMatrix};
 use crate::model_info::HyperParams;
 
 /// Why a model cannot be run.
@@ -47,6 +50,9 @@ pub enum ForwardError {
     /// The context is full.
     #[error("the context holds {0} tokens; no room for more")]
     ContextFull(usize),
+    /// The compute kernels refused a call or cannot run here.
+    #[error(transparent)]
+    Kernels(#[from] KernelError),
 }
 
 /// The architectures the forward pass runs (`general.architecture`).
@@ -193,6 +199,10 @@ pub struct Model<'a> {
     layers: Vec<Layer<'a>>,
     output_norm: Norm,
     output: Matrix<'a>,
+    /// Kernels, thread pool and activation buffers of every matrix product.
+    matmul: Mutex<Matmul>,
+    /// Multiply decoded `f32` weights with unrounded activations instead.
+    exact: bool,
 }
 
 /// What the KV cache stores.
@@ -561,12 +571,15 @@ impl<'a> Model<'a> {
         let layers = (0..c.n_layer)
             .map(|l| Self::layer(&load, c, l))
             .collect::<Result<Vec<_>, _>>()?;
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         Ok(Model {
             config,
             embd,
             layers,
             output_norm,
             output,
+            matmul: Mutex::new(Matmul::new(Kernels::from_env()?, threads)),
+            exact: false,
         })
     }
 
@@ -612,6 +625,68 @@ impl<'a> Model<'a> {
             ffn_norm,
             ffn,
         })
+    }
+
+    /// Runs the matrix products on `threads` threads (default: every core)
+    /// with `kernels` (default: the best this CPU runs, or `MEMWALL_KERNELS`).
+    pub fn set_compute(&mut self, kernels: Kernels, threads: usize) {
+        self.matmul = Mutex::new(Matmul::new(kernels, threads));
+    }
+
+    /// Exact arithmetic for comparisons with a float32 reference: weights
+    /// decoded to `f32` and multiplied with unrounded activations (slow), and
+    /// an `f32` KV cache. The default follows llama.cpp: activations quantized
+    /// to the weight type's dot-product type, `f16` cache.
+    pub fn set_exact(&mut self, exact: bool) {
+        self.exact = exact;
+        self.config.kv_type = if exact { KvType::F32 } else { KvType::F16 };
+    }
+
+    /// The kernels and thread count in use.
+    pub fn compute(&self) -> (Kernels, usize) {
+        let m = self.lock();
+        (m.kernels(), m.threads())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Matmul> {
+        // A panic inside a matrix product leaves only scratch buffers behind.
+        self.matmul.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `y = W·x` for `t_n` tokens: `x` is `t_n × cols`, the result `t_n × rows`.
+    fn matmul(&self, m: &Matrix, x: &[f32], t_n: usize) -> Result<Vec<f32>, ForwardError> {
+        let mut y = vec![0f32; t_n * m.rows];
+        if self.exact {
+            let mut row = vec![0f32; m.cols];
+            for r in 0..m.rows {
+                decode(m, r, &mut row);
+                for t in 0..t_n {
+                    let xt = &x[t * m.cols..(t + 1) * m.cols];
+                    y[t * m.rows + r] = row.iter().zip(xt).map(|(a, b)| a * b).sum();
+                }
+            }
+            return Ok(y);
+        }
+        let w = QMatrix::new(m.ty, m.data, m.rows, m.cols)?;
+        self.lock().matmul(&w, x, &mut y)?;
+        Ok(y)
+    }
+
+    /// `down · (silu(gate · h) ⊙ (up · h))`.
+    fn swiglu(
+        &self,
+        gate: &Matrix,
+        up: &Matrix,
+        down: &Matrix,
+        h: &[f32],
+        t_n: usize,
+    ) -> Result<Vec<f32>, ForwardError> {
+        let mut g = self.matmul(gate, h, t_n)?;
+        let u = self.matmul(up, h, t_n)?;
+        for (g, u) in g.iter_mut().zip(&u) {
+            *g = *g / (1.0 + (-*g).exp()) * u;
+        }
+        self.matmul(down, &g, t_n)
     }
 
     /// An empty session with room for `config.n_ctx` tokens.
@@ -664,15 +739,15 @@ impl<'a> Model<'a> {
         let mut h = vec![0f32; t_n * e];
         for (l, layer) in self.layers.iter().enumerate() {
             self.norm(&x, &layer.attn_norm, &mut h);
-            let attn = self.attention_block(layer, &h, &tables, session, l);
+            let attn = self.attention_block(layer, &h, &tables, session, l)?;
             if let Some(ffn_norm) = &layer.ffn_norm {
                 add(&mut x, &attn);
                 self.norm(&x, ffn_norm, &mut h);
-                let ffn = self.ffn(&layer.ffn, &h, t_n);
+                let ffn = self.ffn(&layer.ffn, &h, t_n)?;
                 add(&mut x, &ffn);
             } else {
                 // Parallel block: attention and FFN both read the attention norm.
-                let ffn = self.ffn(&layer.ffn, &h, t_n);
+                let ffn = self.ffn(&layer.ffn, &h, t_n)?;
                 add(&mut x, &attn);
                 add(&mut x, &ffn);
             }
@@ -682,7 +757,7 @@ impl<'a> Model<'a> {
         let rows = t_n - first;
         let mut out = vec![0f32; rows * e];
         self.norm(&x[first * e..], &self.output_norm, &mut out);
-        let mut logits = matmul(&self.output, &out, rows);
+        let mut logits = self.matmul(&self.output, &out, rows)?;
         if c.logit_scale != 1.0 {
             logits.iter_mut().for_each(|v| *v *= c.logit_scale);
         }
@@ -726,13 +801,13 @@ impl<'a> Model<'a> {
         tables: &[Vec<(f32, f32)>],
         session: &mut Session,
         l: usize,
-    ) -> Vec<f32> {
+    ) -> Result<Vec<f32>, ForwardError> {
         let c = &self.config;
         let t_n = tables.len();
         let (qd, kvd, hd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.head_dim);
-        let mut q = matmul(&layer.wq, h, t_n);
-        let mut k = matmul(&layer.wk, h, t_n);
-        let mut v = matmul(&layer.wv, h, t_n);
+        let mut q = self.matmul(&layer.wq, h, t_n)?;
+        let mut k = self.matmul(&layer.wk, h, t_n)?;
+        let mut v = self.matmul(&layer.wv, h, t_n)?;
         add_bias(&mut q, layer.bq.as_deref());
         add_bias(&mut k, layer.bk.as_deref());
         add_bias(&mut v, layer.bv.as_deref());
@@ -753,9 +828,9 @@ impl<'a> Model<'a> {
         session.k[l].extend(&k);
         session.v[l].extend(&v);
         let attn = self.attention(&q, &session.k[l], &session.v[l], session.n_past, t_n);
-        let mut o = matmul(&layer.wo, &attn, t_n);
+        let mut o = self.matmul(&layer.wo, &attn, t_n)?;
         add_bias(&mut o, layer.bo.as_deref());
-        o
+        Ok(o)
     }
 
     /// Causal grouped-query attention of the `t_n` new queries over the cache.
@@ -801,9 +876,9 @@ impl<'a> Model<'a> {
         out
     }
 
-    fn ffn(&self, ffn: &Ffn, h: &[f32], t_n: usize) -> Vec<f32> {
+    fn ffn(&self, ffn: &Ffn, h: &[f32], t_n: usize) -> Result<Vec<f32>, ForwardError> {
         match ffn {
-            Ffn::Dense { gate, up, down } => swiglu(gate, up, down, h, t_n),
+            Ffn::Dense { gate, up, down } => self.swiglu(gate, up, down, h, t_n),
             Ffn::Moe {
                 router,
                 gate,
@@ -824,11 +899,11 @@ impl<'a> Model<'a> {
         down: &Matrix,
         h: &[f32],
         t_n: usize,
-    ) -> Vec<f32> {
+    ) -> Result<Vec<f32>, ForwardError> {
         let c = &self.config;
         let (e, n_exp) = (c.n_embd, c.n_expert);
         let ff = gate.rows / n_exp;
-        let logits = matmul(router, h, t_n);
+        let logits = self.matmul(router, h, t_n)?;
         // Per expert: the tokens routed to it, with their weights.
         let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); n_exp];
         for t in 0..t_n {
@@ -857,20 +932,20 @@ impl<'a> Model<'a> {
             for &(t, _) in tokens {
                 input.extend_from_slice(&h[t * e..(t + 1) * e]);
             }
-            let y = swiglu(
+            let y = self.swiglu(
                 &gate.rows(x * ff, ff),
                 &up.rows(x * ff, ff),
                 &down.rows(x * e, e),
                 &input,
                 tokens.len(),
-            );
+            )?;
             for (i, &(t, w)) in tokens.iter().enumerate() {
                 for (o, v) in out[t * e..(t + 1) * e].iter_mut().zip(&y[i * e..]) {
                     *o += w * v;
                 }
             }
         }
-        out
+        Ok(out)
     }
 }
 
@@ -886,16 +961,6 @@ fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
             add(row, b);
         }
     }
-}
-
-/// `down · (silu(gate · h) ⊙ (up · h))`.
-fn swiglu(gate: &Matrix, up: &Matrix, down: &Matrix, h: &[f32], t_n: usize) -> Vec<f32> {
-    let mut g = matmul(gate, h, t_n);
-    let u = matmul(up, h, t_n);
-    for (g, u) in g.iter_mut().zip(&u) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
-    }
-    matmul(down, &g, t_n)
 }
 
 /// RMSNorm of each `weight.len()`-wide row of `x`, times `weight` (sums in
@@ -934,22 +999,4 @@ fn layer_norm(x: &[f32], weight: &[f32], bias: Option<&[f32]>, eps: f32, out: &m
 /// opened, so decoding cannot fail here.
 fn decode(m: &Matrix, r: usize, out: &mut [f32]) {
     dequantize_row(m.ty, m.row(r), out).expect("type and length checked when the model opened");
-}
-
-/// `y = W·x` for `t_n` tokens: `x` is `t_n × cols`, the result `t_n × rows`.
-/// Each row of `W` is decoded once.
-fn matmul(m: &Matrix, x: &[f32], t_n: usize) -> Vec<f32> {
-    let mut y = vec![0f32; t_n * m.rows];
-    let mut row = vec![0f32; m.cols];
-    for r in 0..m.rows {
-        decode(m, r, &mut row);
-        for t in 0..t_n {
-            y[t * m.rows + r] = row
-                .iter()
-                .zip(&x[t * m.cols..(t + 1) * m.cols])
-                .map(|(a, b)| a * b)
-                .sum();
-        }
-    }
-    y
 }
