@@ -515,6 +515,10 @@ fn cvt_bf(s: &[u8]) -> __m256 {
     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(ld128(s)), 16))
 }
 
+fn f32_le(w: &[u8], t: usize) -> f32 {
+    f32::from_le_bytes([w[4 * t], w[4 * t + 1], w[4 * t + 2], w[4 * t + 3]])
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 fn f32w(w: &[u8], a: &[f32]) -> f32 {
     let n = a.len().min(w.len() / 4);
@@ -522,7 +526,7 @@ fn f32w(w: &[u8], a: &[f32]) -> f32 {
         n,
         |i| ldps(&w[4 * i..4 * i + 32]),
         ldps(&a[i..i + 8]),
-        |t| { f32::from_le_bytes([w[4 * t], w[4 * t + 1], w[4 * t + 2], w[4 * t + 3]]) * a[t] }
+        |t| f32_le(w, t) * a[t]
     )
 }
 
@@ -533,7 +537,7 @@ fn f16w(w: &[u8], a: &[u16]) -> f32 {
         n,
         |i| cvt_h(&w[2 * i..2 * i + 16]),
         _mm256_cvtph_ps(ld128(&a[i..i + 8])),
-        |t| { f16_at(w, 2 * t) * h2f(a[t]) }
+        |t| f16_at(w, 2 * t) * h2f(a[t])
     )
 }
 
