@@ -20,5 +20,6 @@ pub mod ggml_type;
 pub mod gguf;
 pub mod model_info;
 pub mod progress;
+pub mod tokenizer;
 
 pub use ggml_type::GgmlType;
