@@ -23,5 +23,6 @@ pub mod gguf;
 pub mod kernels;
 pub mod model_info;
 pub mod progress;
+pub mod tokenizer;
 
 pub use ggml_type::GgmlType;
