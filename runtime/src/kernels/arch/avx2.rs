@@ -195,7 +195,7 @@ macro_rules! fold_blocks {
 // ---- Q8_0 family ----
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn q4_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
+fn q4_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
     fold_blocks!(w, a, 18, |b, y, acc| {
         let q = _mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8));
         let p = mul_sum_i8(q, ld256(&y.qs));
@@ -218,7 +218,7 @@ fn q5_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
+fn q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
     fold_blocks!(w, a, 34, |b, y, acc| {
         let p = mul_sum_i8(ld256(&b[2..34]), ld256(&y.qs));
         let d = _mm256_set1_ps(f16_at(b, 0) * h2f(y.d));
