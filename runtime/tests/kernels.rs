@@ -474,4 +474,12 @@ fn shapes_and_backends_are_checked() {
         Err(KernelError::UnknownBackend(_))
     ));
     assert!(Backend::Scalar.is_supported());
+    // The SIMD suites above must not silently test nothing on the two lanes we run.
+    #[cfg(target_arch = "aarch64")]
+    assert!(Backend::supported().contains(&Backend::Neon));
+    #[cfg(target_arch = "x86_64")]
+    assert_eq!(
+        Backend::supported().contains(&Backend::Avx2),
+        std::arch::is_x86_feature_detected!("avx2")
+    );
 }

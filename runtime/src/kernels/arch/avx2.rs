@@ -102,7 +102,7 @@ pub(super) fn h2f(h: u16) -> f32 {
 
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn f16_at(b: &[u8], at: usize) -> f32 {
+pub(super) fn f16_at(b: &[u8], at: usize) -> f32 {
     h2f(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
@@ -335,7 +335,7 @@ fn q3_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
 /// The minimum correction `Σ_j bsums[j]·m[j/2]` of a Q4_K/Q5_K block, in eight lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn k4_mins(m: &[u8; 8], y: &BlockQ8K) -> __m256i {
+pub(super) fn k4_mins(m: &[u8; 8], y: &BlockQ8K) -> __m256i {
     let pairs = _mm256_madd_epi16(ld256(&y.bsums), _mm256_set1_epi16(1));
     let m32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(*m)));
     _mm256_mullo_epi32(pairs, m32)

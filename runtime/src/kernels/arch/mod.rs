@@ -9,7 +9,9 @@ use super::{Backend, DotTable};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+// AVX-512 intrinsics are stable since 1.89 (the workspace declares 1.85).
 #[cfg(target_arch = "x86_64")]
+#[clippy::msrv = "1.89"]
 mod avx512;
 #[cfg(target_arch = "aarch64")]
 mod neon;

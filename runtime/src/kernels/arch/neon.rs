@@ -1,5 +1,555 @@
-//! placeholder
-use crate::kernels::{DotTable, scalar};
+//! aarch64 Advanced SIMD kernels, compiled twice from one source: with plain
+//! NEON (`smull` + `sadalp` for the 8-bit products) and with the dot-product
+//! extension (`sdot`, through inline assembly since `vdotq_s32` is not yet a
+//! stable intrinsic). NEON multiplies signed bytes directly, so the offsets
+//! of Q4_0, Q5_0, Q3_K and Q6_K are applied to the weights before the dot.
+//! Integer sums are exact; each block's sum is scaled in `f32`.
 
-pub(crate) static TABLE: DotTable = scalar::TABLE;
-pub(crate) static TABLE_DOT: DotTable = scalar::TABLE;
+use std::arch::aarch64::*;
+use std::arch::asm;
+
+use super::super::scalar::{iq4xs_scales, k4_scales, q3k_scales};
+use crate::blocks::IQ4NL_GRID;
+use crate::kernels::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable};
+
+// ---- loads (the only pointer use; each checks its length) ----
+
+#[inline]
+#[target_feature(enable = "neon")]
+fn ld_u8(s: &[u8]) -> uint8x16_t {
+    assert!(s.len() >= 16);
+    // SAFETY: 16 readable bytes (checked); NEON loads have no alignment requirement.
+    unsafe { vld1q_u8(s.as_ptr()) }
+}
+
+#[inline]
+#[target_feature(enable = "neon")]
+fn ld_s8(s: &[i8]) -> int8x16_t {
+    assert!(s.len() >= 16);
+    // SAFETY: 16 readable bytes (checked).
+    unsafe { vld1q_s8(s.as_ptr()) }
+}
+
+#[inline]
+#[target_feature(enable = "neon")]
+fn ld_s16(s: &[i16]) -> int16x8_t {
+    assert!(s.len() >= 8);
+    // SAFETY: 8 readable values (checked).
+    unsafe { vld1q_s16(s.as_ptr()) }
+}
+
+#[inline]
+#[target_feature(enable = "neon")]
+fn ld_f32(s: &[f32]) -> float32x4_t {
+    assert!(s.len() >= 4);
+    // SAFETY: 4 readable values (checked).
+    unsafe { vld1q_f32(s.as_ptr()) }
+}
+
+/// Four `f32` from 16 little-endian bytes.
+#[inline]
+#[target_feature(enable = "neon")]
+fn ld_f32_bytes(s: &[u8]) -> float32x4_t {
+    vreinterpretq_f32_u8(ld_u8(s))
+}
+
+/// Four half-precision values (8 bytes) to `f32`, exactly (`fcvtl`).
+#[inline]
+#[target_feature(enable = "neon")]
+fn cvt_f16(s: &[u8]) -> float32x4_t {
+    assert!(s.len() >= 8);
+    // SAFETY: 8 readable bytes (checked).
+    let h = unsafe { vld1_u16(s.as_ptr().cast()) };
+    let r: float32x4_t;
+    // SAFETY: `fcvtl` (half to single precision) is base Advanced SIMD; it only reads
+    // and writes the named registers.
+    unsafe {
+        asm!("fcvtl {0:v}.4s, {1:v}.4h", out(vreg) r, in(vreg) h, options(pure, nomem, nostack));
+    }
+    r
+}
+
+/// Four bfloat16 values (8 bytes) to `f32`.
+#[inline]
+#[target_feature(enable = "neon")]
+fn cvt_bf16(s: &[u8]) -> float32x4_t {
+    assert!(s.len() >= 8);
+    // SAFETY: 8 readable bytes (checked).
+    let h = unsafe { vld1_u16(s.as_ptr().cast()) };
+    vreinterpretq_f32_u32(vshll_n_u16::<16>(h))
+}
+
+fn u16s(s: &[u16]) -> &[u8] {
+    // Little-endian target: the u16 slice's bytes in memory order.
+    let n = size_of_val(s);
+    // SAFETY: any initialised memory may be viewed as bytes; same length, lifetime, u8 alignment 1.
+    unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), n) }
+}
+
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    crate::blocks::f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+fn h2f(h: u16) -> f32 {
+    crate::blocks::f16_to_f32(h)
+}
+
+/// Σ a·b of 16 signed bytes into four 32-bit lanes, with `smull`/`sadalp`.
+#[inline]
+#[target_feature(enable = "neon")]
+fn dot_mull(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    let p0 = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+    let p1 = vmull_high_s8(a, b);
+    vpadalq_s16(vpadalq_s16(acc, p0), p1)
+}
+
+/// Σ a·b of 16 signed bytes into four 32-bit lanes, with `sdot`.
+#[inline]
+#[target_feature(enable = "neon,dotprod")]
+fn dot_sdot(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    // SAFETY: `sdot` exists under the `dotprod` feature this function is compiled
+    // (and, through the table, only called) with; it touches only the named registers.
+    unsafe {
+        asm!(
+            "sdot {0:v}.4s, {1:v}.16b, {2:v}.16b",
+            inout(vreg) acc,
+            in(vreg) a,
+            in(vreg) b,
+            options(pure, nomem, nostack)
+        );
+    }
+    acc
+}
+
+/// The minimum correction `Σ_j bsums[j]·m[j/2]` of a Q4_K/Q5_K block.
+#[inline]
+#[target_feature(enable = "neon")]
+fn k4_mins(m: &[u8; 8], y: &BlockQ8K) -> i32 {
+    let pairs = vpaddq_s16(ld_s16(&y.bsums[..8]), ld_s16(&y.bsums[8..]));
+    let m16 = vreinterpretq_s16_u16(vmovl_u8(vcreate_u8(u64::from_le_bytes(*m))));
+    let p = vmull_s16(vget_low_s16(pairs), vget_low_s16(m16));
+    let p = vmlal_high_s16(p, pairs, m16);
+    vaddvq_s32(p)
+}
+
+/// Byte `j` of the result = 0xff where bit `j` (of 16) of `bits` is set.
+#[inline]
+#[target_feature(enable = "neon")]
+fn bit_bytes(bits: u16) -> uint8x16_t {
+    let [b0, b1] = bits.to_le_bytes();
+    let v = vcombine_u8(vdup_n_u8(b0), vdup_n_u8(b1));
+    let m = vreinterpretq_u8_u64(vdupq_n_u64(0x8040_2010_0804_0201));
+    vtstq_u8(v, m)
+}
+
+macro_rules! kernels {
+    ($feat:literal, $dot:ident, $table:ident, $doc:literal) => {
+        /// Declares a safe entry point for a `#[target_feature]` kernel.
+        macro_rules! entry {
+            ($name:ident, $kernel:ident, $w:ty, $a:ty) => {
+                fn $name(w: $w, a: $a) -> f32 {
+                    // SAFETY: reachable only through this backend's table, which
+                    // `Kernels::new` hands out after probing the features.
+                    unsafe { $kernel(w, a) }
+                }
+            };
+        }
+
+        entry!(e_f32w, f32w, &[u8], &[f32]);
+        entry!(e_f16w, f16w, &[u8], &[u16]);
+        entry!(e_bf16w, bf16w, &[u8], &[u16]);
+        entry!(e_q4_0, q4_0, &[u8], &[BlockQ8_0]);
+        entry!(e_q5_0, q5_0, &[u8], &[BlockQ8_0]);
+        entry!(e_q8_0, q8_0, &[u8], &[BlockQ8_0]);
+        entry!(e_iq4_nl, iq4_nl, &[u8], &[BlockQ8_0]);
+        entry!(e_q4_1, q4_1, &[u8], &[BlockQ8_1]);
+        entry!(e_q5_1, q5_1, &[u8], &[BlockQ8_1]);
+        entry!(e_q2_k, q2_k, &[u8], &[BlockQ8K]);
+        entry!(e_q3_k, q3_k, &[u8], &[BlockQ8K]);
+        entry!(e_q4_k, q4_k, &[u8], &[BlockQ8K]);
+        entry!(e_q5_k, q5_k, &[u8], &[BlockQ8K]);
+        entry!(e_q6_k, q6_k, &[u8], &[BlockQ8K]);
+        entry!(e_iq4_xs, iq4_xs, &[u8], &[BlockQ8K]);
+        entry!(e_dot_f32, dot_f32, &[f32], &[f32]);
+        entry!(e_dot_f16_f32, dot_f16_f32, &[u16], &[f32]);
+        entry!(e_dot_f16_f16, dot_f16_f16, &[u16], &[u16]);
+
+        #[doc = $doc]
+        pub(crate) static $table: DotTable = DotTable {
+            f32: e_f32w,
+            f16: e_f16w,
+            bf16: e_bf16w,
+            q4_0: e_q4_0,
+            q5_0: e_q5_0,
+            q8_0: e_q8_0,
+            iq4_nl: e_iq4_nl,
+            q4_1: e_q4_1,
+            q5_1: e_q5_1,
+            q2_k: e_q2_k,
+            q3_k: e_q3_k,
+            q4_k: e_q4_k,
+            q5_k: e_q5_k,
+            q6_k: e_q6_k,
+            iq4_xs: e_iq4_xs,
+            dot_f32: e_dot_f32,
+            dot_f16_f32: e_dot_f16_f32,
+            dot_f16_f16: e_dot_f16_f16,
+        };
+
+        /// Σ over the two 16-byte halves of a 32-weight block.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn dot32(lo: int8x16_t, hi: int8x16_t, y: &[i8]) -> int32x4_t {
+            $dot($dot(vdupq_n_s32(0), lo, ld_s8(&y[..16])), hi, ld_s8(&y[16..32]))
+        }
+
+        /// Low and high nibbles of 16 bytes.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn nibbles(q: &[u8]) -> (uint8x16_t, uint8x16_t) {
+            let q = ld_u8(q);
+            (vandq_u8(q, vdupq_n_u8(0xf)), vshrq_n_u8::<4>(q))
+        }
+
+        #[target_feature(enable = $feat)]
+        fn q4_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
+            let mut acc = vdupq_n_f32(0.0);
+            let eight = vdupq_n_s8(8);
+            for (b, y) in w.chunks_exact(18).zip(a) {
+                let (lo, hi) = nibbles(&b[2..18]);
+                let lo = vsubq_s8(vreinterpretq_s8_u8(lo), eight);
+                let hi = vsubq_s8(vreinterpretq_s8_u8(hi), eight);
+                let p = dot32(lo, hi, &y.qs);
+                acc = vmlaq_n_f32(acc, vcvtq_f32_s32(p), f16_at(b, 0) * h2f(y.d));
+            }
+            vaddvq_f32(acc)
+        }
+
+        #[target_feature(enable = $feat)]
+        fn q5_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
+            let mut acc = vdupq_n_f32(0.0);
+            let (sixteen, h) = (vdupq_n_s8(16), vdupq_n_u8(0x10));
+            for (b, y) in w.chunks_exact(22).zip(a) {
+                let (lo, hi) = nibbles(&b[6..22]);
+                let lo = vorrq_u8(lo, vandq_u8(bit_bytes(u16::from_le_bytes([b[2], b[3]])), h));
+                let hi = vorrq_u8(hi, vandq_u8(bit_bytes(u16::from_le_bytes([b[4], b[5]])), h));
+                let lo = vsubq_s8(vreinterpretq_s8_u8(lo), sixteen);
+                let hi = vsubq_s8(vreinterpretq_s8_u8(hi), sixteen);
+                let p = dot32(lo, hi, &y.qs);
+                acc = vmlaq_n_f32(acc, vcvtq_f32_s32(p), f16_at(b, 0) * h2f(y.d));
+            }
+            vaddvq_f32(acc)
+        }
+
+        #[target_feature(enable = $feat)]
+        fn q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
+            let mut acc = vdupq_n_f32(0.0);
+            for (b, y) in w.chunks_exact(34).zip(a) {
+                let lo = vreinterpretq_s8_u8(ld_u8(&b[2..18]));
+                let hi = vreinterpretq_s8_u8(ld_u8(&b[18..34]));
+                let p = dot32(lo, hi, &y.qs);
+                acc = vmlaq_n_f32(acc, vcvtq_f32_s32(p), f16_at(b, 0) * h2f(y.d));
+            }
+            vaddvq_f32(acc)
+        }
+
+        #[target_feature(enable = $feat)]
+        fn iq4_nl(w: &[u8], a: &[BlockQ8_0]) -> f32 {
+            let grid = ld_s8(&IQ4NL_GRID);
+            let mut acc = vdupq_n_f32(0.0);
+            for (b, y) in w.chunks_exact(18).zip(a) {
+                let (lo, hi) = nibbles(&b[2..18]);
+                let p = dot32(vqtbl1q_s8(grid, lo), vqtbl1q_s8(grid, hi), &y.qs);
+                acc = vmlaq_n_f32(acc, vcvtq_f32_s32(p), h2f(y.d) * f16_at(b, 0));
+            }
+            vaddvq_f32(acc)
+        }
+
+        #[target_feature(enable = $feat)]
+        fn q4_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
+            let mut acc = vdupq_n_f32(0.0);
+            let mut mins = 0f32;
+            for (b, y) in w.chunks_exact(20).zip(a) {
+                let (lo, hi) = nibbles(&b[4..20]);
+                let p = dot32(vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi), &y.qs);
+                acc = vmlaq_n_f32(acc, vcvtq_f32_s32(p), f16_at(b, 0) * h2f(y.d));
+                mins += f16_at(b, 2) * h2f(y.s);
+            }
+            vaddvq_f32(acc) + mins
+        }
+
+        #[target_feature(enable = $feat)]
+        fn q5_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
+            let mut acc = vdupq_n_f32(0.0);
+            let mut mins = 0f32;
+            let h = vdupq_n_u8(0x10);
+            for (b, y) in w.chunks_exact(24).zip(a) {
+                let (lo, hi) = nibbles(&b[8..24]);
+                let lo = vorrq_u8(lo, vandq_u8(bit_bytes(u16::from_le_bytes([b[4], b[5]])), h));
+                let hi = vorrq_u8(hi, vandq_u8(bit_bytes(u16::from_le_bytes([b[6], b[7]])), h));
+                let p = dot32(vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi), &y.qs);
+                acc = vmlaq_n_f32(acc, vcvtq_f32_s32(p), f16_at(b, 0) * h2f(y.d));
+                mins += f16_at(b, 2) * h2f(y.s);
+            }
+            vaddvq_f32(acc) + mins
+        }
+
+        #[target_feature(enable = $feat)]
+        fn q2_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+            let mut sum = 0f32;
+            for (b, y) in w.chunks_exact(84).zip(a) {
+                let sc = &b[..16];
+                let summs: i32 =
+                    y.bsums.iter().zip(sc).map(|(&s, &c)| i32::from(s) * i32::from(c >> 4)).sum();
+                let mut isum = 0i32;
+                let three = vdupq_n_u8(3);
+                for k in 0..2 {
+                    let q0 = ld_u8(&b[16 + 32 * k..]);
+                    let q1 = ld_u8(&b[32 + 32 * k..]);
+                    for j in 0..4 {
+                        let sh = vdupq_n_s8(-2 * j as i8);
+                        let v0 = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(q0, sh), three));
+                        let v1 = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(q1, sh), three));
+                        let yq = &y.qs[128 * k + 32 * j..];
+                        let g = 8 * k + 2 * j;
+                        let s0 = vaddvq_s32($dot(vdupq_n_s32(0), v0, ld_s8(&yq[..16])));
+                        let s1 = vaddvq_s32($dot(vdupq_n_s32(0), v1, ld_s8(&yq[16..32])));
+                        isum += i32::from(sc[g] & 0xf) * s0 + i32::from(sc[g + 1] & 0xf) * s1;
+                    }
+                }
+                sum += y.d * f16_at(b, 80) * isum as f32 - y.d * f16_at(b, 82) * summs as f32;
+            }
+            sum
+        }
+
+        #[target_feature(enable = $feat)]
+        fn q3_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+            let mut sum = 0f32;
+            for (b, y) in w.chunks_exact(110).zip(a) {
+                let sc = q3k_scales(&b[96..108]);
+                let (hm0, hm1) = (ld_u8(&b[..16]), ld_u8(&b[16..32]));
+                let (three, four) = (vdupq_n_u8(3), vdupq_n_u8(4));
+                let mut isum = 0i32;
+                for k in 0..2 {
+                    let q0 = ld_u8(&b[32 + 32 * k..]);
+                    let q1 = ld_u8(&b[48 + 32 * k..]);
+                    for j in 0..4 {
+                        let sh = vdupq_n_s8(-2 * j as i8);
+                        let m = vdupq_n_u8(1 << (4 * k + j));
+                        // q₂ + 4·hbit − 4: the weight in −4..3.
+                        let v = |q: uint8x16_t, hm: uint8x16_t| {
+                            let u = vandq_u8(vshlq_u8(q, sh), three);
+                            let u = vorrq_u8(u, vandq_u8(vtstq_u8(hm, m), four));
+                            vsubq_s8(vreinterpretq_s8_u8(u), vreinterpretq_s8_u8(four))
+                        };
+                        let (v0, v1) = (v(q0, hm0), v(q1, hm1));
+                        let yq = &y.qs[128 * k + 32 * j..];
+                        let g = 8 * k + 2 * j;
+                        let s0 = vaddvq_s32($dot(vdupq_n_s32(0), v0, ld_s8(&yq[..16])));
+                        let s1 = vaddvq_s32($dot(vdupq_n_s32(0), v1, ld_s8(&yq[16..32])));
+                        isum += i32::from(sc[g]) * s0 + i32::from(sc[g + 1]) * s1;
+                    }
+                }
+                sum += f16_at(b, 108) * y.d * isum as f32;
+            }
+            sum
+        }
+
+        #[target_feature(enable = $feat)]
+        fn q4_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+            let mut sum = 0f32;
+            for (b, y) in w.chunks_exact(144).zip(a) {
+                let (sc, m) = k4_scales(&b[4..16]);
+                let summs = k4_mins(&m, y);
+                let mut isum = 0i32;
+                for c in 0..4 {
+                    let (lo0, hi0) = nibbles(&b[16 + 32 * c..]);
+                    let (lo1, hi1) = nibbles(&b[32 + 32 * c..]);
+                    let yq = &y.qs[64 * c..];
+                    let s_lo = dot32(vreinterpretq_s8_u8(lo0), vreinterpretq_s8_u8(lo1), yq);
+                    let s_hi = dot32(vreinterpretq_s8_u8(hi0), vreinterpretq_s8_u8(hi1), &yq[32..]);
+                    isum += i32::from(sc[2 * c]) * vaddvq_s32(s_lo);
+                    isum += i32::from(sc[2 * c + 1]) * vaddvq_s32(s_hi);
+                }
+                sum += f16_at(b, 0) * y.d * isum as f32 - f16_at(b, 2) * y.d * summs as f32;
+            }
+            sum
+        }
+
+        #[target_feature(enable = $feat)]
+        fn q5_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+            let mut sum = 0f32;
+            for (b, y) in w.chunks_exact(176).zip(a) {
+                let (sc, m) = k4_scales(&b[4..16]);
+                let summs = k4_mins(&m, y);
+                let (qh0, qh1) = (ld_u8(&b[16..32]), ld_u8(&b[32..48]));
+                let h = vdupq_n_u8(0x10);
+                let mut isum = 0i32;
+                for c in 0..4 {
+                    let (lo0, hi0) = nibbles(&b[48 + 32 * c..]);
+                    let (lo1, hi1) = nibbles(&b[64 + 32 * c..]);
+                    let (m_lo, m_hi) = (vdupq_n_u8(1 << (2 * c)), vdupq_n_u8(2 << (2 * c)));
+                    let fifth = |q: uint8x16_t, qh: uint8x16_t, m: uint8x16_t| {
+                        vreinterpretq_s8_u8(vorrq_u8(q, vandq_u8(vtstq_u8(qh, m), h)))
+                    };
+                    let yq = &y.qs[64 * c..];
+                    let s_lo = dot32(fifth(lo0, qh0, m_lo), fifth(lo1, qh1, m_lo), yq);
+                    let s_hi = dot32(fifth(hi0, qh0, m_hi), fifth(hi1, qh1, m_hi), &yq[32..]);
+                    isum += i32::from(sc[2 * c]) * vaddvq_s32(s_lo);
+                    isum += i32::from(sc[2 * c + 1]) * vaddvq_s32(s_hi);
+                }
+                sum += f16_at(b, 0) * y.d * isum as f32 - f16_at(b, 2) * y.d * summs as f32;
+            }
+            sum
+        }
+
+        #[target_feature(enable = $feat)]
+        fn q6_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+            let mut sum = 0f32;
+            let m4 = vdupq_n_u8(0xf);
+            let m3 = vdupq_n_u8(3);
+            let off = vdupq_n_s8(32);
+            for (b, y) in w.chunks_exact(210).zip(a) {
+                let sc = &b[192..208];
+                let mut isum = 0i32;
+                for n in 0..2 {
+                    for r in 0..2 {
+                        let ql0 = ld_u8(&b[64 * n + 16 * r..]);
+                        let ql1 = ld_u8(&b[64 * n + 32 + 16 * r..]);
+                        let qh = ld_u8(&b[128 + 32 * n + 16 * r..]);
+                        let u = [
+                            vorrq_u8(vandq_u8(ql0, m4), vshlq_n_u8::<4>(vandq_u8(qh, m3))),
+                            vorrq_u8(
+                                vandq_u8(ql1, m4),
+                                vshlq_n_u8::<4>(vandq_u8(vshrq_n_u8::<2>(qh), m3)),
+                            ),
+                            vorrq_u8(
+                                vshrq_n_u8::<4>(ql0),
+                                vshlq_n_u8::<4>(vandq_u8(vshrq_n_u8::<4>(qh), m3)),
+                            ),
+                            vorrq_u8(vshrq_n_u8::<4>(ql1), vshlq_n_u8::<4>(vshrq_n_u8::<6>(qh))),
+                        ];
+                        for (quarter, u) in u.into_iter().enumerate() {
+                            let g = 8 * n + 2 * quarter + r;
+                            let v = vsubq_s8(vreinterpretq_s8_u8(u), off);
+                            let s = vaddvq_s32($dot(vdupq_n_s32(0), v, ld_s8(&y.qs[16 * g..])));
+                            isum += i32::from(sc[g] as i8) * s;
+                        }
+                    }
+                }
+                sum += f16_at(b, 208) * y.d * isum as f32;
+            }
+            sum
+        }
+
+        #[target_feature(enable = $feat)]
+        fn iq4_xs(w: &[u8], a: &[BlockQ8K]) -> f32 {
+            let grid = ld_s8(&IQ4NL_GRID);
+            let mut sum = 0f32;
+            for (b, y) in w.chunks_exact(136).zip(a) {
+                let sc = iq4xs_scales(b);
+                let mut isum = 0i32;
+                for (ib, &s) in sc.iter().enumerate() {
+                    let (lo, hi) = nibbles(&b[8 + 16 * ib..]);
+                    let p = dot32(vqtbl1q_s8(grid, lo), vqtbl1q_s8(grid, hi), &y.qs[32 * ib..]);
+                    isum += s * vaddvq_s32(p);
+                }
+                sum += f16_at(b, 0) * y.d * isum as f32;
+            }
+            sum
+        }
+
+        /// Σ x·y, 16 at a time in four accumulators; `$x`/`$y` give four `f32`
+        /// from element `i`, `$tail` one product.
+        macro_rules! float_dot {
+            ($n:expr, |$i:ident| $x:expr, $y:expr, |$t:ident| $tail:expr) => {{
+                let n = $n;
+                let mut acc = [vdupq_n_f32(0.0); 4];
+                let mut $i = 0;
+                while $i + 16 <= n {
+                    let base = $i;
+                    for (k, acc) in acc.iter_mut().enumerate() {
+                        $i = base + 4 * k;
+                        *acc = vfmaq_f32(*acc, $x, $y);
+                    }
+                    $i = base + 16;
+                }
+                while $i + 4 <= n {
+                    acc[0] = vfmaq_f32(acc[0], $x, $y);
+                    $i += 4;
+                }
+                let mut s = vaddvq_f32(vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3])));
+                for $t in $i..n {
+                    s += $tail;
+                }
+                s
+            }};
+        }
+
+        #[target_feature(enable = $feat)]
+        fn f32w(w: &[u8], a: &[f32]) -> f32 {
+            let n = a.len().min(w.len() / 4);
+            let f = |t: usize| f32::from_le_bytes([w[4 * t], w[4 * t + 1], w[4 * t + 2], w[4 * t + 3]]);
+            float_dot!(n, |i| ld_f32_bytes(&w[4 * i..]), ld_f32(&a[i..]), |t| f(t) * a[t])
+        }
+
+        #[target_feature(enable = $feat)]
+        fn f16w(w: &[u8], a: &[u16]) -> f32 {
+            let n = a.len().min(w.len() / 2);
+            let ab = u16s(a);
+            float_dot!(n, |i| cvt_f16(&w[2 * i..]), cvt_f16(&ab[2 * i..]), |t| f16_at(w, 2 * t)
+                * h2f(a[t]))
+        }
+
+        #[target_feature(enable = $feat)]
+        fn bf16w(w: &[u8], a: &[u16]) -> f32 {
+            let n = a.len().min(w.len() / 2);
+            let ab = u16s(a);
+            let bf = |h: u16| f32::from_bits(u32::from(h) << 16);
+            float_dot!(n, |i| cvt_bf16(&w[2 * i..]), cvt_bf16(&ab[2 * i..]), |t| bf(
+                u16::from_le_bytes([w[2 * t], w[2 * t + 1]])
+            ) * bf(a[t]))
+        }
+
+        #[target_feature(enable = $feat)]
+        fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
+            let n = x.len().min(y.len());
+            float_dot!(n, |i| ld_f32(&x[i..]), ld_f32(&y[i..]), |t| x[t] * y[t])
+        }
+
+        #[target_feature(enable = $feat)]
+        fn dot_f16_f32(x: &[u16], y: &[f32]) -> f32 {
+            let n = x.len().min(y.len());
+            let xb = u16s(x);
+            float_dot!(n, |i| cvt_f16(&xb[2 * i..]), ld_f32(&y[i..]), |t| h2f(x[t]) * y[t])
+        }
+
+        #[target_feature(enable = $feat)]
+        fn dot_f16_f16(x: &[u16], y: &[u16]) -> f32 {
+            let n = x.len().min(y.len());
+            let (xb, yb) = (u16s(x), u16s(y));
+            float_dot!(n, |i| cvt_f16(&xb[2 * i..]), cvt_f16(&yb[2 * i..]), |t| h2f(x[t])
+                * h2f(y[t]))
+        }
+    };
+}
+
+/// Plain Advanced SIMD.
+mod plain {
+    use super::*;
+    kernels!("neon", dot_mull, TABLE, "The NEON table: every type.");
+}
+
+/// Advanced SIMD with `sdot`.
+mod dot {
+    use super::*;
+    kernels!(
+        "neon,dotprod",
+        dot_sdot,
+        TABLE_DOT,
+        "The NEON + dotprod table: every type."
+    );
+}
+
+pub(crate) use dot::TABLE_DOT;
+pub(crate) use plain::TABLE;
