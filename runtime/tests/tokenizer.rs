@@ -531,3 +531,32 @@ fn errors_name_the_key() {
     let msg = error(&m).to_string();
     assert!(msg.contains("tokenizer.ggml.scores"), "{msg}");
 }
+
+#[test]
+fn every_listed_pre_tokenizer_loads() {
+    for &pre in memwall_runtime::tokenizer::PRE_TOKENIZERS {
+        let mut m = small_bpe();
+        m.set("tokenizer.ggml.pre", pre);
+        let tok = Tokenizer::from_gguf(&m).unwrap_or_else(|e| panic!("{pre}: {e}"));
+        assert_eq!(tok.encode("ab", false, false), [2], "{pre}");
+    }
+}
+
+#[test]
+fn user_defined_tokens_split_without_parse_special() {
+    let mut m = small_bpe();
+    m.set(
+        "tokenizer.ggml.token_type",
+        Value::Array(Array::I32(vec![1, 1, 4, 3])),
+    );
+    m.remove("tokenizer.ggml.merges");
+    m.set("tokenizer.ggml.merges", strings(&[]));
+    let tok = Tokenizer::from_gguf(&m).unwrap();
+    // "ab" cannot be merged (no merges) but is a user-defined token.
+    assert_eq!(tok.encode("bab", false, false), [1, 2]);
+    // A control token is text unless parse_special.
+    assert_eq!(tok.encode("<|end|>", false, false), Vec::<u32>::new());
+    assert_eq!(tok.encode("<|end|>", false, true), [3]);
+    assert_eq!(tok.token_to_piece(3, false), b"");
+    assert_eq!(tok.token_to_piece(3, true), b"<|end|>");
+}

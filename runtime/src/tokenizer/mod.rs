@@ -238,7 +238,6 @@ struct Pre {
     clean_spaces: bool,
     ignore_merges: bool,
     add_bos: bool,
-    no_default_bos: bool,
 }
 
 const GPT2: &[Step] = &[Step::Gpt2];
@@ -266,7 +265,6 @@ fn pre_tokenizer(name: &str) -> Option<Pre> {
         clean_spaces,
         ignore_merges: false,
         add_bos: false,
-        no_default_bos: false,
     };
     Some(match name {
         "default" => pre(DEFAULT, true),
@@ -365,7 +363,9 @@ impl Tokenizer {
         } else {
             "default"
         };
-        let (model, mut add_bos, clean_spaces, default_bos, default_eos, default_unk) = if is_bpe {
+        // llama.cpp's defaults per model: (model, add_bos, clean_spaces, [bos, eos, unk]).
+        let (model, mut add_bos, clean_spaces, [default_bos, default_eos, default_unk]) = if is_bpe
+        {
             let pre = pre_tokenizer(pre_name)
                 .ok_or_else(|| TokenizerError::UnknownPreTokenizer(pre_name.to_owned()))?;
             let merges = read_merges(meta)?;
@@ -374,8 +374,8 @@ impl Tokenizer {
                 steps: pre.steps,
                 ignore_merges: pre.ignore_merges,
             };
-            let bos = if pre.no_default_bos { None } else { Some(11) };
-            (model, pre.add_bos, pre.clean_spaces, bos, Some(11), None)
+            let ids = [Some(11), Some(11), None];
+            (model, pre.add_bos, pre.clean_spaces, ids)
         } else {
             let mut scores = vec![0.0f32; n];
             if let Some(array) = meta.get_array(keys::SCORES)? {
@@ -409,7 +409,7 @@ impl Tokenizer {
                 scores,
                 byte_tokens,
             };
-            (model, true, false, Some(1), Some(2), Some(0))
+            (model, true, false, [Some(1), Some(2), Some(0)])
         };
         let add_space_prefix = meta
             .get_bool(extra_keys::ADD_SPACE_PREFIX)?
@@ -434,6 +434,7 @@ impl Tokenizer {
         let mut eot = read_id(keys::EOT_ID, None)?;
         let mut eom = read_id(extra_keys::EOM_ID, None)?;
         let unk = read_id(keys::UNK_ID, default_unk)?;
+        // Not used by these models, but checked like the others.
         read_id(extra_keys::SEP_ID, None)?;
         let pad = read_id(keys::PAD_ID, None)?;
         read_id(extra_keys::MASK_ID, None)?;
