@@ -22,6 +22,7 @@ use clap::{Parser, Subcommand};
   memwall export model.gguf ./checkpoint   GGUF back to an HF checkpoint
   memwall quantize model-f16.gguf Q4_K_M   llama.cpp's Q4_K_M, byte for byte
   memwall quantize model-f16.gguf out.gguf --recipe attn-f16-ffn-q4
+  memwall perplexity -m model.gguf -f text.txt   perplexity, as llama-perplexity computes it
 
 Run `memwall <command> --help` for the options of each command.")]
 struct Cli {
@@ -83,6 +84,32 @@ Built-in recipes: attn-f16-ffn-q4, attn-q8-ffn-q4, attn-q8-ffn-q4-down-q6; a
 recipe file is TOML (see docs/RECIPES.md). The output records the recipe in
 the memwall.recipe metadata key.")]
     Quantize(Box<commands::quantize::Args>),
+    /// Perplexity of a text, computed as llama-perplexity does, and KL
+    /// divergence against a reference model.
+    #[command(after_help = "Examples:
+  memwall perplexity -m model-f16.gguf -f wiki.test.raw                 PPL over 512-token windows
+  memwall perplexity -m model-f16.gguf -f text.txt -c 256 --chunks 20 -t 8
+  memwall perplexity -m model-f16.gguf -f text.txt --save-logits f16.kld
+  memwall perplexity -m model-Q4_K_M.gguf --kl-divergence f16.kld       KLD, top-1 agreement, Δp
+  memwall perplexity -m model.gguf -f text.txt --json
+
+Each window of -c tokens starts with BOS (when the vocabulary adds one) and
+only its second half is scored, as llama-perplexity does; the numbers agree
+with it (see docs/RUNTIME.md). The --save-logits file is llama.cpp's
+--kl-divergence-base format, so either tool reads the other's.")]
+    Perplexity(commands::perplexity::Args),
+    /// Check that a model file is fit to ship: structure, finite numbers, a
+    /// forward pass, and quality against a reference; non-zero exit on failure.
+    #[command(after_help = "Examples:
+  memwall validate model-Q4_K_M.gguf
+  memwall validate model-Q4_K_M.gguf --reference model-f16.gguf -f text.txt
+  memwall validate model-Q4_K_M.gguf --reference model-f16.gguf -f text.txt --max-kld 0.05 --json
+
+Checks: every tensor the architecture needs, with the right shape and type;
+no NaN or infinity in values or block scales; a forward pass with finite
+logits; with --reference, the KL divergence (and optionally the perplexity
+ratio) on the text against a limit. Exit status 1 when any check fails.")]
+    Validate(commands::validate::Args),
 }
 
 fn main() -> ExitCode {
@@ -92,6 +119,8 @@ fn main() -> ExitCode {
         Command::Export(args) => commands::export::run(args),
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Quantize(args) => commands::quantize::run(*args),
+        Command::Perplexity(args) => commands::perplexity::run(args),
+        Command::Validate(args) => commands::validate::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,6 +1,7 @@
 //! memwall's runtime: the GGUF container, the ggml type registry and typed
-//! model metadata. This crate is what ships to the phone, so its dependencies
-//! stay few (`memmap2`, `libc`, `thiserror`).
+//! model metadata, the forward pass and its kernels, the tokenizer, and
+//! evaluation. This crate is what ships to the phone, so its dependencies stay
+//! few (`memmap2`, `libc`, `thiserror`, `rayon`).
 //!
 //! - [`ggml_type`]: every ggml type id and `llama_ftype` value, in one table each.
 //! - [`gguf`]: reading GGUF over mmap (zero-copy tensor slices, split models)
@@ -10,8 +11,13 @@
 //! - [`direct`]: large outputs written around the page cache.
 //! - [`blocks`]: ggml block formats and scalar dequantization (the reference).
 //! - [`progress`]: the trait through which libraries report long work.
+//! - [`validate`]: NaN/Inf scans of tensor data.
 //! - [`forward`]: the forward pass of every architecture memwall converts.
 //! - [`eval`]: perplexity and KL divergence, as llama-perplexity computes them.
+//! - [`kernels`]: activation quantization and dot products (scalar, AVX2,
+//!   AVX-512, NEON), and the threaded matrix product.
+//! - [`tokenizer`]: byte-level BPE and SentencePiece from GGUF metadata, as
+//!   llama.cpp tokenizes.
 
 pub mod atomic;
 pub mod blocks;
@@ -24,5 +30,6 @@ pub mod kernels;
 pub mod model_info;
 pub mod progress;
 pub mod tokenizer;
+pub mod validate;
 
 pub use ggml_type::GgmlType;

@@ -4,7 +4,9 @@
 pub mod convert;
 pub mod export;
 pub mod inspect;
+pub mod perplexity;
 pub mod quantize;
+pub mod validate;
 
 use memwall_convert::export::ExportError;
 use memwall_convert::job::ConvertError;

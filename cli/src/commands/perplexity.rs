@@ -1,0 +1,277 @@
+//! `memwall perplexity -m MODEL.gguf -f TEXT`: perplexity as llama-perplexity
+//! computes it, and KL divergence against a reference model's saved
+//! log-probabilities.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use memwall_runtime::eval::{
+    self, KldStats, LogitsReader, LogitsWriter, Options, Perplexity, Summary,
+};
+use memwall_runtime::forward::Model;
+use memwall_runtime::gguf::{GgufModel, LoadMode};
+use memwall_runtime::kernels::Kernels;
+use memwall_runtime::tokenizer::Tokenizer;
+use serde_json::{Value, json};
+
+use crate::progress::Bar;
+
+/// Arguments of `memwall perplexity`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The GGUF model (the first file of a split model).
+    #[arg(short = 'm', long = "model", value_name = "MODEL.gguf")]
+    pub model: PathBuf,
+    /// The text to score (UTF-8). Not needed with --kl-divergence, whose file
+    /// holds the tokens.
+    #[arg(short = 'f', long = "file", value_name = "TEXT")]
+    pub file: Option<PathBuf>,
+    /// Tokens per window; the second half of each window is scored.
+    #[arg(
+        short = 'c',
+        long = "ctx-size",
+        default_value_t = 512,
+        value_name = "N"
+    )]
+    pub ctx: usize,
+    /// Tokens per forward call (at most the context is used).
+    #[arg(
+        short = 'b',
+        long = "batch-size",
+        default_value_t = 2048,
+        value_name = "N"
+    )]
+    pub batch: usize,
+    /// Threads for the matrix products (default: every core).
+    #[arg(short = 't', long = "threads", value_name = "N")]
+    pub threads: Option<usize>,
+    /// Score at most this many windows.
+    #[arg(long, value_name = "N")]
+    pub chunks: Option<usize>,
+    /// Save the log-probabilities of every scored token to FILE (the reference
+    /// of a later --kl-divergence; llama-perplexity's --kl-divergence-base format).
+    #[arg(long, value_name = "FILE", conflicts_with = "kl_divergence")]
+    pub save_logits: Option<PathBuf>,
+    /// Compare with the reference log-probabilities in FILE: KL divergence,
+    /// top-token agreement and Δp statistics.
+    #[arg(long, value_name = "FILE")]
+    pub kl_divergence: Option<PathBuf>,
+    /// Read the whole model into memory instead of mapping it.
+    #[arg(long)]
+    pub no_mmap: bool,
+    /// Print JSON instead of text (and no progress bar).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> Result<()> {
+    let mode = if args.no_mmap {
+        LoadMode::Read
+    } else {
+        LoadMode::Mmap
+    };
+    let gguf = GgufModel::open_with(&args.model, mode)?;
+    let tokenizer = Tokenizer::from_gguf(gguf.metadata())
+        .with_context(|| format!("{}: tokenizer", args.model.display()))?;
+    if tokenizer.add_eos() {
+        bail!(
+            "{}: the vocabulary appends EOS to every text, which perplexity does not support (neither does llama-perplexity)",
+            args.model.display()
+        );
+    }
+    let n_ctx = match &args.kl_divergence {
+        Some(path) => LogitsReader::open(path)?.n_ctx(),
+        None => args.ctx,
+    };
+    let mut model = Model::new(&gguf, n_ctx.max(1))
+        .with_context(|| format!("{}: cannot run this model", args.model.display()))?;
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    model.set_compute(Kernels::from_env()?, threads);
+    let options = Options {
+        n_ctx,
+        n_batch: args.batch,
+        max_chunks: args.chunks,
+        bos: tokenizer.add_bos().then(|| tokenizer.bos()).flatten(),
+    };
+    let bar = Bar::new(!args.json);
+    let started = Instant::now();
+    let (kernels, threads) = model.compute();
+    let setup = json!({
+        "model": args.model, "n_ctx": n_ctx, "n_batch": args.batch.min(n_ctx),
+        "threads": threads, "kernels": kernels.backend().name(),
+    });
+    if let Some(path) = &args.kl_divergence {
+        let base = LogitsReader::open(path)?;
+        let stats = eval::kl_divergence(&model, &base, &options, &bar)?;
+        let seconds = started.elapsed().as_secs_f64();
+        if args.json {
+            let mut report = kld_json(&stats);
+            report["setup"] = setup;
+            report["seconds"] = json!(seconds);
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print_kld(&stats);
+            println!(
+                "\n{} positions in {seconds:.1} s ({} threads, {} kernels)",
+                stats.count,
+                threads,
+                kernels.backend().name()
+            );
+        }
+        return Ok(());
+    }
+    let Some(file) = &args.file else {
+        bail!("give the text to score with -f FILE (or a reference with --kl-divergence FILE)");
+    };
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("{}: cannot read the text (UTF-8 expected)", file.display()))?;
+    let tokens = tokenizer.encode(&text, true, false);
+    let mut writer = args.save_logits.as_deref().map(LogitsWriter::new);
+    let result = eval::perplexity(&model, &tokens, &options, writer.as_mut(), &bar)?;
+    let seconds = started.elapsed().as_secs_f64();
+    let evaluated = result.chunks * n_ctx;
+    if args.json {
+        let report = json!({
+            "setup": setup, "tokens": result.tokens, "chunks": result.chunks,
+            "scored": result.scored, "ppl": result.ppl, "plus_minus": result.plus_minus,
+            "chunk_ppl": result.chunk_ppl, "seconds": seconds,
+            "tokens_per_second": evaluated as f64 / seconds,
+            "saved_logits": args.save_logits,
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_ppl(&result);
+        println!(
+            "{} tokens, {} chunks of {n_ctx}, {} scored; {:.1} s ({:.0} tokens/s, {} threads, {} kernels)",
+            result.tokens,
+            result.chunks,
+            result.scored,
+            seconds,
+            evaluated as f64 / seconds,
+            threads,
+            kernels.backend().name()
+        );
+        if let Some(path) = &args.save_logits {
+            println!(
+                "saved log-probabilities to {}; next: memwall perplexity -m QUANTIZED.gguf --kl-divergence {}",
+                path.display(),
+                path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn print_ppl(r: &Perplexity) {
+    let chunks: Vec<String> = r
+        .chunk_ppl
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("[{}]{p:.4}", i + 1))
+        .collect();
+    println!("{}", chunks.join(","));
+    println!("Final estimate: PPL = {:.4} +/- {:.5}", r.ppl, r.plus_minus);
+}
+
+fn pm(s: &Summary) -> Value {
+    json!({ "value": s.mean, "plus_minus": s.plus_minus })
+}
+
+fn percentiles(p: &[(f64, f64)]) -> Value {
+    Value::Object(
+        p.iter()
+            .map(|(f, v)| (format!("{:.1}", f * 100.0), json!(v)))
+            .collect(),
+    )
+}
+
+fn kld_json(s: &KldStats) -> Value {
+    json!({
+        "positions": s.count,
+        "ppl": pm(&s.ppl), "ppl_base": pm(&s.ppl_base),
+        "log_ppl_correlation": s.log_ppl_correlation,
+        "log_ppl_ratio": pm(&s.log_ppl_ratio),
+        "kld": {
+            "mean": s.kld.mean, "plus_minus": s.kld.plus_minus, "max": s.kld_max,
+            "median": s.kld_median, "min": s.kld_min,
+            "percentiles": percentiles(&s.kld_percentiles),
+        },
+        "delta_p": {
+            "mean": s.p_diff.mean, "plus_minus": s.p_diff.plus_minus, "max": s.p_diff_max,
+            "median": s.p_diff_median, "min": s.p_diff_min,
+            "rms": pm(&s.p_diff_rms),
+            "percentiles": percentiles(&s.p_diff_percentiles),
+        },
+        "same_top": pm(&s.same_top),
+    })
+}
+
+fn print_kld(s: &KldStats) {
+    let ratio = s.log_ppl_ratio;
+    println!("====== Perplexity statistics ======");
+    println!(
+        "Mean PPL(Q)                   : {:10.6} ± {:10.6}",
+        s.ppl.mean, s.ppl.plus_minus
+    );
+    println!(
+        "Mean PPL(base)                : {:10.6} ± {:10.6}",
+        s.ppl_base.mean, s.ppl_base.plus_minus
+    );
+    println!(
+        "Cor(ln(PPL(Q)), ln(PPL(base))): {:6.2}%",
+        100.0 * s.log_ppl_correlation
+    );
+    println!(
+        "Mean ln(PPL(Q)/PPL(base))     : {:10.6} ± {:10.6}",
+        ratio.mean, ratio.plus_minus
+    );
+    let r = ratio.mean.exp();
+    println!(
+        "Mean PPL(Q)/PPL(base)         : {:10.6} ± {:10.6}",
+        r,
+        r * ratio.plus_minus
+    );
+    println!("\n====== KL divergence statistics ======");
+    println!(
+        "Mean    KLD: {:10.6} ± {:10.6}",
+        s.kld.mean, s.kld.plus_minus
+    );
+    println!("Maximum KLD: {:10.6}", s.kld_max);
+    for &(f, v) in s.kld_percentiles.iter().filter(|(f, _)| *f > 0.5) {
+        println!("{:<8}KLD: {v:10.6}", format!("{:.1}%", f * 100.0));
+    }
+    println!("Median  KLD: {:10.6}", s.kld_median);
+    for &(f, v) in s.kld_percentiles.iter().filter(|(f, _)| *f < 0.5) {
+        println!("{:<8}KLD: {v:10.6}", format!("{:.1}%", f * 100.0));
+    }
+    println!("Minimum KLD: {:10.6}", s.kld_min);
+    println!("\n====== Token probability statistics ======");
+    println!(
+        "Mean    Δp: {:6.3} ± {:5.3} %",
+        100.0 * s.p_diff.mean,
+        100.0 * s.p_diff.plus_minus
+    );
+    println!("Maximum Δp: {:6.3}%", 100.0 * s.p_diff_max);
+    for &(f, v) in s.p_diff_percentiles.iter().filter(|(f, _)| *f > 0.5) {
+        println!("{:<8}Δp: {:6.3}%", format!("{:.1}%", f * 100.0), 100.0 * v);
+    }
+    println!("Median  Δp: {:6.3}%", 100.0 * s.p_diff_median);
+    for &(f, v) in s.p_diff_percentiles.iter().filter(|(f, _)| *f < 0.5) {
+        println!("{:<8}Δp: {:6.3}%", format!("{:.1}%", f * 100.0), 100.0 * v);
+    }
+    println!("Minimum Δp: {:6.3}%", 100.0 * s.p_diff_min);
+    println!(
+        "RMS Δp    : {:6.3} ± {:5.3} %",
+        100.0 * s.p_diff_rms.mean,
+        100.0 * s.p_diff_rms.plus_minus
+    );
+    println!(
+        "Same top p: {:6.3} ± {:5.3} %",
+        100.0 * s.same_top.mean,
+        100.0 * s.same_top.plus_minus
+    );
+}
