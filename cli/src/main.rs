@@ -110,6 +110,17 @@ no NaN or infinity in values or block scales; a forward pass with finite
 logits; with --reference, the KL divergence (and optionally the perplexity
 ratio) on the text against a limit. Exit status 1 when any check fails.")]
     Validate(commands::validate::Args),
+    /// Measure prompt-processing and decode speed (tokens/s), as llama-bench does.
+    #[command(after_help = "Examples:
+  memwall bench -m model-Q4_K_M.gguf                  pp512 and tg128 on every core
+  memwall bench -m model.gguf -p 128,512 -n 64 -t 1,2,4 -b 128,512
+  memwall bench -m model.gguf --json
+
+pp N: N tokens evaluated in batches of -b from an empty cache (logits of each
+batch's last token); tg N: N tokens decoded one at a time. One warm-up run,
+then -r repetitions; mean ± standard deviation. bench/runtime.sh prints the
+ratios against llama-bench on the same machine.")]
+    Bench(commands::bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -121,6 +132,7 @@ fn main() -> ExitCode {
         Command::Quantize(args) => commands::quantize::run(*args),
         Command::Perplexity(args) => commands::perplexity::run(args),
         Command::Validate(args) => commands::validate::run(args),
+        Command::Bench(args) => commands::bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,6 +1,7 @@
 //! One module per subcommand: `run(args)` turns parsed arguments into work in
 //! the libraries and renders the result.
 
+pub mod bench;
 pub mod convert;
 pub mod export;
 pub mod inspect;

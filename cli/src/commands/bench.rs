@@ -1,0 +1,164 @@
+//! `memwall bench -m MODEL.gguf`: prompt-processing and decode speed, measured
+//! as llama-bench measures them (`pp N`: N tokens evaluated in batches from an
+//! empty cache; `tg N`: N tokens decoded one at a time), repeated and averaged.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use memwall_runtime::forward::Model;
+use memwall_runtime::gguf::{GgufModel, LoadMode};
+use memwall_runtime::kernels::Kernels;
+use serde_json::json;
+
+/// Arguments of `memwall bench`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The GGUF model.
+    #[arg(short = 'm', long = "model", value_name = "MODEL.gguf")]
+    pub model: PathBuf,
+    /// Prompt lengths to process (comma-separated; 0 skips).
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        default_value = "512",
+        value_delimiter = ','
+    )]
+    pub prompt: Vec<usize>,
+    /// Tokens to generate (comma-separated; 0 skips).
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        default_value = "128",
+        value_delimiter = ','
+    )]
+    pub generate: Vec<usize>,
+    /// Batch sizes for prompt processing (comma-separated).
+    #[arg(
+        short = 'b',
+        long = "batch-size",
+        default_value = "2048",
+        value_delimiter = ','
+    )]
+    pub batch: Vec<usize>,
+    /// Thread counts (comma-separated; default: every core).
+    #[arg(short = 't', long = "threads", value_delimiter = ',')]
+    pub threads: Vec<usize>,
+    /// Repetitions of each test (the mean and standard deviation are reported).
+    #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
+    pub repetitions: usize,
+    /// Read the whole model into memory instead of mapping it.
+    #[arg(long)]
+    pub no_mmap: bool,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> Result<()> {
+    let mode = if args.no_mmap {
+        LoadMode::Read
+    } else {
+        LoadMode::Mmap
+    };
+    let gguf = GgufModel::open_with(&args.model, mode)?;
+    let longest = args
+        .prompt
+        .iter()
+        .chain(&args.generate)
+        .copied()
+        .max()
+        .unwrap_or(0);
+    if longest == 0 || args.repetitions == 0 {
+        bail!("nothing to measure: give -p and/or -n above 0, and -r of at least 1");
+    }
+    let mut model = Model::new(&gguf, longest + 1)
+        .with_context(|| format!("{}: cannot run this model", args.model.display()))?;
+    let kernels = Kernels::from_env()?;
+    let threads = if args.threads.is_empty() {
+        vec![std::thread::available_parallelism().map_or(1, |n| n.get())]
+    } else {
+        args.threads.clone()
+    };
+    let size = gguf.total_file_size();
+    let n_vocab = model.config.n_vocab as u32;
+    // Token ids as llama-bench uses them: arbitrary, fixed, within the vocabulary.
+    let token = |i: usize| ((i as u64 * 7919 + 13) % n_vocab as u64) as u32;
+    let mut rows = Vec::new();
+    for &t in &threads {
+        model.set_compute(kernels, t);
+        let mut tests = Vec::new();
+        for &n in args.prompt.iter().filter(|&&n| n > 0) {
+            for &b in &args.batch {
+                tests.push(("pp", n, b.max(1)));
+            }
+        }
+        for &n in args.generate.iter().filter(|&&n| n > 0) {
+            tests.push(("tg", n, 1));
+        }
+        for (kind, n, batch) in tests {
+            let tokens: Vec<u32> = (0..n).map(token).collect();
+            // One warm-up run pages the weights in and sizes the buffers.
+            let mut samples = Vec::new();
+            for rep in 0..=args.repetitions {
+                let mut session = model.session();
+                let started = Instant::now();
+                if kind == "pp" {
+                    for piece in tokens.chunks(batch) {
+                        model.forward_from(&mut session, piece, piece.len() - 1)?;
+                    }
+                } else {
+                    for &id in &tokens {
+                        model.forward(&mut session, &[id])?;
+                    }
+                }
+                let rate = n as f64 / started.elapsed().as_secs_f64();
+                if rep > 0 {
+                    samples.push(rate);
+                }
+            }
+            let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+            let sd = if samples.len() > 1 {
+                (samples.iter().map(|s| (s - mean).powi(2)).sum::<f64>()
+                    / (samples.len() - 1) as f64)
+                    .sqrt()
+            } else {
+                0.0
+            };
+            rows.push(json!({
+                "test": format!("{kind}{n}"), "threads": t, "n_batch": batch.min(n),
+                "tokens_per_second": mean, "stddev": sd, "samples": samples,
+            }));
+        }
+    }
+    if args.json {
+        let report = json!({
+            "model": args.model, "size_bytes": size,
+            "architecture": model.config.arch.name(),
+            "kernels": kernels.backend().name(), "results": rows,
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "| model | size | backend | threads | n_batch | test | t/s |\n| --- | ---: | --- | ---: | ---: | ---: | ---: |"
+    );
+    let name = args
+        .model
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    for r in &rows {
+        println!(
+            "| {name} | {} | {} | {} | {} | {} | {:.2} ± {:.2} |",
+            crate::render::human_bytes(size),
+            kernels.backend().name(),
+            r["threads"],
+            r["n_batch"],
+            r["test"].as_str().unwrap_or(""),
+            r["tokens_per_second"].as_f64().unwrap_or(0.0),
+            r["stddev"].as_f64().unwrap_or(0.0)
+        );
+    }
+    Ok(())
+}
