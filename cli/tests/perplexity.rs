@@ -286,3 +286,29 @@ fn bad_inputs_are_clear_errors() {
     ]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--save-logits"));
 }
+
+#[test]
+fn memory_modes_give_the_same_perplexity() {
+    let model = "fixtures/tiny-zh/reference/tiny-zh-f16.gguf";
+    let ppl = |extra: &[&str]| {
+        let mut args = vec![
+            "perplexity",
+            "-m",
+            model,
+            "-f",
+            TEXT,
+            "-c",
+            "64",
+            "--chunks",
+            "2",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let v: Value = serde_json::from_str(&stdout_of(&args)).unwrap();
+        v["ppl"].as_f64().unwrap()
+    };
+    let mapped = ppl(&[]);
+    assert_eq!(ppl(&["--no-mmap"]), mapped);
+    assert_eq!(ppl(&["--mlock"]), mapped);
+    assert_eq!(ppl(&["-t", "1"]), mapped);
+}

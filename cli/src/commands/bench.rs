@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use memwall_runtime::forward::Model;
-use memwall_runtime::gguf::{GgufModel, LoadMode};
 use memwall_runtime::kernels::Kernels;
 use serde_json::json;
 
@@ -50,6 +49,9 @@ pub struct Args {
     /// Read the whole model into memory instead of mapping it.
     #[arg(long)]
     pub no_mmap: bool,
+    /// Lock the model in RAM (no paging out); warns when it exceeds the free memory.
+    #[arg(long)]
+    pub mlock: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -57,12 +59,7 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> Result<()> {
-    let mode = if args.no_mmap {
-        LoadMode::Read
-    } else {
-        LoadMode::Mmap
-    };
-    let gguf = GgufModel::open_with(&args.model, mode)?;
+    let gguf = super::open_model(&args.model, args.no_mmap, args.mlock)?;
     let longest = args
         .prompt
         .iter()

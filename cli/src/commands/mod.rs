@@ -12,7 +12,7 @@ pub mod validate;
 use memwall_convert::export::ExportError;
 use memwall_convert::job::ConvertError;
 use memwall_quantize::job::JobError;
-use memwall_runtime::gguf::GgufError;
+use memwall_runtime::gguf::{GgufError, GgufModel, LoadMode, available_memory};
 
 /// A next step for the user, for errors where there is an obvious one.
 pub fn hint(err: &anyhow::Error) -> Option<&'static str> {
@@ -55,4 +55,34 @@ pub fn hint(err: &anyhow::Error) -> Option<&'static str> {
         GgufError::Io { .. } => "check that the path exists and is readable",
         GgufError::Write { .. } => return None,
     })
+}
+
+/// Opens a model for running: mapped (default) or read (`--no-mmap`), and with
+/// `--mlock` locked in RAM, warning first when that is more than the memory
+/// available (a phone's OS kills the process without a message).
+pub fn open_model(path: &std::path::Path, no_mmap: bool, mlock: bool) -> anyhow::Result<GgufModel> {
+    let mode = if no_mmap {
+        LoadMode::Read
+    } else {
+        LoadMode::Mmap
+    };
+    let gguf = GgufModel::open_with(path, mode)?;
+    if mlock {
+        let size = gguf.total_file_size();
+        if let Some(free) = available_memory().filter(|&free| size > free) {
+            eprintln!(
+                "memwall: warning: --mlock pins {} but only {} is available; the system may kill \
+                 memwall (drop --mlock to let pages be evicted)",
+                crate::render::human_bytes(size),
+                crate::render::human_bytes(free)
+            );
+        }
+        gguf.lock_memory().map_err(|e| {
+            anyhow::anyhow!(
+                "{}: --mlock failed ({e}); raise the limit with `ulimit -l unlimited` or drop --mlock",
+                path.display()
+            )
+        })?;
+    }
+    Ok(gguf)
 }

@@ -10,7 +10,6 @@ use memwall_runtime::eval::{
     self, KldStats, LogitsReader, LogitsWriter, Options, Perplexity, Summary,
 };
 use memwall_runtime::forward::Model;
-use memwall_runtime::gguf::{GgufModel, LoadMode};
 use memwall_runtime::kernels::Kernels;
 use memwall_runtime::tokenizer::Tokenizer;
 use serde_json::{Value, json};
@@ -60,6 +59,9 @@ pub struct Args {
     /// Read the whole model into memory instead of mapping it.
     #[arg(long)]
     pub no_mmap: bool,
+    /// Lock the model in RAM (no paging out); warns when it exceeds the free memory.
+    #[arg(long)]
+    pub mlock: bool,
     /// Print JSON instead of text (and no progress bar).
     #[arg(long)]
     pub json: bool,
@@ -67,12 +69,7 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> Result<()> {
-    let mode = if args.no_mmap {
-        LoadMode::Read
-    } else {
-        LoadMode::Mmap
-    };
-    let gguf = GgufModel::open_with(&args.model, mode)?;
+    let gguf = super::open_model(&args.model, args.no_mmap, args.mlock)?;
     let tokenizer = Tokenizer::from_gguf(gguf.metadata())
         .with_context(|| format!("{}: tokenizer", args.model.display()))?;
     if tokenizer.add_eos() {

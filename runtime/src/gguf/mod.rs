@@ -29,7 +29,7 @@ pub use error::{FormatError, FormatErrorKind, GgufError};
 pub use file::{GgufFile, LoadMode};
 pub use metadata::{Metadata, MetadataError, describe_type, keys};
 pub use read::parse;
-pub use split::{GgufModel, split_path};
+pub use split::{GgufModel, available_memory, split_path};
 pub use value::{Array, Value, ValueType};
 pub use write::{GgufWriter, TensorSpec, copy_gguf};
 

@@ -199,4 +199,39 @@ impl GgufModel {
     pub fn total_file_size(&self) -> u64 {
         self.files.iter().map(GgufFile::file_size).sum()
     }
+
+    /// Locks every file's bytes in RAM (`--mlock`): pages are read now and
+    /// never swapped or dropped. Returns the bytes locked. Fails (nothing
+    /// stays locked) when the OS refuses, typically past `RLIMIT_MEMLOCK`.
+    pub fn lock_memory(&self) -> std::io::Result<u64> {
+        let mut locked: Vec<&[u8]> = Vec::new();
+        for f in &self.files {
+            let bytes = f.bytes();
+            if bytes.is_empty() {
+                continue;
+            }
+            // SAFETY: `bytes` is a live mapping or allocation owned by `f`, valid
+            // for its whole length while `self` lives; mlock only pins the pages.
+            let r = unsafe { libc::mlock(bytes.as_ptr().cast(), bytes.len()) };
+            if r != 0 {
+                let err = std::io::Error::last_os_error();
+                for b in locked {
+                    // SAFETY: the same ranges were locked above and are still valid.
+                    unsafe { libc::munlock(b.as_ptr().cast(), b.len()) };
+                }
+                return Err(err);
+            }
+            locked.push(bytes);
+        }
+        Ok(locked.iter().map(|b| b.len() as u64).sum())
+    }
+}
+
+/// Bytes of memory the OS reports as available (`MemAvailable` of
+/// `/proc/meminfo`), when it reports it.
+pub fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
