@@ -24,6 +24,8 @@ pub use rope::{Rope, Yarn};
 
 use std::sync::Mutex;
 
+use rayon::prelude::*;
+
 use crate::GgmlType;
 use crate::blocks::{DEQUANTIZABLE, dequantize_row, f16_to_f32, f32_to_f16};
 use crate::gguf::{GgufModel, Metadata};
@@ -203,6 +205,8 @@ pub struct Model<'a> {
     matmul: Mutex<Matmul>,
     /// Multiply decoded `f32` weights with unrounded activations instead.
     exact: bool,
+    /// Threads for attention (the matrix products have their own in `matmul`).
+    pool: Option<rayon::ThreadPool>,
 }
 
 /// What the KV cache stores.
@@ -580,6 +584,7 @@ impl<'a> Model<'a> {
             output,
             matmul: Mutex::new(Matmul::new(Kernels::from_env()?, threads)),
             exact: false,
+            pool: attention_pool(threads),
         })
     }
 
@@ -631,6 +636,7 @@ impl<'a> Model<'a> {
     /// with `kernels` (default: the best this CPU runs, or `MEMWALL_KERNELS`).
     pub fn set_compute(&mut self, kernels: Kernels, threads: usize) {
         self.matmul = Mutex::new(Matmul::new(kernels, threads));
+        self.pool = attention_pool(threads);
     }
 
     /// Exact arithmetic for comparisons with a float32 reference: weights
@@ -836,44 +842,54 @@ impl<'a> Model<'a> {
     /// Causal grouped-query attention of the `t_n` new queries over the cache.
     fn attention(&self, q: &[f32], k: &Cache, v: &Cache, n_past: usize, t_n: usize) -> Vec<f32> {
         let c = &self.config;
-        let (qd, kvd, hd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.head_dim);
-        let group = c.n_head / c.n_head_kv;
-        let scale = 1.0 / (hd as f32).sqrt();
+        let (qd, hd) = (c.n_head * c.head_dim, c.head_dim);
         let mut out = vec![0f32; t_n * qd];
-        let mut scores = Vec::new();
-        let mut qh = vec![0f32; hd];
-        let mut kvh = vec![0f32; hd];
-        let round = self.config.kv_type == KvType::F16;
-        for t in 0..t_n {
-            let n_kv = n_past + t + 1;
-            for head in 0..c.n_head {
-                let kv_head = head / group;
-                for (d, &s) in qh.iter_mut().zip(&q[t * qd + head * hd..]) {
-                    *d = if round { f16_to_f32(f32_to_f16(s)) } else { s };
-                }
-                scores.clear();
-                for j in 0..n_kv {
-                    k.read(j * kvd + kv_head * hd, &mut kvh);
-                    let dot: f32 = qh.iter().zip(&kvh).map(|(a, b)| a * b).sum();
-                    scores.push(dot * scale);
-                }
-                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                let oh = &mut out[t * qd + head * hd..t * qd + (head + 1) * hd];
-                for (j, s) in scores.iter().enumerate() {
-                    v.read(j * kvd + kv_head * hd, &mut kvh);
-                    let p = s / sum;
-                    for (o, x) in oh.iter_mut().zip(&kvh) {
-                        *o += p * x;
-                    }
-                }
+        // One work item per (token, head): each writes its own slice of `out` with
+        // the same arithmetic on any thread, so the result does not depend on threads.
+        let work = |(i, oh): (usize, &mut [f32])| {
+            let (t, head) = (i / c.n_head, i % c.n_head);
+            self.attend(&q[t * qd + head * hd..][..hd], head, k, v, n_past + t + 1, oh);
+        };
+        match &self.pool {
+            Some(pool) if t_n * c.n_head > 1 => {
+                pool.install(|| out.par_chunks_mut(hd).enumerate().for_each(work));
             }
+            _ => out.chunks_mut(hd).enumerate().for_each(work),
         }
         out
+    }
+
+    /// One query head over the first `n_kv` cached positions, into `out`.
+    fn attend(&self, q: &[f32], head: usize, k: &Cache, v: &Cache, n_kv: usize, out: &mut [f32]) {
+        let c = &self.config;
+        let (kvd, hd) = (c.n_head_kv * c.head_dim, c.head_dim);
+        let kv_head = head / (c.n_head / c.n_head_kv);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let round = c.kv_type == KvType::F16;
+        let qh: Vec<f32> = q
+            .iter()
+            .map(|&s| if round { f16_to_f32(f32_to_f16(s)) } else { s })
+            .collect();
+        let mut kvh = vec![0f32; hd];
+        let mut scores = Vec::with_capacity(n_kv);
+        for j in 0..n_kv {
+            k.read(j * kvd + kv_head * hd, &mut kvh);
+            let dot: f32 = qh.iter().zip(&kvh).map(|(a, b)| a * b).sum();
+            scores.push(dot * scale);
+        }
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        for (j, s) in scores.iter().enumerate() {
+            v.read(j * kvd + kv_head * hd, &mut kvh);
+            let p = s / sum;
+            for (o, x) in out.iter_mut().zip(&kvh) {
+                *o += p * x;
+            }
+        }
     }
 
     fn ffn(&self, ffn: &Ffn, h: &[f32], t_n: usize) -> Result<Vec<f32>, ForwardError> {
@@ -947,6 +963,20 @@ impl<'a> Model<'a> {
         }
         Ok(out)
     }
+}
+
+/// A pool of `threads` threads for attention; none for one thread (or if the
+/// OS refuses threads, when attention runs on the caller's).
+fn attention_pool(threads: usize) -> Option<rayon::ThreadPool> {
+    (threads > 1)
+        .then(|| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(|i| format!("memwall-attention-{i}"))
+                .build()
+                .ok()
+        })
+        .flatten()
 }
 
 fn add(x: &mut [f32], y: &[f32]) {
