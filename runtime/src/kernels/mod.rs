@@ -12,15 +12,63 @@
 //! - [`Kernels`]: the dot products of one [`Backend`] (scalar, AVX2, AVX-512,
 //!   NEON, NEON with `sdot`), chosen once at run time ([`Kernels::detect`],
 //!   overridable with `MEMWALL_KERNELS`). The scalar kernels (`scalar.rs`) are
-//!   the specification; every SIMD kernel is tested against them.
+//!   the specification; every SIMD kernel returns their bits (see below).
 //! - [`Matmul`]: `y = W·x` for a batch of tokens on a persistent thread pool,
 //!   with reusable scratch buffers (no allocation per call once warm).
 //!
-//! **Invariant:** the integer part of every quantized dot product is exact in
-//! every backend; backends differ only in the order of the float accumulation
-//! over blocks. For a given backend the result of [`Matmul::matmul`] does not
-//! depend on the thread count: each output is one dot product computed by one
-//! thread.
+//! **Invariant:** every backend returns the same bits as the scalar kernels,
+//! for every dot product and therefore every [`Matmul::matmul`] output, on
+//! every thread count. Results do not depend on the CPU, its vector width or
+//! the thread pool, so a model's perplexity is the same on x86-64 and on
+//! aarch64. The scalar kernels fix one floating-point evaluation order (below)
+//! and every SIMD kernel reproduces it operation for operation.
+//!
+//! # The canonical evaluation order
+//!
+//! All float arithmetic is IEEE-754 binary32, round to nearest even, with
+//! separate multiplies and adds (Rust never contracts `a * b + c`; SIMD kernels
+//! use no fused multiply-add except where the product is exact, below).
+//! Conversions f16/bf16 → f32 are exact; `i32 → f32` rounds to nearest even.
+//!
+//! **Quantized types.** A row is a sequence of blocks `b = 0, 1, …` (32
+//! weights; 256 for the K-quants and IQ4_XS, whose super-block is the block).
+//! 1. The block's integer sums are exact (`i32`, in any order): `isum`, the
+//!    scaled sum over the block (the K-quants multiply their sub-block scales
+//!    in, and take the offsets of Q3_K/Q6_K out, in integers), and for the
+//!    K-quants with minimums `summs = Σ_j m[j]·bsums[j]`.
+//! 2. The block's term `t_b` is, with `d_w`, `m_w` the weight block's scale
+//!    and minimum, `d_a` the activation block's scale and `s_a` its `s`:
+//!    - Q4_0, Q5_0, Q8_0, IQ4_NL, Q3_K, Q6_K, IQ4_XS: `t = (d_w·d_a) · f32(isum)`
+//!    - Q4_1, Q5_1: `t = (d_w·d_a) · f32(isum) + m_w·s_a`
+//!    - Q2_K, Q4_K, Q5_K: `t = (d_w·d_a) · f32(isum) − (m_w·d_a) · f32(summs)`
+//!
+//!    each operation rounded, left to right as written.
+//! 3. Eight partial sums, all starting at `+0.0`: block `b` is added to
+//!    partial `b mod 8`, in increasing `b` (`p[b % 8] = p[b % 8] + t_b`).
+//! 4. The result is `((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))`.
+//!
+//! AVX2 keeps the eight partials in one `__m256` and takes eight blocks per
+//! step (their integer sums transposed into one vector); NEON keeps them in
+//! two `float32x4_t`, four blocks per step. The K-quants (a handful of
+//! super-blocks per row) reduce each super-block's sums to one `i32` and share
+//! the scalar term and accumulation code.
+//!
+//! **Float types** (F32, F16, BF16 weights and [`Kernels::dot_f32`],
+//! [`Kernels::dot_f16_f32`], [`Kernels::dot_f16_f16`]): the term of element
+//! `i` is the product `x_i·y_i` (one rounding), added to partial `i mod 32`
+//! (32 partials, so that AVX2 has four and NEON eight independent addition
+//! chains). The 32 partials fold to eight, `q[k] = (p[k] + p[k+8]) +
+//! (p[k+16] + p[k+24])`, which are reduced by the tree of step 4. Where the
+//! product of two values is exact in f32 — f16 × f16, as in F16 weights
+//! against f16 activations and `dot_f16_f16` — a fused multiply-add gives the
+//! same bits as the multiply then add, and the SIMD kernels use it; everywhere
+//! else (f32 × f32, f16 × f32, bf16 × bf16, which may round below f32's normal
+//! range) they multiply, then add.
+//!
+//! The activation quantizers are scalar and shared by every backend, so the
+//! blocks a dot product sees are the same everywhere too. Inputs with NaN or
+//! infinities give NaN or infinities in every backend, but a NaN's payload
+//! and sign may differ between CPUs.
 //!
 //! ```
 //! use memwall_runtime::GgmlType;

@@ -4,9 +4,11 @@
 //!
 //! Each quantized dot product works like ggml's generic `ggml_vec_dot_*`:
 //! exact integer sums within a block (super-block for the K-quants, where the
-//! sub-block scales multiply in integers too), then one float step per block:
-//! `sum += (d_w · d_a) · isum` (minus `dmin · d_a · Σ m·bsums` for the types
-//! with minimums). Block layouts: [`crate::blocks`].
+//! sub-block scales multiply in integers too), then one float term per block
+//! ([`term`], [`term_min`], [`term_kmin`]), accumulated in the canonical order
+//! of the module docs of [`crate::kernels`] ([`Blocks`], [`tree8`]); the float
+//! types use [`FloatSum`]. The SIMD kernels call the same helpers for their
+//! scalar parts. Block layouts: [`crate::blocks`].
 
 use super::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, QK_K, QK8_0};
 use crate::blocks::{IQ4NL_GRID, bf16_to_f32, f16_to_f32, f32_to_f16, scale_min_k4};
@@ -113,58 +115,152 @@ pub(crate) static TABLE: DotTable = DotTable {
     dot_f16_f16,
 };
 
-// The float dot products accumulate in f64 (ggml's scalar `ggml_float`), so
-// the reference is as exact as an f32 result can be.
+// ---- the canonical order (module docs of `kernels`) ----
+
+/// The final reduction of eight partial sums: `((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7))`.
+#[inline]
+pub(crate) fn tree8(p: &[f32; 8]) -> f32 {
+    ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))
+}
+
+/// The block term `(d_w · d_a) · f32(isum)`.
+#[inline]
+pub(crate) fn term(dw: f32, da: f32, isum: i32) -> f32 {
+    (dw * da) * isum as f32
+}
+
+/// The block term of Q4_1/Q5_1: `(d_w · d_a) · f32(isum) + m_w · s_a`.
+#[inline]
+pub(crate) fn term_min(dw: f32, da: f32, isum: i32, mw: f32, sa: f32) -> f32 {
+    (dw * da) * isum as f32 + mw * sa
+}
+
+/// The block term of Q2_K/Q4_K/Q5_K: `(d_w · d_a) · f32(isum) − (m_w · d_a) · f32(summs)`.
+#[inline]
+pub(crate) fn term_kmin(dw: f32, mw: f32, da: f32, isum: i32, summs: i32) -> f32 {
+    (dw * da) * isum as f32 - (mw * da) * summs as f32
+}
+
+/// The eight partial sums of a quantized row: block `b` goes to `b % 8`.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Blocks {
+    /// The partials.
+    pub(crate) p: [f32; 8],
+}
+
+impl Blocks {
+    /// Partials that already hold the terms of a row's first blocks (SIMD
+    /// kernels store their vector accumulators here to finish the row).
+    #[inline]
+    pub(crate) fn new(p: [f32; 8]) -> Blocks {
+        Blocks { p }
+    }
+
+    /// Adds the term of block `b`.
+    #[inline]
+    pub(crate) fn add(&mut self, b: usize, t: f32) {
+        self.p[b % 8] += t;
+    }
+
+    /// The row's sum.
+    #[inline]
+    pub(crate) fn sum(&self) -> f32 {
+        tree8(&self.p)
+    }
+}
+
+/// Partial sums of the float dot products: element `i` to partial `i % 32`.
+pub(crate) const FLOAT_PARTIALS: usize = 32;
+
+/// The 32 partial sums of a float dot product.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FloatSum {
+    /// The partials.
+    pub(crate) p: [f32; FLOAT_PARTIALS],
+}
+
+impl FloatSum {
+    /// Partials holding the vector part of a row (elements `0..i`).
+    #[inline]
+    pub(crate) fn new(p: [f32; FLOAT_PARTIALS]) -> FloatSum {
+        FloatSum { p }
+    }
+
+    /// Adds the product of element `i`.
+    #[inline]
+    pub(crate) fn add(&mut self, i: usize, prod: f32) {
+        self.p[i % FLOAT_PARTIALS] += prod;
+    }
+
+    /// Folds to eight partials, `q[k] = (p[k] + p[k+8]) + (p[k+16] + p[k+24])`,
+    /// then [`tree8`].
+    #[inline]
+    pub(crate) fn sum(&self) -> f32 {
+        let p = &self.p;
+        tree8(&std::array::from_fn(|k| {
+            (p[k] + p[k + 8]) + (p[k + 16] + p[k + 24])
+        }))
+    }
+}
+
+/// `Σ prod(i)` for `i < n` in the canonical float order.
+#[inline]
+fn float_dot(n: usize, prod: impl Fn(usize) -> f32) -> f32 {
+    let mut s = FloatSum::new([0.0; FLOAT_PARTIALS]);
+    for i in 0..n {
+        s.add(i, prod(i));
+    }
+    s.sum()
+}
+
+/// `Σ_b term(b)` over the blocks of a row in the canonical order.
+#[inline]
+fn block_dot(terms: impl Iterator<Item = f32>) -> f32 {
+    let mut s = Blocks::default();
+    for (b, t) in terms.enumerate() {
+        s.add(b, t);
+    }
+    s.sum()
+}
+
+fn f32_le(w: &[u8], i: usize) -> f32 {
+    f32::from_le_bytes([w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]])
+}
 
 /// F32 weights (little-endian bytes) · f32.
 pub(crate) fn dot_f32w(w: &[u8], a: &[f32]) -> f32 {
-    let mut s = 0f64;
-    for (w, &a) in w.chunks_exact(4).zip(a) {
-        s += f64::from(f32::from_le_bytes([w[0], w[1], w[2], w[3]]) * a);
-    }
-    s as f32
+    float_dot(a.len().min(w.len() / 4), |i| f32_le(w, i) * a[i])
 }
 
 /// F16 weights · f16 activations.
 pub(crate) fn dot_f16w(w: &[u8], a: &[u16]) -> f32 {
-    let mut s = 0f64;
-    for (w, &a) in w.chunks_exact(2).zip(a) {
-        s += f64::from(f16(w, 0) * f16_to_f32(a));
-    }
-    s as f32
+    float_dot(a.len().min(w.len() / 2), |i| {
+        f16(w, 2 * i) * f16_to_f32(a[i])
+    })
 }
 
 /// BF16 weights · bf16 activations.
 pub(crate) fn dot_bf16w(w: &[u8], a: &[u16]) -> f32 {
-    let mut s = 0f64;
-    for (w, &a) in w.chunks_exact(2).zip(a) {
-        s += f64::from(bf16_to_f32(le16(w, 0)) * bf16_to_f32(a));
-    }
-    s as f32
+    float_dot(a.len().min(w.len() / 2), |i| {
+        bf16_to_f32(le16(w, 2 * i)) * bf16_to_f32(a[i])
+    })
 }
 
 /// f32 · f32.
 pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(&x, &y)| f64::from(x * y))
-        .sum::<f64>() as f32
+    float_dot(a.len().min(b.len()), |i| a[i] * b[i])
 }
 
 /// f16 · f32.
 pub(crate) fn dot_f16_f32(a: &[u16], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(&x, &y)| f64::from(f16_to_f32(x) * y))
-        .sum::<f64>() as f32
+    float_dot(a.len().min(b.len()), |i| f16_to_f32(a[i]) * b[i])
 }
 
 /// f16 · f16.
 pub(crate) fn dot_f16_f16(a: &[u16], b: &[u16]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(&x, &y)| f64::from(f16_to_f32(x) * f16_to_f32(y)))
-        .sum::<f64>() as f32
+    float_dot(a.len().min(b.len()), |i| {
+        f16_to_f32(a[i]) * f16_to_f32(b[i])
+    })
 }
 
 /// Σ over 16 nibble pairs of a 32-weight block: `(lo − off)·y[j] + (hi − off)·y[j+16]`.
@@ -178,21 +274,18 @@ fn nibble_sum(qs: &[u8], y: &[i8; 32], off: i32) -> i32 {
 }
 
 pub(crate) fn dot_q4_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-    let mut sum = 0f32;
-    for (b, y) in w.chunks_exact(18).zip(a) {
-        let isum = nibble_sum(&b[2..], &y.qs, 8);
-        sum += isum as f32 * f16(b, 0) * f16_to_f32(y.d);
-    }
-    sum
+    block_dot(
+        w.chunks_exact(18)
+            .zip(a)
+            .map(|(b, y)| term(f16(b, 0), f16_to_f32(y.d), nibble_sum(&b[2..], &y.qs, 8))),
+    )
 }
 
 pub(crate) fn dot_q4_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
-    let mut sum = 0f32;
-    for (b, y) in w.chunks_exact(20).zip(a) {
+    block_dot(w.chunks_exact(20).zip(a).map(|(b, y)| {
         let isum = nibble_sum(&b[4..], &y.qs, 0);
-        sum += f16(b, 0) * f16_to_f32(y.d) * isum as f32 + f16(b, 2) * f16_to_f32(y.s);
-    }
-    sum
+        term_min(f16(b, 0), f16_to_f32(y.d), isum, f16(b, 2), f16_to_f32(y.s))
+    }))
 }
 
 /// Σ over a Q5 block: 5-bit values (nibble + fifth bit from `qh`) minus `off`, times `y`.
@@ -209,47 +302,42 @@ fn q5_sum(qh: &[u8], qs: &[u8], y: &[i8; 32], off: i32) -> i32 {
 }
 
 pub(crate) fn dot_q5_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-    let mut sum = 0f32;
-    for (b, y) in w.chunks_exact(22).zip(a) {
-        let isum = q5_sum(&b[2..6], &b[6..], &y.qs, 16);
-        sum += f16(b, 0) * f16_to_f32(y.d) * isum as f32;
-    }
-    sum
+    block_dot(w.chunks_exact(22).zip(a).map(|(b, y)| {
+        term(
+            f16(b, 0),
+            f16_to_f32(y.d),
+            q5_sum(&b[2..6], &b[6..], &y.qs, 16),
+        )
+    }))
 }
 
 pub(crate) fn dot_q5_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
-    let mut sum = 0f32;
-    for (b, y) in w.chunks_exact(24).zip(a) {
+    block_dot(w.chunks_exact(24).zip(a).map(|(b, y)| {
         let isum = q5_sum(&b[4..8], &b[8..], &y.qs, 0);
-        sum += f16(b, 0) * f16_to_f32(y.d) * isum as f32 + f16(b, 2) * f16_to_f32(y.s);
-    }
-    sum
+        term_min(f16(b, 0), f16_to_f32(y.d), isum, f16(b, 2), f16_to_f32(y.s))
+    }))
 }
 
 pub(crate) fn dot_q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-    let mut sum = 0f32;
-    for (b, y) in w.chunks_exact(34).zip(a) {
+    block_dot(w.chunks_exact(34).zip(a).map(|(b, y)| {
         let isum: i32 = b[2..]
             .iter()
             .zip(&y.qs)
             .map(|(&q, &v)| i32::from(q as i8) * i32::from(v))
             .sum();
-        sum += isum as f32 * (f16(b, 0) * f16_to_f32(y.d));
-    }
-    sum
+        term(f16(b, 0), f16_to_f32(y.d), isum)
+    }))
 }
 
 pub(crate) fn dot_iq4_nl(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-    let mut sum = 0f32;
-    for (b, y) in w.chunks_exact(18).zip(a) {
+    block_dot(w.chunks_exact(18).zip(a).map(|(b, y)| {
         let mut isum = 0i32;
         for (j, &q) in b[2..].iter().enumerate() {
             isum += i32::from(IQ4NL_GRID[usize::from(q & 0xf)]) * i32::from(y.qs[j]);
             isum += i32::from(IQ4NL_GRID[usize::from(q >> 4)]) * i32::from(y.qs[j + 16]);
         }
-        sum += (f16_to_f32(y.d) * f16(b, 0)) * isum as f32;
-    }
-    sum
+        term(f16(b, 0), f16_to_f32(y.d), isum)
+    }))
 }
 
 /// `Σ_j bsums[j] · m[j / per]`: the minimum correction of a K-quant super-block.
@@ -266,8 +354,7 @@ fn dot16(q: impl Iterator<Item = i32>, y: &[i8]) -> i32 {
 }
 
 pub(crate) fn dot_q2_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    let mut sum = 0f32;
-    for (b, y) in w.chunks_exact(84).zip(a) {
+    block_dot(w.chunks_exact(84).zip(a).map(|(b, y)| {
         let (sc, qs) = (&b[..16], &b[16..80]);
         let summs = bsum_dot(y, |j| i32::from(sc[j] >> 4));
         let mut isum = 0i32;
@@ -280,11 +367,8 @@ pub(crate) fn dot_q2_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
                 isum += i32::from(sc[g + 1] & 0xf) * dot16((16..32).map(v), &y[16..]);
             }
         }
-        let dall = y.d * f16(b, 80);
-        let dmin = y.d * f16(b, 82);
-        sum += dall * isum as f32 - dmin * summs as f32;
-    }
-    sum
+        term_kmin(f16(b, 80), f16(b, 82), y.d, isum, summs)
+    }))
 }
 
 /// The 16 Q3_K scales, unbiased (−32..31), from their 12 packed bytes.
@@ -299,8 +383,7 @@ pub(crate) fn q3k_scales(p: &[u8]) -> [i8; 16] {
 }
 
 pub(crate) fn dot_q3_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    let mut sum = 0f32;
-    for (b, y) in w.chunks_exact(110).zip(a) {
+    block_dot(w.chunks_exact(110).zip(a).map(|(b, y)| {
         let (hmask, qs) = (&b[..32], &b[32..96]);
         let sc = q3k_scales(&b[96..108]);
         let mut isum = 0i32;
@@ -316,9 +399,8 @@ pub(crate) fn dot_q3_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
                 isum += i32::from(sc[g + 1]) * dot16((16..32).map(v), &y[16..]);
             }
         }
-        sum += f16(b, 108) * y.d * isum as f32;
-    }
-    sum
+        term(f16(b, 108), y.d, isum)
+    }))
 }
 
 /// The 8 scales and 8 minimums of a Q4_K/Q5_K block.
@@ -332,8 +414,7 @@ pub(crate) fn k4_scales(p: &[u8]) -> ([u8; 8], [u8; 8]) {
 }
 
 pub(crate) fn dot_q4_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    let mut sum = 0f32;
-    for (b, y) in w.chunks_exact(144).zip(a) {
+    block_dot(w.chunks_exact(144).zip(a).map(|(b, y)| {
         let (sc, m) = k4_scales(&b[4..16]);
         let summs = bsum_dot(y, |j| i32::from(m[j / 2]));
         let mut isum = 0i32;
@@ -343,14 +424,12 @@ pub(crate) fn dot_q4_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
             isum +=
                 i32::from(sc[2 * c + 1]) * dot16(q.iter().map(|&q| i32::from(q >> 4)), &y[32..]);
         }
-        sum += f16(b, 0) * y.d * isum as f32 - f16(b, 2) * y.d * summs as f32;
-    }
-    sum
+        term_kmin(f16(b, 0), f16(b, 2), y.d, isum, summs)
+    }))
 }
 
 pub(crate) fn dot_q5_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    let mut sum = 0f32;
-    for (b, y) in w.chunks_exact(176).zip(a) {
+    block_dot(w.chunks_exact(176).zip(a).map(|(b, y)| {
         let (sc, m) = k4_scales(&b[4..16]);
         let qh = &b[16..48];
         let summs = bsum_dot(y, |j| i32::from(m[j / 2]));
@@ -363,9 +442,8 @@ pub(crate) fn dot_q5_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
             isum += i32::from(sc[2 * c]) * dot16(lo, &y[..32]);
             isum += i32::from(sc[2 * c + 1]) * dot16(up, &y[32..]);
         }
-        sum += f16(b, 0) * y.d * isum as f32 - f16(b, 2) * y.d * summs as f32;
-    }
-    sum
+        term_kmin(f16(b, 0), f16(b, 2), y.d, isum, summs)
+    }))
 }
 
 /// The 6-bit value `i` (0..256) of a Q6_K block, minus 32.
@@ -379,17 +457,15 @@ pub(crate) fn q6k_value(ql: &[u8], qh: &[u8], i: usize) -> i32 {
 }
 
 pub(crate) fn dot_q6_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    let mut sum = 0f32;
-    for (b, y) in w.chunks_exact(210).zip(a) {
+    block_dot(w.chunks_exact(210).zip(a).map(|(b, y)| {
         let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);
         let mut isum = 0i32;
         for (g, &s) in sc.iter().enumerate() {
             let v = (16 * g..16 * g + 16).map(|i| q6k_value(ql, qh, i));
             isum += i32::from(s as i8) * dot16(v, &y.qs[16 * g..][..16]);
         }
-        sum += f16(b, 208) * y.d * isum as f32;
-    }
-    sum
+        term(f16(b, 208), y.d, isum)
+    }))
 }
 
 /// The 8 IQ4_XS scales, unbiased (−32..31).
@@ -405,8 +481,7 @@ pub(crate) fn iq4xs_scales(b: &[u8]) -> [i32; 8] {
 }
 
 pub(crate) fn dot_iq4_xs(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    let mut sum = 0f32;
-    for (b, y) in w.chunks_exact(136).zip(a) {
+    block_dot(w.chunks_exact(136).zip(a).map(|(b, y)| {
         let sc = iq4xs_scales(b);
         let mut isum = 0i32;
         for (ib, q) in b[8..].chunks_exact(16).enumerate() {
@@ -418,7 +493,6 @@ pub(crate) fn dot_iq4_xs(w: &[u8], a: &[BlockQ8K]) -> f32 {
             }
             isum += sc[ib] * s;
         }
-        sum += f16(b, 0) * y.d * isum as f32;
-    }
-    sum
+        term(f16(b, 0), y.d, isum)
+    }))
 }

@@ -5,12 +5,21 @@
 //! (never saturating: |w| ≤ 128 and |a| ≤ 127 for signed weights go through
 //! `vpsignb`, unsigned weights stay ≤ 63), `vpmaddwd` against 1 or the
 //! sub-block scale into 32-bit sums. Offsets (Q3_K's −4, Q6_K's −32) are
-//! taken out afterwards through the activations' `bsums`. Each block's
-//! integer sum is converted to `f32` once and accumulated with FMA.
+//! taken out afterwards through the activations' `bsums`.
+//!
+//! The float work follows the canonical order of the `kernels` module docs:
+//! rows of 32-weight blocks go eight blocks at a time, their integer sums
+//! transposed into one vector whose lane `k` is partial `k`; the K-quants
+//! reduce each super-block to one `i32` and use the scalar term code; the
+//! float types keep 32 partials in four vectors. No fused multiply-add except
+//! on exact products (f16 × f16).
 
 use std::arch::x86_64::*;
 
-use super::super::scalar::{iq4xs_scales, k4_scales, q3k_scales};
+use super::super::scalar::{
+    Blocks, FLOAT_PARTIALS, FloatSum, iq4xs_scales, k4_scales, q3k_scales, term, term_kmin,
+    term_min,
+};
 use crate::blocks::IQ4NL_GRID;
 use crate::kernels::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable};
 
@@ -106,13 +115,50 @@ pub(super) fn f16_at(b: &[u8], at: usize) -> f32 {
     h2f(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
+/// The eight lanes of `v`.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn hsum_ps(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
+pub(super) fn lanes_ps(v: __m256) -> [f32; 8] {
+    let mut p = [0f32; 8];
+    // SAFETY: `p` has 32 writable bytes; unaligned store.
+    unsafe { _mm256_storeu_ps(p.as_mut_ptr(), v) };
+    p
+}
+
+/// The sum of the eight `i32` lanes of `v` (exact: callers stay in range).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Lane `k` of the result = the sum of the eight `i32` lanes of `v[k]` (exact).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn transpose_sum(v: &[__m256i; 8]) -> __m256i {
+    let h01 = _mm256_hadd_epi32(v[0], v[1]);
+    let h23 = _mm256_hadd_epi32(v[2], v[3]);
+    let h45 = _mm256_hadd_epi32(v[4], v[5]);
+    let h67 = _mm256_hadd_epi32(v[6], v[7]);
+    // Per 128-bit half: [v0, v1, v2, v3] (and [v4, …, v7]) summed over that half.
+    let h0123 = _mm256_hadd_epi32(h01, h23);
+    let h4567 = _mm256_hadd_epi32(h45, h67);
+    let lo = _mm256_permute2x128_si256::<0x20>(h0123, h4567);
+    let hi = _mm256_permute2x128_si256::<0x31>(h0123, h4567);
+    _mm256_add_epi32(lo, hi)
+}
+
+/// Eight f16 values to `f32` (exact).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn halves(h: [u16; 8]) -> __m256 {
+    let h = h.map(|v| v as i16);
+    _mm256_cvtph_ps(_mm_set_epi16(
+        h[7], h[6], h[5], h[4], h[3], h[2], h[1], h[0],
+    ))
 }
 
 /// Σ x·y in 32-bit lanes for signed bytes, |y| ≤ 127 (x may be −128).
@@ -174,162 +220,264 @@ fn srl16(v: __m256i, n: i32) -> __m256i {
     _mm256_srl_epi16(v, _mm_cvtsi32_si128(n))
 }
 
-/// Folds blocks into two FMA accumulators (alternating, for latency), then sums them.
-macro_rules! fold_blocks {
-    ($w:expr, $a:expr, $ts:expr, |$b:ident, $y:ident, $acc:ident| $body:expr) => {{
-        let mut acc0 = _mm256_setzero_ps();
-        let mut acc1 = _mm256_setzero_ps();
-        let mut it = $w.chunks_exact($ts).zip($a.iter());
-        loop {
-            let Some(($b, $y)) = it.next() else { break };
-            let $acc = acc0;
-            acc0 = $body;
-            let Some(($b, $y)) = it.next() else { break };
-            let $acc = acc1;
-            acc1 = $body;
+/// A row of 32-weight blocks of `ts` bytes in the canonical order: eight
+/// blocks per step, `isum(b, y)` giving a block's integer sum in eight `i32`
+/// lanes and `scales(b, y)` the f16 bits of `[d_w, d_a, m_w, s_a]` (the last
+/// two only read with `MIN`); the last `nb % 8` blocks go one by one through
+/// the scalar term.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn blocks32<Y, const MIN: bool>(
+    w: &[u8],
+    a: &[Y],
+    ts: usize,
+    isum: impl Fn(&[u8], &Y) -> __m256i,
+    scales: impl Fn(&[u8], &Y) -> [u16; 4],
+) -> f32 {
+    let nb = a.len().min(w.len() / ts);
+    let mut acc = _mm256_setzero_ps();
+    let (wg, ag) = (w[..nb * ts].chunks_exact(8 * ts), a[..nb].chunks_exact(8));
+    let done = 8 * wg.len();
+    for (wg, ag) in wg.zip(ag) {
+        let mut v = [_mm256_setzero_si256(); 8];
+        let mut sc = [[0u16; 8]; 4];
+        for (k, (b, y)) in wg.chunks_exact(ts).zip(ag).enumerate() {
+            v[k] = isum(b, y);
+            let s = scales(b, y);
+            for j in 0..4 {
+                sc[j][k] = s[j];
+            }
         }
-        hsum_ps(_mm256_add_ps(acc0, acc1))
-    }};
+        let d = _mm256_mul_ps(halves(sc[0]), halves(sc[1]));
+        let mut t = _mm256_mul_ps(d, _mm256_cvtepi32_ps(transpose_sum(&v)));
+        if MIN {
+            t = _mm256_add_ps(t, _mm256_mul_ps(halves(sc[2]), halves(sc[3])));
+        }
+        acc = _mm256_add_ps(acc, t);
+    }
+    let mut sum = Blocks::new(lanes_ps(acc));
+    for i in done..nb {
+        let (b, y) = (&w[i * ts..(i + 1) * ts], &a[i]);
+        let [dw, da, mw, sa] = scales(b, y).map(|h| h2f(h));
+        let isum = hsum_epi32(isum(b, y));
+        let t = if MIN {
+            term_min(dw, da, isum, mw, sa)
+        } else {
+            term(dw, da, isum)
+        };
+        sum.add(i, t);
+    }
+    sum.sum()
+}
+
+pub(super) fn le16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
 }
 
 // ---- Q8_0 family ----
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q4_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-    fold_blocks!(w, a, 18, |b, y, acc| {
-        let q = _mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8));
-        let p = mul_sum_i8(q, ld256(&y.qs));
-        let d = _mm256_set1_ps(f16_at(b, 0) * h2f(y.d));
-        _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc)
-    })
+    blocks32::<_, false>(
+        w,
+        a,
+        18,
+        |b, y| {
+            let q = _mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8));
+            mul_sum_i8(q, ld256(&y.qs))
+        },
+        |b, y| [le16(b, 0), y.d, 0, 0],
+    )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q5_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-    fold_blocks!(w, a, 22, |b, y, acc| {
-        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-        // A clear fifth bit means q − 16 < 0: set the byte's high nibble (−16 in two's complement).
-        let hi = _mm256_andnot_si256(bit_bytes(qh), _mm256_set1_epi8(0xf0u8 as i8));
-        let q = _mm256_or_si256(nibbles(&b[6..22]), hi);
-        let p = mul_sum_i8(q, ld256(&y.qs));
-        let d = _mm256_set1_ps(f16_at(b, 0) * h2f(y.d));
-        _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc)
-    })
+    blocks32::<_, false>(
+        w,
+        a,
+        22,
+        |b, y| {
+            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+            // A clear fifth bit means q − 16 < 0: set the byte's high nibble (−16 in two's complement).
+            let hi = _mm256_andnot_si256(bit_bytes(qh), _mm256_set1_epi8(0xf0u8 as i8));
+            let q = _mm256_or_si256(nibbles(&b[6..22]), hi);
+            mul_sum_i8(q, ld256(&y.qs))
+        },
+        |b, y| [le16(b, 0), y.d, 0, 0],
+    )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-    fold_blocks!(w, a, 34, |b, y, acc| {
-        let p = mul_sum_i8(ld256(&b[2..34]), ld256(&y.qs));
-        let d = _mm256_set1_ps(f16_at(b, 0) * h2f(y.d));
-        _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc)
-    })
+    blocks32::<_, false>(
+        w,
+        a,
+        34,
+        |b, y| mul_sum_i8(ld256(&b[2..34]), ld256(&y.qs)),
+        |b, y| [le16(b, 0), y.d, 0, 0],
+    )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn iq4_nl(w: &[u8], a: &[BlockQ8_0]) -> f32 {
     let grid = ld128(&IQ4NL_GRID);
-    fold_blocks!(w, a, 18, |b, y, acc| {
-        let q = ld128(&b[2..18]);
-        let m = _mm_set1_epi8(0xf);
-        let lo = _mm_shuffle_epi8(grid, _mm_and_si128(q, m));
-        let hi = _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(q, 4), m));
-        let p = mul_sum_i8(_mm256_set_m128i(hi, lo), ld256(&y.qs));
-        let d = _mm256_set1_ps(h2f(y.d) * f16_at(b, 0));
-        _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc)
-    })
+    let m = _mm_set1_epi8(0xf);
+    blocks32::<_, false>(
+        w,
+        a,
+        18,
+        |b, y| {
+            let q = ld128(&b[2..18]);
+            let lo = _mm_shuffle_epi8(grid, _mm_and_si128(q, m));
+            let hi = _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(q, 4), m));
+            mul_sum_i8(_mm256_set_m128i(hi, lo), ld256(&y.qs))
+        },
+        |b, y| [le16(b, 0), y.d, 0, 0],
+    )
 }
 
 // ---- Q8_1 family ----
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q4_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
-    let mut mins = 0f32;
-    let s = fold_blocks!(w, a, 20, |b, y, acc| {
-        let p = mul_sum_u8_i8(nibbles(&b[4..20]), ld256(&y.qs));
-        mins += f16_at(b, 2) * h2f(y.s);
-        let d = _mm256_set1_ps(f16_at(b, 0) * h2f(y.d));
-        _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc)
-    });
-    s + mins
+    blocks32::<_, true>(
+        w,
+        a,
+        20,
+        |b, y| mul_sum_u8_i8(nibbles(&b[4..20]), ld256(&y.qs)),
+        |b, y| [le16(b, 0), y.d, le16(b, 2), y.s],
+    )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q5_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
-    let mut mins = 0f32;
-    let s = fold_blocks!(w, a, 24, |b, y, acc| {
-        let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-        let hi = _mm256_and_si256(bit_bytes(qh), _mm256_set1_epi8(0x10));
-        let q = _mm256_or_si256(nibbles(&b[8..24]), hi);
-        let p = mul_sum_u8_i8(q, ld256(&y.qs));
-        mins += f16_at(b, 2) * h2f(y.s);
-        let d = _mm256_set1_ps(f16_at(b, 0) * h2f(y.d));
-        _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc)
-    });
-    s + mins
+    blocks32::<_, true>(
+        w,
+        a,
+        24,
+        |b, y| {
+            let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+            let hi = _mm256_and_si256(bit_bytes(qh), _mm256_set1_epi8(0x10));
+            let q = _mm256_or_si256(nibbles(&b[8..24]), hi);
+            mul_sum_u8_i8(q, ld256(&y.qs))
+        },
+        |b, y| [le16(b, 0), y.d, le16(b, 2), y.s],
+    )
 }
 
 // ---- K-quants (Q8_K activations) ----
 
+/// A row of `ts`-byte K-quant super-blocks in the canonical order, like
+/// [`blocks32`]: `sums(b, y)` gives the super-block's integer sum `isum` and
+/// (read with `MIN`) its minimum sum `summs`, each in eight `i32` lanes, and
+/// `scales(b)` the f16 bits of `[d_w, m_w]`.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn blocks256<const MIN: bool>(
+    w: &[u8],
+    a: &[BlockQ8K],
+    ts: usize,
+    sums: impl Fn(&[u8], &BlockQ8K) -> (__m256i, __m256i),
+    scales: impl Fn(&[u8]) -> [u16; 2],
+) -> f32 {
+    let nb = a.len().min(w.len() / ts);
+    let mut acc = _mm256_setzero_ps();
+    let (wg, ag) = (w[..nb * ts].chunks_exact(8 * ts), a[..nb].chunks_exact(8));
+    let done = 8 * wg.len();
+    for (wg, ag) in wg.zip(ag) {
+        let mut v = [_mm256_setzero_si256(); 8];
+        let mut m = [_mm256_setzero_si256(); 8];
+        let mut sc = [[0u16; 8]; 2];
+        let mut da = [0f32; 8];
+        for (k, (b, y)) in wg.chunks_exact(ts).zip(ag).enumerate() {
+            (v[k], m[k]) = sums(b, y);
+            [sc[0][k], sc[1][k]] = scales(b);
+            da[k] = y.d;
+        }
+        let da = ldps(&da);
+        let d = _mm256_mul_ps(halves(sc[0]), da);
+        let mut t = _mm256_mul_ps(d, _mm256_cvtepi32_ps(transpose_sum(&v)));
+        if MIN {
+            let dm = _mm256_mul_ps(halves(sc[1]), da);
+            t = _mm256_sub_ps(t, _mm256_mul_ps(dm, _mm256_cvtepi32_ps(transpose_sum(&m))));
+        }
+        acc = _mm256_add_ps(acc, t);
+    }
+    let mut sum = Blocks::new(lanes_ps(acc));
+    for i in done..nb {
+        let (b, y) = (&w[i * ts..(i + 1) * ts], &a[i]);
+        let [dw, mw] = scales(b).map(|h| h2f(h));
+        let (isum, summs) = sums(b, y);
+        let (isum, summs) = (hsum_epi32(isum), hsum_epi32(summs));
+        let t = if MIN {
+            term_kmin(dw, mw, y.d, isum, summs)
+        } else {
+            term(dw, y.d, isum)
+        };
+        sum.add(i, t);
+    }
+    sum.sum()
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q2_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let mut accm = _mm256_setzero_ps();
-    for (b, y) in w.chunks_exact(84).zip(a) {
-        let sc = ld128(&b[..16]);
-        let s16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc, _mm_set1_epi8(0xf)));
-        let m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0xf)));
-        let mins = _mm256_madd_epi16(m16, ld256(&y.bsums));
-        let mut isum = _mm256_setzero_si256();
-        for k in 0..2 {
-            let q2 = ld256(&b[16 + 32 * k..48 + 32 * k]);
-            for j in 0..4 {
-                let v = _mm256_and_si256(srl16(q2, 2 * j as i32), _mm256_set1_epi8(3));
-                let p = _mm256_maddubs_epi16(v, ld256(&y.qs[128 * k + 32 * j..]));
-                let s = scale_pair(s16, (4 * k + j) as i32);
-                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, s));
-            }
+    blocks256::<true>(
+        w,
+        a,
+        84,
+        |b, y| q2_k_sums(b, y),
+        |b| [le16(b, 80), le16(b, 82)],
+    )
+}
+
+/// A Q2_K super-block's integer sum and minimum sum.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q2_k_sums(b: &[u8], y: &BlockQ8K) -> (__m256i, __m256i) {
+    let sc = ld128(&b[..16]);
+    let s16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc, _mm_set1_epi8(0xf)));
+    let m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0xf)));
+    let mins = _mm256_madd_epi16(m16, ld256(&y.bsums));
+    let mut isum = _mm256_setzero_si256();
+    for k in 0..2 {
+        let q2 = ld256(&b[16 + 32 * k..48 + 32 * k]);
+        for j in 0..4 {
+            let v = _mm256_and_si256(srl16(q2, 2 * j as i32), _mm256_set1_epi8(3));
+            let p = _mm256_maddubs_epi16(v, ld256(&y.qs[128 * k + 32 * j..]));
+            let s = scale_pair(s16, (4 * k + j) as i32);
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, s));
         }
-        let dy = y.d;
-        acc = _mm256_fmadd_ps(
-            _mm256_set1_ps(dy * f16_at(b, 80)),
-            _mm256_cvtepi32_ps(isum),
-            acc,
-        );
-        accm = _mm256_fmadd_ps(
-            _mm256_set1_ps(dy * f16_at(b, 82)),
-            _mm256_cvtepi32_ps(mins),
-            accm,
-        );
     }
-    hsum_ps(acc) - hsum_ps(accm)
+    (isum, mins)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q3_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (b, y) in w.chunks_exact(110).zip(a) {
-        let sc = q3k_scales(&b[96..108]);
-        let s16 = _mm256_cvtepi8_epi16(ld128(&sc));
-        let hm = ld256(&b[..32]);
-        // Σ (u − 4)·y·s = Σ u·y·s − 4·Σ s·bsums, with u = q₂ + 4·hbit in 0..8.
-        let corr = _mm256_slli_epi32(_mm256_madd_epi16(s16, ld256(&y.bsums)), 2);
-        let mut isum = _mm256_sub_epi32(_mm256_setzero_si256(), corr);
-        for k in 0..2 {
-            let q2 = ld256(&b[32 + 32 * k..64 + 32 * k]);
-            for j in 0..4 {
-                let v = _mm256_and_si256(srl16(q2, 2 * j as i32), _mm256_set1_epi8(3));
-                let h = _mm256_and_si256(srl16(hm, (4 * k + j) as i32), _mm256_set1_epi8(1));
-                let u = _mm256_or_si256(v, _mm256_slli_epi16(h, 2));
-                let p = _mm256_maddubs_epi16(u, ld256(&y.qs[128 * k + 32 * j..]));
-                let s = scale_pair(s16, (4 * k + j) as i32);
-                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, s));
-            }
+    blocks256::<false>(w, a, 110, |b, y| q3_k_sums(b, y), |b| [le16(b, 108), 0])
+}
+
+/// A Q3_K super-block's integer sum.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q3_k_sums(b: &[u8], y: &BlockQ8K) -> (__m256i, __m256i) {
+    let sc = q3k_scales(&b[96..108]);
+    let s16 = _mm256_cvtepi8_epi16(ld128(&sc));
+    let hm = ld256(&b[..32]);
+    // Σ (u − 4)·y·s = Σ u·y·s − 4·Σ s·bsums, with u = q₂ + 4·hbit in 0..8.
+    let corr = _mm256_slli_epi32(_mm256_madd_epi16(s16, ld256(&y.bsums)), 2);
+    let mut isum = _mm256_sub_epi32(_mm256_setzero_si256(), corr);
+    for k in 0..2 {
+        let q2 = ld256(&b[32 + 32 * k..64 + 32 * k]);
+        for j in 0..4 {
+            let v = _mm256_and_si256(srl16(q2, 2 * j as i32), _mm256_set1_epi8(3));
+            let h = _mm256_and_si256(srl16(hm, (4 * k + j) as i32), _mm256_set1_epi8(1));
+            let u = _mm256_or_si256(v, _mm256_slli_epi16(h, 2));
+            let p = _mm256_maddubs_epi16(u, ld256(&y.qs[128 * k + 32 * j..]));
+            let s = scale_pair(s16, (4 * k + j) as i32);
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, s));
         }
-        let d = _mm256_set1_ps(f16_at(b, 108) * y.d);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc);
     }
-    hsum_ps(acc)
+    (isum, _mm256_setzero_si256())
 }
 
 /// The minimum correction `Σ_j bsums[j]·m[j/2]` of a Q4_K/Q5_K block, in eight lanes.
@@ -343,140 +491,143 @@ pub(super) fn k4_mins(m: &[u8; 8], y: &BlockQ8K) -> __m256i {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q4_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let mut accm = _mm256_setzero_ps();
-    for (b, y) in w.chunks_exact(144).zip(a) {
-        let (sc, m) = k4_scales(&b[4..16]);
-        let mins = k4_mins(&m, y);
-        let mut isum = _mm256_setzero_si256();
-        for c in 0..4 {
-            let q = ld256(&b[16 + 32 * c..48 + 32 * c]);
-            let lo = _mm256_and_si256(q, _mm256_set1_epi8(0xf));
-            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0xf));
-            let p_lo = _mm256_maddubs_epi16(lo, ld256(&y.qs[64 * c..]));
-            let p_hi = _mm256_maddubs_epi16(hi, ld256(&y.qs[64 * c + 32..]));
-            let s_lo = _mm256_madd_epi16(p_lo, _mm256_set1_epi16(i16::from(sc[2 * c])));
-            let s_hi = _mm256_madd_epi16(p_hi, _mm256_set1_epi16(i16::from(sc[2 * c + 1])));
-            isum = _mm256_add_epi32(isum, _mm256_add_epi32(s_lo, s_hi));
-        }
-        let dy = y.d;
-        acc = _mm256_fmadd_ps(
-            _mm256_set1_ps(f16_at(b, 0) * dy),
-            _mm256_cvtepi32_ps(isum),
-            acc,
-        );
-        accm = _mm256_fmadd_ps(
-            _mm256_set1_ps(f16_at(b, 2) * dy),
-            _mm256_cvtepi32_ps(mins),
-            accm,
-        );
+    blocks256::<true>(
+        w,
+        a,
+        144,
+        |b, y| q4_k_sums(b, y),
+        |b| [le16(b, 0), le16(b, 2)],
+    )
+}
+
+/// A Q4_K super-block's integer sum and minimum sum.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q4_k_sums(b: &[u8], y: &BlockQ8K) -> (__m256i, __m256i) {
+    let (sc, m) = k4_scales(&b[4..16]);
+    let mins = k4_mins(&m, y);
+    let mut isum = _mm256_setzero_si256();
+    for c in 0..4 {
+        let q = ld256(&b[16 + 32 * c..48 + 32 * c]);
+        let lo = _mm256_and_si256(q, _mm256_set1_epi8(0xf));
+        let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0xf));
+        let p_lo = _mm256_maddubs_epi16(lo, ld256(&y.qs[64 * c..]));
+        let p_hi = _mm256_maddubs_epi16(hi, ld256(&y.qs[64 * c + 32..]));
+        let s_lo = _mm256_madd_epi16(p_lo, _mm256_set1_epi16(i16::from(sc[2 * c])));
+        let s_hi = _mm256_madd_epi16(p_hi, _mm256_set1_epi16(i16::from(sc[2 * c + 1])));
+        isum = _mm256_add_epi32(isum, _mm256_add_epi32(s_lo, s_hi));
     }
-    hsum_ps(acc) - hsum_ps(accm)
+    (isum, mins)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q5_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let mut accm = _mm256_setzero_ps();
-    for (b, y) in w.chunks_exact(176).zip(a) {
-        let (sc, m) = k4_scales(&b[4..16]);
-        let mins = k4_mins(&m, y);
-        let qh = ld256(&b[16..48]);
-        let one = _mm256_set1_epi8(1);
-        let mut isum = _mm256_setzero_si256();
-        for c in 0..4 {
-            let q = ld256(&b[48 + 32 * c..80 + 32 * c]);
-            let h_lo = _mm256_and_si256(srl16(qh, 2 * c as i32), one);
-            let h_hi = _mm256_and_si256(srl16(qh, 2 * c as i32 + 1), one);
-            let lo = _mm256_and_si256(q, _mm256_set1_epi8(0xf));
-            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0xf));
-            let lo = _mm256_or_si256(lo, _mm256_slli_epi16(h_lo, 4));
-            let hi = _mm256_or_si256(hi, _mm256_slli_epi16(h_hi, 4));
-            let p_lo = _mm256_maddubs_epi16(lo, ld256(&y.qs[64 * c..]));
-            let p_hi = _mm256_maddubs_epi16(hi, ld256(&y.qs[64 * c + 32..]));
-            let s_lo = _mm256_madd_epi16(p_lo, _mm256_set1_epi16(i16::from(sc[2 * c])));
-            let s_hi = _mm256_madd_epi16(p_hi, _mm256_set1_epi16(i16::from(sc[2 * c + 1])));
-            isum = _mm256_add_epi32(isum, _mm256_add_epi32(s_lo, s_hi));
-        }
-        let dy = y.d;
-        acc = _mm256_fmadd_ps(
-            _mm256_set1_ps(f16_at(b, 0) * dy),
-            _mm256_cvtepi32_ps(isum),
-            acc,
-        );
-        accm = _mm256_fmadd_ps(
-            _mm256_set1_ps(f16_at(b, 2) * dy),
-            _mm256_cvtepi32_ps(mins),
-            accm,
-        );
+    blocks256::<true>(
+        w,
+        a,
+        176,
+        |b, y| q5_k_sums(b, y),
+        |b| [le16(b, 0), le16(b, 2)],
+    )
+}
+
+/// A Q5_K super-block's integer sum and minimum sum.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q5_k_sums(b: &[u8], y: &BlockQ8K) -> (__m256i, __m256i) {
+    let (sc, m) = k4_scales(&b[4..16]);
+    let mins = k4_mins(&m, y);
+    let qh = ld256(&b[16..48]);
+    let one = _mm256_set1_epi8(1);
+    let mut isum = _mm256_setzero_si256();
+    for c in 0..4 {
+        let q = ld256(&b[48 + 32 * c..80 + 32 * c]);
+        let h_lo = _mm256_and_si256(srl16(qh, 2 * c as i32), one);
+        let h_hi = _mm256_and_si256(srl16(qh, 2 * c as i32 + 1), one);
+        let lo = _mm256_and_si256(q, _mm256_set1_epi8(0xf));
+        let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0xf));
+        let lo = _mm256_or_si256(lo, _mm256_slli_epi16(h_lo, 4));
+        let hi = _mm256_or_si256(hi, _mm256_slli_epi16(h_hi, 4));
+        let p_lo = _mm256_maddubs_epi16(lo, ld256(&y.qs[64 * c..]));
+        let p_hi = _mm256_maddubs_epi16(hi, ld256(&y.qs[64 * c + 32..]));
+        let s_lo = _mm256_madd_epi16(p_lo, _mm256_set1_epi16(i16::from(sc[2 * c])));
+        let s_hi = _mm256_madd_epi16(p_hi, _mm256_set1_epi16(i16::from(sc[2 * c + 1])));
+        isum = _mm256_add_epi32(isum, _mm256_add_epi32(s_lo, s_hi));
     }
-    hsum_ps(acc) - hsum_ps(accm)
+    (isum, mins)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q6_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (b, y) in w.chunks_exact(210).zip(a) {
-        let s16 = _mm256_cvtepi8_epi16(ld128(&b[192..208]));
-        // Σ (u − 32)·y·s = Σ u·y·s − 32·Σ s·bsums, with u the unsigned 6-bit value.
-        let corr = _mm256_slli_epi32(_mm256_madd_epi16(s16, ld256(&y.bsums)), 5);
-        let mut isum = _mm256_sub_epi32(_mm256_setzero_si256(), corr);
-        let m4 = _mm256_set1_epi8(0xf);
-        for n in 0..2 {
-            let ql0 = ld256(&b[64 * n..64 * n + 32]);
-            let ql1 = ld256(&b[64 * n + 32..64 * n + 64]);
-            let qh = ld256(&b[128 + 32 * n..160 + 32 * n]);
-            let h = |mask: i8| _mm256_and_si256(qh, _mm256_set1_epi8(mask));
-            let u = [
-                _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(h(0x03), 4)),
-                _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_slli_epi16(h(0x0c), 2)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), h(0x30)),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                    _mm256_srli_epi16(h(0xc0u8 as i8), 2),
-                ),
-            ];
-            for (quarter, u) in u.into_iter().enumerate() {
-                let p = _mm256_maddubs_epi16(u, ld256(&y.qs[128 * n + 32 * quarter..]));
-                let s = scale_pair(s16, (4 * n + quarter) as i32);
-                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, s));
-            }
+    blocks256::<false>(w, a, 210, |b, y| q6_k_sums(b, y), |b| [le16(b, 208), 0])
+}
+
+/// A Q6_K super-block's integer sum.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q6_k_sums(b: &[u8], y: &BlockQ8K) -> (__m256i, __m256i) {
+    let s16 = _mm256_cvtepi8_epi16(ld128(&b[192..208]));
+    // Σ (u − 32)·y·s = Σ u·y·s − 32·Σ s·bsums, with u the unsigned 6-bit value.
+    let corr = _mm256_slli_epi32(_mm256_madd_epi16(s16, ld256(&y.bsums)), 5);
+    let mut isum = _mm256_sub_epi32(_mm256_setzero_si256(), corr);
+    let m4 = _mm256_set1_epi8(0xf);
+    for n in 0..2 {
+        let ql0 = ld256(&b[64 * n..64 * n + 32]);
+        let ql1 = ld256(&b[64 * n + 32..64 * n + 64]);
+        let qh = ld256(&b[128 + 32 * n..160 + 32 * n]);
+        let h = |mask: i8| _mm256_and_si256(qh, _mm256_set1_epi8(mask));
+        let u = [
+            _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(h(0x03), 4)),
+            _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_slli_epi16(h(0x0c), 2)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), h(0x30)),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                _mm256_srli_epi16(h(0xc0u8 as i8), 2),
+            ),
+        ];
+        for (quarter, u) in u.into_iter().enumerate() {
+            let p = _mm256_maddubs_epi16(u, ld256(&y.qs[128 * n + 32 * quarter..]));
+            let s = scale_pair(s16, (4 * n + quarter) as i32);
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, s));
         }
-        let d = _mm256_set1_ps(f16_at(b, 208) * y.d);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc);
     }
-    hsum_ps(acc)
+    (isum, _mm256_setzero_si256())
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn iq4_xs(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    blocks256::<false>(w, a, 136, |b, y| iq4_xs_sums(b, y), |b| [le16(b, 0), 0])
+}
+
+/// An IQ4_XS super-block's integer sum.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn iq4_xs_sums(b: &[u8], y: &BlockQ8K) -> (__m256i, __m256i) {
     let grid = ld128(&IQ4NL_GRID);
     let m = _mm_set1_epi8(0xf);
-    let mut acc = _mm256_setzero_ps();
-    for (b, y) in w.chunks_exact(136).zip(a) {
-        let sc = iq4xs_scales(b);
-        let mut isum = _mm256_setzero_si256();
-        for (ib, &s) in sc.iter().enumerate() {
-            let q = ld128(&b[8 + 16 * ib..24 + 16 * ib]);
-            let lo = _mm_shuffle_epi8(grid, _mm_and_si128(q, m));
-            let hi = _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(q, 4), m));
-            let v = _mm256_set_m128i(hi, lo);
-            let yv = ld256(&y.qs[32 * ib..]);
-            let p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(yv, v));
-            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set1_epi16(s as i16)));
-        }
-        let d = _mm256_set1_ps(f16_at(b, 0) * y.d);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc);
+    let sc = iq4xs_scales(b);
+    let mut isum = _mm256_setzero_si256();
+    for (ib, &s) in sc.iter().enumerate() {
+        let q = ld128(&b[8 + 16 * ib..24 + 16 * ib]);
+        let lo = _mm_shuffle_epi8(grid, _mm_and_si128(q, m));
+        let hi = _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(q, 4), m));
+        let v = _mm256_set_m128i(hi, lo);
+        let yv = ld256(&y.qs[32 * ib..]);
+        let p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(yv, v));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set1_epi16(s as i16)));
     }
-    hsum_ps(acc)
+    (isum, _mm256_setzero_si256())
 }
 
 // ---- float types ----
 
-/// Σ x·y over `n` elements, 32 at a time in four accumulators, `load_x`/`load_y`
-/// giving eight `f32` from element `i`; the tail goes through `tail`.
+/// Σ x·y over `n` elements in the canonical float order: partials `8k..8k+8`
+/// in `acc[k]`, 32 elements per step, then whole vectors of eight into the
+/// next accumulators, then the last `n % 8` elements through the scalar
+/// [`FloatSum`]. `$x`/`$y` give eight `f32` from element `i`, `$madd` is
+/// [`madd`] or (exact products only) [`madd_exact`], `$tail` one product.
 macro_rules! float_dot {
-    ($n:expr, |$i:ident| $x:expr, $y:expr, |$t:ident| $tail:expr) => {{
+    ($n:expr, $madd:ident, |$i:ident| $x:expr, $y:expr, |$t:ident| $tail:expr) => {{
         let n = $n;
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut $i = 0;
@@ -484,23 +635,41 @@ macro_rules! float_dot {
             let base = $i;
             for (k, acc) in acc.iter_mut().enumerate() {
                 $i = base + 8 * k;
-                *acc = _mm256_fmadd_ps($x, $y, *acc);
+                *acc = $madd(*acc, $x, $y);
             }
             $i = base + 32;
         }
+        let mut k = 0;
         while $i + 8 <= n {
-            acc[0] = _mm256_fmadd_ps($x, $y, acc[0]);
+            acc[k] = $madd(acc[k], $x, $y);
             $i += 8;
+            k += 1;
         }
-        let mut s = hsum_ps(_mm256_add_ps(
-            _mm256_add_ps(acc[0], acc[1]),
-            _mm256_add_ps(acc[2], acc[3]),
-        ));
+        let mut p = [0f32; FLOAT_PARTIALS];
+        for (p, acc) in p.chunks_exact_mut(8).zip(acc) {
+            p.copy_from_slice(&lanes_ps(acc));
+        }
+        let mut s = FloatSum::new(p);
         for $t in $i..n {
-            s += $tail;
+            s.add($t, $tail);
         }
-        s
+        s.sum()
     }};
+}
+
+/// `acc + x·y`, rounding the product and the sum.
+#[inline]
+#[target_feature(enable = "avx")]
+fn madd(acc: __m256, x: __m256, y: __m256) -> __m256 {
+    _mm256_add_ps(acc, _mm256_mul_ps(x, y))
+}
+
+/// [`madd`] fused: the same bits when every product `x·y` is exact in `f32`
+/// (f16 × f16), one instruction fewer.
+#[inline]
+#[target_feature(enable = "avx,fma")]
+fn madd_exact(acc: __m256, x: __m256, y: __m256) -> __m256 {
+    _mm256_fmadd_ps(x, y, acc)
 }
 
 #[inline]
@@ -524,6 +693,7 @@ fn f32w(w: &[u8], a: &[f32]) -> f32 {
     let n = a.len().min(w.len() / 4);
     float_dot!(
         n,
+        madd,
         |i| ldps(&w[4 * i..4 * i + 32]),
         ldps(&a[i..i + 8]),
         |t| f32_le(w, t) * a[t]
@@ -535,6 +705,7 @@ fn f16w(w: &[u8], a: &[u16]) -> f32 {
     let n = a.len().min(w.len() / 2);
     float_dot!(
         n,
+        madd_exact,
         |i| cvt_h(&w[2 * i..2 * i + 16]),
         _mm256_cvtph_ps(ld128(&a[i..i + 8])),
         |t| f16_at(w, 2 * t) * h2f(a[t])
@@ -547,6 +718,7 @@ fn bf16w(w: &[u8], a: &[u16]) -> f32 {
     let bf = |h: u16| f32::from_bits(u32::from(h) << 16);
     float_dot!(
         n,
+        madd,
         |i| cvt_bf(&w[2 * i..2 * i + 16]),
         _mm256_castsi256_ps(_mm256_slli_epi32(
             _mm256_cvtepu16_epi32(ld128(&a[i..i + 8])),
@@ -559,7 +731,8 @@ fn bf16w(w: &[u8], a: &[u16]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
     let n = x.len().min(y.len());
-    float_dot!(n, |i| ldps(&x[i..i + 8]), ldps(&y[i..i + 8]), |t| x[t]
+    float_dot!(n, madd, |i| ldps(&x[i..i + 8]), ldps(&y[i..i + 8]), |t| x
+        [t]
         * y[t])
 }
 
@@ -568,6 +741,7 @@ fn dot_f16_f32(x: &[u16], y: &[f32]) -> f32 {
     let n = x.len().min(y.len());
     float_dot!(
         n,
+        madd,
         |i| _mm256_cvtph_ps(ld128(&x[i..i + 8])),
         ldps(&y[i..i + 8]),
         |t| h2f(x[t]) * y[t]
@@ -579,6 +753,7 @@ fn dot_f16_f16(x: &[u16], y: &[u16]) -> f32 {
     let n = x.len().min(y.len());
     float_dot!(
         n,
+        madd_exact,
         |i| _mm256_cvtph_ps(ld128(&x[i..i + 8])),
         _mm256_cvtph_ps(ld128(&y[i..i + 8])),
         |t| h2f(x[t]) * h2f(y[t])

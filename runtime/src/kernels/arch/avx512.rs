@@ -5,12 +5,16 @@
 //! Xeon) and were dropped; at decode the float and 6-bit types are bound by
 //! memory already.
 //!
+//! Float accumulation: AVX2's canonical-order row loop (`blocks256`), fed
+//! with the 512-bit integer sums folded (exactly) to 256 bits, so the results
+//! are the scalar kernel's bits.
+//!
 //! The AVX-512 intrinsics are stable since Rust 1.89 (the workspace still
 //! declares 1.85; the SIMD kernels as a whole need 1.89).
 
 use std::arch::x86_64::*;
 
-use super::avx2::{self, f16_at, hsum_ps, ld256};
+use super::avx2::{self, ld256};
 use crate::kernels::scalar::k4_scales;
 use crate::kernels::{BlockQ8K, DotTable};
 
@@ -47,48 +51,43 @@ fn join(lo: __m256i, hi: __m256i) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
 }
 
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn hsum512(v: __m512) -> f32 {
-    _mm512_reduce_add_ps(v)
-}
-
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn q4_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    let mut acc = _mm512_setzero_ps();
-    let mut accm = _mm256_setzero_ps();
+    avx2::blocks256::<true>(
+        w,
+        a,
+        144,
+        |b, y| q4_k_sums(b, y),
+        |b| [avx2::le16(b, 0), avx2::le16(b, 2)],
+    )
+}
+
+/// A Q4_K super-block's integer sum (its sixteen lanes folded to eight, exact)
+/// and minimum sum.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q4_k_sums(b: &[u8], y: &BlockQ8K) -> (__m256i, __m256i) {
     let m4 = _mm256_set1_epi8(0xf);
-    for (b, y) in w.chunks_exact(144).zip(a) {
-        let (sc, m) = k4_scales(&b[4..16]);
-        let mins = avx2::k4_mins(&m, y);
-        let sc32 = _mm512_castsi256_si512(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(
-            i64::from_le_bytes(sc),
-        )));
-        let mut isum = _mm512_setzero_si512();
-        for c in 0..4 {
-            let q = ld256(&b[16 + 32 * c..48 + 32 * c]);
-            let lo = _mm256_and_si256(q, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            let dp =
-                _mm512_dpbusd_epi32(_mm512_setzero_si512(), join(lo, hi), ld512(&y.qs[64 * c..]));
-            let (s0, s1) = (2 * c as i32, 2 * c as i32 + 1);
-            let idx = _mm512_set_epi32(
-                s1, s1, s1, s1, s1, s1, s1, s1, s0, s0, s0, s0, s0, s0, s0, s0,
-            );
-            let s = _mm512_permutexvar_epi32(idx, sc32);
-            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(dp, s));
-        }
-        let dy = y.d;
-        acc = _mm512_fmadd_ps(
-            _mm512_set1_ps(f16_at(b, 0) * dy),
-            _mm512_cvtepi32_ps(isum),
-            acc,
+    let (sc, m) = k4_scales(&b[4..16]);
+    let sc32 = _mm512_castsi256_si512(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(
+        sc,
+    ))));
+    let mut isum = _mm512_setzero_si512();
+    for c in 0..4 {
+        let q = ld256(&b[16 + 32 * c..48 + 32 * c]);
+        let lo = _mm256_and_si256(q, m4);
+        let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        let dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), join(lo, hi), ld512(&y.qs[64 * c..]));
+        let (s0, s1) = (2 * c as i32, 2 * c as i32 + 1);
+        let idx = _mm512_set_epi32(
+            s1, s1, s1, s1, s1, s1, s1, s1, s0, s0, s0, s0, s0, s0, s0, s0,
         );
-        accm = _mm256_fmadd_ps(
-            _mm256_set1_ps(f16_at(b, 2) * dy),
-            _mm256_cvtepi32_ps(mins),
-            accm,
-        );
+        let s = _mm512_permutexvar_epi32(idx, sc32);
+        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(dp, s));
     }
-    hsum512(acc) - hsum_ps(accm)
+    let isum = _mm256_add_epi32(
+        _mm512_castsi512_si256(isum),
+        _mm512_extracti64x4_epi64::<1>(isum),
+    );
+    (isum, avx2::k4_mins(&m, y))
 }

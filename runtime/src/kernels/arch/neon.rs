@@ -3,12 +3,22 @@
 //! extension (`sdot`, through inline assembly since `vdotq_s32` is not yet a
 //! stable intrinsic). NEON multiplies signed bytes directly, so the offsets
 //! of Q4_0, Q5_0, Q3_K and Q6_K are applied to the weights before the dot.
-//! Integer sums are exact; each block's sum is scaled in `f32`.
+//!
+//! Integer sums are exact; the float work follows the canonical order of the
+//! `kernels` module docs: rows of 32-weight blocks go four blocks at a time
+//! (their sums folded into one vector by pairwise adds), alternating between
+//! the two vectors that hold partials 0–3 and 4–7; the K-quants reduce each
+//! super-block to one `i32` and use the scalar term code; the float types
+//! keep 32 partials in eight vectors. No fused multiply-add except on exact
+//! products (f16 × f16).
 
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use super::super::scalar::{iq4xs_scales, k4_scales, q3k_scales};
+use super::super::scalar::{
+    Blocks, FLOAT_PARTIALS, FloatSum, iq4xs_scales, k4_scales, q3k_scales, term, term_kmin,
+    term_min,
+};
 use crate::blocks::IQ4NL_GRID;
 use crate::kernels::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable};
 
@@ -132,6 +142,84 @@ fn k4_mins(m: &[u8; 8], y: &BlockQ8K) -> i32 {
     vaddvq_s32(p)
 }
 
+/// The four lanes of `v`.
+#[inline]
+#[target_feature(enable = "neon")]
+fn lanes(v: float32x4_t) -> [f32; 4] {
+    [
+        vgetq_lane_f32::<0>(v),
+        vgetq_lane_f32::<1>(v),
+        vgetq_lane_f32::<2>(v),
+        vgetq_lane_f32::<3>(v),
+    ]
+}
+
+/// `acc + x·y`, rounding the product and the sum.
+#[inline]
+#[target_feature(enable = "neon")]
+fn madd(acc: float32x4_t, x: float32x4_t, y: float32x4_t) -> float32x4_t {
+    vaddq_f32(acc, vmulq_f32(x, y))
+}
+
+/// [`madd`] fused: the same bits when every product `x·y` is exact in `f32`
+/// (f16 × f16), one instruction fewer.
+#[inline]
+#[target_feature(enable = "neon")]
+fn madd_exact(acc: float32x4_t, x: float32x4_t, y: float32x4_t) -> float32x4_t {
+    vfmaq_f32(acc, x, y)
+}
+
+/// A row of 32-weight blocks of `ts` bytes in the canonical order: four
+/// blocks per step, `isum(b, y)` giving a block's integer sum in four `i32`
+/// lanes and `scales(b, y)` the block's `[d_w, d_a, m_w, s_a]` (the last two
+/// only read with `MIN`); steps alternate between the vectors of partials 0–3
+/// and 4–7, and the last `nb % 4` blocks go through the scalar term.
+#[inline]
+#[target_feature(enable = "neon")]
+fn blocks32<Y, const MIN: bool>(
+    w: &[u8],
+    a: &[Y],
+    ts: usize,
+    isum: impl Fn(&[u8], &Y) -> int32x4_t,
+    scales: impl Fn(&[u8], &Y) -> [f32; 4],
+) -> f32 {
+    let nb = a.len().min(w.len() / ts);
+    let mut acc = [vdupq_n_f32(0.0); 2];
+    let (wg, ag) = (w[..nb * ts].chunks_exact(4 * ts), a[..nb].chunks_exact(4));
+    let done = 4 * wg.len();
+    for (g, (wg, ag)) in wg.zip(ag).enumerate() {
+        let mut v = [vdupq_n_s32(0); 4];
+        let (mut d, mut ms) = ([0f32; 4], [0f32; 4]);
+        for (k, (b, y)) in wg.chunks_exact(ts).zip(ag).enumerate() {
+            v[k] = isum(b, y);
+            let [dw, da, mw, sa] = scales(b, y);
+            d[k] = dw * da;
+            ms[k] = mw * sa;
+        }
+        let s = vpaddq_s32(vpaddq_s32(v[0], v[1]), vpaddq_s32(v[2], v[3]));
+        let mut t = vmulq_f32(ld_f32(&d), vcvtq_f32_s32(s));
+        if MIN {
+            t = vaddq_f32(t, ld_f32(&ms));
+        }
+        acc[g % 2] = vaddq_f32(acc[g % 2], t);
+    }
+    let [p0, p1, p2, p3] = lanes(acc[0]);
+    let [p4, p5, p6, p7] = lanes(acc[1]);
+    let mut sum = Blocks::new([p0, p1, p2, p3, p4, p5, p6, p7]);
+    for i in done..nb {
+        let (b, y) = (&w[i * ts..(i + 1) * ts], &a[i]);
+        let [dw, da, mw, sa] = scales(b, y);
+        let isum = vaddvq_s32(isum(b, y));
+        let t = if MIN {
+            term_min(dw, da, isum, mw, sa)
+        } else {
+            term(dw, da, isum)
+        };
+        sum.add(i, t);
+    }
+    sum.sum()
+}
+
 /// Byte `j` of the result = 0xff where bit `j` (of 16) of `bits` is set.
 #[inline]
 #[target_feature(enable = "neon")]
@@ -213,91 +301,105 @@ macro_rules! kernels {
 
         #[target_feature(enable = $feat)]
         fn q4_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-            let mut acc = vdupq_n_f32(0.0);
             let eight = vdupq_n_s8(8);
-            for (b, y) in w.chunks_exact(18).zip(a) {
-                let (lo, hi) = nibbles(&b[2..18]);
-                let lo = vsubq_s8(vreinterpretq_s8_u8(lo), eight);
-                let hi = vsubq_s8(vreinterpretq_s8_u8(hi), eight);
-                let p = dot32(lo, hi, &y.qs);
-                acc = vmlaq_n_f32(acc, vcvtq_f32_s32(p), f16_at(b, 0) * h2f(y.d));
-            }
-            vaddvq_f32(acc)
+            blocks32::<_, false>(
+                w,
+                a,
+                18,
+                |b, y| {
+                    let (lo, hi) = nibbles(&b[2..18]);
+                    let lo = vsubq_s8(vreinterpretq_s8_u8(lo), eight);
+                    let hi = vsubq_s8(vreinterpretq_s8_u8(hi), eight);
+                    dot32(lo, hi, &y.qs)
+                },
+                |b, y| [f16_at(b, 0), h2f(y.d), 0.0, 0.0],
+            )
         }
 
         #[target_feature(enable = $feat)]
         fn q5_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-            let mut acc = vdupq_n_f32(0.0);
             let (sixteen, h) = (vdupq_n_s8(16), vdupq_n_u8(0x10));
-            for (b, y) in w.chunks_exact(22).zip(a) {
-                let (lo, hi) = nibbles(&b[6..22]);
-                let lo = vorrq_u8(lo, vandq_u8(bit_bytes(u16::from_le_bytes([b[2], b[3]])), h));
-                let hi = vorrq_u8(hi, vandq_u8(bit_bytes(u16::from_le_bytes([b[4], b[5]])), h));
-                let lo = vsubq_s8(vreinterpretq_s8_u8(lo), sixteen);
-                let hi = vsubq_s8(vreinterpretq_s8_u8(hi), sixteen);
-                let p = dot32(lo, hi, &y.qs);
-                acc = vmlaq_n_f32(acc, vcvtq_f32_s32(p), f16_at(b, 0) * h2f(y.d));
-            }
-            vaddvq_f32(acc)
+            blocks32::<_, false>(
+                w,
+                a,
+                22,
+                |b, y| {
+                    let (lo, hi) = nibbles(&b[6..22]);
+                    let lo = vorrq_u8(lo, vandq_u8(bit_bytes(u16::from_le_bytes([b[2], b[3]])), h));
+                    let hi = vorrq_u8(hi, vandq_u8(bit_bytes(u16::from_le_bytes([b[4], b[5]])), h));
+                    let lo = vsubq_s8(vreinterpretq_s8_u8(lo), sixteen);
+                    let hi = vsubq_s8(vreinterpretq_s8_u8(hi), sixteen);
+                    dot32(lo, hi, &y.qs)
+                },
+                |b, y| [f16_at(b, 0), h2f(y.d), 0.0, 0.0],
+            )
         }
 
         #[target_feature(enable = $feat)]
         fn q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-            let mut acc = vdupq_n_f32(0.0);
-            for (b, y) in w.chunks_exact(34).zip(a) {
-                let lo = vreinterpretq_s8_u8(ld_u8(&b[2..18]));
-                let hi = vreinterpretq_s8_u8(ld_u8(&b[18..34]));
-                let p = dot32(lo, hi, &y.qs);
-                acc = vmlaq_n_f32(acc, vcvtq_f32_s32(p), f16_at(b, 0) * h2f(y.d));
-            }
-            vaddvq_f32(acc)
+            blocks32::<_, false>(
+                w,
+                a,
+                34,
+                |b, y| {
+                    let lo = vreinterpretq_s8_u8(ld_u8(&b[2..18]));
+                    let hi = vreinterpretq_s8_u8(ld_u8(&b[18..34]));
+                    dot32(lo, hi, &y.qs)
+                },
+                |b, y| [f16_at(b, 0), h2f(y.d), 0.0, 0.0],
+            )
         }
 
         #[target_feature(enable = $feat)]
         fn iq4_nl(w: &[u8], a: &[BlockQ8_0]) -> f32 {
             let grid = ld_s8(&IQ4NL_GRID);
-            let mut acc = vdupq_n_f32(0.0);
-            for (b, y) in w.chunks_exact(18).zip(a) {
-                let (lo, hi) = nibbles(&b[2..18]);
-                let p = dot32(vqtbl1q_s8(grid, lo), vqtbl1q_s8(grid, hi), &y.qs);
-                acc = vmlaq_n_f32(acc, vcvtq_f32_s32(p), h2f(y.d) * f16_at(b, 0));
-            }
-            vaddvq_f32(acc)
+            blocks32::<_, false>(
+                w,
+                a,
+                18,
+                |b, y| {
+                    let (lo, hi) = nibbles(&b[2..18]);
+                    dot32(vqtbl1q_s8(grid, lo), vqtbl1q_s8(grid, hi), &y.qs)
+                },
+                |b, y| [f16_at(b, 0), h2f(y.d), 0.0, 0.0],
+            )
         }
 
         #[target_feature(enable = $feat)]
         fn q4_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
-            let mut acc = vdupq_n_f32(0.0);
-            let mut mins = 0f32;
-            for (b, y) in w.chunks_exact(20).zip(a) {
-                let (lo, hi) = nibbles(&b[4..20]);
-                let p = dot32(vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi), &y.qs);
-                acc = vmlaq_n_f32(acc, vcvtq_f32_s32(p), f16_at(b, 0) * h2f(y.d));
-                mins += f16_at(b, 2) * h2f(y.s);
-            }
-            vaddvq_f32(acc) + mins
+            blocks32::<_, true>(
+                w,
+                a,
+                20,
+                |b, y| {
+                    let (lo, hi) = nibbles(&b[4..20]);
+                    dot32(vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi), &y.qs)
+                },
+                |b, y| [f16_at(b, 0), h2f(y.d), f16_at(b, 2), h2f(y.s)],
+            )
         }
 
         #[target_feature(enable = $feat)]
         fn q5_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
-            let mut acc = vdupq_n_f32(0.0);
-            let mut mins = 0f32;
             let h = vdupq_n_u8(0x10);
-            for (b, y) in w.chunks_exact(24).zip(a) {
-                let (lo, hi) = nibbles(&b[8..24]);
-                let lo = vorrq_u8(lo, vandq_u8(bit_bytes(u16::from_le_bytes([b[4], b[5]])), h));
-                let hi = vorrq_u8(hi, vandq_u8(bit_bytes(u16::from_le_bytes([b[6], b[7]])), h));
-                let p = dot32(vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi), &y.qs);
-                acc = vmlaq_n_f32(acc, vcvtq_f32_s32(p), f16_at(b, 0) * h2f(y.d));
-                mins += f16_at(b, 2) * h2f(y.s);
-            }
-            vaddvq_f32(acc) + mins
+            blocks32::<_, true>(
+                w,
+                a,
+                24,
+                |b, y| {
+                    let (lo, hi) = nibbles(&b[8..24]);
+                    let lo = vorrq_u8(lo, vandq_u8(bit_bytes(u16::from_le_bytes([b[4], b[5]])), h));
+                    let hi = vorrq_u8(hi, vandq_u8(bit_bytes(u16::from_le_bytes([b[6], b[7]])), h));
+                    dot32(vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi), &y.qs)
+                },
+                |b, y| [f16_at(b, 0), h2f(y.d), f16_at(b, 2), h2f(y.s)],
+            )
         }
 
         #[target_feature(enable = $feat)]
         fn q2_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-            let mut sum = 0f32;
-            for (b, y) in w.chunks_exact(84).zip(a) {
+            let mut sum = Blocks::default();
+            for (i, (b, y)) in w.chunks_exact(84).zip(a).enumerate() {
                 let sc = &b[..16];
                 let summs: i32 =
                     y.bsums.iter().zip(sc).map(|(&s, &c)| i32::from(s) * i32::from(c >> 4)).sum();
@@ -317,15 +419,15 @@ macro_rules! kernels {
                         isum += i32::from(sc[g] & 0xf) * s0 + i32::from(sc[g + 1] & 0xf) * s1;
                     }
                 }
-                sum += y.d * f16_at(b, 80) * isum as f32 - y.d * f16_at(b, 82) * summs as f32;
+                sum.add(i, term_kmin(f16_at(b, 80), f16_at(b, 82), y.d, isum, summs));
             }
-            sum
+            sum.sum()
         }
 
         #[target_feature(enable = $feat)]
         fn q3_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-            let mut sum = 0f32;
-            for (b, y) in w.chunks_exact(110).zip(a) {
+            let mut sum = Blocks::default();
+            for (i, (b, y)) in w.chunks_exact(110).zip(a).enumerate() {
                 let sc = q3k_scales(&b[96..108]);
                 let (hm0, hm1) = (ld_u8(&b[..16]), ld_u8(&b[16..32]));
                 let (three, four) = (vdupq_n_u8(3), vdupq_n_u8(4));
@@ -350,15 +452,15 @@ macro_rules! kernels {
                         isum += i32::from(sc[g]) * s0 + i32::from(sc[g + 1]) * s1;
                     }
                 }
-                sum += f16_at(b, 108) * y.d * isum as f32;
+                sum.add(i, term(f16_at(b, 108), y.d, isum));
             }
-            sum
+            sum.sum()
         }
 
         #[target_feature(enable = $feat)]
         fn q4_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-            let mut sum = 0f32;
-            for (b, y) in w.chunks_exact(144).zip(a) {
+            let mut sum = Blocks::default();
+            for (i, (b, y)) in w.chunks_exact(144).zip(a).enumerate() {
                 let (sc, m) = k4_scales(&b[4..16]);
                 let summs = k4_mins(&m, y);
                 let mut isum = 0i32;
@@ -371,15 +473,15 @@ macro_rules! kernels {
                     isum += i32::from(sc[2 * c]) * vaddvq_s32(s_lo);
                     isum += i32::from(sc[2 * c + 1]) * vaddvq_s32(s_hi);
                 }
-                sum += f16_at(b, 0) * y.d * isum as f32 - f16_at(b, 2) * y.d * summs as f32;
+                sum.add(i, term_kmin(f16_at(b, 0), f16_at(b, 2), y.d, isum, summs));
             }
-            sum
+            sum.sum()
         }
 
         #[target_feature(enable = $feat)]
         fn q5_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-            let mut sum = 0f32;
-            for (b, y) in w.chunks_exact(176).zip(a) {
+            let mut sum = Blocks::default();
+            for (i, (b, y)) in w.chunks_exact(176).zip(a).enumerate() {
                 let (sc, m) = k4_scales(&b[4..16]);
                 let summs = k4_mins(&m, y);
                 let (qh0, qh1) = (ld_u8(&b[16..32]), ld_u8(&b[32..48]));
@@ -398,18 +500,18 @@ macro_rules! kernels {
                     isum += i32::from(sc[2 * c]) * vaddvq_s32(s_lo);
                     isum += i32::from(sc[2 * c + 1]) * vaddvq_s32(s_hi);
                 }
-                sum += f16_at(b, 0) * y.d * isum as f32 - f16_at(b, 2) * y.d * summs as f32;
+                sum.add(i, term_kmin(f16_at(b, 0), f16_at(b, 2), y.d, isum, summs));
             }
-            sum
+            sum.sum()
         }
 
         #[target_feature(enable = $feat)]
         fn q6_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-            let mut sum = 0f32;
+            let mut sum = Blocks::default();
             let m4 = vdupq_n_u8(0xf);
             let m3 = vdupq_n_u8(3);
             let off = vdupq_n_s8(32);
-            for (b, y) in w.chunks_exact(210).zip(a) {
+            for (i, (b, y)) in w.chunks_exact(210).zip(a).enumerate() {
                 let sc = &b[192..208];
                 let mut isum = 0i32;
                 for n in 0..2 {
@@ -437,16 +539,16 @@ macro_rules! kernels {
                         }
                     }
                 }
-                sum += f16_at(b, 208) * y.d * isum as f32;
+                sum.add(i, term(f16_at(b, 208), y.d, isum));
             }
-            sum
+            sum.sum()
         }
 
         #[target_feature(enable = $feat)]
         fn iq4_xs(w: &[u8], a: &[BlockQ8K]) -> f32 {
             let grid = ld_s8(&IQ4NL_GRID);
-            let mut sum = 0f32;
-            for (b, y) in w.chunks_exact(136).zip(a) {
+            let mut sum = Blocks::default();
+            for (i, (b, y)) in w.chunks_exact(136).zip(a).enumerate() {
                 let sc = iq4xs_scales(b);
                 let mut isum = 0i32;
                 for (ib, &s) in sc.iter().enumerate() {
@@ -454,35 +556,45 @@ macro_rules! kernels {
                     let p = dot32(vqtbl1q_s8(grid, lo), vqtbl1q_s8(grid, hi), &y.qs[32 * ib..]);
                     isum += s * vaddvq_s32(p);
                 }
-                sum += f16_at(b, 0) * y.d * isum as f32;
+                sum.add(i, term(f16_at(b, 0), y.d, isum));
             }
-            sum
+            sum.sum()
         }
 
-        /// Σ x·y, 16 at a time in four accumulators; `$x`/`$y` give four `f32`
-        /// from element `i`, `$tail` one product.
+        /// Σ x·y over `n` elements in the canonical float order: partials
+        /// `4k..4k+4` in `acc[k]`, 32 elements per step, then whole vectors of
+        /// four into the next accumulators, then the last `n % 4` elements
+        /// through the scalar [`FloatSum`]. `$x`/`$y` give four `f32` from
+        /// element `i`, `$madd` is [`madd`] or (exact products only)
+        /// [`madd_exact`], `$tail` one product.
         macro_rules! float_dot {
-            ($n:expr, |$i:ident| $x:expr, $y:expr, |$t:ident| $tail:expr) => {{
+            ($n:expr, $madd:ident, |$i:ident| $x:expr, $y:expr, |$t:ident| $tail:expr) => {{
                 let n = $n;
-                let mut acc = [vdupq_n_f32(0.0); 4];
+                let mut acc = [vdupq_n_f32(0.0); 8];
                 let mut $i = 0;
-                while $i + 16 <= n {
+                while $i + 32 <= n {
                     let base = $i;
                     for (k, acc) in acc.iter_mut().enumerate() {
                         $i = base + 4 * k;
-                        *acc = vfmaq_f32(*acc, $x, $y);
+                        *acc = $madd(*acc, $x, $y);
                     }
-                    $i = base + 16;
+                    $i = base + 32;
                 }
+                let mut k = 0;
                 while $i + 4 <= n {
-                    acc[0] = vfmaq_f32(acc[0], $x, $y);
+                    acc[k] = $madd(acc[k], $x, $y);
                     $i += 4;
+                    k += 1;
                 }
-                let mut s = vaddvq_f32(vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3])));
+                let mut p = [0f32; FLOAT_PARTIALS];
+                for (p, acc) in p.chunks_exact_mut(4).zip(acc) {
+                    p.copy_from_slice(&lanes(acc));
+                }
+                let mut s = FloatSum::new(p);
                 for $t in $i..n {
-                    s += $tail;
+                    s.add($t, $tail);
                 }
-                s
+                s.sum()
             }};
         }
 
@@ -490,14 +602,14 @@ macro_rules! kernels {
         fn f32w(w: &[u8], a: &[f32]) -> f32 {
             let n = a.len().min(w.len() / 4);
             let f = |t: usize| f32::from_le_bytes([w[4 * t], w[4 * t + 1], w[4 * t + 2], w[4 * t + 3]]);
-            float_dot!(n, |i| ld_f32_bytes(&w[4 * i..]), ld_f32(&a[i..]), |t| f(t) * a[t])
+            float_dot!(n, madd, |i| ld_f32_bytes(&w[4 * i..]), ld_f32(&a[i..]), |t| f(t) * a[t])
         }
 
         #[target_feature(enable = $feat)]
         fn f16w(w: &[u8], a: &[u16]) -> f32 {
             let n = a.len().min(w.len() / 2);
             let ab = u16s(a);
-            float_dot!(n, |i| cvt_f16(&w[2 * i..]), cvt_f16(&ab[2 * i..]), |t| f16_at(w, 2 * t)
+            float_dot!(n, madd_exact, |i| cvt_f16(&w[2 * i..]), cvt_f16(&ab[2 * i..]), |t| f16_at(w, 2 * t)
                 * h2f(a[t]))
         }
 
@@ -506,7 +618,7 @@ macro_rules! kernels {
             let n = a.len().min(w.len() / 2);
             let ab = u16s(a);
             let bf = |h: u16| f32::from_bits(u32::from(h) << 16);
-            float_dot!(n, |i| cvt_bf16(&w[2 * i..]), cvt_bf16(&ab[2 * i..]), |t| bf(
+            float_dot!(n, madd, |i| cvt_bf16(&w[2 * i..]), cvt_bf16(&ab[2 * i..]), |t| bf(
                 u16::from_le_bytes([w[2 * t], w[2 * t + 1]])
             ) * bf(a[t]))
         }
@@ -514,21 +626,21 @@ macro_rules! kernels {
         #[target_feature(enable = $feat)]
         fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
             let n = x.len().min(y.len());
-            float_dot!(n, |i| ld_f32(&x[i..]), ld_f32(&y[i..]), |t| x[t] * y[t])
+            float_dot!(n, madd, |i| ld_f32(&x[i..]), ld_f32(&y[i..]), |t| x[t] * y[t])
         }
 
         #[target_feature(enable = $feat)]
         fn dot_f16_f32(x: &[u16], y: &[f32]) -> f32 {
             let n = x.len().min(y.len());
             let xb = u16s(x);
-            float_dot!(n, |i| cvt_f16(&xb[2 * i..]), ld_f32(&y[i..]), |t| h2f(x[t]) * y[t])
+            float_dot!(n, madd, |i| cvt_f16(&xb[2 * i..]), ld_f32(&y[i..]), |t| h2f(x[t]) * y[t])
         }
 
         #[target_feature(enable = $feat)]
         fn dot_f16_f16(x: &[u16], y: &[u16]) -> f32 {
             let n = x.len().min(y.len());
             let (xb, yb) = (u16s(x), u16s(y));
-            float_dot!(n, |i| cvt_f16(&xb[2 * i..]), cvt_f16(&yb[2 * i..]), |t| h2f(x[t])
+            float_dot!(n, madd_exact, |i| cvt_f16(&xb[2 * i..]), cvt_f16(&yb[2 * i..]), |t| h2f(x[t])
                 * h2f(y[t]))
         }
     };
