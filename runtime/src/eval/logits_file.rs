@@ -89,7 +89,10 @@ impl LogitsWriter {
             .copied()
             .fold(logits[0], f32::min)
             .max(max - 16.0);
-        let sum_exp: f64 = logits.iter().map(|&l| (l - max).exp() as f64).sum();
+        let sum_exp: f64 = logits
+            .iter()
+            .map(|&l| crate::forward::math::exp(l - max) as f64)
+            .sum();
         let log_sum_exp = sum_exp.ln() as f32;
         let min_log_prob = min - max - log_sum_exp;
         let scale = (max - min) / 65535.0;

@@ -1,10 +1,12 @@
 //! Log-softmax and the KL-divergence statistics, with llama-perplexity's
 //! arithmetic (f32 logits, f64 sums) so that the numbers agree with it.
 
+use crate::forward::math::exp;
+
 /// `log p(tok)` of a row of logits: `f32` maximum, `f64` sum of `expf`.
 pub(super) fn log_softmax(logits: &[f32], tok: usize) -> f64 {
     let max = logits.iter().copied().fold(logits[0], f32::max);
-    let sum_exp: f64 = logits.iter().map(|&l| (l - max).exp() as f64).sum();
+    let sum_exp: f64 = logits.iter().map(|&l| exp(l - max) as f64).sum();
     (logits[tok] - max) as f64 - sum_exp.ln()
 }
 
@@ -104,7 +106,7 @@ impl KldAccumulator {
                 imax = i;
             }
         }
-        let sum_exp: f64 = logits.iter().map(|&l| (l - max).exp() as f64).sum();
+        let sum_exp: f64 = logits.iter().map(|&l| exp(l - max) as f64).sum();
         let log_sum_exp = sum_exp.ln() as f32;
         let nll = max + log_sum_exp - logits[tok];
         self.sum_nll += nll as f64;
@@ -123,7 +125,7 @@ impl KldAccumulator {
                 imax_base = i;
             }
             if lp > -16.0 {
-                sum += (lp.exp() * (lp - l + log_norm)) as f64;
+                sum += (exp(lp) * (lp - l + log_norm)) as f64;
             }
         }
         self.sum_kld += sum;
@@ -131,7 +133,7 @@ impl KldAccumulator {
         if imax == imax_base {
             self.same_top += 1;
         }
-        let p_diff = (-nll).exp() - (-nll_base).exp();
+        let p_diff = exp(-nll) - exp(-nll_base);
         self.sum_p_diff += p_diff as f64;
         let d2 = (p_diff * p_diff) as f64;
         self.sum_p_diff2 += d2;

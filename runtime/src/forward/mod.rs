@@ -18,6 +18,7 @@
 //!
 //! [`blocks::dequantize_row`]: crate::blocks::dequantize_row
 
+pub(crate) mod math;
 mod rope;
 
 pub use rope::{Rope, Yarn};
@@ -690,7 +691,7 @@ impl<'a> Model<'a> {
         let mut g = self.matmul(gate, h, t_n)?;
         let u = self.matmul(up, h, t_n)?;
         for (g, u) in g.iter_mut().zip(&u) {
-            *g = *g / (1.0 + (-*g).exp()) * u;
+            *g = *g / (1.0 + math::exp(-*g)) * u;
         }
         self.matmul(down, &g, t_n)
     }
@@ -848,7 +849,14 @@ impl<'a> Model<'a> {
         // the same arithmetic on any thread, so the result does not depend on threads.
         let work = |(i, oh): (usize, &mut [f32])| {
             let (t, head) = (i / c.n_head, i % c.n_head);
-            self.attend(&q[t * qd + head * hd..][..hd], head, k, v, n_past + t + 1, oh);
+            self.attend(
+                &q[t * qd + head * hd..][..hd],
+                head,
+                k,
+                v,
+                n_past + t + 1,
+                oh,
+            );
         };
         match &self.pool {
             Some(pool) if t_n * c.n_head > 1 => {
@@ -880,7 +888,7 @@ impl<'a> Model<'a> {
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0f32;
         for s in scores.iter_mut() {
-            *s = (*s - max).exp();
+            *s = math::exp(*s - max);
             sum += *s;
         }
         for (j, s) in scores.iter().enumerate() {
@@ -925,7 +933,7 @@ impl<'a> Model<'a> {
         for t in 0..t_n {
             let row = &logits[t * n_exp..(t + 1) * n_exp];
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let probs: Vec<f32> = row.iter().map(|v| (v - max).exp()).collect();
+            let probs: Vec<f32> = row.iter().map(|v| math::exp(v - max)).collect();
             let total: f32 = probs.iter().sum();
             let mut order: Vec<usize> = (0..n_exp).collect();
             order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));

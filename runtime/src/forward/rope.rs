@@ -2,6 +2,9 @@
 //! repeated multiplication with `base^(-2/n_rot)`, optional per-pair
 //! frequency factors (`rope_freqs`), linear scaling and YaRN, applied in the
 //! NORM layout (pairs `2i, 2i+1`) or the NEOX layout (pairs `i, i + n_rot/2`).
+//! Powers, logarithms, sines and cosines come from [`math`], identical on every CPU.
+
+use super::math;
 
 /// YaRN parameters (`<arch>.rope.scaling.*` when the type is `yarn`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -37,7 +40,7 @@ impl Rope {
     /// `(cos, sin)` of every pair at `pos`.
     pub fn table(&self, pos: usize, out: &mut Vec<(f32, f32)>) {
         out.clear();
-        let theta_scale = self.base.powf(-2.0 / self.n_rot as f32);
+        let theta_scale = math::powf(self.base, -2.0 / self.n_rot as f32);
         let (corr, ext) = match self.yarn {
             Some(y) => (corr_dims(self.n_rot, y, self.base), 1.0f32),
             None => ([0.0, 0.0], 0.0),
@@ -53,7 +56,8 @@ impl Rope {
             } else {
                 (interp, self.mscale)
             };
-            out.push((angle.cos() * mscale, angle.sin() * mscale));
+            let (sin, cos) = math::sin_cos(angle);
+            out.push((cos * mscale, sin * mscale));
             theta *= theta_scale;
         }
     }
@@ -76,7 +80,8 @@ impl Rope {
 
 /// The dimension (of `n_dims`) at which the wavelength equals `n_ctx / n_rot` turns.
 fn corr_dim(n_dims: usize, n_ctx: u32, n_rot: f32, base: f32) -> f32 {
-    n_dims as f32 * (n_ctx as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * base.ln())
+    n_dims as f32 * math::ln(n_ctx as f32 / (n_rot * 2.0 * std::f32::consts::PI))
+        / (2.0 * math::ln(base))
 }
 
 /// The dimension range over which YaRN blends interpolation into extrapolation.
@@ -98,7 +103,7 @@ pub fn yarn_mscale(factor: f32, mscale: f32) -> f32 {
     if factor <= 1.0 {
         1.0
     } else {
-        0.1 * mscale * factor.ln() + 1.0
+        0.1 * mscale * math::ln(factor) + 1.0
     }
 }
 

@@ -1,0 +1,190 @@
+//! The elementary functions of the forward pass, computed the same way on every
+//! CPU. Platform libms differ in the last bit (glibc on x86-64 picks FMA
+//! variants at run time, aarch64 glibc and Android's bionic have their own),
+//! and with quantized activations one last-bit difference can flip a later Q8
+//! rounding and move a perplexity by a visible amount. These work in `f64` with
+//! plain multiplies and adds (Rust never fuses them), so every IEEE machine
+//! computes the same bits; rounded once to `f32`, they are correctly rounded
+//! except within ~1e-16 of a rounding boundary.
+
+/// `ln 2` split so that `k · LN2_HI` is exact for |k| < 2^20.
+const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
+const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
+
+/// `e^x` for `f64` arguments whose result is a normal `f64`, or 0/∞ outside.
+fn exp64(x: f64) -> f64 {
+    if x.is_nan() {
+        return x;
+    }
+    if x > 709.0 {
+        return f64::INFINITY;
+    }
+    if x < -745.0 {
+        return 0.0;
+    }
+    let k = (x * std::f64::consts::LOG2_E).round();
+    let r = (x - k * LN2_HI) - k * LN2_LO;
+    // Taylor series of e^r for |r| ≤ 0.35: the 15th term is below 1e-19.
+    let mut p = 1.0 / 87_178_291_200.0; // 1/14!
+    for n in (1..14).rev() {
+        p = p * r + 1.0 / factorial(n);
+    }
+    let e = p * r + 1.0;
+    // Scale by 2^k in two steps so that subnormal results stay exact.
+    let k = k as i64;
+    let half = k / 2;
+    e * pow2(half) * pow2(k - half)
+}
+
+fn factorial(n: u32) -> f64 {
+    (1..=n).map(f64::from).product()
+}
+
+/// `2^k` for |k| ≤ 1022.
+fn pow2(k: i64) -> f64 {
+    f64::from_bits(((k + 1023) as u64) << 52)
+}
+
+/// `e^x`, the same bits on every CPU.
+pub fn exp(x: f32) -> f32 {
+    exp64(x as f64) as f32
+}
+
+/// Natural logarithm of a positive finite `f64`.
+fn ln64(x: f64) -> f64 {
+    if x.is_nan() || x < 0.0 {
+        return f64::NAN;
+    }
+    if x == 0.0 {
+        return f64::NEG_INFINITY;
+    }
+    if x.is_infinite() {
+        return x;
+    }
+    // x = m · 2^e with m in [√½, √2).
+    let (mut m, mut e) = if x < f64::MIN_POSITIVE {
+        let bits = (x * pow2(54)).to_bits();
+        (bits, -54i64)
+    } else {
+        (x.to_bits(), 0)
+    };
+    e += ((m >> 52) & 0x7ff) as i64 - 1023;
+    m = (m & ((1 << 52) - 1)) | (1023 << 52);
+    let mut m = f64::from_bits(m);
+    if m > std::f64::consts::SQRT_2 {
+        m /= 2.0;
+        e += 1;
+    }
+    // ln m = 2·atanh(s), s = (m−1)/(m+1), |s| < 0.172: terms to s^23.
+    let s = (m - 1.0) / (m + 1.0);
+    let s2 = s * s;
+    let mut p = 1.0 / 23.0;
+    for n in (0..11).rev() {
+        p = p * s2 + 1.0 / f64::from(2 * n + 1);
+    }
+    let e = e as f64;
+    (e * LN2_HI + 2.0 * s * p) + e * LN2_LO
+}
+
+/// Natural logarithm, the same bits on every CPU.
+pub fn ln(x: f32) -> f32 {
+    ln64(x as f64) as f32
+}
+
+/// `base^e`, the same bits on every CPU (for `base > 0`).
+pub fn powf(base: f32, e: f32) -> f32 {
+    exp64(e as f64 * ln64(base as f64)) as f32
+}
+
+/// `(sin x, cos x)`, the same bits on every CPU (|x| up to ~1e9 radians).
+pub fn sin_cos(x: f32) -> (f32, f32) {
+    // π/2 in three parts with trailing zeros, so q·part is exact for |q| < 2^20
+    // (fdlibm's constants).
+    const P1: f64 = f64::from_bits(0x3ff9_21fb_5440_0000);
+    const P2: f64 = f64::from_bits(0x3dd0_b461_1a60_0000);
+    const P3: f64 = f64::from_bits(0x3ba3_198a_2e00_0000);
+    let x = x as f64;
+    if !x.is_finite() {
+        return (f32::NAN, f32::NAN);
+    }
+    let q = (x * std::f64::consts::FRAC_2_PI).round();
+    let r = ((x - q * P1) - q * P2) - q * P3;
+    let r2 = r * r;
+    // Taylor series for |r| ≤ π/4 + ε: terms to r^19 and r^18.
+    let mut s = 0.0;
+    for n in (0..10).rev() {
+        let sign = if n % 2 == 0 { 1.0 } else { -1.0 };
+        s = s * r2 + sign / factorial(2 * n + 1);
+    }
+    let s = s * r;
+    let mut c = 0.0;
+    for n in (0..10).rev() {
+        let sign = if n % 2 == 0 { 1.0 } else { -1.0 };
+        c = c * r2 + sign / factorial(2 * n);
+    }
+    let (sin, cos) = match (q as i64).rem_euclid(4) {
+        0 => (s, c),
+        1 => (c, -s),
+        2 => (-s, -c),
+        _ => (-c, s),
+    };
+    (sin as f32, cos as f32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Units in the last place between two f32.
+    fn ulps(a: f32, b: f32) -> u32 {
+        (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs() as u32
+    }
+
+    #[test]
+    fn exp_is_within_one_ulp_of_libm_and_handles_the_edges() {
+        let mut worst = 0;
+        for i in -20000..20000 {
+            let x = i as f32 * 0.0043;
+            worst = worst.max(ulps(exp(x), x.exp()));
+        }
+        assert!(worst <= 1, "{worst}");
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(-200.0), 0.0);
+        assert_eq!(exp(100.0), f32::INFINITY);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert!(exp(f32::NAN).is_nan());
+        assert_eq!(exp(-100.0), (-100f32).exp()); // subnormal
+    }
+
+    #[test]
+    fn ln_and_powf_are_within_one_ulp_of_libm() {
+        let mut worst = 0;
+        for i in 1..40000 {
+            let x = i as f32 * 0.37;
+            worst = worst.max(ulps(ln(x), x.ln()));
+            worst = worst.max(ulps(powf(x, -0.03125), x.powf(-0.03125)));
+        }
+        assert!(worst <= 1, "{worst}");
+        assert_eq!(ln(1.0), 0.0);
+        assert_eq!(powf(10000.0, 0.0), 1.0);
+        assert!((ln(1e-40) - 1e-40f32.ln()).abs() < 1e-5);
+    }
+
+    #[test]
+    fn sin_cos_are_within_one_ulp_of_libm() {
+        let mut worst = 0;
+        for i in -30000..30000 {
+            let x = i as f32 * 0.731;
+            let (s, c) = sin_cos(x);
+            let (ls, lc) = x.sin_cos();
+            // Compare away from zeros, where ulps of a tiny result mean little.
+            if ls.abs() > 1e-3 {
+                worst = worst.max(ulps(s, ls));
+            }
+            if lc.abs() > 1e-3 {
+                worst = worst.max(ulps(c, lc));
+            }
+        }
+        assert!(worst <= 1, "{worst}");
+    }
+}
