@@ -666,7 +666,7 @@ impl<'a> Model<'a> {
         if self.exact {
             let mut row = vec![0f32; m.cols];
             for r in 0..m.rows {
-                decode(m, r, &mut row);
+                decode(m, r, &mut row)?;
                 for t in 0..t_n {
                     let xt = &x[t * m.cols..(t + 1) * m.cols];
                     y[t * m.rows + r] = row.iter().zip(xt).map(|(a, b)| a * b).sum();
@@ -734,7 +734,7 @@ impl<'a> Model<'a> {
             if id as usize >= c.n_vocab {
                 return Err(ForwardError::Token(id));
             }
-            decode(&self.embd, id as usize, &mut x[t * e..(t + 1) * e]);
+            decode(&self.embd, id as usize, &mut x[t * e..(t + 1) * e])?;
         }
         let tables: Vec<Vec<(f32, f32)>> = (0..t_n)
             .map(|t| {
@@ -1033,8 +1033,11 @@ fn layer_norm(x: &[f32], weight: &[f32], bias: Option<&[f32]>, eps: f32, out: &m
     }
 }
 
-/// Row `r` of `m`, decoded into `out`. Matrices are checked when the model is
-/// opened, so decoding cannot fail here.
-fn decode(m: &Matrix, r: usize, out: &mut [f32]) {
-    dequantize_row(m.ty, m.row(r), out).expect("type and length checked when the model opened");
+/// Row `r` of `m`, decoded into `out` (matrices are checked when the model is
+/// opened, so this fails only if that check and the decoder disagree).
+fn decode(m: &Matrix, r: usize, out: &mut [f32]) -> Result<(), ForwardError> {
+    dequantize_row(m.ty, m.row(r), out).map_err(|e| ForwardError::Tensor {
+        name: format!("a {} matrix", m.ty.name()),
+        message: e.to_string(),
+    })
 }
