@@ -23,7 +23,7 @@ tmp="$(mktemp -d "${TMPDIR:-/tmp}/memwall-bench.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 "$mw" export fixtures/cache/SmolLM2-135M-Instruct.Q4_1.gguf "$tmp/smol" > /dev/null
 "$mw" convert "$tmp/smol" -o "$tmp/F16.gguf" --outtype f16 > /dev/null
-for t in Q8_0 Q4_K_M; do "$mw" quantize "$tmp/F16.gguf" "$tmp/$t.gguf" "$t" > /dev/null; done
+for t in Q8_0 Q4_K_M; do "$mw" quantize "$tmp/F16.gguf" "$tmp/$t.gguf" "$t" > /dev/null 2>&1; done
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; threads $threads"
 echo "llama.cpp: $(git -C "$LLAMA_CPP" rev-parse --short HEAD 2>/dev/null || echo 0c1e570)"
 printf '%-8s %-6s %14s %14s %8s\n' type test "llama t/s" "memwall t/s" ratio
