@@ -3,6 +3,7 @@
 //! place in memwall that prints.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod chat;
 mod commands;
 mod progress;
 mod render;
@@ -121,6 +122,20 @@ batch's last token); tg N: N tokens decoded one at a time. One warm-up run,
 then -r repetitions; mean ± standard deviation. bench/runtime.sh prints the
 ratios against llama-bench on the same machine.")]
     Bench(commands::bench::Args),
+    /// Generate text, or chat with the model's own template, streaming the reply.
+    #[command(after_help = "Examples:
+  memwall run -m model.gguf -p \"The capital of France is\" -n 32 --temp 0
+  memwall run -m model.gguf --chat -p \"北京是哪个国家的首都？\"
+  memwall run -m model.gguf --chat --system \"Answer briefly.\"      interactive
+  memwall run -m model.gguf -f prompt.txt --stop \"\\n\\n\" --json
+
+Sampling: --temp 0.7 --top-p 0.9 --top-k 40 --min-p 0.05 by default (--temp 0
+is greedy; below ~0.3 small models start to repeat); --repeat-penalty with
+--repeat-last-n; --seed. Generation stops at the model's end-of-turn tokens,
+at -n tokens, at a --stop string or when the context (-c) is full. Afterwards
+the prompt and decode speed, first-token latency and peak memory are printed
+to standard error (in the JSON with --json).")]
+    Run(commands::run::Args),
 }
 
 fn main() -> ExitCode {
@@ -133,6 +148,7 @@ fn main() -> ExitCode {
         Command::Perplexity(args) => commands::perplexity::run(args),
         Command::Validate(args) => commands::validate::run(args),
         Command::Bench(args) => commands::bench::run(args),
+        Command::Run(args) => commands::run::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

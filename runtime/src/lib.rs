@@ -12,6 +12,7 @@
 //! - [`blocks`]: ggml block formats and scalar dequantization (the reference).
 //! - [`progress`]: the trait through which libraries report long work.
 //! - [`validate`]: NaN/Inf scans of tensor data.
+//! - [`sampling`]: greedy and temperature / top-k / top-p / min-p sampling.
 //! - [`forward`]: the forward pass of every architecture memwall converts.
 //! - [`eval`]: perplexity and KL divergence, as llama-perplexity computes them.
 //! - [`kernels`]: activation quantization and dot products (scalar, AVX2,
@@ -29,6 +30,7 @@ pub mod gguf;
 pub mod kernels;
 pub mod model_info;
 pub mod progress;
+pub mod sampling;
 pub mod tokenizer;
 pub mod validate;
 

@@ -46,12 +46,8 @@ pub struct Args {
     /// Repetitions of each test (the mean and standard deviation are reported).
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
     pub repetitions: usize,
-    /// Read the whole model into memory instead of mapping it.
-    #[arg(long)]
-    pub no_mmap: bool,
-    /// Lock the model in RAM (no paging out); warns when it exceeds the free memory.
-    #[arg(long)]
-    pub mlock: bool,
+    #[command(flatten)]
+    pub load: super::LoadArgs,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -59,7 +55,7 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> Result<()> {
-    let gguf = super::open_model(&args.model, args.no_mmap, args.mlock)?;
+    let gguf = args.load.open(&args.model)?;
     let longest = args
         .prompt
         .iter()

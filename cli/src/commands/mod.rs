@@ -7,6 +7,7 @@ pub mod export;
 pub mod inspect;
 pub mod perplexity;
 pub mod quantize;
+pub mod run;
 pub mod validate;
 
 use memwall_convert::export::ExportError;
@@ -57,32 +58,45 @@ pub fn hint(err: &anyhow::Error) -> Option<&'static str> {
     })
 }
 
-/// Opens a model for running: mapped (default) or read (`--no-mmap`), and with
-/// `--mlock` locked in RAM, warning first when that is more than the memory
-/// available (a phone's OS kills the process without a message).
-pub fn open_model(path: &std::path::Path, no_mmap: bool, mlock: bool) -> anyhow::Result<GgufModel> {
-    let mode = if no_mmap {
-        LoadMode::Read
-    } else {
-        LoadMode::Mmap
-    };
-    let gguf = GgufModel::open_with(path, mode)?;
-    if mlock {
-        let size = gguf.total_file_size();
-        if let Some(free) = available_memory().filter(|&free| size > free) {
-            eprintln!(
-                "memwall: warning: --mlock pins {} but only {} is available; the system may kill \
-                 memwall (drop --mlock to let pages be evicted)",
-                crate::render::human_bytes(size),
-                crate::render::human_bytes(free)
-            );
+/// How a model is brought into memory, for the commands that run one.
+#[derive(clap::Args)]
+pub struct LoadArgs {
+    /// Read the whole model into memory instead of mapping it.
+    #[arg(long)]
+    pub no_mmap: bool,
+    /// Lock the model in RAM (no paging out); warns when it exceeds the free memory.
+    #[arg(long)]
+    pub mlock: bool,
+}
+
+impl LoadArgs {
+    /// Opens a model for running: mapped (default) or read (`--no-mmap`), and
+    /// with `--mlock` locked in RAM, warning first when that is more than the
+    /// memory available (a phone's OS kills the process without a message).
+    pub fn open(&self, path: &std::path::Path) -> anyhow::Result<GgufModel> {
+        let mode = if self.no_mmap {
+            LoadMode::Read
+        } else {
+            LoadMode::Mmap
+        };
+        let gguf = GgufModel::open_with(path, mode)?;
+        if self.mlock {
+            let size = gguf.total_file_size();
+            if let Some(free) = available_memory().filter(|&free| size > free) {
+                eprintln!(
+                    "memwall: warning: --mlock pins {} but only {} is available; the system may \
+                     kill memwall (drop --mlock to let pages be evicted)",
+                    crate::render::human_bytes(size),
+                    crate::render::human_bytes(free)
+                );
+            }
+            gguf.lock_memory().map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: --mlock failed ({e}); raise the limit with `ulimit -l unlimited` or drop --mlock",
+                    path.display()
+                )
+            })?;
         }
-        gguf.lock_memory().map_err(|e| {
-            anyhow::anyhow!(
-                "{}: --mlock failed ({e}); raise the limit with `ulimit -l unlimited` or drop --mlock",
-                path.display()
-            )
-        })?;
+        Ok(gguf)
     }
-    Ok(gguf)
 }

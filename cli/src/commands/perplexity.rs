@@ -56,12 +56,8 @@ pub struct Args {
     /// top-token agreement and Δp statistics.
     #[arg(long, value_name = "FILE")]
     pub kl_divergence: Option<PathBuf>,
-    /// Read the whole model into memory instead of mapping it.
-    #[arg(long)]
-    pub no_mmap: bool,
-    /// Lock the model in RAM (no paging out); warns when it exceeds the free memory.
-    #[arg(long)]
-    pub mlock: bool,
+    #[command(flatten)]
+    pub load: super::LoadArgs,
     /// Print JSON instead of text (and no progress bar).
     #[arg(long)]
     pub json: bool,
@@ -69,7 +65,7 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> Result<()> {
-    let gguf = super::open_model(&args.model, args.no_mmap, args.mlock)?;
+    let gguf = args.load.open(&args.model)?;
     let tokenizer = Tokenizer::from_gguf(gguf.metadata())
         .with_context(|| format!("{}: tokenizer", args.model.display()))?;
     if tokenizer.add_eos() {

@@ -1,0 +1,431 @@
+//! `memwall run -m MODEL.gguf`: generate text from a prompt, or chat with the
+//! model's own template, streaming whole UTF-8 characters as they come.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use memwall_runtime::forward::{Model, Session};
+use memwall_runtime::kernels::Kernels;
+use memwall_runtime::sampling::{Sampler, SamplerConfig};
+use memwall_runtime::tokenizer::Tokenizer;
+use serde_json::json;
+
+use crate::chat::{ChatTemplate, Message};
+
+/// ChatML, used (with a warning) when a model carries no template of its own.
+const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// Arguments of `memwall run`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The GGUF model.
+    #[arg(short = 'm', long = "model", value_name = "MODEL.gguf")]
+    pub model: PathBuf,
+    /// The prompt (in chat mode: the first user message).
+    #[arg(short = 'p', long = "prompt", conflicts_with = "file")]
+    pub prompt: Option<String>,
+    /// Read the prompt from FILE.
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    /// Tokens to generate at most (per reply in chat mode).
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
+    pub n_predict: usize,
+    /// Chat: apply the model's chat template; without -p/-f, an interactive
+    /// conversation on standard input (`/reset` forgets it, `/exit` or end of input ends it).
+    #[arg(long)]
+    pub chat: bool,
+    /// A system message for chat mode.
+    #[arg(long, value_name = "TEXT", requires = "chat")]
+    pub system: Option<String>,
+    /// Stop when the output contains TEXT (repeatable); TEXT is not printed.
+    #[arg(long = "stop", value_name = "TEXT")]
+    pub stop: Vec<String>,
+    /// Context length (default: the model's, at most 4096).
+    #[arg(short = 'c', long = "ctx-size", value_name = "N")]
+    pub ctx: Option<usize>,
+    /// Threads (default: every core).
+    #[arg(short = 't', long = "threads", value_name = "N")]
+    pub threads: Option<usize>,
+    /// Temperature; 0 is greedy. Below ~0.3 small models start to repeat.
+    #[arg(long = "temp", default_value_t = 0.7)]
+    pub temperature: f32,
+    /// Keep the K most likely tokens (0: all).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Keep the most likely tokens up to this total probability.
+    #[arg(long, default_value_t = 0.9)]
+    pub top_p: f32,
+    /// Drop tokens less likely than this × the most likely one.
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalty for tokens seen in the last --repeat-last-n (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Window of the repetition penalty.
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Seed of the sampler.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    #[command(flatten)]
+    pub load: super::LoadArgs,
+    /// Print one JSON object (text and statistics) instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Timings of one generation.
+#[derive(Default)]
+struct Stats {
+    prompt_tokens: usize,
+    prompt_time: Duration,
+    first_token: Duration,
+    generated: usize,
+    decode_time: Duration,
+    stopped_by: &'static str,
+}
+
+/// The model, its tokenizer and the tokens its cache holds.
+struct Engine<'a> {
+    model: Model<'a>,
+    tokenizer: Tokenizer,
+    session: Session,
+    evaluated: Vec<u32>,
+    sampler: Sampler,
+}
+
+impl Engine<'_> {
+    /// Evaluates `tokens` after what the cache holds, reusing the longest common
+    /// prefix, and returns the logits of the last one.
+    fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let common = self
+            .evaluated
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(tokens.len().saturating_sub(1));
+        self.session.truncate(common);
+        self.evaluated.truncate(common);
+        let rest = &tokens[common..];
+        if self.evaluated.len() + rest.len() > self.model.config.n_ctx {
+            bail!(
+                "the prompt needs {} tokens; the context holds {} (raise -c)",
+                self.evaluated.len() + rest.len(),
+                self.model.config.n_ctx
+            );
+        }
+        let logits = self
+            .model
+            .forward_from(&mut self.session, rest, rest.len() - 1)?;
+        self.evaluated.extend_from_slice(rest);
+        Ok(logits)
+    }
+
+    /// Generates after `prompt`, calling `emit` with each piece of whole UTF-8 text.
+    fn generate(
+        &mut self,
+        prompt: &[u32],
+        n_predict: usize,
+        stops: &[String],
+        emit: &mut dyn FnMut(&str),
+    ) -> Result<(String, Stats)> {
+        let started = Instant::now();
+        let mut stats = Stats {
+            prompt_tokens: prompt.len(),
+            stopped_by: "length",
+            ..Stats::default()
+        };
+        for &t in prompt {
+            self.sampler.accept(t);
+        }
+        let mut logits = self.feed(prompt)?;
+        stats.prompt_time = started.elapsed();
+        let mut decoder = self.tokenizer.stream_decoder(false);
+        let mut text = String::new();
+        let mut printed = 0;
+        let hold = stops
+            .iter()
+            .map(String::len)
+            .max()
+            .unwrap_or(1)
+            .saturating_sub(1);
+        let decode_start = Instant::now();
+        for i in 0..n_predict {
+            let id = self.sampler.sample(&logits);
+            if i == 0 {
+                stats.first_token = started.elapsed();
+            }
+            if self.tokenizer.is_eog(id) {
+                stats.stopped_by = "eog";
+                break;
+            }
+            self.sampler.accept(id);
+            stats.generated += 1;
+            text.push_str(&decoder.push(id));
+            if let Some(at) = stops.iter().filter_map(|s| text.find(s.as_str())).min() {
+                text.truncate(at);
+                stats.stopped_by = "stop";
+                break;
+            }
+            // Print what cannot be the start of a stop string.
+            let mut upto = text.len().saturating_sub(hold);
+            while !text.is_char_boundary(upto) {
+                upto -= 1;
+            }
+            if upto > printed {
+                emit(&text[printed..upto]);
+                printed = upto;
+            }
+            if self.evaluated.len() >= self.model.config.n_ctx {
+                stats.stopped_by = "context";
+                break;
+            }
+            logits = self.model.forward(&mut self.session, &[id])?;
+            self.evaluated.push(id);
+        }
+        if stats.stopped_by != "stop" {
+            text.push_str(&decoder.finish());
+        }
+        if text.len() > printed {
+            emit(&text[printed..]);
+        }
+        stats.decode_time = decode_start.elapsed();
+        Ok((text, stats))
+    }
+}
+
+/// Peak resident memory of this process, in bytes.
+fn peak_rss() -> u64 {
+    // SAFETY: getrusage writes into the zeroed struct we own; RUSAGE_SELF is valid.
+    let usage = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u
+    };
+    // Linux reports kilobytes.
+    usage.ru_maxrss.max(0) as u64 * 1024
+}
+
+fn stats_json(s: &Stats) -> serde_json::Value {
+    json!({
+        "prompt_tokens": s.prompt_tokens,
+        "generated_tokens": s.generated,
+        "first_token_ms": s.first_token.as_secs_f64() * 1e3,
+        "prompt_tokens_per_second": s.prompt_tokens as f64 / s.prompt_time.as_secs_f64().max(1e-9),
+        "decode_tokens_per_second": s.generated as f64 / s.decode_time.as_secs_f64().max(1e-9),
+        "stopped_by": s.stopped_by,
+        "peak_rss_bytes": peak_rss(),
+    })
+}
+
+fn print_stats(s: &Stats) {
+    eprintln!(
+        "\n[{} prompt tokens at {:.1} t/s, first token after {:.0} ms; {} generated at {:.1} t/s; stopped by {}; peak RSS {}]",
+        s.prompt_tokens,
+        s.prompt_tokens as f64 / s.prompt_time.as_secs_f64().max(1e-9),
+        s.first_token.as_secs_f64() * 1e3,
+        s.generated,
+        s.generated as f64 / s.decode_time.as_secs_f64().max(1e-9),
+        s.stopped_by,
+        crate::render::human_bytes(peak_rss())
+    );
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> Result<()> {
+    let gguf = args.load.open(&args.model)?;
+    let tokenizer = Tokenizer::from_gguf(gguf.metadata())
+        .with_context(|| format!("{}: tokenizer", args.model.display()))?;
+    let trained = gguf
+        .metadata()
+        .get_str("general.architecture")
+        .ok()
+        .flatten()
+        .and_then(|a| {
+            gguf.metadata()
+                .get_u64(&format!("{a}.context_length"))
+                .ok()
+                .flatten()
+        })
+        .unwrap_or(4096) as usize;
+    let n_ctx = args.ctx.unwrap_or(trained.min(4096));
+    let mut model = Model::new(&gguf, n_ctx)
+        .with_context(|| format!("{}: cannot run this model", args.model.display()))?;
+    if let Some(t) = args.threads {
+        model.set_compute(Kernels::from_env()?, t);
+    }
+    let session = model.session();
+    let sampler = Sampler::new(SamplerConfig {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        repeat_last_n: args.repeat_last_n,
+        seed: args.seed.unwrap_or(SamplerConfig::default().seed),
+    });
+    let mut engine = Engine {
+        model,
+        tokenizer,
+        session,
+        evaluated: Vec::new(),
+        sampler,
+    };
+    let prompt = match (&args.prompt, &args.file) {
+        (Some(p), _) => Some(p.clone()),
+        (None, Some(f)) => Some(
+            std::fs::read_to_string(f)
+                .with_context(|| format!("{}: cannot read the prompt", f.display()))?,
+        ),
+        (None, None) => None,
+    };
+    if !args.chat {
+        let Some(prompt) = prompt else {
+            bail!("give a prompt with -p TEXT or -f FILE, or talk to the model with --chat");
+        };
+        let tokens = engine.tokenizer.encode(&prompt, true, true);
+        return one_shot(&mut engine, &tokens, &args, Some(&prompt));
+    }
+    let template = chat_template(&gguf, args.json)?;
+    let special = |id: Option<u32>| {
+        id.and_then(|i| engine.tokenizer.token_text(i))
+            .unwrap_or("")
+            .to_owned()
+    };
+    let (bos, eos) = (
+        special(engine.tokenizer.bos()),
+        special(engine.tokenizer.eos()),
+    );
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(Message::new("system", system));
+    }
+    if let Some(prompt) = prompt {
+        messages.push(Message::new("user", &prompt));
+        let text = template.render(&messages, true, &bos, &eos)?;
+        let tokens = engine.tokenizer.encode(&text, false, true);
+        return one_shot(&mut engine, &tokens, &args, None);
+    }
+    repl(&mut engine, &template, messages, &args, &bos, &eos)
+}
+
+/// The model's chat template, or ChatML with a warning.
+fn chat_template(gguf: &memwall_runtime::gguf::GgufModel, quiet: bool) -> Result<ChatTemplate> {
+    match gguf
+        .metadata()
+        .get_str("tokenizer.chat_template")
+        .ok()
+        .flatten()
+    {
+        Some(source) => ChatTemplate::new(source),
+        None => {
+            if !quiet {
+                eprintln!(
+                    "memwall: warning: the model has no chat template (tokenizer.chat_template); using ChatML, which may not be what it was trained on"
+                );
+            }
+            ChatTemplate::new(CHATML)
+        }
+    }
+}
+
+/// Generates once after `tokens` and prints the result.
+fn one_shot(engine: &mut Engine, tokens: &[u32], args: &Args, echo: Option<&str>) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    if !args.json {
+        if let Some(p) = echo {
+            write!(out, "{p}")?;
+            out.flush()?;
+        }
+    }
+    let json = args.json;
+    let mut emit = |piece: &str| {
+        if !json {
+            let _ = out.write_all(piece.as_bytes());
+            let _ = out.flush();
+        }
+    };
+    let (text, stats) = engine.generate(tokens, args.n_predict, &args.stop, &mut emit)?;
+    if json {
+        let mut report = stats_json(&stats);
+        report["text"] = json!(text);
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!();
+        print_stats(&stats);
+    }
+    Ok(())
+}
+
+/// The interactive conversation: one user message per line of standard input.
+fn repl(
+    engine: &mut Engine,
+    template: &ChatTemplate,
+    start: Vec<Message>,
+    args: &Args,
+    bos: &str,
+    eos: &str,
+) -> Result<()> {
+    let interactive = std::io::stdin().is_terminal();
+    if interactive {
+        eprintln!("chat with the model; /reset forgets the conversation, /exit or Ctrl-D ends it");
+    }
+    let mut messages = start.clone();
+    let mut turns = Vec::new();
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        if interactive {
+            eprint!("> ");
+        }
+        let Some(line) = lines.next() else { break };
+        let line = line.context("reading standard input")?;
+        let line = line.trim_end_matches('\r');
+        match line.trim() {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                messages = start.clone();
+                engine.sampler.reset();
+                continue;
+            }
+            _ => {}
+        }
+        messages.push(Message::new("user", line));
+        let text = template.render(&messages, true, bos, eos)?;
+        let tokens = engine.tokenizer.encode(&text, false, true);
+        let json = args.json;
+        let mut out = std::io::stdout().lock();
+        let mut emit = |piece: &str| {
+            if !json {
+                let _ = out.write_all(piece.as_bytes());
+                let _ = out.flush();
+            }
+        };
+        let (reply, stats) = engine.generate(&tokens, args.n_predict, &args.stop, &mut emit)?;
+        drop(out);
+        if json {
+            let mut turn = stats_json(&stats);
+            turn["user"] = json!(line);
+            turn["reply"] = json!(reply);
+            turn["prompt_ids"] = json!(tokens);
+            turns.push(turn);
+        } else {
+            println!();
+            if interactive {
+                print_stats(&stats);
+            }
+        }
+        messages.push(Message::new("assistant", reply.trim()));
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({ "turns": turns }))?
+        );
+    }
+    Ok(())
+}

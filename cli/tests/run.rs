@@ -1,0 +1,145 @@
+//! `memwall run`: the chat REPL driven through standard input (its prompt tokens
+//! are the ones transformers' apply_chat_template gives, fixtures/chat/record.sh),
+//! stop strings, EOG, JSON statistics, and clear errors.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use common::{memwall, repo, stdout_of};
+use serde_json::Value;
+
+const TINY: &str = "fixtures/tiny-zh/reference/tiny-zh-f16.gguf";
+
+fn recorded(model: &str, case: &str) -> Vec<u64> {
+    let text = std::fs::read_to_string(repo().join("fixtures/chat/transformers.json")).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    v["models"][model][case]["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+/// Runs `memwall ARGS` with `input` on standard input; returns stdout (must succeed).
+fn with_stdin(args: &[&str], input: &str) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memwall"))
+        .args(args)
+        .current_dir(repo())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn the_chat_repl_sends_what_transformers_templates() {
+    let system = "你是一个乐于助人的助手。";
+    let out = with_stdin(
+        &[
+            "run", "-m", TINY, "--chat", "--system", system, "-n", "8", "--temp", "0", "--json",
+        ],
+        "Say hello in Chinese.\n\n再说一遍。\n/exit\nnot read\n",
+    );
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let turns = v["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), 2, "{v}");
+    let ids = |t: &Value| -> Vec<u64> {
+        t["prompt_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect()
+    };
+    // Turn one is transformers' rendering of (system, user) with the generation prompt.
+    assert_eq!(ids(&turns[0]), recorded("tiny-zh", "system+gen"));
+    // Turn two carries the whole conversation: turn one's prompt, the reply, the new message.
+    let second = ids(&turns[1]);
+    assert!(second.starts_with(&ids(&turns[0])), "history kept");
+    assert!(second.len() > ids(&turns[0]).len() + 4);
+    for t in turns {
+        assert!(t["generated_tokens"].as_u64().unwrap() <= 8);
+        assert!(t["peak_rss_bytes"].as_u64().unwrap() > 0);
+        assert!(t["decode_tokens_per_second"].as_f64().unwrap() > 0.0);
+    }
+    // /reset forgets: the next prompt is a fresh (system, user) conversation again.
+    let out = with_stdin(
+        &[
+            "run", "-m", TINY, "--chat", "--system", system, "-n", "4", "--temp", "0", "--json",
+        ],
+        "Say hello in Chinese.\n/reset\nSay hello in Chinese.\n",
+    );
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let turns = v["turns"].as_array().unwrap();
+    assert_eq!(ids(&turns[0]), ids(&turns[1]));
+}
+
+#[test]
+fn greedy_is_deterministic_and_stop_strings_cut_the_text() {
+    let run = |extra: &[&str]| -> Value {
+        let mut args = vec![
+            "run",
+            "-m",
+            TINY,
+            "-p",
+            "北京是",
+            "-n",
+            "24",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        serde_json::from_str(&stdout_of(&args)).unwrap()
+    };
+    let a = run(&["--temp", "0"]);
+    assert_eq!(a, {
+        let mut b = run(&["--temp", "0", "-t", "1"]);
+        // Timings differ; the text and counts do not.
+        for k in [
+            "first_token_ms",
+            "prompt_tokens_per_second",
+            "decode_tokens_per_second",
+            "peak_rss_bytes",
+        ] {
+            b[k] = a[k].clone();
+        }
+        b
+    });
+    let text = a["text"].as_str().unwrap().to_owned();
+    assert!(!text.is_empty());
+    // Stop at the first character of the greedy continuation after its first two.
+    let cut: String = text.chars().skip(2).take(1).collect();
+    let stopped = run(&["--temp", "0", "--stop", &cut]);
+    assert_eq!(stopped["stopped_by"], "stop");
+    let expected: String = text.chars().take_while(|c| c.to_string() != cut).collect();
+    assert_eq!(stopped["text"].as_str().unwrap(), expected);
+    // Sampling with a seed repeats itself.
+    let sampled = |seed: &str| run(&["--temp", "0.8", "--seed", seed])["text"].clone();
+    assert_eq!(sampled("7"), sampled("7"));
+}
+
+#[test]
+fn missing_prompt_and_small_context_are_clear_errors() {
+    let out = memwall(&["run", "-m", TINY]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("-p TEXT or -f FILE"));
+    let out = memwall(&["run", "-m", TINY, "-p", "一二三四五六七八九十", "-c", "4"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("raise -c"));
+}
