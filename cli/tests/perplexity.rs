@@ -43,15 +43,7 @@ fn f16_model(name: &str, dir: &Path) -> PathBuf {
             )
             .unwrap();
         }
-        "smollm2" => {
-            let hf = dir.join("smol"); // record.sh's folder name: general.name comes from it
-            stdout_of(&[
-                "export",
-                "fixtures/cache/SmolLM2-135M-Instruct.Q4_1.gguf",
-                s(&hf),
-            ]);
-            stdout_of(&["convert", s(&hf), "-o", s(&out), "--outtype", "f16"]);
-        }
+        "smollm2" => return common::smollm2_f16(dir),
         "moe" => {
             let hf = dir.join("moe");
             let options = Options {

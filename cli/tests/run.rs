@@ -94,16 +94,7 @@ fn the_chat_repl_sends_what_transformers_templates() {
 #[test]
 fn greedy_is_deterministic_and_stop_strings_cut_the_text() {
     let run = |extra: &[&str]| -> Value {
-        let mut args = vec![
-            "run",
-            "-m",
-            TINY,
-            "-p",
-            "北京是",
-            "-n",
-            "24",
-            "--json",
-        ];
+        let mut args = vec!["run", "-m", TINY, "-p", "北京是", "-n", "24", "--json"];
         args.extend_from_slice(extra);
         serde_json::from_str(&stdout_of(&args)).unwrap()
     };
@@ -142,4 +133,43 @@ fn missing_prompt_and_small_context_are_clear_errors() {
     let out = memwall(&["run", "-m", TINY, "-p", "一二三四五六七八九十", "-c", "4"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("raise -c"));
+}
+
+#[test]
+fn greedy_smollm2_continues_as_llama_completion() {
+    let text = std::fs::read_to_string(repo().join("fixtures/run/llama-completion.json")).unwrap();
+    let recorded: Value = serde_json::from_str(&text).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::smollm2_f16(dir.path());
+    let bytes = std::fs::read(&model).unwrap();
+    let sha = format!("{:x}", <sha2::Sha256 as sha2::Digest>::digest(&bytes));
+    assert_eq!(
+        sha,
+        recorded["sha256"].as_str().unwrap(),
+        "not the file llama.cpp ran"
+    );
+    let n = recorded["n_predict"].as_u64().unwrap().to_string();
+    for case in recorded["cases"].as_array().unwrap() {
+        let prompt = case["prompt"].as_str().unwrap();
+        let out: Value = serde_json::from_str(&stdout_of(&[
+            "run",
+            "-m",
+            model.to_str().unwrap(),
+            "-p",
+            prompt,
+            "-n",
+            &n,
+            "--temp",
+            "0",
+            "--json",
+        ]))
+        .unwrap();
+        assert_eq!(out["text"], case["text"], "{prompt}");
+        let eos = case["eos"].as_bool().unwrap();
+        assert_eq!(
+            out["stopped_by"],
+            if eos { "eog" } else { "length" },
+            "{prompt}"
+        );
+    }
 }

@@ -186,9 +186,9 @@ impl Engine<'_> {
             logits = self.model.forward(&mut self.session, &[id])?;
             self.evaluated.push(id);
         }
-        if stats.stopped_by != "stop" {
-            text.push_str(&decoder.finish());
-        }
+        // An incomplete UTF-8 character left by the last token is dropped, never
+        // printed as a replacement character.
+        drop(decoder);
         if text.len() > printed {
             emit(&text[printed..]);
         }

@@ -28,3 +28,20 @@ pub fn stdout_of(args: &[&str]) -> String {
     );
     String::from_utf8(out.stdout).unwrap()
 }
+
+/// SmolLM2-135M-Instruct at F16 in `dir`: the wheel's Q4_1 GGUF exported by
+/// memwall and converted back (the file llama.cpp's converter makes of that
+/// export; the recorded expectations name its SHA-256). The folder name
+/// `smol` is part of the file: `general.name` comes from it.
+pub fn smollm2_f16(dir: &Path) -> PathBuf {
+    let hf = dir.join("smol");
+    let out = dir.join("smollm2-F16.gguf");
+    let s = |p: &Path| p.to_str().unwrap().to_owned();
+    stdout_of(&[
+        "export",
+        "fixtures/cache/SmolLM2-135M-Instruct.Q4_1.gguf",
+        &s(&hf),
+    ]);
+    stdout_of(&["convert", &s(&hf), "-o", &s(&out), "--outtype", "f16"]);
+    out
+}
