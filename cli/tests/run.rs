@@ -173,3 +173,48 @@ fn greedy_smollm2_continues_as_llama_completion() {
         );
     }
 }
+
+#[test]
+fn streaming_mode_changes_memory_not_results() {
+    // Pin 2 MiB of tiny-zh (the output head does not fit; so layers stream), read ahead 1.
+    let run = |extra: &[&str]| -> Value {
+        let mut args = vec![
+            "run",
+            "-m",
+            TINY,
+            "-p",
+            "北京是",
+            "-n",
+            "16",
+            "--temp",
+            "0",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        serde_json::from_str(&stdout_of(&args)).unwrap()
+    };
+    let plain = run(&[]);
+    let streamed = run(&["--resident", "2", "--prefetch", "1"]);
+    assert_eq!(plain["text"], streamed["text"]);
+    let ppl = |extra: &[&str]| -> f64 {
+        let mut args = vec![
+            "perplexity",
+            "-m",
+            TINY,
+            "-f",
+            "fixtures/perplexity/heldout-24k.txt",
+            "-c",
+            "64",
+            "--chunks",
+            "3",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let v: Value = serde_json::from_str(&stdout_of(&args)).unwrap();
+        v["ppl"].as_f64().unwrap()
+    };
+    assert_eq!(ppl(&[]), ppl(&["--resident", "0"]));
+    // Streaming needs the mapping.
+    let out = memwall(&["run", "-m", TINY, "-p", "x", "--resident", "2", "--no-mmap"]);
+    assert!(!out.status.success());
+}

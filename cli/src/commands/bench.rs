@@ -68,6 +68,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     let mut model = Model::new(&gguf, longest + 1)
         .with_context(|| format!("{}: cannot run this model", args.model.display()))?;
+    let streaming = args.load.stream(&mut model)?;
     let kernels = Kernels::from_env()?;
     let threads = if args.threads.is_empty() {
         vec![std::thread::available_parallelism().map_or(1, |n| n.get())]
@@ -94,8 +95,10 @@ pub fn run(args: Args) -> Result<()> {
             let tokens: Vec<u32> = (0..n).map(token).collect();
             // One warm-up run pages the weights in and sizes the buffers.
             let mut samples = Vec::new();
+            let mut read = Vec::new();
             for rep in 0..=args.repetitions {
                 let mut session = model.session();
+                let read_start = super::storage_read_bytes();
                 let started = Instant::now();
                 if kind == "pp" {
                     for piece in tokens.chunks(batch) {
@@ -109,6 +112,9 @@ pub fn run(args: Args) -> Result<()> {
                 let rate = n as f64 / started.elapsed().as_secs_f64();
                 if rep > 0 {
                     samples.push(rate);
+                    if let (Some(a), Some(b)) = (read_start, super::storage_read_bytes()) {
+                        read.push(b.saturating_sub(a) / n as u64);
+                    }
                 }
             }
             let mean = samples.iter().sum::<f64>() / samples.len() as f64;
@@ -122,6 +128,7 @@ pub fn run(args: Args) -> Result<()> {
             rows.push(json!({
                 "test": format!("{kind}{n}"), "threads": t, "n_batch": batch.min(n),
                 "tokens_per_second": mean, "stddev": sd, "samples": samples,
+                "storage_read_bytes_per_token": read.iter().max(),
             }));
         }
     }
@@ -130,6 +137,10 @@ pub fn run(args: Args) -> Result<()> {
             "model": args.model, "size_bytes": size,
             "architecture": model.config.arch.name(),
             "kernels": kernels.backend().name(), "results": rows,
+            "streaming": streaming.as_ref().map(|r| json!({
+                "pinned_bytes": r.pinned_bytes, "pinned_layers": r.pinned_layers,
+                "output_pinned": r.output_pinned, "streamed_bytes": r.streamed_bytes,
+            })),
         });
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());

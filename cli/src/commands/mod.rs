@@ -67,6 +67,39 @@ pub struct LoadArgs {
     /// Lock the model in RAM (no paging out); warns when it exceeds the free memory.
     #[arg(long)]
     pub mlock: bool,
+    /// Streaming mode for models larger than free RAM: lock this many MiB of the
+    /// most reused weights (output head, then the first layers) and stream the
+    /// rest from storage, reading ahead --prefetch layers.
+    #[arg(long, value_name = "MiB", conflicts_with_all = ["mlock", "no_mmap"])]
+    pub resident: Option<u64>,
+    /// Layers read ahead in streaming mode.
+    #[arg(long, default_value_t = 2, value_name = "N", requires = "resident")]
+    pub prefetch: usize,
+}
+
+impl LoadArgs {
+    /// Turns on streaming when `--resident` is given; returns what it set up.
+    pub fn stream(
+        &self,
+        model: &mut memwall_runtime::forward::Model,
+    ) -> anyhow::Result<Option<memwall_runtime::forward::StreamingReport>> {
+        let Some(mib) = self.resident else {
+            return Ok(None);
+        };
+        let report = model.enable_streaming(memwall_runtime::forward::Streaming {
+            resident_bytes: mib << 20,
+            prefetch: self.prefetch,
+        })?;
+        Ok(Some(report))
+    }
+}
+
+/// Bytes this process has caused to be read from storage (`read_bytes` of
+/// `/proc/self/io`), where the OS reports it.
+pub fn storage_read_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/io").ok()?;
+    let line = text.lines().find(|l| l.starts_with("read_bytes:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 impl LoadArgs {

@@ -80,6 +80,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     let mut model = Model::new(&gguf, n_ctx.max(1))
         .with_context(|| format!("{}: cannot run this model", args.model.display()))?;
+    args.load.stream(&mut model)?;
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));

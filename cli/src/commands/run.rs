@@ -85,6 +85,8 @@ struct Stats {
     generated: usize,
     decode_time: Duration,
     stopped_by: &'static str,
+    /// Bytes read from storage while decoding, when the OS reports it.
+    decode_read: Option<u64>,
 }
 
 /// The model, its tokenizer and the tokens its cache holds.
@@ -153,6 +155,7 @@ impl Engine<'_> {
             .unwrap_or(1)
             .saturating_sub(1);
         let decode_start = Instant::now();
+        let read_start = super::storage_read_bytes();
         for i in 0..n_predict {
             let id = self.sampler.sample(&logits);
             if i == 0 {
@@ -193,6 +196,9 @@ impl Engine<'_> {
             emit(&text[printed..]);
         }
         stats.decode_time = decode_start.elapsed();
+        stats.decode_read = read_start
+            .zip(super::storage_read_bytes())
+            .map(|(a, b)| b.saturating_sub(a));
         Ok((text, stats))
     }
 }
@@ -218,12 +224,19 @@ fn stats_json(s: &Stats) -> serde_json::Value {
         "decode_tokens_per_second": s.generated as f64 / s.decode_time.as_secs_f64().max(1e-9),
         "stopped_by": s.stopped_by,
         "peak_rss_bytes": peak_rss(),
+        "storage_read_bytes_per_token": s.decode_read.map(|b| b / s.generated.max(1) as u64),
     })
 }
 
 fn print_stats(s: &Stats) {
+    let read = s.decode_read.map_or(String::new(), |b| {
+        format!(
+            "; {} read from storage per token",
+            crate::render::human_bytes(b / s.generated.max(1) as u64)
+        )
+    });
     eprintln!(
-        "\n[{} prompt tokens at {:.1} t/s, first token after {:.0} ms; {} generated at {:.1} t/s; stopped by {}; peak RSS {}]",
+        "\n[{} prompt tokens at {:.1} t/s, first token after {:.0} ms; {} generated at {:.1} t/s; stopped by {}; peak RSS {}{read}]",
         s.prompt_tokens,
         s.prompt_tokens as f64 / s.prompt_time.as_secs_f64().max(1e-9),
         s.first_token.as_secs_f64() * 1e3,
@@ -256,6 +269,23 @@ pub fn run(args: Args) -> Result<()> {
         .with_context(|| format!("{}: cannot run this model", args.model.display()))?;
     if let Some(t) = args.threads {
         model.set_compute(Kernels::from_env()?, t);
+    }
+    if let Some(r) = args.load.stream(&mut model)? {
+        if !args.json {
+            eprintln!(
+                "streaming: {} locked in RAM ({} of {} layers{}), up to {} read from storage per token, {} layers read ahead",
+                crate::render::human_bytes(r.pinned_bytes),
+                r.pinned_layers,
+                model.config.n_layer,
+                if r.output_pinned {
+                    " and the output head"
+                } else {
+                    ""
+                },
+                crate::render::human_bytes(r.streamed_bytes),
+                args.load.prefetch
+            );
+        }
     }
     let session = model.session();
     let sampler = Sampler::new(SamplerConfig {

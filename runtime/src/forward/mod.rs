@@ -20,6 +20,7 @@
 
 pub(crate) mod math;
 mod rope;
+mod stream;
 
 pub use rope::{Rope, Yarn};
 
@@ -29,7 +30,7 @@ use rayon::prelude::*;
 
 use crate::GgmlType;
 use crate::blocks::{DEQUANTIZABLE, dequantize_row, f16_to_f32, f32_to_f16};
-use crate::gguf::{GgufModel, Metadata};
+use crate::gguf::{Advice, GgufModel, Metadata};
 use crate::kernels::{KernelError, Kernels, Matmul, QMatrix};
 use crate::model_info::HyperParams;
 
@@ -208,6 +209,61 @@ pub struct Model<'a> {
     exact: bool,
     /// Threads for attention (the matrix products have their own in `matmul`).
     pool: Option<rayon::ThreadPool>,
+    gguf: &'a GgufModel,
+    /// Streaming of weights larger than the memory the model may use.
+    stream: Option<Stream<'a>>,
+}
+
+/// How weights are kept when the model is larger than the RAM it may use:
+/// `resident_bytes` of the most reused matrices (the output head, then the
+/// first layers) are locked in RAM; the rest is read ahead `prefetch` layers
+/// before it is needed and released after use, so that reading from storage
+/// overlaps computing and the page cache does not evict the pinned part.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Streaming {
+    /// Bytes of weights to lock in RAM.
+    pub resident_bytes: u64,
+    /// Layers to read ahead.
+    pub prefetch: usize,
+}
+
+/// What [`Model::enable_streaming`] set up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamingReport {
+    /// Bytes of weights locked in RAM.
+    pub pinned_bytes: u64,
+    /// Layers pinned (from the first).
+    pub pinned_layers: usize,
+    /// Whether the output head is pinned.
+    pub output_pinned: bool,
+    /// Bytes of matrix weights read from storage per token at most (the rest).
+    pub streamed_bytes: u64,
+}
+
+/// Streaming state: per unit (each layer, then the output head) its weight
+/// slices and whether they are pinned.
+struct Stream<'a> {
+    prefetch: usize,
+    units: Vec<(Vec<&'a [u8]>, bool)>,
+    /// The read-ahead thread (none if the OS refused one).
+    worker: Option<stream::Prefetcher>,
+}
+
+impl<'a> Layer<'a> {
+    /// The bytes of every matrix of the layer.
+    fn slices(&self) -> Vec<&'a [u8]> {
+        let mut v = vec![self.wq.data, self.wk.data, self.wv.data, self.wo.data];
+        match &self.ffn {
+            Ffn::Dense { gate, up, down } => v.extend([gate.data, up.data, down.data]),
+            Ffn::Moe {
+                router,
+                gate,
+                up,
+                down,
+            } => v.extend([router.data, gate.data, up.data, down.data]),
+        }
+        v
+    }
 }
 
 /// What the KV cache stores.
@@ -586,7 +642,110 @@ impl<'a> Model<'a> {
             matmul: Mutex::new(Matmul::new(Kernels::from_env()?, threads)),
             exact: false,
             pool: attention_pool(threads),
+            gguf,
+            stream: None,
         })
+    }
+
+    /// Streams the weights (see [`Streaming`]). Needs a memory-mapped model;
+    /// fails when the OS refuses to lock the resident part.
+    pub fn enable_streaming(&mut self, s: Streaming) -> Result<StreamingReport, ForwardError> {
+        if !self.gguf.is_mapped() {
+            return Err(ForwardError::Metadata(
+                "streaming needs the model memory-mapped (drop --no-mmap)".into(),
+            ));
+        }
+        let size = |v: &[&[u8]]| v.iter().map(|d| d.len() as u64).sum::<u64>();
+        let output = vec![self.output.data];
+        let mut budget = s.resident_bytes;
+        let output_pinned = size(&output) <= budget;
+        if output_pinned {
+            budget -= size(&output);
+        }
+        let mut units = Vec::with_capacity(self.layers.len() + 1);
+        let mut pinned_layers = 0;
+        for layer in &self.layers {
+            let slices = layer.slices();
+            let pin = pinned_layers == units.len() && size(&slices) <= budget;
+            if pin {
+                budget -= size(&slices);
+                pinned_layers += 1;
+            }
+            units.push((slices, pin));
+        }
+        units.push((output, output_pinned));
+        let mut report = StreamingReport {
+            pinned_bytes: 0,
+            pinned_layers,
+            output_pinned,
+            streamed_bytes: 0,
+        };
+        for (slices, pin) in &units {
+            for d in slices {
+                if *pin {
+                    self.gguf.lock_range(d).map_err(|e| {
+                        ForwardError::Metadata(format!(
+                            "locking {} of weights in RAM failed ({e}); lower --resident or raise `ulimit -l`",
+                            report.pinned_bytes + d.len() as u64
+                        ))
+                    })?;
+                    report.pinned_bytes += d.len() as u64;
+                } else {
+                    report.streamed_bytes += d.len() as u64;
+                }
+            }
+        }
+        let worker = stream::Prefetcher::start();
+        self.stream = Some(Stream {
+            prefetch: s.prefetch,
+            units,
+            worker,
+        });
+        Ok(report)
+    }
+
+    /// Streaming: before unit `i` runs, read ahead the next `prefetch` units.
+    fn before_unit(&self, i: usize) {
+        if let Some(s) = &self.stream {
+            let n = s.units.len();
+            // The unit `prefetch` ahead was not queued yet (the nearer ones were,
+            // by earlier units); at the first unit of a call, queue them all.
+            let ahead: Vec<usize> = if i == 0 {
+                (0..=s.prefetch.min(n - 1)).collect()
+            } else {
+                vec![s.prefetch.min(n - 1)]
+            };
+            for a in ahead {
+                let (slices, pinned) = &s.units[(i + a) % n];
+                if !pinned {
+                    for d in slices {
+                        match &s.worker {
+                            Some(w) => w.send(stream::Job::Populate, d),
+                            None => {
+                                self.gguf.advise(d, Advice::WillNeed);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Streaming: after unit `i` ran, let its pages go unless pinned.
+    fn after_unit(&self, i: usize) {
+        if let Some(s) = &self.stream {
+            let (slices, pinned) = &s.units[i];
+            if !pinned {
+                for d in slices {
+                    match &s.worker {
+                        Some(w) => w.send(stream::Job::PageOut, d),
+                        None => {
+                            self.gguf.advise(d, Advice::DontNeed);
+                        }
+                    }
+                }
+            }
+        }
     }
 
     fn layer(load: &Loader<'a>, c: &Config, l: usize) -> Result<Layer<'a>, ForwardError> {
@@ -745,6 +904,7 @@ impl<'a> Model<'a> {
             .collect();
         let mut h = vec![0f32; t_n * e];
         for (l, layer) in self.layers.iter().enumerate() {
+            self.before_unit(l);
             self.norm(&x, &layer.attn_norm, &mut h);
             let attn = self.attention_block(layer, &h, &tables, session, l)?;
             if let Some(ffn_norm) = &layer.ffn_norm {
@@ -758,13 +918,16 @@ impl<'a> Model<'a> {
                 add(&mut x, &attn);
                 add(&mut x, &ffn);
             }
+            self.after_unit(l);
         }
         session.n_past += t_n;
         let first = first.min(t_n);
         let rows = t_n - first;
         let mut out = vec![0f32; rows * e];
         self.norm(&x[first * e..], &self.output_norm, &mut out);
+        self.before_unit(self.layers.len());
         let mut logits = self.matmul(&self.output, &out, rows)?;
+        self.after_unit(self.layers.len());
         if c.logit_scale != 1.0 {
             logits.iter_mut().for_each(|v| *v *= c.logit_scale);
         }

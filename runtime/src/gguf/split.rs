@@ -200,6 +200,38 @@ impl GgufModel {
         self.files.iter().map(GgufFile::file_size).sum()
     }
 
+    /// Advises the OS about `data`, a slice of one of the files' mappings (see
+    /// [`GgufFile::advise`]); returns whether any file holds it mapped.
+    pub fn advise(&self, data: &[u8], advice: super::Advice) -> bool {
+        self.files.iter().any(|f| f.advise(data, advice))
+    }
+
+    /// Whether every file is memory-mapped (not read into memory).
+    pub fn is_mapped(&self) -> bool {
+        self.files.iter().all(GgufFile::is_mapped)
+    }
+
+    /// Locks the pages of `data` (a slice of this model's bytes) in RAM.
+    pub fn lock_range(&self, data: &[u8]) -> std::io::Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        if !self.files.iter().any(|f| {
+            let b = f.bytes();
+            let (base, start) = (b.as_ptr() as usize, data.as_ptr() as usize);
+            start >= base && start + data.len() <= base + b.len()
+        }) {
+            return Err(std::io::Error::other("not this model's data"));
+        }
+        // SAFETY: `data` lies inside one of this model's live mappings or
+        // allocations (checked above); mlock only pins its pages.
+        let r = unsafe { libc::mlock(data.as_ptr().cast(), data.len()) };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Locks every file's bytes in RAM (`--mlock`): pages are read now and
     /// never swapped or dropped. Returns the bytes locked. Fails (nothing
     /// stays locked) when the OS refuses, typically past `RLIMIT_MEMLOCK`.

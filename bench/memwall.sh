@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The memory wall: decode speed when the model does not fit in the memory the process may
+# use. Runs llama-bench (mmap, the OS page cache decides what stays) and memwall bench in
+# streaming mode (--resident: the most reused weights locked, the rest read ahead on a
+# background thread and paged out after use) inside the same cgroup memory cap, with the
+# page cache dropped before each run. Prints decode tokens/s, the ratio, peak memory of the
+# cgroup, and the bound set by the disk: bandwidth ÷ bytes that must be read per token.
+#
+#   LLAMA_CPP=/path/to/llama.cpp bench/memwall.sh [MODEL.gguf] [CAP_PERCENT] [THREADS]
+#
+# Needs root and the cgroup-v1 memory controller at /sys/fs/cgroup/memory (or cgroup v2 at
+# /sys/fs/cgroup). Default model: SmolLM2-135M-Instruct at F16 (270 MB), built by memwall.
+set -euo pipefail
+: "${LLAMA_CPP:?set LLAMA_CPP to a llama.cpp source tree built with cmake (build/bin)}"
+model="${1:-}"
+percent="${2:-60}"
+threads="${3:-2}"
+gen="${GEN:-32}"
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cargo build --release --quiet -p memwall
+mw="$PWD/target/release/memwall"
+lb="$LLAMA_CPP/build/bin/llama-bench"
+tmp="$(mktemp -d "${TMPDIR:-/tmp}/memwall-wall.XXXXXX")"
+cg=""
+cleanup() { [ -n "$cg" ] && rmdir "$cg" 2> /dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+if [ -z "$model" ]; then
+  fixtures/fetch.sh > /dev/null
+  "$mw" export fixtures/cache/SmolLM2-135M-Instruct.Q4_1.gguf "$tmp/smol" > /dev/null
+  "$mw" convert "$tmp/smol" -o "$tmp/model.gguf" --outtype f16 > /dev/null
+  model="$tmp/model.gguf"
+fi
+size=$(stat -c %s "$model")
+cap=$(( size * percent / 100 ))
+# What the process needs besides pinned weights (binary, KV cache, buffers, the layers in
+# flight): OVERHEAD_MIB, default 40. PREFETCH: layers read ahead (default 2).
+overhead=$(( ${OVERHEAD_MIB:-40} << 20 ))
+resident_mib=$(( (cap - overhead) >> 20 ))
+[ "$resident_mib" -gt 0 ] || { echo "cap too small for this model" >&2; exit 1; }
+if [ -d /sys/fs/cgroup/memory ]; then
+  cg=/sys/fs/cgroup/memory/memwall-wall-$$
+  mkdir "$cg"
+  echo "$cap" > "$cg/memory.limit_in_bytes"
+  peak() { cat "$cg/memory.max_usage_in_bytes"; }
+  reset_peak() { echo 0 > "$cg/memory.max_usage_in_bytes"; }
+  enter="echo \$\$ > $cg/tasks"
+else
+  cg=/sys/fs/cgroup/memwall-wall-$$
+  mkdir "$cg"
+  echo "$cap" > "$cg/memory.max"
+  peak() { cat "$cg/memory.peak" 2> /dev/null || echo 0; }
+  reset_peak() { :; }
+  enter="echo \$\$ > $cg/cgroup.procs"
+fi
+capped() { sync; echo 3 > /proc/sys/vm/drop_caches; reset_peak; sh -c "$enter; exec \"\$@\"" sh "$@"; }
+# Disk bandwidth: the model file read with O_DIRECT, best of three.
+bw=0
+for _ in 1 2 3; do
+  sync; echo 3 > /proc/sys/vm/drop_caches
+  start=$(date +%s.%N); dd if="$model" of=/dev/null bs=8M iflag=direct 2> /dev/null; end=$(date +%s.%N)
+  bw=$(python3 -c "print(max($bw, $size / ($end - $start)))")
+done
+capped "$lb" -m "$model" -p 0 -n "$gen" -t "$threads" -r 2 -o json 2> /dev/null > "$tmp/l.json"
+lpeak=$(peak)
+capped "$mw" bench -m "$model" -p 0 -n "$gen" -t "$threads" -r 2 --resident "$resident_mib" --prefetch "${PREFETCH:-2}" --json > "$tmp/m.json"
+mpeak=$(peak)
+python3 - "$tmp/l.json" "$tmp/m.json" "$size" "$cap" "$bw" "$lpeak" "$mpeak" "$model" <<'PY'
+import json, sys
+l, m, size, cap, bw, lpeak, mpeak, model = sys.argv[1:]
+size, cap, bw, lpeak, mpeak = int(size), int(cap), float(bw), int(lpeak), int(mpeak)
+llama = json.load(open(l))[0]["avg_ts"]
+ours = json.load(open(m))
+tg = ours["results"][0]
+streamed = ours["streaming"]["streamed_bytes"]
+mb = lambda b: f"{b / 2**20:.0f} MiB"
+print(f"model {model}: {mb(size)}; cgroup cap {mb(cap)} ({100 * cap / size:.0f} %); disk {bw / 1e6:.0f} MB/s")
+print(f"memwall pins {mb(ours['streaming']['pinned_bytes'])}, streams {mb(streamed)} per token "
+      f"(read {mb(tg['storage_read_bytes_per_token'] or 0)} per token measured)")
+print(f"decode bound by the disk: memwall {bw / streamed:.1f} t/s (streamed bytes), "
+      f"whole model {bw / size:.1f} t/s")
+print(f"llama.cpp (mmap)      tg{tg['test'][2:]}: {llama:8.2f} t/s   peak {mb(lpeak)}")
+print(f"memwall (--resident)  tg{tg['test'][2:]}: {tg['tokens_per_second']:8.2f} t/s   peak {mb(mpeak)}")
+print(f"ratio memwall / llama.cpp: {tg['tokens_per_second'] / llama:.2f}x")
+PY
