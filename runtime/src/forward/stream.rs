@@ -62,7 +62,7 @@ impl Drop for Prefetcher {
     }
 }
 
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", target_os = "android"))]
 fn advise(job: Job, addr: usize, len: usize) {
     // SAFETY: sysconf has no memory-safety preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
@@ -91,5 +91,5 @@ fn advise(job: Job, addr: usize, len: usize) {
     }
 }
 
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
 fn advise(_job: Job, _addr: usize, _len: usize) {}
