@@ -218,3 +218,18 @@ fn streaming_mode_changes_memory_not_results() {
     let out = memwall(&["run", "-m", TINY, "-p", "x", "--resident", "2", "--no-mmap"]);
     assert!(!out.status.success());
 }
+
+#[test]
+fn bench_sweeps_and_recommends() {
+    let v: Value = serde_json::from_str(&stdout_of(&[
+        "bench", "-m", TINY, "-p", "16", "-n", "4", "-t", "1,2", "-b", "8,16", "-r", "1", "--json",
+    ]))
+    .unwrap();
+    // 2 thread counts × (2 batch sizes of pp + tg).
+    assert_eq!(v["results"].as_array().unwrap().len(), 6);
+    for r in v["results"].as_array().unwrap() {
+        assert!(r["tokens_per_second"].as_f64().unwrap() > 0.0);
+    }
+    assert!(v["recommended"]["prompt"]["threads"].as_u64().is_some());
+    assert_eq!(v["recommended"]["decode"]["n_batch"], 1);
+}

@@ -132,8 +132,20 @@ pub fn run(args: Args) -> Result<()> {
             }));
         }
     }
+    // The fastest setting of each kind of test.
+    let best = |kind: &str| {
+        rows.iter()
+            .filter(|r| r["test"].as_str().is_some_and(|t| t.starts_with(kind)))
+            .max_by(|a, b| {
+                let rate = |r: &serde_json::Value| r["tokens_per_second"].as_f64().unwrap_or(0.0);
+                rate(a).total_cmp(&rate(b))
+            })
+            .map(|r| json!({"threads": r["threads"], "n_batch": r["n_batch"], "tokens_per_second": r["tokens_per_second"]}))
+    };
+    let recommended = json!({"prompt": best("pp"), "decode": best("tg")});
     if args.json {
         let report = json!({
+            "recommended": recommended,
             "model": args.model, "size_bytes": size,
             "architecture": model.config.arch.name(),
             "kernels": kernels.backend().name(), "results": rows,
@@ -162,6 +174,21 @@ pub fn run(args: Args) -> Result<()> {
             r["test"].as_str().unwrap_or(""),
             r["tokens_per_second"].as_f64().unwrap_or(0.0),
             r["stddev"].as_f64().unwrap_or(0.0)
+        );
+    }
+    if let Some(p) = recommended["prompt"].as_object() {
+        println!(
+            "\nrecommended for prompts: -t {} -b {} ({:.1} t/s)",
+            p["threads"],
+            p["n_batch"],
+            p["tokens_per_second"].as_f64().unwrap_or(0.0)
+        );
+    }
+    if let Some(d) = recommended["decode"].as_object() {
+        println!(
+            "recommended for decoding: -t {} ({:.1} t/s)",
+            d["threads"],
+            d["tokens_per_second"].as_f64().unwrap_or(0.0)
         );
     }
     Ok(())
