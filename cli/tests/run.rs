@@ -130,6 +130,9 @@ fn missing_prompt_and_small_context_are_clear_errors() {
     let out = memwall(&["run", "-m", TINY]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("-p TEXT or -f FILE"));
+    let out = memwall(&["run", "-m", TINY, "-p", ""]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("prompt is empty"));
     let out = memwall(&["run", "-m", TINY, "-p", "一二三四五六七八九十", "-c", "4"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("raise -c"));

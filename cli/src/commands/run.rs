@@ -102,6 +102,9 @@ impl Engine<'_> {
     /// Evaluates `tokens` after what the cache holds, reusing the longest common
     /// prefix, and returns the logits of the last one.
     fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            bail!("the prompt is empty (and the model adds no BOS token); give some text");
+        }
         let common = self
             .evaluated
             .iter()
