@@ -716,17 +716,7 @@ impl<'a> Model<'a> {
                 vec![s.prefetch.min(n - 1)]
             };
             for a in ahead {
-                let (slices, pinned) = &s.units[(i + a) % n];
-                if !pinned {
-                    for d in slices {
-                        match &s.worker {
-                            Some(w) => w.send(stream::Job::Populate, d),
-                            None => {
-                                self.gguf.advise(d, Advice::WillNeed);
-                            }
-                        }
-                    }
-                }
+                self.advise_unit(s, (i + a) % n, stream::Job::Populate);
             }
         }
     }
@@ -734,15 +724,25 @@ impl<'a> Model<'a> {
     /// Streaming: after unit `i` ran, let its pages go unless pinned.
     fn after_unit(&self, i: usize) {
         if let Some(s) = &self.stream {
-            let (slices, pinned) = &s.units[i];
-            if !pinned {
-                for d in slices {
-                    match &s.worker {
-                        Some(w) => w.send(stream::Job::PageOut, d),
-                        None => {
-                            self.gguf.advise(d, Advice::DontNeed);
-                        }
-                    }
+            self.advise_unit(s, i, stream::Job::PageOut);
+        }
+    }
+
+    /// Queues `job` for the slices of an unpinned unit (advises directly
+    /// when there is no read-ahead thread).
+    fn advise_unit(&self, s: &Stream, unit: usize, job: stream::Job) {
+        let (slices, pinned) = &s.units[unit];
+        if *pinned {
+            return;
+        }
+        for d in slices {
+            match (&s.worker, job) {
+                (Some(w), _) => w.send(job, d),
+                (None, stream::Job::Populate) => {
+                    self.gguf.advise(d, Advice::WillNeed);
+                }
+                (None, stream::Job::PageOut) => {
+                    self.gguf.advise(d, Advice::DontNeed);
                 }
             }
         }
