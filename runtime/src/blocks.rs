@@ -305,7 +305,7 @@ pub const DEQUANTIZABLE: [GgmlType; 15] = [
 
 /// Byte offsets, within one block, of the f16 scale fields of each quantized
 /// type that [`validate_row`] checks (ggml's `ggml_validate_row_data`).
-fn scale_fields(ty: GgmlType) -> &'static [usize] {
+pub fn scale_fields(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => {
             &[0]

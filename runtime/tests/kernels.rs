@@ -23,7 +23,7 @@
 
 use memwall_runtime::GgmlType;
 use memwall_runtime::blocks::{
-    DEQUANTIZABLE, bf16_to_f32, dequantize_row, f16_to_f32, f32_to_f16, scale_min_k4,
+    DEQUANTIZABLE, bf16_to_f32, dequantize_row, f16_to_f32, f32_to_f16, scale_fields, scale_min_k4,
 };
 use memwall_runtime::kernels::{
     ActRow, Activations, Backend, BlockQ8_0, BlockQ8_1, BlockQ8K, KernelError, Kernels, Matmul,
@@ -252,20 +252,6 @@ fn scalar_dots_match_ggml_vec_dot() {
     }
 }
 
-/// Byte offsets of the f16 fields (scales, minimums) within a block.
-fn f16_fields(ty: GgmlType) -> &'static [usize] {
-    match ty {
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => {
-            &[0]
-        }
-        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
-        GgmlType::Q2_K => &[80, 82],
-        GgmlType::Q3_K => &[108],
-        GgmlType::Q6_K => &[208],
-        _ => &[],
-    }
-}
-
 /// A random valid row of `n` weights: random bytes, finite scales (floats: finite values).
 fn random_row(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
     let (bs, ts) = (ty.block_size() as usize, ty.type_size() as usize);
@@ -280,7 +266,7 @@ fn random_row(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
         _ => {
             let mut w: Vec<u8> = (0..n / bs * ts).map(|_| rng.next() as u8).collect();
             for b in w.chunks_exact_mut(ts) {
-                for &o in f16_fields(ty) {
+                for &o in scale_fields(ty) {
                     let v = rng.f(1.0) * [1.0, 0.01, 0.1][rng.below(3)];
                     b[o..o + 2].copy_from_slice(&f32_to_f16(v).to_le_bytes());
                 }

@@ -238,22 +238,14 @@ impl GgufModel {
     pub fn lock_memory(&self) -> std::io::Result<u64> {
         let mut locked: Vec<&[u8]> = Vec::new();
         for f in &self.files {
-            let bytes = f.bytes();
-            if bytes.is_empty() {
-                continue;
-            }
-            // SAFETY: `bytes` is a live mapping or allocation owned by `f`, valid
-            // for its whole length while `self` lives; mlock only pins the pages.
-            let r = unsafe { libc::mlock(bytes.as_ptr().cast(), bytes.len()) };
-            if r != 0 {
-                let err = std::io::Error::last_os_error();
+            if let Err(err) = self.lock_range(f.bytes()) {
                 for b in locked {
                     // SAFETY: the same ranges were locked above and are still valid.
                     unsafe { libc::munlock(b.as_ptr().cast(), b.len()) };
                 }
                 return Err(err);
             }
-            locked.push(bytes);
+            locked.push(f.bytes());
         }
         Ok(locked.iter().map(|b| b.len() as u64).sum())
     }
