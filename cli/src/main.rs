@@ -136,6 +136,10 @@ at -n tokens, at a --stop string or when the context (-c) is full. Afterwards
 the prompt and decode speed, first-token latency and peak memory are printed
 to standard error (in the JSON with --json).")]
     Run(commands::run::Args),
+    /// Calibrate on text close to the model's real use: importance matrices
+    /// (and, coming, calibration sets and AWQ/GPTQ quantization).
+    #[command(subcommand)]
+    Calibrate(commands::calibrate::Command),
 }
 
 fn main() -> ExitCode {
@@ -149,6 +153,7 @@ fn main() -> ExitCode {
         Command::Validate(args) => commands::validate::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Run(args) => commands::run::run(args),
+        Command::Calibrate(command) => commands::calibrate::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

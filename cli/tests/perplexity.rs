@@ -12,7 +12,6 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{memwall, repo, stdout_of};
-use memwall_fixtures::synth::{Options, preset, write_checkpoint};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -44,27 +43,7 @@ fn f16_model(name: &str, dir: &Path) -> PathBuf {
             .unwrap();
         }
         "smollm2" => return common::smollm2_f16(dir),
-        "moe" => {
-            let hf = dir.join("moe");
-            let options = Options {
-                tokenizer_dir: Some(repo().join("fixtures/smollm2")),
-                weight_scale: 5.0,
-                ..Options::default()
-            };
-            let mut p = preset("tiny-qwen3-moe").unwrap();
-            p.shape.vocab = 49152;
-            write_checkpoint(&hf, p.arch, &p.shape, &options, &mut |_| {}).unwrap();
-            stdout_of(&[
-                "convert",
-                s(&hf),
-                "-o",
-                s(&out),
-                "--outtype",
-                "f16",
-                "--pre",
-                "smollm",
-            ]);
-        }
+        "moe" => return common::moe_f16(dir),
         _ => unreachable!("{name}"),
     }
     out

@@ -58,6 +58,7 @@ fn perplexity(path: &Path, backend: Backend) -> f64 {
         n_batch: 128,
         max_chunks: Some(CHUNKS),
         bos: tokenizer.add_bos().then(|| tokenizer.bos()).flatten(),
+        all_outputs: false,
     };
     eval::perplexity(&model, &tokens, &options, None, &Silent)
         .unwrap()

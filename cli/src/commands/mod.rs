@@ -2,6 +2,7 @@
 //! the libraries and renders the result.
 
 pub mod bench;
+pub mod calibrate;
 pub mod convert;
 pub mod export;
 pub mod inspect;

@@ -90,6 +90,7 @@ pub fn run(args: Args) -> Result<()> {
         n_batch: args.batch,
         max_chunks: args.chunks,
         bos: tokenizer.add_bos().then(|| tokenizer.bos()).flatten(),
+        all_outputs: false,
     };
     let bar = Bar::new(!args.json);
     let started = Instant::now();

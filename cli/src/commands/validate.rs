@@ -205,6 +205,7 @@ fn compare(
         n_batch: args.ctx,
         max_chunks: args.chunks,
         bos: tokenizer.add_bos().then(|| tokenizer.bos()).flatten(),
+        all_outputs: false,
     };
     let scratch = std::env::temp_dir().join(format!("memwall-validate-{}.kld", std::process::id()));
     let mut writer = LogitsWriter::new(&scratch);

@@ -45,3 +45,33 @@ pub fn smollm2_f16(dir: &Path) -> PathBuf {
     stdout_of(&["convert", &s(&hf), "-o", &s(&out), "--outtype", "f16"]);
     out
 }
+
+/// The synthetic qwen3-moe model at F16 in `dir`: memwall-synth's
+/// `tiny-qwen3-moe` with SmolLM2's vocabulary at weight scale 5, converted by
+/// memwall (the same bytes as llama.cpp's converter with `--pre smollm`; the
+/// recorded expectations name its SHA-256).
+pub fn moe_f16(dir: &Path) -> PathBuf {
+    use memwall_fixtures::synth::{Options, preset, write_checkpoint};
+    let hf = dir.join("moe");
+    let out = dir.join("moe-F16.gguf");
+    let options = Options {
+        tokenizer_dir: Some(repo().join("fixtures/smollm2")),
+        weight_scale: 5.0,
+        ..Options::default()
+    };
+    let mut p = preset("tiny-qwen3-moe").unwrap();
+    p.shape.vocab = 49152;
+    write_checkpoint(&hf, p.arch, &p.shape, &options, &mut |_| {}).unwrap();
+    let s = |p: &Path| p.to_str().unwrap().to_owned();
+    stdout_of(&[
+        "convert",
+        &s(&hf),
+        "-o",
+        &s(&out),
+        "--outtype",
+        "f16",
+        "--pre",
+        "smollm",
+    ]);
+    out
+}

@@ -61,6 +61,10 @@ pub struct Options {
     pub max_chunks: Option<usize>,
     /// The BOS id that replaces each chunk's first token, when the vocabulary adds BOS.
     pub bos: Option<u32>,
+    /// Run the output head on every position, not only the scored half (so
+    /// that an [`Observer`](crate::forward::Observer) sees all of them, as
+    /// llama-imatrix's `--process-output` does).
+    pub all_outputs: bool,
 }
 
 /// The perplexity of a text.
@@ -121,11 +125,15 @@ fn window_logits(
     }
     let mut session = model.session();
     let batch = options.n_batch.min(tokens.len());
-    let mut logits = Vec::with_capacity((tokens.len() - first) * model.config.n_vocab);
+    let skip = if options.all_outputs { 0 } else { first };
+    let mut logits = Vec::with_capacity((tokens.len() - skip) * model.config.n_vocab);
     for (b, piece) in tokens.chunks(batch).enumerate() {
         let start = b * batch;
-        let from = first.saturating_sub(start).min(piece.len());
+        let from = skip.saturating_sub(start).min(piece.len());
         logits.extend(model.forward_from(&mut session, piece, from)?);
+    }
+    if skip < first {
+        logits.drain(..(first - skip) * model.config.n_vocab);
     }
     Ok(logits)
 }

@@ -147,6 +147,10 @@ pub struct Config {
 /// A decodable matrix: `rows` rows of `cols` weights.
 #[derive(Clone, Copy)]
 struct Matrix<'a> {
+    /// The GGUF tensor it comes from.
+    name: &'a str,
+    /// Which expert of a stacked tensor this is.
+    expert: Option<usize>,
     ty: GgmlType,
     data: &'a [u8],
     rows: usize,
@@ -212,6 +216,18 @@ pub struct Model<'a> {
     gguf: &'a GgufModel,
     /// Streaming of weights larger than the memory the model may use.
     stream: Option<Stream<'a>>,
+    /// Who sees the inputs of the matrix products.
+    observer: Option<std::sync::Arc<dyn Observer>>,
+}
+
+/// Sees the input of every weight matrix product of the forward pass, in
+/// the order the forward pass computes them (calibration collects its
+/// statistics through this).
+pub trait Observer: Send + Sync {
+    /// `x` holds `tokens` rows of the input to `tensor` (for a tensor that
+    /// stacks experts, expert `expert`'s share of the tokens), one row per
+    /// token, as the product reads them (before any activation rounding).
+    fn matmul_input(&self, tensor: &str, expert: Option<usize>, x: &[f32], tokens: usize);
 }
 
 /// How weights are kept when the model is larger than the RAM it may use:
@@ -394,6 +410,8 @@ impl<'g> Loader<'g> {
             .map_err(|e| tensor_err(name, e.to_string()))?
             .bytes as usize;
         Ok(Matrix {
+            name: &info.name,
+            expert: None,
             ty: info.ty,
             data,
             rows,
@@ -493,11 +511,12 @@ impl Matrix<'_> {
         &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
 
-    /// Rows `first..first + n` as a matrix (one expert of a stacked tensor).
-    fn rows(&self, first: usize, n: usize) -> Self {
+    /// Expert `x` of a tensor that stacks experts of `n` rows each.
+    fn expert(&self, x: usize, n: usize) -> Self {
         Matrix {
-            data: &self.data[first * self.row_bytes..(first + n) * self.row_bytes],
+            data: &self.data[x * n * self.row_bytes..(x + 1) * n * self.row_bytes],
             rows: n,
+            expert: Some(x),
             ..*self
         }
     }
@@ -644,6 +663,7 @@ impl<'a> Model<'a> {
             pool: attention_pool(threads),
             gguf,
             stream: None,
+            observer: None,
         })
     }
 
@@ -808,6 +828,12 @@ impl<'a> Model<'a> {
         self.config.kv_type = if exact { KvType::F32 } else { KvType::F16 };
     }
 
+    /// Shows the input of every weight matrix product to `observer` (none:
+    /// stop showing).
+    pub fn set_observer(&mut self, observer: Option<std::sync::Arc<dyn Observer>>) {
+        self.observer = observer;
+    }
+
     /// The kernels and thread count in use.
     pub fn compute(&self) -> (Kernels, usize) {
         let m = self.lock();
@@ -821,6 +847,9 @@ impl<'a> Model<'a> {
 
     /// `y = W·x` for `t_n` tokens: `x` is `t_n × cols`, the result `t_n × rows`.
     fn matmul(&self, m: &Matrix, x: &[f32], t_n: usize) -> Result<Vec<f32>, ForwardError> {
+        if let Some(o) = &self.observer {
+            o.matmul_input(m.name, m.expert, x, t_n);
+        }
         let mut y = vec![0f32; t_n * m.rows];
         if self.exact {
             let mut row = vec![0f32; m.cols];
@@ -1120,9 +1149,9 @@ impl<'a> Model<'a> {
                 input.extend_from_slice(&h[t * e..(t + 1) * e]);
             }
             let y = self.swiglu(
-                &gate.rows(x * ff, ff),
-                &up.rows(x * ff, ff),
-                &down.rows(x * e, e),
+                &gate.expert(x, ff),
+                &up.expert(x, ff),
+                &down.expert(x, e),
                 &input,
                 tokens.len(),
             )?;

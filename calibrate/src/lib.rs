@@ -1,0 +1,42 @@
+//! Calibration: what a model's activations look like on text close to its
+//! real use, and quantization that takes it into account while still writing
+//! the ordinary GGUF block formats stock llama.cpp runs.
+//!
+//! - [`imatrix`]: per-column sums of squared activations of every matrix
+//!   product (per expert for MoE), as `llama-imatrix` collects them, written
+//!   in its GGUF format or the legacy `.dat` format.
+
+pub mod imatrix;
+
+/// Why calibration failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CalibrateError {
+    /// The model could not be run.
+    #[error(transparent)]
+    Forward(#[from] memwall_runtime::forward::ForwardError),
+    /// Evaluating the text failed.
+    #[error(transparent)]
+    Eval(#[from] memwall_runtime::eval::EvalError),
+    /// Writing an output failed.
+    #[error(transparent)]
+    Gguf(#[from] memwall_runtime::gguf::GgufError),
+    /// A file could not be read or written.
+    #[error("{path}: {error}")]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The cause.
+        error: std::io::Error,
+    },
+    /// Activations became NaN or infinite.
+    #[error(
+        "non-finite activations entering {tensor}: the model's weights or the text make it overflow (check the model with `memwall validate`)"
+    )]
+    NonFinite {
+        /// The tensor whose input was not finite.
+        tensor: String,
+    },
+    /// Input that cannot be used, with the reason.
+    #[error("{0}")]
+    Input(String),
+}

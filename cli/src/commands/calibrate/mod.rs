@@ -1,0 +1,29 @@
+//! `memwall calibrate …`: calibration sets, importance matrices, and
+//! calibrated quantization.
+
+pub mod imatrix;
+
+/// The `calibrate` subcommands.
+#[derive(clap::Subcommand)]
+pub enum Command {
+    /// Collect an importance matrix (per-column sums of squared activations of
+    /// every matrix product) in llama-imatrix's format.
+    #[command(after_help = "Examples:
+  memwall calibrate imatrix -m model-f16.gguf -f calibration.txt -o imatrix.gguf
+  memwall calibrate imatrix -m model-f16.gguf -f text.txt -c 512 --chunks 100 --process-output
+  memwall calibrate imatrix -m model-f16.gguf -f text.txt -o imatrix.dat --output-format dat
+
+The text is cut into windows of -c tokens, each starting with BOS, as
+llama-imatrix cuts it; the sums agree with llama-imatrix's for the same
+model, text and -c (see docs/CALIBRATE.md). Both memwall quantize --imatrix
+and llama-quantize --imatrix read the output.
+Then: memwall quantize model-f16.gguf Q4_K_M --imatrix imatrix.gguf")]
+    Imatrix(imatrix::Args),
+}
+
+/// Runs a `calibrate` subcommand.
+pub fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Imatrix(args) => imatrix::run(args),
+    }
+}
