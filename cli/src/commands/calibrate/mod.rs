@@ -1,6 +1,7 @@
 //! `memwall calibrate …`: calibration sets, importance matrices, and
 //! calibrated quantization.
 
+pub mod dataset;
 pub mod imatrix;
 
 /// The `calibrate` subcommands.
@@ -19,11 +20,15 @@ model, text and -c (see docs/CALIBRATE.md). Both memwall quantize --imatrix
 and llama-quantize --imatrix read the output.
 Then: memwall quantize model-f16.gguf Q4_K_M --imatrix imatrix.gguf")]
     Imatrix(imatrix::Args),
+    /// Build a calibration set: text, JSON/JSONL/Parquet QA data and chats,
+    /// mixed by ratio, chunked, deduplicated, filtered by script and tokenized.
+    Dataset(dataset::Args),
 }
 
 /// Runs a `calibrate` subcommand.
 pub fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Imatrix(args) => imatrix::run(args),
+        Command::Dataset(args) => dataset::run(args),
     }
 }
