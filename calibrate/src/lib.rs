@@ -5,8 +5,21 @@
 //! - [`imatrix`]: per-column sums of squared activations of every matrix
 //!   product (per expert for MoE), as `llama-imatrix` collects them, written
 //!   in its GGUF format or the legacy `.dat` format.
+//! - [`dataset`]: calibration sets built from text, JSON/JSONL/Parquet QA
+//!   data and chats, mixed, chunked, deduplicated and tokenized.
+//! - [`awq`], [`gptq`]: activation-aware scales and error-feedback rounding
+//!   onto ggml's block grids; [`quantize`] runs them layer by layer into an
+//!   ordinary GGUF.
+//! - [`grid`]: the quantization grid of an encoded ggml block, which GPTQ
+//!   rounds onto.
 
+pub mod awq;
+pub mod dataset;
+pub mod gptq;
+pub mod grid;
 pub mod imatrix;
+pub mod linalg;
+pub mod quantize;
 
 /// Why calibration failed.
 #[derive(Debug, thiserror::Error)]

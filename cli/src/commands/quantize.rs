@@ -72,7 +72,7 @@ pub struct Args {
 }
 
 /// Valid TYPE names, for messages.
-fn ftype_names() -> String {
+pub(crate) fn ftype_names() -> String {
     FILE_TYPES
         .iter()
         .filter(|f| f.base.is_some())
@@ -81,7 +81,7 @@ fn ftype_names() -> String {
         .join(", ")
 }
 
-fn parse_ftype(name: &str) -> Option<&'static FileTypeInfo> {
+pub(crate) fn parse_ftype(name: &str) -> Option<&'static FileTypeInfo> {
     file_type_by_name(name)
 }
 
@@ -138,7 +138,7 @@ fn outputs(args: &Args, recipe: Option<&Recipe>) -> Result<(PathBuf, &'static Fi
     }
 }
 
-fn load_recipe(spec: &str) -> Result<Recipe> {
+pub(crate) fn load_recipe(spec: &str) -> Result<Recipe> {
     if let Some(r) = Recipe::preset(spec) {
         return Ok(r);
     }

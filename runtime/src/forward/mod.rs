@@ -24,7 +24,8 @@ mod stream;
 
 pub use rope::{Rope, Yarn};
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 
@@ -156,6 +157,8 @@ struct Matrix<'a> {
     rows: usize,
     cols: usize,
     row_bytes: usize,
+    /// Rows of the whole tensor (all experts).
+    total_rows: usize,
 }
 
 /// A norm: weights, and a bias for LayerNorm when the model has one.
@@ -217,7 +220,17 @@ pub struct Model<'a> {
     /// Streaming of weights larger than the memory the model may use.
     stream: Option<Stream<'a>>,
     /// Who sees the inputs of the matrix products.
-    observer: Option<std::sync::Arc<dyn Observer>>,
+    observer: Option<Arc<dyn Observer>>,
+    /// Weights replaced after loading (calibration tries quantized versions
+    /// of a layer before moving on): tensor name → type and bytes.
+    replaced: HashMap<String, (GgmlType, Arc<[u8]>)>,
+}
+
+/// A matrix's weights as the products read them: its own, or a replacement.
+struct Weights<'m> {
+    ty: GgmlType,
+    data: &'m [u8],
+    row_bytes: usize,
 }
 
 /// Sees the input of every weight matrix product of the forward pass, in
@@ -417,6 +430,7 @@ impl<'g> Loader<'g> {
             rows,
             cols,
             row_bytes,
+            total_rows: rows,
         })
     }
 
@@ -664,6 +678,7 @@ impl<'a> Model<'a> {
             gguf,
             stream: None,
             observer: None,
+            replaced: HashMap::new(),
         })
     }
 
@@ -830,7 +845,7 @@ impl<'a> Model<'a> {
 
     /// Shows the input of every weight matrix product to `observer` (none:
     /// stop showing).
-    pub fn set_observer(&mut self, observer: Option<std::sync::Arc<dyn Observer>>) {
+    pub fn set_observer(&mut self, observer: Option<Arc<dyn Observer>>) {
         self.observer = observer;
     }
 
@@ -850,11 +865,17 @@ impl<'a> Model<'a> {
         if let Some(o) = &self.observer {
             o.matmul_input(m.name, m.expert, x, t_n);
         }
+        let w = self.weights(m);
         let mut y = vec![0f32; t_n * m.rows];
         if self.exact {
             let mut row = vec![0f32; m.cols];
             for r in 0..m.rows {
-                decode(m, r, &mut row)?;
+                dequantize_row(
+                    w.ty,
+                    &w.data[r * w.row_bytes..(r + 1) * w.row_bytes],
+                    &mut row,
+                )
+                .map_err(|e| tensor_err(m.name, e.to_string()))?;
                 for t in 0..t_n {
                     let xt = &x[t * m.cols..(t + 1) * m.cols];
                     y[t * m.rows + r] = row.iter().zip(xt).map(|(a, b)| a * b).sum();
@@ -862,9 +883,28 @@ impl<'a> Model<'a> {
             }
             return Ok(y);
         }
-        let w = QMatrix::new(m.ty, m.data, m.rows, m.cols)?;
-        self.lock().matmul(&w, x, &mut y)?;
+        let q = QMatrix::new(w.ty, w.data, m.rows, m.cols)?;
+        self.lock().matmul(&q, x, &mut y)?;
         Ok(y)
+    }
+
+    /// The weights `m`'s products read: a replacement if one was installed.
+    fn weights<'m>(&'m self, m: &'m Matrix) -> Weights<'m> {
+        let Some((ty, bytes)) = self.replaced.get(m.name) else {
+            return Weights {
+                ty: m.ty,
+                data: m.data,
+                row_bytes: m.row_bytes,
+            };
+        };
+        // Checked against the tensor's shape when it was installed.
+        let row_bytes = bytes.len() / m.total_rows;
+        let first = m.expert.map_or(0, |x| x * m.rows);
+        Weights {
+            ty: *ty,
+            data: &bytes[first * row_bytes..(first + m.rows) * row_bytes],
+            row_bytes,
+        }
     }
 
     /// `down · (silu(gate · h) ⊙ (up · h))`.
@@ -917,13 +957,7 @@ impl<'a> Model<'a> {
             return Err(ForwardError::ContextFull(c.n_ctx));
         }
         let e = c.n_embd;
-        let mut x = vec![0f32; t_n * e];
-        for (t, &id) in tokens.iter().enumerate() {
-            if id as usize >= c.n_vocab {
-                return Err(ForwardError::Token(id));
-            }
-            decode(&self.embd, id as usize, &mut x[t * e..(t + 1) * e])?;
-        }
+        let mut x = self.embed(tokens)?;
         let tables: Vec<Vec<(f32, f32)>> = (0..t_n)
             .map(|t| {
                 let mut table = Vec::new();
@@ -932,21 +966,9 @@ impl<'a> Model<'a> {
             })
             .collect();
         let mut h = vec![0f32; t_n * e];
-        for (l, layer) in self.layers.iter().enumerate() {
+        for l in 0..self.layers.len() {
             self.before_unit(l);
-            self.norm(&x, &layer.attn_norm, &mut h);
-            let attn = self.attention_block(layer, &h, &tables, session, l)?;
-            if let Some(ffn_norm) = &layer.ffn_norm {
-                add(&mut x, &attn);
-                self.norm(&x, ffn_norm, &mut h);
-                let ffn = self.ffn(&layer.ffn, &h, t_n)?;
-                add(&mut x, &ffn);
-            } else {
-                // Parallel block: attention and FFN both read the attention norm.
-                let ffn = self.ffn(&layer.ffn, &h, t_n)?;
-                add(&mut x, &attn);
-                add(&mut x, &ffn);
-            }
+            self.layer_step(l, &mut x, &mut h, &tables, session)?;
             self.after_unit(l);
         }
         session.n_past += t_n;
@@ -961,6 +983,176 @@ impl<'a> Model<'a> {
             logits.iter_mut().for_each(|v| *v *= c.logit_scale);
         }
         Ok(logits)
+    }
+
+    /// Layer `l` over the hidden states `x` of the tokens whose RoPE tables
+    /// are `tables`, with `h` as scratch of the same size.
+    fn layer_step(
+        &self,
+        l: usize,
+        x: &mut [f32],
+        h: &mut [f32],
+        tables: &[Vec<(f32, f32)>],
+        session: &mut Session,
+    ) -> Result<(), ForwardError> {
+        let layer = &self.layers[l];
+        let t_n = tables.len();
+        self.norm(x, &layer.attn_norm, h);
+        let attn = self.attention_block(layer, h, tables, session, l)?;
+        if let Some(ffn_norm) = &layer.ffn_norm {
+            add(x, &attn);
+            self.norm(x, ffn_norm, h);
+            let ffn = self.ffn(&layer.ffn, h, t_n)?;
+            add(x, &ffn);
+        } else {
+            // Parallel block: attention and FFN both read the attention norm.
+            let ffn = self.ffn(&layer.ffn, h, t_n)?;
+            add(x, &attn);
+            add(x, &ffn);
+        }
+        Ok(())
+    }
+
+    /// The embeddings of `tokens`, one row of `n_embd` per token: the input
+    /// of layer 0 for [`Model::forward_layer`].
+    pub fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>, ForwardError> {
+        let e = self.config.n_embd;
+        let mut x = vec![0f32; tokens.len() * e];
+        for (t, &id) in tokens.iter().enumerate() {
+            if id as usize >= self.config.n_vocab {
+                return Err(ForwardError::Token(id));
+            }
+            decode(&self.embd, id as usize, &mut x[t * e..(t + 1) * e])?;
+        }
+        Ok(x)
+    }
+
+    /// Runs layer `l` alone over one sequence whose hidden states (one row of
+    /// `n_embd` per token, positions from 0) are `x`, replacing them with the
+    /// layer's output. Calibration runs a model this way, one layer at a time
+    /// over all its samples.
+    pub fn forward_layer(&self, l: usize, x: &mut [f32]) -> Result<(), ForwardError> {
+        let c = &self.config;
+        let t_n = x.len() / c.n_embd;
+        if l >= c.n_layer || x.len() != t_n * c.n_embd {
+            return Err(ForwardError::Metadata(format!(
+                "layer {l} of {} over {} values (not a multiple of {})",
+                c.n_layer,
+                x.len(),
+                c.n_embd
+            )));
+        }
+        if t_n > c.n_ctx {
+            return Err(ForwardError::ContextFull(c.n_ctx));
+        }
+        let tables: Vec<Vec<(f32, f32)>> = (0..t_n)
+            .map(|t| {
+                let mut table = Vec::new();
+                c.rope.table(t, &mut table);
+                table
+            })
+            .collect();
+        let mut session = self.session();
+        let mut h = vec![0f32; x.len()];
+        self.layer_step(l, x, &mut h, &tables, &mut session)
+    }
+
+    /// Replaces the weights of matrix `name` (a tensor the forward pass
+    /// reads) with `data` of type `ty`, which must hold the same shape.
+    pub fn replace_matrix(
+        &mut self,
+        name: &str,
+        ty: GgmlType,
+        data: Arc<[u8]>,
+    ) -> Result<(), ForwardError> {
+        let (cols, rows) = self
+            .all_matrices()
+            .find(|m| m.name == name)
+            .map(|m| (m.cols, m.total_rows))
+            .ok_or_else(|| tensor_err(name, "is not a matrix of this model"))?;
+        if !DEQUANTIZABLE.contains(&ty) {
+            return Err(tensor_err(
+                name,
+                format!("type {} is not decoded", ty.name()),
+            ));
+        }
+        let row_bytes = ty
+            .tensor_size(&[cols as u64])
+            .map_err(|e| tensor_err(name, e.to_string()))?
+            .bytes as usize;
+        if data.len() != rows * row_bytes {
+            return Err(tensor_err(
+                name,
+                format!(
+                    "replacement of {} bytes; {rows} rows of {cols} {} weights take {}",
+                    data.len(),
+                    ty.name(),
+                    rows * row_bytes
+                ),
+            ));
+        }
+        self.replaced.insert(name.to_owned(), (ty, data));
+        Ok(())
+    }
+
+    /// Replaces a norm's weight or bias vector (`blk.N.attn_norm.weight`,
+    /// `blk.N.ffn_norm.bias`, `output_norm.weight`, …).
+    pub fn replace_norm(&mut self, name: &str, values: Vec<f32>) -> Result<(), ForwardError> {
+        let (prefix, field) = name
+            .rsplit_once('.')
+            .ok_or_else(|| tensor_err(name, "is not a norm"))?;
+        let norm = if prefix == "output_norm" {
+            Some(&mut self.output_norm)
+        } else {
+            prefix
+                .strip_prefix("blk.")
+                .and_then(|rest| rest.split_once('.'))
+                .and_then(|(l, kind)| {
+                    let layer = self.layers.get_mut(l.parse::<usize>().ok()?)?;
+                    match kind {
+                        "attn_norm" => Some(&mut layer.attn_norm),
+                        "ffn_norm" => layer.ffn_norm.as_mut(),
+                        _ => None,
+                    }
+                })
+        }
+        .ok_or_else(|| tensor_err(name, "is not a norm of this model"))?;
+        let slot = match field {
+            "weight" => &mut norm.weight,
+            "bias" => norm
+                .bias
+                .as_mut()
+                .ok_or_else(|| tensor_err(name, "this norm has no bias"))?,
+            _ => return Err(tensor_err(name, "is not a norm weight or bias")),
+        };
+        if values.len() != slot.len() || values.iter().any(|v| !v.is_finite()) {
+            return Err(tensor_err(
+                name,
+                format!("replacement must be {} finite values", slot.len()),
+            ));
+        }
+        *slot = values;
+        Ok(())
+    }
+
+    /// Every weight matrix of the model.
+    fn all_matrices(&self) -> impl Iterator<Item = &Matrix<'a>> {
+        self.layers
+            .iter()
+            .flat_map(|layer| {
+                let mut v = vec![&layer.wq, &layer.wk, &layer.wv, &layer.wo];
+                match &layer.ffn {
+                    Ffn::Dense { gate, up, down } => v.extend([gate, up, down]),
+                    Ffn::Moe {
+                        router,
+                        gate,
+                        up,
+                        down,
+                    } => v.extend([router, gate, up, down]),
+                }
+                v
+            })
+            .chain([&self.output])
     }
 
     fn norm(&self, x: &[f32], norm: &Norm, out: &mut [f32]) {

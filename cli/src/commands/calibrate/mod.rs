@@ -3,6 +3,7 @@
 
 pub mod dataset;
 pub mod imatrix;
+pub mod quantize;
 
 /// The `calibrate` subcommands.
 #[derive(clap::Subcommand)]
@@ -23,6 +24,20 @@ Then: memwall quantize model-f16.gguf Q4_K_M --imatrix imatrix.gguf")]
     /// Build a calibration set: text, JSON/JSONL/Parquet QA data and chats,
     /// mixed by ratio, chunked, deduplicated, filtered by script and tokenized.
     Dataset(dataset::Args),
+    /// Quantize with AWQ and/or GPTQ calibration into the same GGUF types
+    /// plain quantization writes (stock llama.cpp runs the result).
+    #[command(after_help = "Examples:
+  memwall calibrate quantize -m model-f16.gguf --dataset calib.jsonl --type Q4_K_M -o model-Q4_K_M-awq-gptq.gguf
+  memwall calibrate quantize -m model-f16.gguf --dataset calib.jsonl --method gptq --type Q5_K_M -o out.gguf
+  memwall calibrate quantize -m model-f16.gguf -f text.txt --samples 64 --seq-len 512 --method awq --recipe attn-f16-ffn-q4 -o out.gguf
+
+Layer by layer: statistics of every matrix input on the calibration samples
+(inputs of layer i+1 come from the already quantized layers up to i), AWQ's
+scales folded into the norms and preceding matrices, GPTQ's error-feedback
+rounding onto the target type's own block grid. The output has the same
+tensor names and types as `memwall quantize` (and llama-quantize) would
+write, plus memwall.calibration.* metadata. See docs/CALIBRATE.md.")]
+    Quantize(quantize::Args),
 }
 
 /// Runs a `calibrate` subcommand.
@@ -30,5 +45,6 @@ pub fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Imatrix(args) => imatrix::run(args),
         Command::Dataset(args) => dataset::run(args),
+        Command::Quantize(args) => quantize::run(args),
     }
 }

@@ -1,0 +1,214 @@
+//! AWQ (Lin et al., arXiv 2306.00978): per-input-channel scales that move
+//! quantization precision to the channels large activations hit.
+//!
+//! For a group of matrices that read the same input (the attention norm's
+//! output for Q/K/V, the FFN norm's for gate/up, `ffn_up`'s rows for
+//! `ffn_down`, V's rows for the attention output when shapes allow), the
+//! weights' input columns are multiplied by `s` and the input divided by `s`
+//! — folded into the operation that produces it — which leaves the float
+//! model unchanged but changes what rounding loses. `s` is searched over
+//! AutoAWQ's grid: `s = x̄^α / (w̄^(1−α) + 1e-4)` for α = 0, 1/n, …, (n−1)/n
+//! (n = 20), normalised by `√(max·min)`, where `x̄` is the mean |activation|
+//! per channel and `w̄` the mean of |w| / max |w| over 32-weight groups of
+//! each row (AutoAWQ's `duo_scaling`). Unlike AutoAWQ, every candidate is
+//! scored after encoding with the *actual ggml target type* (and its
+//! importance weighting), and the error is the exact output error over all
+//! calibration tokens, `Σ_rows Δwᵀ H Δw` with `H = XᵀX`; no scaling at all is
+//! also a candidate, so AWQ never makes a group worse on the calibration set.
+//!
+//! AutoAWQ's separate clipping search is not repeated: ggml's K-quant and
+//! IQ4 encoders already search each block's scale (and min) for the lowest
+//! importance-weighted error, which is what the clipping search does for
+//! AutoAWQ's plain min/max groups.
+
+use memwall_quantize::{IMATRIX_ENCODABLE, quantize_row_imatrix};
+use memwall_runtime::GgmlType;
+use memwall_runtime::blocks::dequantize_row;
+use rayon::prelude::*;
+
+use crate::CalibrateError;
+use crate::linalg::dot;
+
+/// One matrix of a group: `rows × cols` weights (row-major) and its target type.
+pub struct Linear<'a> {
+    /// Tensor name (for errors).
+    pub name: &'a str,
+    /// Weights.
+    pub w: &'a [f32],
+    /// Rows.
+    pub rows: usize,
+    /// Target type.
+    pub ty: GgmlType,
+}
+
+/// The chosen scales of a group.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Choice {
+    /// Per input channel (all 1 when no scaling won).
+    pub scales: Vec<f32>,
+    /// The exponent chosen, `None` for no scaling.
+    pub alpha: Option<f32>,
+    /// Output error with the chosen scales.
+    pub error: f64,
+    /// Output error without scaling.
+    pub base_error: f64,
+}
+
+/// The output error `Σ_rows Δwᵀ H Δw` of quantizing the group with input
+/// scales `s` (weights × s, encoded, decoded, ÷ s).
+fn group_error(
+    linears: &[Linear],
+    cols: usize,
+    h: &[f32],
+    imatrix: &[f32],
+    s: &[f32],
+) -> Result<f64, CalibrateError> {
+    let scaled_imatrix: Vec<f32> = imatrix.iter().zip(s).map(|(m, s)| m / (s * s)).collect();
+    let mut total = 0f64;
+    for lin in linears {
+        let ty = lin.ty;
+        let rb = ty
+            .tensor_size(&[cols as u64])
+            .map_err(|e| CalibrateError::Input(format!("{}: {e}", lin.name)))?
+            .bytes as usize;
+        let weights = IMATRIX_ENCODABLE
+            .contains(&ty)
+            .then_some(&scaled_imatrix[..]);
+        let e: f64 = lin
+            .w
+            .par_chunks(cols)
+            .map(|row| -> Result<f64, CalibrateError> {
+                let ws: Vec<f32> = row.iter().zip(s).map(|(w, s)| w * s).collect();
+                let mut bytes = vec![0u8; rb];
+                quantize_row_imatrix(ty, &ws, &mut bytes, weights)
+                    .map_err(|e| CalibrateError::Input(format!("{}: {e}", lin.name)))?;
+                let mut back = vec![0f32; cols];
+                dequantize_row(ty, &bytes, &mut back)
+                    .map_err(|e| CalibrateError::Input(format!("{}: {e}", lin.name)))?;
+                let delta: Vec<f32> = back
+                    .iter()
+                    .zip(s)
+                    .zip(row)
+                    .map(|((q, s), w)| q / s - w)
+                    .collect();
+                Ok((0..cols)
+                    .map(|i| {
+                        f64::from(delta[i]) * f64::from(dot(&h[i * cols..(i + 1) * cols], &delta))
+                    })
+                    .sum())
+            })
+            .try_reduce(|| 0.0, |a, b| Ok(a + b))?;
+        total += e;
+    }
+    Ok(total)
+}
+
+/// Searches the scales of a group whose input has `cols` channels, Hessian
+/// `h` (`cols × cols`, f32), mean |activation| `x_abs` and mean squared
+/// activation `imatrix` per channel, over `n_grid` exponents.
+pub fn search(
+    linears: &[Linear],
+    cols: usize,
+    h: &[f32],
+    x_abs: &[f32],
+    imatrix: &[f32],
+    n_grid: usize,
+) -> Result<Choice, CalibrateError> {
+    // Mean over rows of |w| / max |w| of its 32-weight group, per column.
+    let mut w_mean = vec![0f64; cols];
+    let mut rows = 0usize;
+    for lin in linears {
+        for row in lin.w.chunks_exact(cols) {
+            for (g, chunk) in row.chunks(32).enumerate() {
+                let max = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
+                for (j, v) in chunk.iter().enumerate() {
+                    let r = if max > 0.0 { v.abs() / max } else { 0.0 };
+                    w_mean[g * 32 + j] += f64::from(r);
+                }
+            }
+            rows += 1;
+        }
+    }
+    let w_mean: Vec<f32> = w_mean
+        .iter()
+        .map(|&v| (v / rows.max(1) as f64) as f32)
+        .collect();
+    let ones = vec![1f32; cols];
+    let base = group_error(linears, cols, h, imatrix, &ones)?;
+    let mut best = Choice {
+        scales: ones,
+        alpha: None,
+        error: base,
+        base_error: base,
+    };
+    for i in 0..n_grid {
+        let alpha = i as f32 / n_grid as f32;
+        let mut s: Vec<f32> = x_abs
+            .iter()
+            .zip(&w_mean)
+            .map(|(&x, &w)| (x.powf(alpha) / (w.powf(1.0 - alpha) + 1e-4)).max(1e-4))
+            .collect();
+        let (max, min) = s
+            .iter()
+            .fold((0f32, f32::INFINITY), |(a, b), &v| (a.max(v), b.min(v)));
+        let norm = (max * min).sqrt();
+        if !(norm > 0.0 && norm.is_finite()) {
+            continue;
+        }
+        s.iter_mut().for_each(|v| *v /= norm);
+        if s.iter().any(|v| !v.is_finite() || *v <= 0.0) {
+            continue;
+        }
+        let e = group_error(linears, cols, h, imatrix, &s)?;
+        if e < best.error {
+            best = Choice {
+                scales: s,
+                alpha: Some(alpha),
+                error: e,
+                base_error: base,
+            };
+        }
+    }
+    Ok(best)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::linalg::Hessian;
+
+    #[test]
+    fn scales_help_when_a_few_channels_carry_large_activations() {
+        let (rows, cols, tokens) = (32, 256, 256);
+        let mut s = 1u32;
+        let mut next = || {
+            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        let w: Vec<f32> = (0..rows * cols).map(|_| next()).collect();
+        let x: Vec<f32> = (0..tokens * cols)
+            .map(|i| next() * if i % cols % 50 == 0 { 30.0 } else { 1.0 })
+            .collect();
+        let mut h = Hessian::new(cols);
+        h.add(&x, tokens);
+        let hf: Vec<f32> = h.full().iter().map(|&v| v as f32).collect();
+        let lin = [Linear {
+            name: "w",
+            w: &w,
+            rows,
+            ty: GgmlType::Q4_0,
+        }];
+        // Plain rounding (no importance weights) is where AWQ helps most.
+        let flat = vec![1f32; cols];
+        let c = search(&lin, cols, &hf, &h.mean_abs(), &flat, 20).unwrap();
+        assert!(c.alpha.is_some());
+        assert!(
+            c.error < 0.9 * c.base_error,
+            "{} vs {}",
+            c.error,
+            c.base_error
+        );
+        // The big channels get larger scales.
+        assert!(c.scales[0] > c.scales[1]);
+    }
+}

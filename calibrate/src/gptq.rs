@@ -1,0 +1,257 @@
+//! GPTQ (Frantar et al., arXiv 2210.17323) onto ggml block grids.
+//!
+//! Each row is quantized column by column; the rounding error of a column is
+//! spread over the row's later columns in proportion to the inverse Hessian
+//! of the layer's inputs, so that later roundings compensate it. The rows are
+//! independent given the shared factor `U` (`H⁻¹ = UᵀU`), so they run in
+//! parallel.
+//!
+//! What makes the result an ordinary ggml block: when the column index enters
+//! a new block, that block's scales (and mins) are fixed by llama.cpp's own
+//! importance-weighted encoder applied to the row's current, error-corrected
+//! values — the "static groups" of GPTQ, one block at a time — and every
+//! weight of the block is then rounded onto that block's grid ([`Grid`]) in
+//! column order. Column order is never permuted (no act-order), so the layout
+//! is unchanged.
+//!
+//! Dampening is `damp · mean(diag H)` (default 0.01, as the GPTQ reference);
+//! if the Cholesky factorisation fails it is retried with 0.01 more each
+//! time (GPTQModel's `damp_auto_increment`), up to ten times. Columns no
+//! calibration token reached (`H[i][i] = 0`) are set to 1 on the diagonal,
+//! as in the reference.
+
+use memwall_quantize::{IMATRIX_ENCODABLE, quantize_row_imatrix};
+use memwall_runtime::GgmlType;
+use rayon::prelude::*;
+
+use crate::CalibrateError;
+use crate::grid::{GPTQ_TYPES, Grid};
+use crate::linalg::{Hessian, inverse_cholesky_upper};
+
+/// GPTQ settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Settings {
+    /// Dampening as a fraction of the mean Hessian diagonal.
+    pub damp: f64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings { damp: 0.01 }
+    }
+}
+
+/// The factor GPTQ needs, prepared once per input (shared by every matrix
+/// that reads the same input).
+pub struct Prepared {
+    /// Upper Cholesky factor of the dampened inverse Hessian.
+    u: Vec<f32>,
+    /// Columns no token reached.
+    dead: Vec<bool>,
+    /// The dampening that worked (fraction of the mean diagonal).
+    pub damp: f64,
+    /// How many larger dampenings were needed.
+    pub retries: usize,
+}
+
+/// Prepares `h` for GPTQ; `what` names the input in errors.
+pub fn prepare(h: &Hessian, settings: Settings, what: &str) -> Result<Prepared, CalibrateError> {
+    let n = h.n;
+    let mut full = h.full();
+    let mut dead = vec![false; n];
+    let mut diag_sum = 0f64;
+    for (i, d) in dead.iter_mut().enumerate() {
+        if full[i * n + i] <= 0.0 {
+            *d = true;
+            full[i * n + i] = 1.0;
+        }
+        diag_sum += full[i * n + i];
+    }
+    let mean = diag_sum / n.max(1) as f64;
+    let mut damp = settings.damp;
+    for retries in 0..=10 {
+        match inverse_cholesky_upper(&full, n, damp * mean) {
+            Ok(u) => {
+                return Ok(Prepared {
+                    u,
+                    dead,
+                    damp,
+                    retries,
+                });
+            }
+            Err(_) => damp += 0.01,
+        }
+    }
+    Err(CalibrateError::Input(format!(
+        "{what}: the Hessian stays singular up to dampening {damp:.2} (too few or degenerate calibration tokens; use more samples)"
+    )))
+}
+
+/// Quantizes `w` (`rows × cols`, row-major) to `ty` with GPTQ, given the
+/// prepared Hessian of its input and the per-column importance `imatrix`
+/// (mean squared activation) for the block encoder. Types GPTQ cannot place
+/// levels for are encoded by the importance-weighted encoder alone.
+pub fn quantize(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    ty: GgmlType,
+    prepared: &Prepared,
+    imatrix: &[f32],
+) -> Result<Vec<u8>, CalibrateError> {
+    let row_bytes = ty
+        .tensor_size(&[cols as u64])
+        .map_err(|e| CalibrateError::Input(e.to_string()))?
+        .bytes as usize;
+    let weights = IMATRIX_ENCODABLE.contains(&ty).then_some(imatrix);
+    let mut out = vec![0u8; rows * row_bytes];
+    if !GPTQ_TYPES.contains(&ty) {
+        out.par_chunks_mut(row_bytes)
+            .zip(w.par_chunks(cols))
+            .try_for_each(|(o, r)| quantize_row_imatrix(ty, r, o, weights))
+            .map_err(|e| CalibrateError::Input(e.to_string()))?;
+        return Ok(out);
+    }
+    let bs = ty.block_size() as usize;
+    let block_bytes = ty.type_size() as usize;
+    let u = &prepared.u;
+    out.par_chunks_mut(row_bytes)
+        .zip(w.par_chunks(cols))
+        .try_for_each(|(o, src)| -> Result<(), CalibrateError> {
+            let mut wr: Vec<f32> = src
+                .iter()
+                .zip(&prepared.dead)
+                .map(|(&v, &d)| if d { 0.0 } else { v })
+                .collect();
+            for k in 0..cols / bs {
+                let cols_k = k * bs..(k + 1) * bs;
+                let bytes = &mut o[k * block_bytes..(k + 1) * block_bytes];
+                quantize_row_imatrix(
+                    ty,
+                    &wr[cols_k.clone()],
+                    bytes,
+                    weights.map(|m| &m[cols_k.clone()]),
+                )
+                .map_err(|e| CalibrateError::Input(e.to_string()))?;
+                let mut grid = Grid::read(ty, bytes)
+                    .ok_or_else(|| CalibrateError::Input(format!("no grid for {ty}")))?;
+                for i in cols_k.clone() {
+                    let j = i - k * bs;
+                    let q = grid.nearest(j, wr[i]);
+                    grid.levels[j] = q;
+                    let err = (wr[i] - grid.value(j, q)) / u[i * cols + i];
+                    if err != 0.0 && err.is_finite() {
+                        let urow = &u[i * cols + i + 1..(i + 1) * cols];
+                        for (x, f) in wr[i + 1..].iter_mut().zip(urow) {
+                            *x -= err * f;
+                        }
+                    }
+                }
+                grid.pack(bytes);
+            }
+            Ok(())
+        })?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memwall_runtime::blocks::dequantize_row;
+
+    fn lcg(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    /// Σ_t ‖(W − Ŵ)·x_t‖² over the calibration rows.
+    fn output_error(w: &[f32], q: &[f32], x: &[f32], rows: usize, cols: usize) -> f64 {
+        let mut e = 0f64;
+        for xt in x.chunks_exact(cols) {
+            for r in 0..rows {
+                let d: f32 = (0..cols)
+                    .map(|c| (w[r * cols + c] - q[r * cols + c]) * xt[c])
+                    .sum();
+                e += f64::from(d * d);
+            }
+        }
+        e
+    }
+
+    #[test]
+    fn gptq_lowers_output_error_below_weighted_rounding_for_k_and_legacy_types() {
+        let (rows, cols, tokens) = (16, 256, 512);
+        let w = lcg(rows * cols, 3);
+        // Correlated inputs with a few large channels, as real activations have.
+        let base = lcg(tokens * cols, 9);
+        let mut x = vec![0f32; tokens * cols];
+        for t in 0..tokens {
+            for c in 0..cols {
+                let shared = base[t * cols + (c / 8) * 8];
+                let big = if c % 37 == 0 { 8.0 } else { 1.0 };
+                x[t * cols + c] = (0.6 * shared + 0.4 * base[t * cols + c]) * big;
+            }
+        }
+        let mut h = Hessian::new(cols);
+        h.add(&x, tokens);
+        let imatrix = h.mean_square();
+        let prepared = prepare(&h, Settings::default(), "test").unwrap();
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::Q4_0,
+            GgmlType::Q8_0,
+            GgmlType::IQ4_XS,
+        ] {
+            let rb = ty.tensor_size(&[cols as u64]).unwrap().bytes as usize;
+            let decode = |bytes: &[u8]| {
+                let mut v = vec![0f32; rows * cols];
+                for (r, out) in v.chunks_exact_mut(cols).enumerate() {
+                    dequantize_row(ty, &bytes[r * rb..(r + 1) * rb], out).unwrap();
+                }
+                v
+            };
+            let mut rtn = vec![0u8; rows * rb];
+            for r in 0..rows {
+                let weights = IMATRIX_ENCODABLE.contains(&ty).then_some(&imatrix[..]);
+                quantize_row_imatrix(
+                    ty,
+                    &w[r * cols..(r + 1) * cols],
+                    &mut rtn[r * rb..(r + 1) * rb],
+                    weights,
+                )
+                .unwrap();
+            }
+            let g = quantize(&w, rows, cols, ty, &prepared, &imatrix).unwrap();
+            let e_rtn = output_error(&w, &decode(&rtn), &x, rows, cols);
+            let e_gptq = output_error(&w, &decode(&g), &x, rows, cols);
+            assert!(
+                e_gptq < 0.8 * e_rtn,
+                "{ty}: GPTQ {e_gptq} vs weighted rounding {e_rtn}"
+            );
+        }
+    }
+
+    #[test]
+    fn dead_columns_are_zeroed_and_the_factorisation_survives() {
+        let cols = 32;
+        let mut x = lcg(64 * cols, 5);
+        for row in x.chunks_exact_mut(cols) {
+            row[3] = 0.0;
+        }
+        let mut h = Hessian::new(cols);
+        h.add(&x, 64);
+        let p = prepare(&h, Settings::default(), "test").unwrap();
+        assert!(p.dead[3]);
+        let w = vec![1.0f32; cols];
+        let q = quantize(&w, 1, cols, GgmlType::Q8_0, &p, &h.mean_square()).unwrap();
+        let mut v = vec![0f32; cols];
+        dequantize_row(GgmlType::Q8_0, &q, &mut v).unwrap();
+        assert_eq!(v[3], 0.0);
+    }
+}

@@ -1,0 +1,239 @@
+//! The little linear algebra calibration needs: the Hessian `XᵀX` of a
+//! layer's inputs, accumulated sample by sample, and the Cholesky factors
+//! GPTQ works with. Dense, row-major, `f64` where precision matters
+//! (factorisations) and `f32` where size does (the accumulated products are
+//! summed per sample in `f32`, across samples in `f64`).
+
+use rayon::prelude::*;
+
+/// `Σ xᵀx` over the rows `x` of every input seen, and `Σ |x|` per column.
+#[derive(Clone, Debug)]
+pub struct Hessian {
+    /// Columns.
+    pub n: usize,
+    /// Row-major `n × n` (only the lower triangle is accumulated until
+    /// [`Hessian::full`]).
+    pub h: Vec<f64>,
+    /// Per column, the sum of absolute values.
+    pub abs_sum: Vec<f64>,
+    /// Rows (tokens) added.
+    pub tokens: u64,
+}
+
+impl Hessian {
+    /// An empty accumulator for inputs of `n` columns.
+    pub fn new(n: usize) -> Self {
+        Hessian {
+            n,
+            h: vec![0.0; n * n],
+            abs_sum: vec![0.0; n],
+            tokens: 0,
+        }
+    }
+
+    /// Adds `rows` rows of `n` values.
+    pub fn add(&mut self, x: &[f32], rows: usize) {
+        let n = self.n;
+        if rows == 0 || x.len() != rows * n {
+            return;
+        }
+        // Columns contiguous, so each entry is one dot product of two slices.
+        let mut t = vec![0f32; n * rows];
+        for (r, row) in x.chunks_exact(n).enumerate() {
+            for (c, &v) in row.iter().enumerate() {
+                t[c * rows + r] = v;
+            }
+        }
+        let t = &t;
+        self.h.par_chunks_mut(n).enumerate().for_each(|(i, out)| {
+            let ci = &t[i * rows..(i + 1) * rows];
+            for (j, o) in out.iter_mut().enumerate().take(i + 1) {
+                *o += f64::from(dot(ci, &t[j * rows..(j + 1) * rows]));
+            }
+        });
+        for (c, s) in self.abs_sum.iter_mut().enumerate() {
+            *s += t[c * rows..(c + 1) * rows]
+                .iter()
+                .map(|v| f64::from(v.abs()))
+                .sum::<f64>();
+        }
+        self.tokens += rows as u64;
+    }
+
+    /// The symmetric matrix (upper triangle filled from the lower).
+    pub fn full(&self) -> Vec<f64> {
+        let n = self.n;
+        let mut h = self.h.clone();
+        for i in 0..n {
+            for j in i + 1..n {
+                h[i * n + j] = h[j * n + i];
+            }
+        }
+        h
+    }
+
+    /// Mean squared activation per column (the imatrix values).
+    pub fn mean_square(&self) -> Vec<f32> {
+        let t = self.tokens.max(1) as f64;
+        (0..self.n)
+            .map(|i| (self.h[i * self.n + i] / t) as f32)
+            .collect()
+    }
+
+    /// Mean absolute activation per column (AWQ's activation statistic).
+    pub fn mean_abs(&self) -> Vec<f32> {
+        let t = self.tokens.max(1) as f64;
+        self.abs_sum.iter().map(|&s| (s / t) as f32).collect()
+    }
+}
+
+/// A dot product in `f32` with eight partial sums (vectorises well).
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for k in 0..8 {
+            acc[k] += x[k] * y[k];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s
+}
+
+/// Lower Cholesky factor `L` of the symmetric positive definite `a`
+/// (`a = L·Lᵀ`), or the column where it fails.
+pub fn cholesky(a: &[f64], n: usize) -> Result<Vec<f64>, usize> {
+    let mut l = vec![0f64; n * n];
+    for j in 0..n {
+        let mut d = a[j * n + j];
+        for k in 0..j {
+            d -= l[j * n + k] * l[j * n + k];
+        }
+        if d <= 0.0 || !d.is_finite() {
+            return Err(j);
+        }
+        let d = d.sqrt();
+        l[j * n + j] = d;
+        let (done, rest) = l.split_at_mut((j + 1) * n);
+        let lj = &done[j * n..j * n + j];
+        rest.par_chunks_mut(n).enumerate().for_each(|(k, row)| {
+            let i = j + 1 + k;
+            let s: f64 = row[..j].iter().zip(lj).map(|(x, y)| x * y).sum();
+            row[j] = (a[i * n + j] - s) / d;
+        });
+    }
+    Ok(l)
+}
+
+/// The inverse of a lower triangular matrix (lower triangular).
+fn invert_lower(l: &[f64], n: usize) -> Vec<f64> {
+    // Column by column: solve L·x = e_j.
+    let cols: Vec<Vec<f64>> = (0..n)
+        .into_par_iter()
+        .map(|j| {
+            let mut x = vec![0f64; n];
+            x[j] = 1.0 / l[j * n + j];
+            for i in j + 1..n {
+                let s: f64 = (j..i).map(|k| l[i * n + k] * x[k]).sum();
+                x[i] = -s / l[i * n + i];
+            }
+            x
+        })
+        .collect();
+    let mut inv = vec![0f64; n * n];
+    for (j, x) in cols.iter().enumerate() {
+        for i in j..n {
+            inv[i * n + j] = x[i];
+        }
+    }
+    inv
+}
+
+/// What GPTQ needs from the Hessian `h` (`n × n`, symmetric): the upper
+/// Cholesky factor `U` of `(h + damp·I)⁻¹` (`(h + damp·I)⁻¹ = UᵀU`), in
+/// `f32`, row-major. Fails with the column where `h + damp·I` is not
+/// positive definite.
+pub fn inverse_cholesky_upper(h: &[f64], n: usize, damp: f64) -> Result<Vec<f32>, usize> {
+    let mut a = h.to_vec();
+    for i in 0..n {
+        a[i * n + i] += damp;
+    }
+    let l = cholesky(&a, n)?;
+    let li = invert_lower(&l, n);
+    // (L Lᵀ)⁻¹ = L⁻ᵀ L⁻¹.
+    let mut hinv = vec![0f64; n * n];
+    hinv.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
+        for (j, out) in row.iter_mut().enumerate() {
+            let k0 = i.max(j);
+            *out = (k0..n).map(|k| li[k * n + i] * li[k * n + j]).sum();
+        }
+    });
+    // Upper factor of hinv = the transpose of its lower factor.
+    let lower = cholesky(&hinv, n)?;
+    let mut u = vec![0f32; n * n];
+    for i in 0..n {
+        for j in i..n {
+            u[i * n + j] = lower[j * n + i] as f32;
+        }
+    }
+    Ok(u)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spd(n: usize) -> Vec<f64> {
+        let mut h = Hessian::new(n);
+        let mut s = 7u32;
+        let x: Vec<f32> = (0..n * 3 * n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect();
+        h.add(&x, 3 * n);
+        h.full()
+    }
+
+    #[test]
+    fn hessian_is_x_transpose_x() {
+        let mut h = Hessian::new(2);
+        h.add(&[1.0, 2.0, -3.0, 4.0], 2);
+        assert_eq!(h.full(), vec![10.0, -10.0, -10.0, 20.0]);
+        assert_eq!(h.mean_square(), vec![5.0, 10.0]);
+        assert_eq!(h.mean_abs(), vec![2.0, 3.0]);
+    }
+
+    #[test]
+    fn upper_factor_reconstructs_the_inverse() {
+        let n = 20;
+        let a = spd(n);
+        let u = inverse_cholesky_upper(&a, n, 0.0).unwrap();
+        // (UᵀU)·A = I.
+        for i in 0..n {
+            for j in 0..n {
+                let mut v = 0f64;
+                for k in 0..n {
+                    let uu: f64 = (0..n)
+                        .map(|m| f64::from(u[m * n + i]) * f64::from(u[m * n + k]))
+                        .sum();
+                    v += uu * a[k * n + j];
+                }
+                let want = if i == j { 1.0 } else { 0.0 };
+                assert!((v - want).abs() < 1e-4, "{i},{j}: {v}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_singular_matrix_fails_with_its_column() {
+        let a = vec![1.0, 1.0, 1.0, 1.0];
+        assert_eq!(cholesky(&a, 2), Err(1));
+        assert!(inverse_cholesky_upper(&a, 2, 0.1).is_ok());
+    }
+}

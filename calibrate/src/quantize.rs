@@ -1,0 +1,765 @@
+//! Calibrated quantization: AWQ, GPTQ or both, layer by layer, into the
+//! same GGUF (tensor names and types) that plain quantization to the same
+//! file type or recipe writes.
+//!
+//! For each layer, with every calibration sample's hidden states at the
+//! layer's input (computed by the layers before it, *already quantized*):
+//!
+//! 1. one pass of the layer in float collects, per input of its matrices
+//!    (attention input, attention output, FFN input, FFN middle — per expert
+//!    for MoE), the Hessian `XᵀX` and mean |x|;
+//! 2. AWQ (if asked) searches the scales of each group ([`crate::awq`]) and
+//!    folds them into the norms and the preceding matrices;
+//! 3. the matrices are quantized in the order the layer reads them: Q/K/V,
+//!    the attention output, gate/up (and experts), down. With GPTQ, each
+//!    group after the first gets a fresh pass that sees the groups before it
+//!    quantized ("true sequential"), and is rounded with error feedback
+//!    ([`crate::gptq`]); without, each matrix is encoded by llama.cpp's
+//!    importance-weighted encoder with the pass's statistics;
+//! 4. a last pass through the quantized layer gives the next layer's input.
+//!
+//! Memory: the hidden states of all samples (samples × length × n_embd
+//! floats), one layer's weights in `f32`, the Hessians of one layer
+//! (inputs² × 8 bytes each); quantized tensors go to a scratch file next to
+//! the output as they are made, and the output is written from it at the end.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use memwall_quantize::imatrix::Imatrix;
+use memwall_quantize::job::{self, ImatrixInput, Options};
+use memwall_quantize::{IMATRIX_ENCODABLE, quantize_row_imatrix};
+use memwall_runtime::GgmlType;
+use memwall_runtime::blocks::dequantize_row;
+use memwall_runtime::forward::{Arch, Model, Observer};
+use memwall_runtime::gguf::{GgufModel, GgufWriter, TensorSpec, Value};
+use memwall_runtime::progress::{Progress, Unit};
+use rayon::prelude::*;
+
+use crate::CalibrateError;
+use crate::awq::{self, Linear};
+use crate::gptq;
+use crate::linalg::Hessian;
+
+/// Which calibration to apply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// Activation-aware scales, then importance-weighted rounding.
+    Awq,
+    /// Error-feedback rounding onto the block grids.
+    Gptq,
+    /// AWQ's scales, then GPTQ's rounding.
+    AwqGptq,
+}
+
+impl Method {
+    /// The name used on the command line and in the metadata.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Awq => "awq",
+            Method::Gptq => "gptq",
+            Method::AwqGptq => "awq+gptq",
+        }
+    }
+
+    fn awq(self) -> bool {
+        matches!(self, Method::Awq | Method::AwqGptq)
+    }
+
+    fn gptq(self) -> bool {
+        matches!(self, Method::Gptq | Method::AwqGptq)
+    }
+}
+
+/// Everything that decides the calibration.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The method.
+    pub method: Method,
+    /// AWQ's grid of exponents.
+    pub awq_grid: usize,
+    /// GPTQ's settings.
+    pub gptq: gptq::Settings,
+    /// The calibration set's name (recorded in the output).
+    pub dataset: String,
+    /// Its SHA-256.
+    pub dataset_sha256: String,
+}
+
+/// What happened to one group of one layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GroupReport {
+    /// `blk.N.attn_in` and so on.
+    pub input: String,
+    /// AWQ's exponent (`None`: no scaling, or AWQ not run).
+    pub alpha: Option<f32>,
+    /// AWQ's output error with / without its scales.
+    pub awq_error_ratio: Option<f64>,
+    /// GPTQ dampening used (fraction of the mean diagonal), if GPTQ ran.
+    pub damp: Option<f64>,
+    /// Calibration tokens that reached this input.
+    pub tokens: u64,
+}
+
+/// The result of [`run`].
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// Per layer and group.
+    pub groups: Vec<GroupReport>,
+    /// Matrices calibrated.
+    pub calibrated: usize,
+    /// Expert matrices no calibration token reached (encoded without).
+    pub unreached_experts: usize,
+    /// Tensors written as plain quantization does (embeddings, output head, norms…).
+    pub plain: usize,
+    /// Bytes written.
+    pub bytes: u64,
+    /// Seconds per layer.
+    pub layer_seconds: Vec<f64>,
+    /// Seconds in all.
+    pub seconds: f64,
+}
+
+/// The input group a matrix reads, and whether it is the one whose input
+/// is recorded for the group (so shared inputs are counted once).
+fn input_group(suffix: &str) -> Option<(&'static str, bool)> {
+    Some(match suffix {
+        "attn_q.weight" => ("attn_in", true),
+        "attn_k.weight" | "attn_v.weight" => ("attn_in", false),
+        "attn_output.weight" => ("attn_out", true),
+        "ffn_gate_inp.weight" => ("ffn_in", true),
+        "ffn_gate.weight" => ("ffn_in", true),
+        "ffn_up.weight" => ("ffn_in", false),
+        "ffn_gate_exps.weight" => ("ffn_in", true),
+        "ffn_up_exps.weight" => ("ffn_in", false),
+        "ffn_down.weight" | "ffn_down_exps.weight" => ("ffn_mid", true),
+        _ => return None,
+    })
+}
+
+/// The key of an input: `attn_in`, or `ffn_in#3` for expert 3.
+fn key(group: &str, expert: Option<usize>) -> String {
+    match expert {
+        Some(x) => format!("{group}#{x}"),
+        None => group.to_owned(),
+    }
+}
+
+/// Collects Hessians of the wanted inputs of one layer.
+struct Collect {
+    prefix: String,
+    wanted: HashSet<String>,
+    found: Mutex<HashMap<String, Hessian>>,
+}
+
+impl Observer for Collect {
+    fn matmul_input(&self, tensor: &str, expert: Option<usize>, x: &[f32], tokens: usize) {
+        let Some(suffix) = tensor.strip_prefix(&self.prefix) else {
+            return;
+        };
+        let Some((group, true)) = input_group(suffix) else {
+            return;
+        };
+        // The router's input is the FFN input of every token (dense); the
+        // experts' gate sees only the tokens routed to each expert.
+        let k = key(group, expert);
+        if tokens == 0 || !self.wanted.contains(&k) {
+            return;
+        }
+        let cols = x.len() / tokens;
+        let mut found = self.found.lock().unwrap_or_else(|e| e.into_inner());
+        let h = found.entry(k).or_insert_with(|| Hessian::new(cols));
+        if h.n == cols {
+            h.add(x, tokens);
+        }
+    }
+}
+
+/// One matrix the calibration rewrites: where its weights come from and go.
+struct Target {
+    name: String,
+    ty: GgmlType,
+    /// Rows per expert (all rows when not stacked).
+    rows: usize,
+    cols: usize,
+    experts: usize,
+    /// The weights in `f32` (scaled by AWQ as it goes).
+    w: Vec<f32>,
+    /// Whether AWQ changed the weights.
+    scaled: bool,
+}
+
+impl Target {
+    fn suffix(&self) -> &str {
+        self.name
+            .split_once('.')
+            .and_then(|(_, r)| r.split_once('.'))
+            .map_or("", |(_, s)| s)
+    }
+}
+
+fn decode_tensor(
+    gguf: &GgufModel,
+    name: &str,
+) -> Result<(Vec<f32>, GgmlType, Vec<u64>), CalibrateError> {
+    let (info, data) = gguf
+        .tensor(name)
+        .ok_or_else(|| CalibrateError::Input(format!("tensor {name} is missing")))?;
+    let cols = info.dims[0] as usize;
+    let n = info.elements as usize;
+    let rb = info
+        .ty
+        .tensor_size(&[info.dims[0]])
+        .map_err(|e| CalibrateError::Input(format!("{name}: {e}")))?
+        .bytes as usize;
+    let mut out = vec![0f32; n];
+    out.par_chunks_mut(cols.max(1))
+        .enumerate()
+        .try_for_each(|(r, o)| dequantize_row(info.ty, &data[r * rb..(r + 1) * rb], o))
+        .map_err(|e| CalibrateError::Input(format!("{name}: {e}")))?;
+    if let Some(i) = out.iter().position(|v| !v.is_finite()) {
+        return Err(CalibrateError::Input(format!(
+            "tensor {name}: value {i} is {} (the model is damaged)",
+            out[i]
+        )));
+    }
+    Ok((out, info.ty, info.dims.clone()))
+}
+
+fn encode_rows(
+    w: &[f32],
+    cols: usize,
+    ty: GgmlType,
+    imatrix: Option<&[f32]>,
+    name: &str,
+) -> Result<Vec<u8>, CalibrateError> {
+    let rb = ty
+        .tensor_size(&[cols as u64])
+        .map_err(|e| CalibrateError::Input(format!("{name}: {e}")))?
+        .bytes as usize;
+    let weights = imatrix.filter(|_| IMATRIX_ENCODABLE.contains(&ty));
+    let mut out = vec![0u8; w.len() / cols * rb];
+    out.par_chunks_mut(rb)
+        .zip(w.par_chunks(cols))
+        .try_for_each(|(o, r)| quantize_row_imatrix(ty, r, o, weights))
+        .map_err(|e| CalibrateError::Input(format!("{name}: {e}")))?;
+    Ok(out)
+}
+
+/// Quantized tensors waiting for the output file, kept in a scratch file.
+struct Spill {
+    path: PathBuf,
+    file: BufWriter<File>,
+    at: u64,
+    index: HashMap<String, (u64, u64)>,
+}
+
+impl Spill {
+    fn new(out: &Path) -> Result<Spill, CalibrateError> {
+        let mut name = out.file_name().unwrap_or_default().to_os_string();
+        name.push(".calibrating");
+        let path = out.with_file_name(name);
+        let file = File::options()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|error| CalibrateError::Io {
+                path: path.clone(),
+                error,
+            })?;
+        Ok(Spill {
+            path,
+            file: BufWriter::new(file),
+            at: 0,
+            index: HashMap::new(),
+        })
+    }
+
+    fn io(&self) -> impl Fn(std::io::Error) -> CalibrateError + '_ {
+        |error| CalibrateError::Io {
+            path: self.path.clone(),
+            error,
+        }
+    }
+
+    fn put(&mut self, name: &str, bytes: &[u8]) -> Result<(), CalibrateError> {
+        self.file.write_all(bytes).map_err(|e| self.io()(e))?;
+        self.index
+            .insert(name.to_owned(), (self.at, bytes.len() as u64));
+        self.at += bytes.len() as u64;
+        Ok(())
+    }
+
+    fn get(&mut self, name: &str) -> Result<Option<Vec<u8>>, CalibrateError> {
+        let Some(&(at, len)) = self.index.get(name) else {
+            return Ok(None);
+        };
+        self.file.flush().map_err(|e| self.io()(e))?;
+        let f = self.file.get_mut();
+        let mut bytes = vec![0u8; len as usize];
+        f.seek(SeekFrom::Start(at))
+            .and_then(|_| f.read_exact(&mut bytes))
+            .and_then(|_| f.seek(SeekFrom::End(0)).map(|_| ()))
+            .map_err(|error| CalibrateError::Io {
+                path: self.path.clone(),
+                error,
+            })?;
+        Ok(Some(bytes))
+    }
+}
+
+impl Drop for Spill {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Runs the layer over every sample, showing the matrix inputs of `wanted`
+/// to a collector; returns the Hessians. With `advance`, the samples' hidden
+/// states become the layer's outputs.
+fn pass(
+    model: &mut Model,
+    l: usize,
+    xs: &mut [Vec<f32>],
+    wanted: HashSet<String>,
+    advance: bool,
+) -> Result<HashMap<String, Hessian>, CalibrateError> {
+    let collect = Arc::new(Collect {
+        prefix: format!("blk.{l}."),
+        wanted,
+        found: Mutex::new(HashMap::new()),
+    });
+    if !collect.wanted.is_empty() {
+        model.set_observer(Some(collect.clone()));
+    }
+    let mut result = Ok(());
+    for x in xs.iter_mut() {
+        let r = if advance {
+            model.forward_layer(l, x)
+        } else {
+            let mut tmp = x.clone();
+            model.forward_layer(l, &mut tmp)
+        };
+        if let Err(e) = r {
+            result = Err(e);
+            break;
+        }
+    }
+    model.set_observer(None);
+    result?;
+    let found = std::mem::take(&mut *collect.found.lock().unwrap_or_else(|e| e.into_inner()));
+    Ok(found)
+}
+
+/// `H / (s sᵀ)` and `|x| / s`: the statistics of the input divided by `s`.
+fn rescale(h: &mut Hessian, s: &[f32]) {
+    let n = h.n;
+    for i in 0..n {
+        for j in 0..n {
+            h.h[i * n + j] /= f64::from(s[i]) * f64::from(s[j]);
+        }
+        h.abs_sum[i] /= f64::from(s[i]);
+    }
+}
+
+fn f32_full(h: &Hessian) -> Vec<f32> {
+    h.full().iter().map(|&v| v as f32).collect()
+}
+
+/// Calibrates `gguf` (opened as `model`) on `samples` and writes the result
+/// to `out` as the quantization `options` describe. `input` names the model
+/// file in messages.
+#[allow(clippy::too_many_arguments)]
+pub fn run(
+    gguf: &GgufModel,
+    input: &Path,
+    model: &mut Model,
+    samples: &[Vec<u32>],
+    options: &Options,
+    settings: &Settings,
+    out: &Path,
+    progress: &dyn Progress,
+) -> Result<Report, CalibrateError> {
+    let started_all = Instant::now();
+    if samples.is_empty() || samples.iter().all(|s| s.len() < 2) {
+        return Err(CalibrateError::Input(
+            "the calibration set is empty (build one with `memwall calibrate dataset`)".into(),
+        ));
+    }
+    if options.keep_split {
+        return Err(CalibrateError::Input(
+            "--keep-split is not supported by calibrated quantization".into(),
+        ));
+    }
+    let job_err = |e: job::JobError| CalibrateError::Input(e.to_string());
+    // Types as a plan with an importance matrix gives them.
+    // (The entries only need the right names and sizes here.)
+    let mut placeholder = Imatrix::default();
+    for (_, t) in gguf.tensors() {
+        if t.name.starts_with("blk.") && t.dims.len() >= 2 {
+            let experts = t.dims.get(2).copied().unwrap_or(1);
+            placeholder
+                .entries
+                .insert(t.name.clone(), vec![1.0; (t.dims[0] * experts) as usize]);
+        }
+    }
+    let mut plan_options = options.clone();
+    plan_options.imatrix = Some(ImatrixInput {
+        label: settings.dataset.clone(),
+        data: placeholder,
+    });
+    let plan = job::plan(gguf, input, &plan_options).map_err(job_err)?;
+    let c = model.config.clone();
+    let layer_of = |name: &str| -> Option<usize> {
+        name.strip_prefix("blk.")?.split_once('.')?.0.parse().ok()
+    };
+    // Refuse a model that is already quantized: calibration needs its float weights.
+    for t in &plan.tensors {
+        if layer_of(&t.name).is_some()
+            && t.dims.len() >= 2
+            && !matches!(t.source, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+        {
+            return Err(CalibrateError::Input(format!(
+                "{}: tensor {} is already quantized ({}); calibration needs the float model \
+                 (convert the checkpoint to F16/BF16 with `memwall convert` and calibrate that)",
+                input.display(),
+                t.name,
+                t.source
+            )));
+        }
+    }
+    let mut spill = Spill::new(out)?;
+    let mut norms: BTreeMap<String, Vec<f32>> = BTreeMap::new();
+    let mut report = Report::default();
+    let mut imatrix_entries: BTreeMap<String, Vec<f32>> = BTreeMap::new();
+    let mut xs: Vec<Vec<f32>> = samples
+        .iter()
+        .map(|s| model.embed(s))
+        .collect::<Result<_, _>>()?;
+    let total_tokens: u64 = samples.iter().map(|s| s.len() as u64).sum();
+    progress.start("calibrating", c.n_layer as u64, Unit::Items);
+    for l in 0..c.n_layer {
+        let started = Instant::now();
+        let prefix = format!("blk.{l}.");
+        // The layer's matrices that the plan quantizes.
+        let mut targets: Vec<Target> = Vec::new();
+        for t in plan.tensors.iter().filter(|t| t.name.starts_with(&prefix)) {
+            let suffix = &t.name[prefix.len()..];
+            if input_group(suffix).is_none() || !t.converts() {
+                continue;
+            }
+            let (w, _, dims) = decode_tensor(gguf, &t.name)?;
+            let experts = if dims.len() == 3 { dims[2] as usize } else { 1 };
+            let cols = dims[0] as usize;
+            targets.push(Target {
+                name: t.name.clone(),
+                ty: t.target,
+                rows: w.len() / cols / experts,
+                cols,
+                experts,
+                w,
+                scaled: false,
+            });
+        }
+        let find = |targets: &[Target], s: &str| targets.iter().position(|t| t.suffix() == s);
+        // 1. Float pass: statistics of every input.
+        progress.item(&format!("layer {l}: statistics"));
+        let mut wanted: HashSet<String> = ["attn_in", "attn_out", "ffn_in", "ffn_mid"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        for x in 0..c.n_expert {
+            wanted.insert(key("ffn_in", Some(x)));
+            wanted.insert(key("ffn_mid", Some(x)));
+        }
+        let mut stats = pass(model, l, &mut xs, wanted, false)?;
+        let mut alphas: HashMap<&'static str, (Option<f32>, Option<f64>)> = HashMap::new();
+        // 2. AWQ.
+        if settings.method.awq() {
+            let parallel = c.arch == Arch::CommandR;
+            let moe = c.n_expert > 0;
+            // (input, scaled-by, matrices)
+            let mut groups: Vec<(&'static str, &'static str, Vec<&'static str>)> = Vec::new();
+            if parallel && !moe {
+                groups.push((
+                    "attn_in",
+                    "attn_norm",
+                    vec![
+                        "attn_q.weight",
+                        "attn_k.weight",
+                        "attn_v.weight",
+                        "ffn_gate.weight",
+                        "ffn_up.weight",
+                    ],
+                ));
+            } else {
+                groups.push((
+                    "attn_in",
+                    "attn_norm",
+                    vec!["attn_q.weight", "attn_k.weight", "attn_v.weight"],
+                ));
+            }
+            let has_v_bias = gguf.tensor(&format!("{prefix}attn_v.bias")).is_some();
+            if c.n_head == c.n_head_kv && !has_v_bias {
+                groups.push(("attn_out", "attn_v.weight", vec!["attn_output.weight"]));
+            }
+            if !moe {
+                if !parallel {
+                    groups.push((
+                        "ffn_in",
+                        "ffn_norm",
+                        vec!["ffn_gate.weight", "ffn_up.weight"],
+                    ));
+                }
+                groups.push(("ffn_mid", "ffn_up.weight", vec!["ffn_down.weight"]));
+            }
+            for (input, prev, members) in groups {
+                let Some(h) = stats.get(input) else { continue };
+                let idx: Vec<usize> = members.iter().filter_map(|m| find(&targets, m)).collect();
+                if idx.len() != members.len() {
+                    // A member kept in float (or of an unexpected shape): leave the group alone.
+                    continue;
+                }
+                // The preceding op must exist and be scalable.
+                let prev_is_matrix = prev.ends_with(".weight");
+                if prev_is_matrix && find(&targets, prev).is_none() {
+                    continue;
+                }
+                progress.item(&format!("layer {l}: AWQ {input}"));
+                let cols = h.n;
+                let hf = f32_full(h);
+                let linears: Vec<Linear> = idx
+                    .iter()
+                    .map(|&i| Linear {
+                        name: &targets[i].name,
+                        w: &targets[i].w,
+                        rows: targets[i].rows,
+                        ty: targets[i].ty,
+                    })
+                    .collect();
+                let choice = awq::search(
+                    &linears,
+                    cols,
+                    &hf,
+                    &h.mean_abs(),
+                    &h.mean_square(),
+                    settings.awq_grid,
+                )?;
+                alphas.insert(
+                    input,
+                    (
+                        choice.alpha,
+                        Some(choice.error / choice.base_error.max(f64::MIN_POSITIVE)),
+                    ),
+                );
+                if choice.alpha.is_none() {
+                    continue;
+                }
+                let s = &choice.scales;
+                for &i in &idx {
+                    let t = &mut targets[i];
+                    for row in t.w.chunks_exact_mut(cols) {
+                        row.iter_mut().zip(s).for_each(|(w, s)| *w *= s);
+                    }
+                    t.scaled = true;
+                }
+                if prev_is_matrix {
+                    let p = find(&targets, prev).unwrap_or_default();
+                    let t = &mut targets[p];
+                    let cols_p = t.cols;
+                    for (r, row) in t.w.chunks_exact_mut(cols_p).enumerate() {
+                        let d = s[r % s.len()];
+                        row.iter_mut().for_each(|w| *w /= d);
+                    }
+                    t.scaled = true;
+                } else {
+                    for field in ["weight", "bias"] {
+                        let name = format!("{prefix}{prev}.{field}");
+                        let current = match norms.remove(&name) {
+                            Some(v) => Some(v),
+                            None => gguf
+                                .tensor(&name)
+                                .map(|_| decode_tensor(gguf, &name))
+                                .transpose()?
+                                .map(|v| v.0),
+                        };
+                        if let Some(mut v) = current {
+                            v.iter_mut().zip(s).for_each(|(w, s)| *w /= s);
+                            model.replace_norm(&name, v.clone())?;
+                            norms.insert(name, v);
+                        }
+                    }
+                }
+                if let Some(h) = stats.get_mut(input) {
+                    rescale(h, s);
+                }
+            }
+            // The scaled float weights, so later passes see them.
+            for t in targets.iter().filter(|t| t.scaled) {
+                let bytes: Vec<u8> = t.w.iter().flat_map(|v| v.to_le_bytes()).collect();
+                model.replace_matrix(&t.name, GgmlType::F32, bytes.into())?;
+            }
+        }
+        // 3. Quantize group by group.
+        for (stage, group) in ["attn_in", "attn_out", "ffn_in", "ffn_mid"]
+            .into_iter()
+            .enumerate()
+        {
+            let members: Vec<usize> = (0..targets.len())
+                .filter(|&i| input_group(targets[i].suffix()).map(|g| g.0) == Some(group))
+                .collect();
+            if members.is_empty() {
+                continue;
+            }
+            if settings.method.gptq() && stage > 0 {
+                progress.item(&format!("layer {l}: inputs of {group}"));
+                let mut wanted: HashSet<String> = HashSet::from([group.to_owned()]);
+                for x in 0..c.n_expert {
+                    wanted.insert(key(group, Some(x)));
+                }
+                for (k, h) in pass(model, l, &mut xs, wanted, false)? {
+                    stats.insert(k, h);
+                }
+            }
+            let mut dense_damp = None;
+            for &i in &members {
+                let t = &targets[i];
+                progress.item(&format!("layer {l}: {}", t.name));
+                let expert_rows = t.rows * t.cols;
+                let mut bytes = Vec::new();
+                for x in 0..t.experts {
+                    let k = key(group, (t.experts > 1).then_some(x));
+                    let w = &t.w[x * expert_rows..(x + 1) * expert_rows];
+                    let h = stats.get(&k).filter(|h| h.tokens > 0 && h.n == t.cols);
+                    let part = match h {
+                        None => {
+                            // No token reached this expert: plain rounding (GPTQModel's FailSafe).
+                            report.unreached_experts += usize::from(t.experts > 1);
+                            encode_rows(w, t.cols, t.ty, None, &t.name)?
+                        }
+                        Some(h) if settings.method.gptq() => {
+                            let what = format!("{} (input {k})", t.name);
+                            let prepared = gptq::prepare(h, settings.gptq, &what)?;
+                            if t.experts == 1 {
+                                dense_damp = Some(prepared.damp);
+                            }
+                            gptq::quantize(w, t.rows, t.cols, t.ty, &prepared, &h.mean_square())?
+                        }
+                        Some(h) => encode_rows(w, t.cols, t.ty, Some(&h.mean_square()), &t.name)?,
+                    };
+                    bytes.extend_from_slice(&part);
+                }
+                if let Some(h) = stats.get(&key(group, None)) {
+                    if t.experts == 1 {
+                        imatrix_entries.insert(t.name.clone(), h.mean_square());
+                    }
+                }
+                model.replace_matrix(&t.name, t.ty, bytes.clone().into())?;
+                spill.put(&t.name, &bytes)?;
+                report.calibrated += 1;
+            }
+            let (alpha, ratio) = alphas.get(group).copied().unwrap_or((None, None));
+            report.groups.push(GroupReport {
+                input: format!("blk.{l}.{group}"),
+                alpha,
+                awq_error_ratio: ratio,
+                damp: dense_damp,
+                tokens: stats.get(group).map_or(0, |h| h.tokens),
+            });
+        }
+        drop(targets);
+        // 4. The quantized layer's output is the next layer's input.
+        progress.item(&format!("layer {l}: output"));
+        pass(model, l, &mut xs, HashSet::new(), true)?;
+        report.layer_seconds.push(started.elapsed().as_secs_f64());
+        progress.advance(1);
+    }
+    progress.finish();
+
+    // The output file: the plan again, now with the statistics as its imatrix
+    // (llama-quantize's quantize.imatrix.* keys), plus memwall.calibration.*.
+    let imatrix = Imatrix {
+        entries: imatrix_entries,
+        datasets: vec![settings.dataset.clone()],
+        chunk_count: samples.len() as u32,
+        chunk_size: samples.iter().map(Vec::len).max().unwrap_or(0) as u32,
+        legacy: false,
+    };
+    plan_options.imatrix = Some(ImatrixInput {
+        label: settings.dataset.clone(),
+        data: imatrix,
+    });
+    let final_plan = job::plan(gguf, input, &plan_options).map_err(job_err)?;
+    let mut meta = final_plan
+        .metadata
+        .first()
+        .cloned()
+        .ok_or_else(|| CalibrateError::Input("the plan has no output file".into()))?;
+    let set = |meta: &mut memwall_runtime::gguf::Metadata, k: &str, v: Value| {
+        meta.set(format!("memwall.calibration.{k}"), v);
+    };
+    set(&mut meta, "method", settings.method.name().into());
+    set(&mut meta, "dataset", settings.dataset.clone().into());
+    set(
+        &mut meta,
+        "dataset_sha256",
+        settings.dataset_sha256.clone().into(),
+    );
+    set(&mut meta, "samples", Value::U32(samples.len() as u32));
+    set(&mut meta, "tokens", Value::U64(total_tokens));
+    if settings.method.gptq() {
+        set(
+            &mut meta,
+            "gptq_damp",
+            Value::F32(settings.gptq.damp as f32),
+        );
+    }
+    if settings.method.awq() {
+        set(&mut meta, "awq_grid", Value::U32(settings.awq_grid as u32));
+    }
+    set(&mut meta, "version", env!("CARGO_PKG_VERSION").into());
+    let specs: Vec<TensorSpec> = final_plan
+        .tensors
+        .iter()
+        .map(|t| TensorSpec {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ty: t.target,
+        })
+        .collect();
+    let mut w = GgufWriter::create(out, 3, meta, specs)?;
+    progress.start("writing", final_plan.tensors.len() as u64, Unit::Items);
+    for t in &final_plan.tensors {
+        progress.item(&t.name);
+        if let Some(bytes) = spill.get(&t.name)? {
+            w.write_tensor(&t.name, &bytes)?;
+        } else if let Some(v) = norms.get(&t.name) {
+            let bytes = encode_rows(v, v.len(), t.target, None, &t.name)?;
+            w.write_tensor(&t.name, &bytes)?;
+            report.plain += 1;
+        } else if !t.converts() {
+            let (_, data) = gguf
+                .tensor(&t.name)
+                .ok_or_else(|| CalibrateError::Input(format!("tensor {} is missing", t.name)))?;
+            w.write_tensor(&t.name, data)?;
+            report.plain += 1;
+        } else {
+            let (v, _, dims) = decode_tensor(gguf, &t.name)?;
+            let bytes = encode_rows(&v, dims[0] as usize, t.target, None, &t.name)?;
+            w.write_tensor(&t.name, &bytes)?;
+            report.plain += 1;
+        }
+        progress.advance(1);
+    }
+    w.commit()?;
+    progress.finish();
+    report.bytes = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
+    report.seconds = started_all.elapsed().as_secs_f64();
+    Ok(report)
+}

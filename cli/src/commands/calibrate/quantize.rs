@@ -1,0 +1,234 @@
+//! `memwall calibrate quantize`: AWQ and/or GPTQ into ordinary GGUF blocks.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use memwall_calibrate::dataset::Dataset;
+use memwall_calibrate::gptq;
+use memwall_calibrate::quantize::{self, Method, Settings};
+use memwall_quantize::job::Options;
+use memwall_runtime::forward::Model;
+use memwall_runtime::gguf::GgufModel;
+use memwall_runtime::kernels::Kernels;
+use memwall_runtime::tokenizer::Tokenizer;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::commands::quantize::{ftype_names, load_recipe, parse_ftype};
+use crate::progress::Bar;
+
+/// The calibration methods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MethodArg {
+    /// Activation-aware scales folded into the norms and preceding matrices.
+    Awq,
+    /// Error-feedback rounding onto the target blocks' grids.
+    Gptq,
+    /// Both: AWQ's scales, then GPTQ's rounding.
+    #[value(name = "awq+gptq")]
+    AwqGptq,
+}
+
+/// Arguments of `memwall calibrate quantize`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The float model (F16, BF16 or F32 GGUF).
+    #[arg(short = 'm', long = "model", value_name = "MODEL.gguf")]
+    pub model: PathBuf,
+    /// The calibration set (`memwall calibrate dataset`).
+    #[arg(long, value_name = "SET.jsonl", conflicts_with = "file")]
+    pub dataset: Option<PathBuf>,
+    /// A plain text instead of a set: cut into --samples windows of
+    /// --seq-len tokens, each starting with BOS (as llama-imatrix cuts it).
+    #[arg(short = 'f', long = "file", value_name = "TEXT")]
+    pub file: Option<PathBuf>,
+    /// Windows of the text to use.
+    #[arg(long, default_value_t = 128, value_name = "N", requires = "file")]
+    pub samples: usize,
+    /// Tokens per window of the text.
+    #[arg(long, default_value_t = 512, value_name = "N", requires = "file")]
+    pub seq_len: usize,
+    /// The calibration method.
+    #[arg(long, value_enum, default_value = "awq+gptq")]
+    pub method: MethodArg,
+    /// The quantization type (as for `memwall quantize`), e.g. Q4_K_M.
+    #[arg(long = "type", value_name = "TYPE")]
+    pub ty: Option<String>,
+    /// A recipe (built-in name or TOML file) instead of --type.
+    #[arg(long, value_name = "RECIPE", conflicts_with = "ty")]
+    pub recipe: Option<String>,
+    /// Where to write the calibrated GGUF.
+    #[arg(short = 'o', long = "output", value_name = "OUT.gguf")]
+    pub output: PathBuf,
+    /// GPTQ dampening, as a fraction of the mean Hessian diagonal.
+    #[arg(long, default_value_t = 0.01, value_name = "F")]
+    pub damp: f64,
+    /// AWQ exponents tried (α = 0, 1/N, …, (N−1)/N).
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    pub awq_grid: usize,
+    /// Threads (default: every core).
+    #[arg(short = 't', long = "threads", value_name = "N")]
+    pub threads: Option<usize>,
+    /// Print a JSON report instead of text (and no progress bar).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> Result<()> {
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .context("starting the worker threads")?;
+    pool.install(|| calibrate(&args, threads))
+}
+
+fn calibrate(args: &Args, threads: usize) -> Result<()> {
+    let recipe = args.recipe.as_deref().map(load_recipe).transpose()?;
+    let ftype = match (&args.ty, &recipe) {
+        (Some(t), _) => parse_ftype(t).ok_or_else(|| {
+            anyhow::anyhow!(
+                "unknown quantization type '{t}'. Valid types: {}",
+                ftype_names()
+            )
+        })?,
+        (None, Some(r)) => r.base,
+        (None, None) => bail!("give the target with --type TYPE (e.g. Q4_K_M) or --recipe RECIPE"),
+    };
+    let mut options = Options::new(ftype);
+    options.recipe = recipe;
+    let gguf = GgufModel::open(&args.model)
+        .with_context(|| format!("{}: cannot open the model", args.model.display()))?;
+    let tokenizer = Tokenizer::from_gguf(gguf.metadata())
+        .with_context(|| format!("{}: tokenizer", args.model.display()))?;
+    let (samples, label, sha, seq_len) = match (&args.dataset, &args.file) {
+        (Some(path), _) => {
+            let set = Dataset::load(path, &tokenizer)
+                .with_context(|| format!("{}: calibration set", path.display()))?;
+            (
+                set.samples,
+                path.display().to_string(),
+                set.sha256,
+                set.seq_len,
+            )
+        }
+        (None, Some(path)) => {
+            let bytes = std::fs::read(path)
+                .with_context(|| format!("{}: cannot read the text", path.display()))?;
+            let text = String::from_utf8(bytes.clone())
+                .with_context(|| format!("{}: not UTF-8", path.display()))?;
+            let tokens = tokenizer.encode(&text, true, false);
+            let bos = tokenizer.add_bos().then(|| tokenizer.bos()).flatten();
+            let n = args.seq_len.max(2);
+            let samples: Vec<Vec<u32>> = tokens
+                .chunks_exact(n)
+                .take(args.samples)
+                .map(|c| {
+                    let mut s = c.to_vec();
+                    if let Some(b) = bos {
+                        s[0] = b;
+                    }
+                    s
+                })
+                .collect();
+            if samples.is_empty() {
+                bail!(
+                    "{}: {} tokens, fewer than one window of --seq-len {n}; use a longer text or a smaller --seq-len",
+                    path.display(),
+                    tokens.len()
+                );
+            }
+            let sha = format!("{:x}", Sha256::digest(&bytes));
+            (samples, path.display().to_string(), sha, n)
+        }
+        (None, None) => bail!(
+            "give calibration data: --dataset SET.jsonl (from `memwall calibrate dataset`) or -f TEXT"
+        ),
+    };
+    let mut model = Model::new(
+        &gguf,
+        seq_len.max(samples.iter().map(Vec::len).max().unwrap_or(1)),
+    )
+    .with_context(|| format!("{}: cannot run this model", args.model.display()))?;
+    model.set_compute(Kernels::from_env()?, threads);
+    let settings = Settings {
+        method: match args.method {
+            MethodArg::Awq => Method::Awq,
+            MethodArg::Gptq => Method::Gptq,
+            MethodArg::AwqGptq => Method::AwqGptq,
+        },
+        awq_grid: args.awq_grid.max(1),
+        gptq: gptq::Settings { damp: args.damp },
+        dataset: label,
+        dataset_sha256: sha,
+    };
+    let bar = Bar::new(!args.json);
+    let report = quantize::run(
+        &gguf,
+        &args.model,
+        &mut model,
+        &samples,
+        &options,
+        &settings,
+        &args.output,
+        &bar,
+    )
+    .with_context(|| format!("{}: calibrated quantization", args.model.display()))?;
+    let tokens: usize = samples.iter().map(Vec::len).sum();
+    if args.json {
+        let groups: Vec<_> = report
+            .groups
+            .iter()
+            .map(|g| {
+                json!({"input": g.input, "alpha": g.alpha, "awq_error_ratio": g.awq_error_ratio,
+                       "damp": g.damp, "tokens": g.tokens})
+            })
+            .collect();
+        let out = json!({
+            "model": args.model, "output": args.output, "method": settings.method.name(),
+            "type": ftype.name, "recipe": options.recipe.as_ref().map(|r| r.name.clone()),
+            "samples": samples.len(), "tokens": tokens, "calibrated": report.calibrated,
+            "plain": report.plain, "unreached_experts": report.unreached_experts,
+            "bytes": report.bytes, "seconds": report.seconds,
+            "layer_seconds": report.layer_seconds, "groups": groups,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        for g in &report.groups {
+            let awq = match (g.alpha, g.awq_error_ratio) {
+                (Some(a), Some(r)) => format!("AWQ α={a:.2} error ×{r:.3}"),
+                (None, Some(_)) => "AWQ: no scaling better".into(),
+                _ => String::new(),
+            };
+            let damp = g
+                .damp
+                .map_or(String::new(), |d| format!("GPTQ damp {d:.2}"));
+            println!("{:<22} {:>8} tokens  {awq}  {damp}", g.input, g.tokens);
+        }
+        if report.unreached_experts > 0 {
+            println!(
+                "{} expert matrices saw no calibration token and were rounded without calibration",
+                report.unreached_experts
+            );
+        }
+        println!(
+            "{} matrices calibrated ({}), {} tensors as plain quantization; {} samples, {tokens} tokens; {:.1} s → {} ({:.1} MiB)",
+            report.calibrated,
+            settings.method.name(),
+            report.plain,
+            samples.len(),
+            report.seconds,
+            args.output.display(),
+            report.bytes as f64 / (1 << 20) as f64
+        );
+        println!(
+            "next: memwall validate {} --reference {} -f TEXT",
+            args.output.display(),
+            args.model.display()
+        );
+    }
+    Ok(())
+}
