@@ -74,30 +74,36 @@ fn group_error(
         let weights = IMATRIX_ENCODABLE
             .contains(&ty)
             .then_some(&scaled_imatrix[..]);
-        let e: f64 = lin
+        // Rows in blocks of 16, so that each row of H is read once per block
+        // (H is too large for the caches of wide layers).
+        const BLOCK: usize = 16;
+        let e = lin
             .w
-            .par_chunks(cols)
-            .map(|row| -> Result<f64, CalibrateError> {
-                let ws: Vec<f32> = row.iter().zip(s).map(|(w, s)| w * s).collect();
-                let mut bytes = vec![0u8; rb];
-                quantize_row_imatrix(ty, &ws, &mut bytes, weights)
-                    .map_err(|e| CalibrateError::Input(format!("{}: {e}", lin.name)))?;
-                let mut back = vec![0f32; cols];
-                dequantize_row(ty, &bytes, &mut back)
-                    .map_err(|e| CalibrateError::Input(format!("{}: {e}", lin.name)))?;
-                let delta: Vec<f32> = back
-                    .iter()
-                    .zip(s)
-                    .zip(row)
-                    .map(|((q, s), w)| q / s - w)
-                    .collect();
-                Ok((0..cols)
-                    .map(|i| {
-                        f64::from(delta[i]) * f64::from(dot(&h[i * cols..(i + 1) * cols], &delta))
-                    })
-                    .sum())
+            .par_chunks(cols * BLOCK)
+            .map(|rows| -> Result<f64, CalibrateError> {
+                let mut deltas = Vec::with_capacity(rows.len());
+                for row in rows.chunks_exact(cols) {
+                    let ws: Vec<f32> = row.iter().zip(s).map(|(w, s)| w * s).collect();
+                    let mut bytes = vec![0u8; rb];
+                    quantize_row_imatrix(ty, &ws, &mut bytes, weights)
+                        .map_err(|e| CalibrateError::Input(format!("{}: {e}", lin.name)))?;
+                    let mut back = vec![0f32; cols];
+                    dequantize_row(ty, &bytes, &mut back)
+                        .map_err(|e| CalibrateError::Input(format!("{}: {e}", lin.name)))?;
+                    deltas.extend(back.iter().zip(s).zip(row).map(|((q, s), w)| q / s - w));
+                }
+                let mut sums = vec![0f64; deltas.len() / cols];
+                for (i, hi) in h.chunks_exact(cols).enumerate() {
+                    for (sum, d) in sums.iter_mut().zip(deltas.chunks_exact(cols)) {
+                        *sum += f64::from(d[i]) * f64::from(dot(hi, d));
+                    }
+                }
+                Ok(sums.iter().sum())
             })
-            .try_reduce(|| 0.0, |a, b| Ok(a + b))?;
+            .collect::<Result<Vec<f64>, _>>()?
+            // Summed in row order, so the choice does not depend on threads.
+            .iter()
+            .sum::<f64>();
         total += e;
     }
     Ok(total)

@@ -201,6 +201,55 @@ pub fn from_text(
     Ok((stats, ppl))
 }
 
+/// The importance matrix of `model` over a calibration set: each sample is
+/// one sequence from an empty cache (its tokens as the set holds them, BOS
+/// included), one chunk of the result.
+pub fn from_samples(
+    model: &mut Model,
+    samples: &[Vec<u32>],
+    seq_len: usize,
+    process_output: bool,
+    dataset: &str,
+    progress: &dyn Progress,
+) -> Result<Stats, CalibrateError> {
+    if samples.is_empty() {
+        return Err(CalibrateError::Input(
+            "the calibration set has no samples".into(),
+        ));
+    }
+    let collector = Arc::new(Collector::new(model.config.n_expert, process_output));
+    model.set_observer(Some(collector.clone()));
+    progress.start(
+        "imatrix",
+        samples.len() as u64,
+        memwall_runtime::progress::Unit::Items,
+    );
+    let mut result = Ok(());
+    for s in samples {
+        let mut session = model.session();
+        // Only the output head's input needs every position's logits.
+        let first = if process_output {
+            0
+        } else {
+            s.len().saturating_sub(1)
+        };
+        if let Err(e) = model.forward_from(&mut session, s, first) {
+            result = Err(e);
+            break;
+        }
+        progress.advance(1);
+    }
+    progress.finish();
+    model.set_observer(None);
+    result?;
+    Ok(Stats {
+        entries: collector.take()?,
+        datasets: vec![dataset.to_owned()],
+        chunk_count: samples.len() as u32,
+        chunk_size: seq_len as u32,
+    })
+}
+
 impl Stats {
     /// The metadata and tensors of the GGUF format, in llama-imatrix's order:
     /// tensors sorted by name, each `<name>.in_sum2` then `<name>.counts`.

@@ -164,12 +164,21 @@ pub fn inverse_cholesky_upper(h: &[f64], n: usize, damp: f64) -> Result<Vec<f32>
     }
     let l = cholesky(&a, n)?;
     let li = invert_lower(&l, n);
-    // (L Lᵀ)⁻¹ = L⁻ᵀ L⁻¹.
+    // (L Lᵀ)⁻¹ = L⁻ᵀ L⁻¹: entry (i, j) is the dot product of columns i and j
+    // of L⁻¹, which are rows of its transpose (contiguous).
+    let mut lt = vec![0f64; n * n];
+    for k in 0..n {
+        for i in 0..=k {
+            lt[i * n + k] = li[k * n + i];
+        }
+    }
     let mut hinv = vec![0f64; n * n];
     hinv.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
+        let ci = &lt[i * n..(i + 1) * n];
         for (j, out) in row.iter_mut().enumerate() {
             let k0 = i.max(j);
-            *out = (k0..n).map(|k| li[k * n + i] * li[k * n + j]).sum();
+            let cj = &lt[j * n..(j + 1) * n];
+            *out = ci[k0..].iter().zip(&cj[k0..]).map(|(a, b)| a * b).sum();
         }
     });
     // Upper factor of hinv = the transpose of its lower factor.

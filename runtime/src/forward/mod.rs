@@ -347,6 +347,26 @@ impl Cache {
     }
 }
 
+/// The keys and values attention reads: the cache itself, or (for a batch)
+/// its first positions decoded to `f32`, laid out head by head.
+enum Kv<'c> {
+    Cache(&'c Cache, &'c Cache),
+    Dense(&'c [f32], &'c [f32]),
+}
+
+/// The first `n` positions of `cache` as `f32`, head by head: `[head][pos][dim]`.
+fn by_head(cache: &Cache, n: usize, c: &Config) -> Vec<f32> {
+    let (heads, hd) = (c.n_head_kv, c.head_dim);
+    let kvd = heads * hd;
+    let mut out = vec![0f32; n * kvd];
+    for (h, dst) in out.chunks_exact_mut(n * hd).enumerate() {
+        for (j, d) in dst.chunks_exact_mut(hd).enumerate() {
+            cache.read(j * kvd + h * hd, d);
+        }
+    }
+    out
+}
+
 /// The KV cache and position of one sequence.
 pub struct Session {
     k: Vec<Cache>,
@@ -1229,6 +1249,14 @@ impl<'a> Model<'a> {
         let c = &self.config;
         let (qd, hd) = (c.n_head * c.head_dim, c.head_dim);
         let mut out = vec![0f32; t_n * qd];
+        // For a batch, decode the cache to f32 once, by KV head, instead of
+        // once per query (same values, so the same result).
+        let n_kv = n_past + t_n;
+        let dense = (t_n > 1).then(|| (by_head(k, n_kv, c), by_head(v, n_kv, c)));
+        let view = match &dense {
+            Some((kd, vd)) => Kv::Dense(kd, vd),
+            None => Kv::Cache(k, v),
+        };
         // One work item per (token, head): each writes its own slice of `out` with
         // the same arithmetic on any thread, so the result does not depend on threads.
         let work = |(i, oh): (usize, &mut [f32])| {
@@ -1236,8 +1264,7 @@ impl<'a> Model<'a> {
             self.attend(
                 &q[t * qd + head * hd..][..hd],
                 head,
-                k,
-                v,
+                &view,
                 n_past + t + 1,
                 oh,
             );
@@ -1252,7 +1279,7 @@ impl<'a> Model<'a> {
     }
 
     /// One query head over the first `n_kv` cached positions, into `out`.
-    fn attend(&self, q: &[f32], head: usize, k: &Cache, v: &Cache, n_kv: usize, out: &mut [f32]) {
+    fn attend(&self, q: &[f32], head: usize, kv: &Kv, n_kv: usize, out: &mut [f32]) {
         let c = &self.config;
         let (kvd, hd) = (c.n_head_kv * c.head_dim, c.head_dim);
         let kv_head = head / (c.n_head / c.n_head_kv);
@@ -1262,11 +1289,23 @@ impl<'a> Model<'a> {
             .iter()
             .map(|&s| if round { f16_to_f32(f32_to_f16(s)) } else { s })
             .collect();
-        let mut kvh = vec![0f32; hd];
+        let mut buf = vec![0f32; hd];
+        // Row j of the key (or value) cache for this head.
+        let row = |cache: usize, j: usize, buf: &mut [f32]| match kv {
+            Kv::Cache(k, v) => {
+                let c = if cache == 0 { k } else { v };
+                c.read(j * kvd + kv_head * hd, buf);
+            }
+            Kv::Dense(k, v) => {
+                let d = if cache == 0 { k } else { v };
+                let at = (kv_head * d.len() / c.n_head_kv) + j * hd;
+                buf.copy_from_slice(&d[at..at + hd]);
+            }
+        };
         let mut scores = Vec::with_capacity(n_kv);
         for j in 0..n_kv {
-            k.read(j * kvd + kv_head * hd, &mut kvh);
-            let dot: f32 = qh.iter().zip(&kvh).map(|(a, b)| a * b).sum();
+            row(0, j, &mut buf);
+            let dot: f32 = qh.iter().zip(&buf).map(|(a, b)| a * b).sum();
             scores.push(dot * scale);
         }
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -1276,9 +1315,9 @@ impl<'a> Model<'a> {
             sum += *s;
         }
         for (j, s) in scores.iter().enumerate() {
-            v.read(j * kvd + kv_head * hd, &mut kvh);
+            row(1, j, &mut buf);
             let p = s / sum;
-            for (o, x) in out.iter_mut().zip(&kvh) {
+            for (o, x) in out.iter_mut().zip(&buf) {
                 *o += p * x;
             }
         }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use memwall_calibrate::dataset::Dataset;
 use memwall_calibrate::imatrix::{self, TextOptions};
 use memwall_runtime::forward::Model;
 use memwall_runtime::kernels::Kernels;
@@ -28,8 +29,17 @@ pub struct Args {
     #[arg(short = 'm', long = "model", value_name = "MODEL.gguf")]
     pub model: PathBuf,
     /// The calibration text (UTF-8).
-    #[arg(short = 'f', long = "file", value_name = "TEXT")]
-    pub file: PathBuf,
+    #[arg(
+        short = 'f',
+        long = "file",
+        value_name = "TEXT",
+        required_unless_present = "dataset"
+    )]
+    pub file: Option<PathBuf>,
+    /// A calibration set (`memwall calibrate dataset`) instead of a text:
+    /// each sample is one chunk.
+    #[arg(long, value_name = "SET.jsonl", conflicts_with = "file")]
+    pub dataset: Option<PathBuf>,
     /// Where to write the importance matrix.
     #[arg(
         short = 'o',
@@ -98,25 +108,55 @@ pub fn run(args: Args) -> Result<()> {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     model.set_compute(Kernels::from_env()?, threads);
-    let text = std::fs::read_to_string(&args.file).with_context(|| {
-        format!(
-            "{}: cannot read the text (UTF-8 expected)",
-            args.file.display()
-        )
-    })?;
-    let tokens = tokenizer.encode(&text, true, false);
-    let options = TextOptions {
-        n_ctx: args.ctx,
-        n_batch: args.batch,
-        max_chunks: args.chunks,
-        bos: tokenizer.add_bos().then(|| tokenizer.bos()).flatten(),
-        process_output: args.process_output,
-        dataset: args.file.display().to_string(),
-    };
     let bar = Bar::new(!args.json);
     let started = Instant::now();
-    let (stats, ppl) = imatrix::from_text(&mut model, &tokens, &options, &bar)
-        .with_context(|| format!("{}: collecting activations", args.model.display()))?;
+    let (stats, ppl, tokens) = match (&args.file, &args.dataset) {
+        (Some(file), _) => {
+            let text = std::fs::read_to_string(file).with_context(|| {
+                format!("{}: cannot read the text (UTF-8 expected)", file.display())
+            })?;
+            let tokens = tokenizer.encode(&text, true, false);
+            let options = TextOptions {
+                n_ctx: args.ctx,
+                n_batch: args.batch,
+                max_chunks: args.chunks,
+                bos: tokenizer.add_bos().then(|| tokenizer.bos()).flatten(),
+                process_output: args.process_output,
+                dataset: file.display().to_string(),
+            };
+            let (stats, ppl) = imatrix::from_text(&mut model, &tokens, &options, &bar)
+                .with_context(|| format!("{}: collecting activations", args.model.display()))?;
+            (stats, Some(ppl), tokens.len())
+        }
+        (None, Some(path)) => {
+            let set = Dataset::load(path, &tokenizer)
+                .with_context(|| format!("{}: calibration set", path.display()))?;
+            let mut samples = set.samples;
+            if let Some(n) = args.chunks {
+                samples.truncate(n);
+            }
+            let longest = samples.iter().map(Vec::len).max().unwrap_or(0);
+            if longest > args.ctx {
+                model = Model::new(&gguf, longest)
+                    .with_context(|| format!("{}: cannot run this model", args.model.display()))?;
+                model.set_compute(Kernels::from_env()?, threads);
+            }
+            let stats = imatrix::from_samples(
+                &mut model,
+                &samples,
+                set.seq_len,
+                args.process_output,
+                &path.display().to_string(),
+                &bar,
+            )
+            .with_context(|| format!("{}: collecting activations", args.model.display()))?;
+            let tokens = samples.iter().map(Vec::len).sum();
+            (stats, None, tokens)
+        }
+        (None, None) => {
+            bail!("give the calibration text with -f TEXT or a set with --dataset SET.jsonl")
+        }
+    };
     let seconds = started.elapsed().as_secs_f64();
     match format {
         Format::Gguf => stats.write_gguf(&args.output)?,
@@ -124,18 +164,21 @@ pub fn run(args: Args) -> Result<()> {
     }
     if args.json {
         let report = json!({
-            "model": args.model, "text": args.file, "output": args.output,
+            "model": args.model, "text": args.file, "dataset": args.dataset, "output": args.output,
             "format": match format { Format::Gguf => "gguf", Format::Dat => "dat" },
-            "tokens": tokens.len(), "chunks": stats.chunk_count, "chunk_size": stats.chunk_size,
-            "entries": stats.entries.len(), "ppl": ppl.ppl, "plus_minus": ppl.plus_minus,
+            "tokens": tokens, "chunks": stats.chunk_count, "chunk_size": stats.chunk_size,
+            "entries": stats.entries.len(), "ppl": ppl.as_ref().map(|p| p.ppl),
+            "plus_minus": ppl.as_ref().map(|p| p.plus_minus),
             "seconds": seconds,
         });
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!(
-            "Final estimate: PPL = {:.4} +/- {:.5}",
-            ppl.ppl, ppl.plus_minus
-        );
+        if let Some(ppl) = &ppl {
+            println!(
+                "Final estimate: PPL = {:.4} +/- {:.5}",
+                ppl.ppl, ppl.plus_minus
+            );
+        }
         println!(
             "{} entries over {} chunks of {} tokens in {seconds:.1} s → {}",
             stats.entries.len(),

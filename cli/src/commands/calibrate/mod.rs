@@ -14,6 +14,7 @@ pub enum Command {
   memwall calibrate imatrix -m model-f16.gguf -f calibration.txt -o imatrix.gguf
   memwall calibrate imatrix -m model-f16.gguf -f text.txt -c 512 --chunks 100 --process-output
   memwall calibrate imatrix -m model-f16.gguf -f text.txt -o imatrix.dat --output-format dat
+  memwall calibrate imatrix -m model-f16.gguf --dataset calib.jsonl -o imatrix.gguf
 
 The text is cut into windows of -c tokens, each starting with BOS, as
 llama-imatrix cuts it; the sums agree with llama-imatrix's for the same
