@@ -322,13 +322,15 @@ impl Drop for Spill {
 
 /// Runs the layer over every sample, showing the matrix inputs of `wanted`
 /// to a collector; returns the Hessians. With `advance`, the samples' hidden
-/// states become the layer's outputs.
+/// states become the layer's outputs; with `until`, each pass stops once that
+/// matrix's input has been seen (the rest of the layer is not needed).
 fn pass(
     model: &mut Model,
     l: usize,
     xs: &mut [Vec<f32>],
     wanted: HashSet<String>,
     advance: bool,
+    until: Option<&str>,
 ) -> Result<HashMap<String, Hessian>, CalibrateError> {
     let collect = Arc::new(Collect {
         prefix: format!("blk.{l}."),
@@ -340,11 +342,13 @@ fn pass(
     }
     let mut result = Ok(());
     for x in xs.iter_mut() {
-        let r = if advance {
-            model.forward_layer(l, x)
-        } else {
-            let mut tmp = x.clone();
-            model.forward_layer(l, &mut tmp)
+        let r = match (advance, until) {
+            (true, _) => model.forward_layer(l, x),
+            (false, Some(t)) => model.forward_layer_until(l, x, t),
+            (false, None) => {
+                let mut tmp = x.clone();
+                model.forward_layer(l, &mut tmp)
+            }
         };
         if let Err(e) = r {
             result = Err(e);
@@ -478,7 +482,7 @@ pub fn run(
             wanted.insert(key("ffn_in", Some(x)));
             wanted.insert(key("ffn_mid", Some(x)));
         }
-        let mut stats = pass(model, l, &mut xs, wanted, false)?;
+        let mut stats = pass(model, l, &mut xs, wanted, false, None)?;
         let mut alphas: HashMap<&'static str, (Option<f32>, Option<f64>)> = HashMap::new();
         // 2. AWQ.
         if settings.method.awq() {
@@ -623,7 +627,14 @@ pub fn run(
                 for x in 0..c.n_expert {
                     wanted.insert(key(group, Some(x)));
                 }
-                for (k, h) in pass(model, l, &mut xs, wanted, false)? {
+                // The pass can stop at the group's first matrix (a dense one;
+                // experts need the whole routed FFN).
+                let stop = members
+                    .iter()
+                    .map(|&i| &targets[i])
+                    .find(|t| t.experts == 1 && input_group(t.suffix()).is_some_and(|g| g.1))
+                    .map(|t| t.name.clone());
+                for (k, h) in pass(model, l, &mut xs, wanted, false, stop.as_deref())? {
                     stats.insert(k, h);
                 }
             }
@@ -676,7 +687,7 @@ pub fn run(
         drop(targets);
         // 4. The quantized layer's output is the next layer's input.
         progress.item(&format!("layer {l}: output"));
-        pass(model, l, &mut xs, HashSet::new(), true)?;
+        pass(model, l, &mut xs, HashSet::new(), true, None)?;
         report.layer_seconds.push(started.elapsed().as_secs_f64());
         progress.advance(1);
     }

@@ -58,6 +58,9 @@ pub enum ForwardError {
     /// The compute kernels refused a call or cannot run here.
     #[error(transparent)]
     Kernels(#[from] KernelError),
+    /// [`Model::forward_layer_until`] reached its matrix (never returned by it).
+    #[error("stopped before {0}")]
+    Stopped(String),
 }
 
 /// The architectures the forward pass runs (`general.architecture`).
@@ -224,6 +227,8 @@ pub struct Model<'a> {
     /// Weights replaced after loading (calibration tries quantized versions
     /// of a layer before moving on): tensor name → type and bytes.
     replaced: HashMap<String, (GgmlType, Arc<[u8]>)>,
+    /// Stop the forward pass once this matrix's input has been observed.
+    stop_at: Option<String>,
 }
 
 /// A matrix's weights as the products read them: its own, or a replacement.
@@ -699,6 +704,7 @@ impl<'a> Model<'a> {
             stream: None,
             observer: None,
             replaced: HashMap::new(),
+            stop_at: None,
         })
     }
 
@@ -884,6 +890,9 @@ impl<'a> Model<'a> {
     fn matmul(&self, m: &Matrix, x: &[f32], t_n: usize) -> Result<Vec<f32>, ForwardError> {
         if let Some(o) = &self.observer {
             o.matmul_input(m.name, m.expert, x, t_n);
+        }
+        if self.stop_at.as_deref() == Some(m.name) && m.expert.is_none() {
+            return Err(ForwardError::Stopped(m.name.to_owned()));
         }
         let w = self.weights(m);
         let mut y = vec![0f32; t_n * m.rows];
@@ -1075,6 +1084,26 @@ impl<'a> Model<'a> {
         let mut session = self.session();
         let mut h = vec![0f32; x.len()];
         self.layer_step(l, x, &mut h, &tables, &mut session)
+    }
+
+    /// Like [`Model::forward_layer`] without changing `x`, but stops as soon
+    /// as the input of matrix `tensor` has been shown to the observer (the
+    /// rest of the layer is not computed). Stacked expert tensors never stop
+    /// the pass: every expert's input is shown.
+    pub fn forward_layer_until(
+        &mut self,
+        l: usize,
+        x: &[f32],
+        tensor: &str,
+    ) -> Result<(), ForwardError> {
+        let mut tmp = x.to_vec();
+        self.stop_at = Some(tensor.to_owned());
+        let result = self.forward_layer(l, &mut tmp);
+        self.stop_at = None;
+        match result {
+            Ok(()) | Err(ForwardError::Stopped(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Replaces the weights of matrix `name` (a tensor the forward pass
