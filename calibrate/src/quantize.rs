@@ -122,6 +122,14 @@ pub struct Report {
     pub layer_seconds: Vec<f64>,
     /// Seconds in all.
     pub seconds: f64,
+    /// Seconds running layers over the samples (including the statistics).
+    pub forward_seconds: f64,
+    /// Of which accumulating Hessians.
+    pub hessian_seconds: f64,
+    /// Seconds in AWQ's scale search.
+    pub awq_seconds: f64,
+    /// Seconds in GPTQ (factorisation and rounding) or plain encoding.
+    pub quantize_seconds: f64,
 }
 
 /// The input group a matrix reads, and whether it is the one whose input
@@ -154,6 +162,8 @@ struct Collect {
     prefix: String,
     wanted: HashSet<String>,
     found: Mutex<HashMap<String, Hessian>>,
+    /// Nanoseconds spent accumulating.
+    nanos: std::sync::atomic::AtomicU64,
 }
 
 impl Observer for Collect {
@@ -174,7 +184,12 @@ impl Observer for Collect {
         let mut found = self.found.lock().unwrap_or_else(|e| e.into_inner());
         let h = found.entry(k).or_insert_with(|| Hessian::new(cols));
         if h.n == cols {
+            let t = Instant::now();
             h.add(x, tokens);
+            self.nanos.fetch_add(
+                t.elapsed().as_nanos() as u64,
+                std::sync::atomic::Ordering::Relaxed,
+            );
         }
     }
 }
@@ -331,11 +346,14 @@ fn pass(
     wanted: HashSet<String>,
     advance: bool,
     until: Option<&str>,
+    report: &mut Report,
 ) -> Result<HashMap<String, Hessian>, CalibrateError> {
+    let started = Instant::now();
     let collect = Arc::new(Collect {
         prefix: format!("blk.{l}."),
         wanted,
         found: Mutex::new(HashMap::new()),
+        nanos: std::sync::atomic::AtomicU64::new(0),
     });
     if !collect.wanted.is_empty() {
         model.set_observer(Some(collect.clone()));
@@ -357,6 +375,9 @@ fn pass(
     }
     model.set_observer(None);
     result?;
+    report.forward_seconds += started.elapsed().as_secs_f64();
+    report.hessian_seconds +=
+        collect.nanos.load(std::sync::atomic::Ordering::Relaxed) as f64 * 1e-9;
     let found = std::mem::take(&mut *collect.found.lock().unwrap_or_else(|e| e.into_inner()));
     Ok(found)
 }
@@ -482,7 +503,7 @@ pub fn run(
             wanted.insert(key("ffn_in", Some(x)));
             wanted.insert(key("ffn_mid", Some(x)));
         }
-        let mut stats = pass(model, l, &mut xs, wanted, false, None)?;
+        let mut stats = pass(model, l, &mut xs, wanted, false, None, &mut report)?;
         let mut alphas: HashMap<&'static str, (Option<f32>, Option<f64>)> = HashMap::new();
         // 2. AWQ.
         if settings.method.awq() {
@@ -547,6 +568,7 @@ pub fn run(
                         ty: targets[i].ty,
                     })
                     .collect();
+                let t_awq = Instant::now();
                 let choice = awq::search(
                     &linears,
                     cols,
@@ -555,6 +577,7 @@ pub fn run(
                     &h.mean_square(),
                     settings.awq_grid,
                 )?;
+                report.awq_seconds += t_awq.elapsed().as_secs_f64();
                 alphas.insert(
                     input,
                     (
@@ -634,7 +657,15 @@ pub fn run(
                     .map(|&i| &targets[i])
                     .find(|t| t.experts == 1 && input_group(t.suffix()).is_some_and(|g| g.1))
                     .map(|t| t.name.clone());
-                for (k, h) in pass(model, l, &mut xs, wanted, false, stop.as_deref())? {
+                for (k, h) in pass(
+                    model,
+                    l,
+                    &mut xs,
+                    wanted,
+                    false,
+                    stop.as_deref(),
+                    &mut report,
+                )? {
                     stats.insert(k, h);
                 }
             }
@@ -642,6 +673,7 @@ pub fn run(
             for &i in &members {
                 let t = &targets[i];
                 progress.item(&format!("layer {l}: {}", t.name));
+                let t_quant = Instant::now();
                 let expert_rows = t.rows * t.cols;
                 let mut bytes = Vec::new();
                 for x in 0..t.experts {
@@ -671,6 +703,7 @@ pub fn run(
                         imatrix_entries.insert(t.name.clone(), h.mean_square());
                     }
                 }
+                report.quantize_seconds += t_quant.elapsed().as_secs_f64();
                 model.replace_matrix(&t.name, t.ty, bytes.clone().into())?;
                 spill.put(&t.name, &bytes)?;
                 report.calibrated += 1;
@@ -687,7 +720,7 @@ pub fn run(
         drop(targets);
         // 4. The quantized layer's output is the next layer's input.
         progress.item(&format!("layer {l}: output"));
-        pass(model, l, &mut xs, HashSet::new(), true, None)?;
+        pass(model, l, &mut xs, HashSet::new(), true, None, &mut report)?;
         report.layer_seconds.push(started.elapsed().as_secs_f64());
         progress.advance(1);
     }

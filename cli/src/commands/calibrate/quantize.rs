@@ -194,6 +194,8 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
             "plain": report.plain, "unreached_experts": report.unreached_experts,
             "bytes": report.bytes, "seconds": report.seconds,
             "layer_seconds": report.layer_seconds, "groups": groups,
+            "forward_seconds": report.forward_seconds, "hessian_seconds": report.hessian_seconds,
+            "awq_seconds": report.awq_seconds, "quantize_seconds": report.quantize_seconds,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
@@ -223,6 +225,13 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
             report.seconds,
             args.output.display(),
             report.bytes as f64 / (1 << 20) as f64
+        );
+        println!(
+            "time: {:.1} s running layers (of which {:.1} s Hessians), {:.1} s AWQ search, {:.1} s quantizing",
+            report.forward_seconds,
+            report.hessian_seconds,
+            report.awq_seconds,
+            report.quantize_seconds
         );
         println!(
             "next: memwall validate {} --reference {} -f TEXT",
