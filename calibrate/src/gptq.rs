@@ -159,15 +159,7 @@ mod tests {
     use super::*;
     use memwall_runtime::blocks::dequantize_row;
 
-    fn lcg(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-            })
-            .collect()
-    }
+    use crate::test_values as lcg;
 
     /// Σ_t ‖(W − Ŵ)·x_t‖² over the calibration rows.
     fn output_error(w: &[f32], q: &[f32], x: &[f32], rows: usize, cols: usize) -> f64 {

@@ -348,12 +348,9 @@ mod tests {
     use memwall_runtime::blocks::dequantize_row;
 
     fn row(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                ((s >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 2.0
-            })
+        crate::test_values(n, seed)
+            .iter()
+            .map(|v| 2.0 * v)
             .collect()
     }
 

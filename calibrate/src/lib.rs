@@ -21,6 +21,18 @@ pub mod imatrix;
 pub mod linalg;
 pub mod quantize;
 
+/// Deterministic pseudo-random values for the unit tests.
+#[cfg(test)]
+pub(crate) fn test_values(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
 /// Why calibration failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CalibrateError {

@@ -198,13 +198,7 @@ mod tests {
 
     fn spd(n: usize) -> Vec<f64> {
         let mut h = Hessian::new(n);
-        let mut s = 7u32;
-        let x: Vec<f32> = (0..n * 3 * n)
-            .map(|_| {
-                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-            })
-            .collect();
+        let x = crate::test_values(n * 3 * n, 7);
         h.add(&x, 3 * n);
         h.full()
     }
