@@ -107,71 +107,67 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// Lower Cholesky factor `L` of the symmetric positive definite `a`
 /// (`a = L·Lᵀ`), or the column where it fails.
 pub fn cholesky(a: &[f64], n: usize) -> Result<Vec<f64>, usize> {
-    let mut l = vec![0f64; n * n];
+    let mut l = a.to_vec();
+    cholesky_in_place(&mut l, n)?;
+    for i in 0..n {
+        l[i * n + i + 1..(i + 1) * n].fill(0.0);
+    }
+    Ok(l)
+}
+
+/// Overwrites the lower triangle (diagonal included) of `a` with its
+/// Cholesky factor; the strict upper triangle keeps `a`'s values. Each entry
+/// of `a` is read before it is overwritten, so this computes exactly what a
+/// separate output would hold.
+fn cholesky_in_place(a: &mut [f64], n: usize) -> Result<(), usize> {
     for j in 0..n {
         let mut d = a[j * n + j];
         for k in 0..j {
-            d -= l[j * n + k] * l[j * n + k];
+            d -= a[j * n + k] * a[j * n + k];
         }
         if d <= 0.0 || !d.is_finite() {
             return Err(j);
         }
         let d = d.sqrt();
-        l[j * n + j] = d;
-        let (done, rest) = l.split_at_mut((j + 1) * n);
+        a[j * n + j] = d;
+        let (done, rest) = a.split_at_mut((j + 1) * n);
         let lj = &done[j * n..j * n + j];
-        rest.par_chunks_mut(n).enumerate().for_each(|(k, row)| {
-            let i = j + 1 + k;
+        rest.par_chunks_mut(n).for_each(|row| {
             let s: f64 = row[..j].iter().zip(lj).map(|(x, y)| x * y).sum();
-            row[j] = (a[i * n + j] - s) / d;
+            row[j] = (row[j] - s) / d;
         });
     }
-    Ok(l)
+    Ok(())
 }
 
-/// The inverse of a lower triangular matrix (lower triangular).
-fn invert_lower(l: &[f64], n: usize) -> Vec<f64> {
-    // Column by column: solve L·x = e_j.
-    let cols: Vec<Vec<f64>> = (0..n)
-        .into_par_iter()
-        .map(|j| {
-            let mut x = vec![0f64; n];
-            x[j] = 1.0 / l[j * n + j];
-            for i in j + 1..n {
-                let s: f64 = (j..i).map(|k| l[i * n + k] * x[k]).sum();
-                x[i] = -s / l[i * n + i];
-            }
-            x
-        })
-        .collect();
-    let mut inv = vec![0f64; n * n];
-    for (j, x) in cols.iter().enumerate() {
-        for i in j..n {
-            inv[i * n + j] = x[i];
+/// The transpose of the inverse of the lower triangular `L` (stored in the
+/// lower triangle of `l`): row `j` is the solution of `L·x = e_j`.
+fn inverse_lower_transposed(l: &[f64], n: usize) -> Vec<f64> {
+    let mut out = vec![0f64; n * n];
+    out.par_chunks_mut(n).enumerate().for_each(|(j, x)| {
+        x[j] = 1.0 / l[j * n + j];
+        for i in j + 1..n {
+            let s: f64 = (j..i).map(|k| l[i * n + k] * x[k]).sum();
+            x[i] = -s / l[i * n + i];
         }
-    }
-    inv
+    });
+    out
 }
 
 /// What GPTQ needs from the Hessian `h` (`n × n`, symmetric): the upper
 /// Cholesky factor `U` of `(h + damp·I)⁻¹` (`(h + damp·I)⁻¹ = UᵀU`), in
 /// `f32`, row-major. Fails with the column where `h + damp·I` is not
-/// positive definite.
+/// positive definite. Holds at most two `n × n` `f64` matrices at a time.
 pub fn inverse_cholesky_upper(h: &[f64], n: usize, damp: f64) -> Result<Vec<f32>, usize> {
-    let mut a = h.to_vec();
+    let mut l = h.to_vec();
     for i in 0..n {
-        a[i * n + i] += damp;
+        l[i * n + i] += damp;
     }
-    let l = cholesky(&a, n)?;
-    let li = invert_lower(&l, n);
+    cholesky_in_place(&mut l, n)?;
     // (L Lᵀ)⁻¹ = L⁻ᵀ L⁻¹: entry (i, j) is the dot product of columns i and j
     // of L⁻¹, which are rows of its transpose (contiguous).
-    let mut lt = vec![0f64; n * n];
-    for k in 0..n {
-        for i in 0..=k {
-            lt[i * n + k] = li[k * n + i];
-        }
-    }
+    let lt = inverse_lower_transposed(&l, n);
+    drop(l);
     let mut hinv = vec![0f64; n * n];
     hinv.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
         let ci = &lt[i * n..(i + 1) * n];
@@ -181,12 +177,13 @@ pub fn inverse_cholesky_upper(h: &[f64], n: usize, damp: f64) -> Result<Vec<f32>
             *out = ci[k0..].iter().zip(&cj[k0..]).map(|(a, b)| a * b).sum();
         }
     });
+    drop(lt);
     // Upper factor of hinv = the transpose of its lower factor.
-    let lower = cholesky(&hinv, n)?;
+    cholesky_in_place(&mut hinv, n)?;
     let mut u = vec![0f32; n * n];
     for i in 0..n {
         for j in i..n {
-            u[i * n + j] = lower[j * n + i] as f32;
+            u[i * n + j] = hinv[j * n + i] as f32;
         }
     }
     Ok(u)
