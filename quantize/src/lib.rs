@@ -20,6 +20,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod fit;
 pub mod imatrix;
 mod iq4;
 pub mod job;

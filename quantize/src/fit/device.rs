@@ -1,0 +1,302 @@
+//! Device profiles: RAM, what the OS keeps, memory and storage bandwidth and
+//! decode compute, as data. Built-ins for 8/12/16/24 GB phones
+//! (`devices.toml`, next to this file); users write their own in the same
+//! TOML, and `memwall plan --measure-host` writes one for the machine it runs on.
+//!
+//! ```toml
+//! [[device]]
+//! name = "my-phone"
+//! description = "what it is"
+//! ram_gb = 16                 # GiB, as sold
+//! os_reserve_gb = 4.5         # kept by the OS and other apps
+//! ram_bandwidth_gbs = 68.3    # peak, GB/s
+//! bandwidth_efficiency = 0.6  # share of the peak a decode loop reaches
+//! storage_read_gbs = 4.2      # sequential reads from flash, GB/s
+//! threads = 6                 # performance cores to use
+//! compute_gweights_s = 16     # decode multiply-adds, billions of weights/s
+//! dispatch_us = 10            # fixed cost of one matrix product, µs (optional)
+//! [device.compute]            # optional, per ggml type (overrides the above)
+//! Q4_K = 18.0
+//! ```
+
+use memwall_runtime::GgmlType;
+
+use crate::recipe::parse_type;
+
+const BUILTIN: &str = include_str!("devices.toml");
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Cost of one matrix product besides its arithmetic when a profile does not
+/// say (thread wake-up and join on a phone's big cores).
+const DEFAULT_DISPATCH: f64 = 10e-6;
+
+/// A device the model should run on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Device {
+    /// Short name.
+    pub name: String,
+    /// What it is.
+    pub description: String,
+    /// Installed RAM, bytes.
+    pub ram_bytes: u64,
+    /// RAM the OS and other apps keep, bytes.
+    pub os_reserve_bytes: u64,
+    /// Peak memory bandwidth, bytes/s.
+    pub ram_bandwidth: f64,
+    /// Share of the peak bandwidth a decode loop reaches (0–1].
+    pub bandwidth_efficiency: f64,
+    /// Sequential read bandwidth of the storage, bytes/s.
+    pub storage_read: f64,
+    /// Threads to run on.
+    pub threads: u32,
+    /// Decode multiply-adds per second (weights/s), all threads.
+    pub compute: f64,
+    /// Per-type decode multiply-adds per second, overriding `compute`.
+    pub compute_by_type: Vec<(GgmlType, f64)>,
+    /// Fixed cost of one matrix product besides its multiply-adds (waking
+    /// the threads, joining them, the small vector work around it), seconds.
+    pub dispatch: f64,
+}
+
+impl Device {
+    /// The built-in profiles.
+    pub fn builtins() -> Vec<Device> {
+        // The built-in file is part of the source and tested.
+        parse_all(BUILTIN).unwrap_or_default()
+    }
+
+    /// A built-in profile by name, or the profile(s) in a TOML file (`name`
+    /// picks one when the file holds several).
+    pub fn resolve(spec: &str) -> Result<Device, String> {
+        if let Some(d) = Device::builtins().into_iter().find(|d| d.name == spec) {
+            return Ok(d);
+        }
+        let path = std::path::Path::new(spec);
+        if path.is_file() {
+            let text =
+                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let mut all = parse_all(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            return match all.len() {
+                1 => Ok(all.remove(0)),
+                n => Err(format!(
+                    "{}: {n} device profiles; name one of them: {}",
+                    path.display(),
+                    all.iter()
+                        .map(|d| d.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
+            };
+        }
+        Err(format!(
+            "no device profile '{spec}': built-ins are {}, or give a TOML file (see docs/PLAN.md)",
+            Device::builtins()
+                .iter()
+                .map(|d| d.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    }
+
+    /// RAM one app can use: installed minus the OS reserve.
+    pub fn usable_bytes(&self) -> u64 {
+        self.ram_bytes.saturating_sub(self.os_reserve_bytes)
+    }
+
+    /// Decode multiply-adds per second for weights of type `ty`.
+    pub fn compute_for(&self, ty: GgmlType) -> f64 {
+        self.compute_by_type
+            .iter()
+            .find(|(t, _)| *t == ty)
+            .map_or(self.compute, |(_, r)| *r)
+    }
+
+    /// The profile as TOML (what `--measure-host` saves).
+    pub fn to_toml(&self) -> String {
+        use std::fmt::Write as _;
+        let q = |s: &str| toml::Value::String(s.to_owned()).to_string();
+        let mut out = String::from("[[device]]\n");
+        let _ = writeln!(out, "name = {}", q(&self.name));
+        let _ = writeln!(out, "description = {}", q(&self.description));
+        let _ = writeln!(out, "ram_gb = {:.3}", self.ram_bytes as f64 / GIB);
+        let _ = writeln!(
+            out,
+            "os_reserve_gb = {:.3}",
+            self.os_reserve_bytes as f64 / GIB
+        );
+        let _ = writeln!(out, "ram_bandwidth_gbs = {:.2}", self.ram_bandwidth / 1e9);
+        let _ = writeln!(
+            out,
+            "bandwidth_efficiency = {:.2}",
+            self.bandwidth_efficiency
+        );
+        let _ = writeln!(out, "storage_read_gbs = {:.2}", self.storage_read / 1e9);
+        let _ = writeln!(out, "threads = {}", self.threads);
+        let _ = writeln!(out, "compute_gweights_s = {:.3}", self.compute / 1e9);
+        let _ = writeln!(out, "dispatch_us = {:.2}", self.dispatch * 1e6);
+        if !self.compute_by_type.is_empty() {
+            out.push_str("\n[device.compute]\n");
+            for (t, r) in &self.compute_by_type {
+                let _ = writeln!(out, "{} = {:.3}", t.name(), r / 1e9);
+            }
+        }
+        out
+    }
+}
+
+/// Parses a profile file: `[[device]]` tables, or one profile at the top level.
+pub fn parse_all(text: &str) -> Result<Vec<Device>, String> {
+    let doc: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
+    match doc.get("device") {
+        Some(toml::Value::Array(list)) => list
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let t = v
+                    .as_table()
+                    .ok_or_else(|| format!("device {}: must be a table", i + 1))?;
+                parse_one(t).map_err(|e| format!("device {}: {e}", i + 1))
+            })
+            .collect(),
+        Some(_) => Err("'device' must be an array of tables ([[device]])".into()),
+        None => parse_one(&doc).map(|d| vec![d]),
+    }
+}
+
+fn parse_one(t: &toml::Table) -> Result<Device, String> {
+    const KNOWN: [&str; 12] = [
+        "name",
+        "description",
+        "ram_gb",
+        "os_reserve_gb",
+        "ram_bandwidth_gbs",
+        "bandwidth_efficiency",
+        "storage_read_gbs",
+        "threads",
+        "compute_gweights_s",
+        "dispatch_us",
+        "compute",
+        "notes",
+    ];
+    if let Some(k) = t.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+        return Err(format!("unknown key '{k}' (known: {})", KNOWN.join(", ")));
+    }
+    let string = |key: &str| t.get(key).and_then(toml::Value::as_str).map(str::to_owned);
+    let number = |key: &str, lo: f64, hi: f64| -> Result<f64, String> {
+        let v = match t.get(key) {
+            Some(toml::Value::Float(f)) => *f,
+            Some(toml::Value::Integer(i)) => *i as f64,
+            Some(other) => {
+                return Err(format!(
+                    "'{key}' must be a number, not {}",
+                    other.type_str()
+                ));
+            }
+            None => return Err(format!("needs '{key}'")),
+        };
+        if !(v.is_finite() && v >= lo && v <= hi) {
+            return Err(format!("'{key}' is {v}; expected {lo} to {hi}"));
+        }
+        Ok(v)
+    };
+    let name = string("name").ok_or("needs name = \"...\"")?;
+    let ram = number("ram_gb", 0.125, 65536.0)?;
+    let reserve = number("os_reserve_gb", 0.0, 65536.0)?;
+    if reserve >= ram {
+        return Err(format!(
+            "os_reserve_gb ({reserve}) must be less than ram_gb ({ram})"
+        ));
+    }
+    let mut compute_by_type = Vec::new();
+    match t.get("compute") {
+        None => {}
+        Some(toml::Value::Table(c)) => {
+            for (k, v) in c {
+                let ty = parse_type(k).map_err(|e| format!("compute: {e}"))?;
+                let r = v
+                    .as_float()
+                    .or_else(|| v.as_integer().map(|i| i as f64))
+                    .filter(|r| r.is_finite() && *r > 0.0 && *r < 1e6)
+                    .ok_or_else(|| format!("compute.{k} must be a positive number"))?;
+                compute_by_type.push((ty, r * 1e9));
+            }
+        }
+        Some(_) => return Err("'compute' must be a table of type = rate".into()),
+    }
+    Ok(Device {
+        description: string("description").unwrap_or_default(),
+        ram_bytes: (ram * GIB) as u64,
+        os_reserve_bytes: (reserve * GIB) as u64,
+        ram_bandwidth: number("ram_bandwidth_gbs", 0.01, 1e5)? * 1e9,
+        bandwidth_efficiency: number("bandwidth_efficiency", 0.01, 1.0)?,
+        storage_read: number("storage_read_gbs", 0.001, 1e4)? * 1e9,
+        threads: number("threads", 1.0, 1024.0)? as u32,
+        compute: number("compute_gweights_s", 0.001, 1e6)? * 1e9,
+        compute_by_type,
+        dispatch: match t.get("dispatch_us") {
+            None => DEFAULT_DISPATCH,
+            Some(_) => number("dispatch_us", 0.0, 1e5)? * 1e-6,
+        },
+        name,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtins_parse_and_leave_ten_to_twelve_gb_on_a_16_gb_phone() {
+        let all = parse_all(BUILTIN).unwrap();
+        let names: Vec<&str> = all.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["phone-8gb", "phone-12gb", "phone-16gb", "phone-24gb"]
+        );
+        let p16 = Device::resolve("phone-16gb").unwrap();
+        let free = p16.usable_bytes() as f64 / GIB;
+        assert!((10.0..=12.0).contains(&free), "{free}");
+    }
+
+    #[test]
+    fn profiles_round_trip_through_toml() {
+        let mut d = Device::resolve("phone-12gb").unwrap();
+        d.compute_by_type = vec![(GgmlType::Q4_K, 9.5e9), (GgmlType::F16, 4e9)];
+        let back = parse_all(&d.to_toml()).unwrap();
+        assert_eq!(back.len(), 1);
+        assert_eq!(back[0].name, d.name);
+        assert_eq!(back[0].threads, d.threads);
+        assert!((back[0].ram_bandwidth - d.ram_bandwidth).abs() < 1e7);
+        assert_eq!(back[0].compute_for(GgmlType::Q4_K), 9.5e9);
+        assert_eq!(back[0].compute_for(GgmlType::Q8_0), d.compute);
+    }
+
+    #[test]
+    fn bad_profiles_name_the_field() {
+        let base = "name = \"x\"\nram_gb = 8\nos_reserve_gb = 2\nram_bandwidth_gbs = 30\n\
+                    bandwidth_efficiency = 0.6\nstorage_read_gbs = 1\nthreads = 4\ncompute_gweights_s = 5\n";
+        assert!(parse_all(base).is_ok());
+        for (edit, want) in [
+            ("ram_gb = 8", "ram_gb = -1"),
+            ("os_reserve_gb = 2", "os_reserve_gb = 9"),
+            ("threads = 4", "threads = \"four\""),
+            ("bandwidth_efficiency = 0.6", "bandwidth_efficiency = nan"),
+            ("name = \"x\"", "name = \"x\"\nspeed = 3"),
+        ] {
+            let text = base.replace(edit, want);
+            let err = parse_all(&text).unwrap_err();
+            let key = want
+                .split(' ')
+                .next()
+                .unwrap()
+                .trim_start_matches("name = \"x\"\n");
+            assert!(err.contains(key), "{want}: {err}");
+        }
+        assert!(
+            Device::resolve("phone-99gb")
+                .unwrap_err()
+                .contains("phone-16gb")
+        );
+    }
+}

@@ -1,0 +1,606 @@
+//! Will it fit? The arithmetic behind `memwall plan`: the exact weight bytes
+//! of every quantization choice (from the model's tensor list and llama.cpp's
+//! own mixing rules), the KV cache and working memory at a context length, and
+//! what a device's RAM, memory bandwidth and storage allow.
+//!
+//! A model is described by its tensor list. From a GGUF that list is the
+//! file's; from a Hugging Face `config.json` it is built the way llama.cpp's
+//! converter names and shapes tensors ([`Shape::tensors`], checked against real
+//! conversions in the tests). Bare parameter counts ([`Numbers`]) give the
+//! seed's back-of-the-envelope arithmetic: params × bits ÷ 8, no per-tensor mix.
+//!
+//! ```
+//! use memwall_quantize::fit::{Choice, Shape};
+//!
+//! let shape = Shape::dense("llama", 32, 4096, 14336, 32, 8, 128, 128256, false);
+//! let q4 = Choice::by_name("Q4_K_M").unwrap().weights(&shape.facts(), &shape.tensors())?;
+//! assert!((4.5..5.2).contains(&q4.bits_per_weight()));
+//! # Ok::<(), String>(())
+//! ```
+
+pub mod device;
+pub mod estimate;
+
+pub use device::Device;
+pub use estimate::{
+    Footprint, KvType, Load, Runtime, Speed, Token, decode_speed, footprint, token_speed,
+};
+
+use memwall_runtime::GgmlType;
+use memwall_runtime::ggml_type::{FileTypeInfo, file_type_by_name};
+
+use crate::recipe::Recipe;
+use crate::rules::{Category, MixOptions, Mixer, ModelFacts, llama_order};
+
+/// One tensor: name, GGUF shape and stored type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorShape {
+    /// GGUF name, e.g. `blk.0.attn_q.weight`.
+    pub name: String,
+    /// Shape in GGUF order (row length first).
+    pub dims: Vec<u64>,
+    /// Type before quantization (F32 for vectors, F16 for matrices of a
+    /// converted model).
+    pub ty: GgmlType,
+}
+
+impl TensorShape {
+    /// Number of weights.
+    pub fn elements(&self) -> u64 {
+        self.dims.iter().product()
+    }
+}
+
+/// The hyper-parameters that decide tensor shapes and the KV cache.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Shape {
+    /// llama.cpp's architecture name (`llama`, `qwen2`, `qwen3`, `qwen3moe`, `command-r`).
+    pub arch: String,
+    /// Transformer blocks.
+    pub n_layer: u32,
+    /// Hidden size.
+    pub n_embd: u64,
+    /// Dense FFN width (unused when every layer is MoE).
+    pub n_ff: u64,
+    /// Query heads.
+    pub n_head: u32,
+    /// Key/value heads.
+    pub n_head_kv: u32,
+    /// Size of one attention head.
+    pub head_dim: u64,
+    /// Vocabulary size.
+    pub n_vocab: u64,
+    /// Experts per MoE layer (0 for a dense model).
+    pub n_expert: u32,
+    /// Experts each token uses.
+    pub n_expert_used: u32,
+    /// FFN width of one expert.
+    pub n_ff_expert: u64,
+    /// The output head reuses the token embeddings.
+    pub tied_embeddings: bool,
+    /// Training context length (0 when unknown).
+    pub ctx_train: u64,
+}
+
+impl Shape {
+    /// A dense model.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dense(
+        arch: &str,
+        n_layer: u32,
+        n_embd: u64,
+        n_ff: u64,
+        n_head: u32,
+        n_head_kv: u32,
+        head_dim: u64,
+        n_vocab: u64,
+        tied_embeddings: bool,
+    ) -> Shape {
+        Shape {
+            arch: arch.to_owned(),
+            n_layer,
+            n_embd,
+            n_ff,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_vocab,
+            n_expert: 0,
+            n_expert_used: 0,
+            n_ff_expert: 0,
+            tied_embeddings,
+            ctx_train: 0,
+        }
+    }
+
+    /// Reads the shape from GGUF metadata and the tensor list.
+    pub fn from_gguf(model: &memwall_runtime::gguf::GgufModel) -> Result<Shape, String> {
+        use memwall_runtime::model_info::HyperParams;
+        let meta = model.metadata();
+        let hp = HyperParams::try_from(meta).map_err(|e| e.to_string())?;
+        let arch = hp.architecture.clone();
+        let u = |key: &str| -> Result<Option<u64>, String> {
+            meta.get_u64(&format!("{arch}.{key}"))
+                .map_err(|e| e.to_string())
+        };
+        let has = |name: &str| model.tensors().any(|(_, t)| t.name == name);
+        let n_vocab = match hp.vocab_size {
+            Some(v) => v,
+            None => model
+                .tensors()
+                .find(|(_, t)| t.name == "token_embd.weight")
+                .and_then(|(_, t)| t.dims.get(1).copied())
+                .ok_or("the model has neither a vocabulary size nor token embeddings")?,
+        };
+        let small =
+            |v: u64, what: &str| u32::try_from(v).map_err(|_| format!("{what} is {v}, too large"));
+        Ok(Shape {
+            n_layer: small(hp.block_count, "block_count")?,
+            n_embd: hp.embedding_length,
+            n_ff: hp.feed_forward_length.unwrap_or(0),
+            n_head: small(hp.head_count, "head_count")?,
+            n_head_kv: small(hp.head_count_kv, "head_count_kv")?,
+            head_dim: hp.head_dim(),
+            n_vocab,
+            n_expert: small(hp.expert_count.unwrap_or(0), "expert_count")?,
+            n_expert_used: small(hp.expert_used_count.unwrap_or(0), "expert_used_count")?,
+            n_ff_expert: u("expert_feed_forward_length")?.unwrap_or(0),
+            tied_embeddings: !has("output.weight"),
+            ctx_train: hp.context_length,
+            arch,
+        })
+    }
+
+    /// Reads the shape from a Hugging Face `config.json` (with transformers'
+    /// defaults filled in), for the architectures memwall converts.
+    pub fn from_hf_config(config: &serde_json::Value) -> Result<Shape, String> {
+        let class = config["architectures"][0]
+            .as_str()
+            .ok_or("config.json has no architectures list")?;
+        let (arch, moe) = match class {
+            "LlamaForCausalLM" | "MistralForCausalLM" => ("llama", false),
+            "MixtralForCausalLM" => ("llama", true),
+            "Qwen2ForCausalLM" => ("qwen2", false),
+            "Qwen3ForCausalLM" => ("qwen3", false),
+            "Qwen3MoeForCausalLM" => ("qwen3moe", true),
+            "CohereForCausalLM" => ("command-r", false),
+            other => {
+                return Err(format!(
+                    "architecture {other} is not one memwall plans (Llama, Mistral, Mixtral, \
+                     Qwen2, Qwen3, Qwen3-MoE, Command-R); give the numbers instead"
+                ));
+            }
+        };
+        let text = config.get("text_config").unwrap_or(config);
+        let num = |key: &str| -> Result<Option<u64>, String> {
+            match text.get(key) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(v) => v
+                    .as_u64()
+                    .map(Some)
+                    .ok_or_else(|| format!("config.json: {key} is not a non-negative integer")),
+            }
+        };
+        let need = |key: &str| num(key)?.ok_or_else(|| format!("config.json has no {key}"));
+        let n_embd = need("hidden_size")?;
+        let n_head = need("num_attention_heads")?;
+        let n_head_kv = num("num_key_value_heads")?.unwrap_or(n_head);
+        let head_dim = num("head_dim")?.unwrap_or(n_embd / n_head.max(1));
+        let n_expert = if moe {
+            num("num_local_experts")?
+                .or(num("num_experts")?)
+                .ok_or("config.json has no num_local_experts / num_experts")?
+        } else {
+            0
+        };
+        let n_ff = num("intermediate_size")?.unwrap_or(0);
+        let n_ff_expert = if moe {
+            num("moe_intermediate_size")?.unwrap_or(n_ff)
+        } else {
+            0
+        };
+        let tied_default = arch == "command-r";
+        let small = |v: u64, what: &str| {
+            u32::try_from(v).map_err(|_| format!("config.json: {what} is {v}, too large"))
+        };
+        let shape = Shape {
+            arch: arch.to_owned(),
+            n_layer: small(need("num_hidden_layers")?, "num_hidden_layers")?,
+            n_embd,
+            n_ff,
+            n_head: small(n_head, "num_attention_heads")?,
+            n_head_kv: small(n_head_kv, "num_key_value_heads")?,
+            head_dim,
+            n_vocab: need("vocab_size")?,
+            n_expert: small(n_expert, "num_experts")?,
+            n_expert_used: small(
+                if moe {
+                    num("num_experts_per_tok")?.unwrap_or(2)
+                } else {
+                    0
+                },
+                "num_experts_per_tok",
+            )?,
+            n_ff_expert,
+            tied_embeddings: text
+                .get("tie_word_embeddings")
+                .and_then(serde_json::Value::as_bool)
+                .or_else(|| {
+                    config
+                        .get("tie_word_embeddings")
+                        .and_then(serde_json::Value::as_bool)
+                })
+                .unwrap_or(tied_default),
+            ctx_train: num("max_position_embeddings")?.unwrap_or(0),
+        };
+        shape.check()?;
+        Ok(shape)
+    }
+
+    /// Refuses shapes no model has (zero sizes, absurd counts): the planner's
+    /// arithmetic then never overflows.
+    pub fn check(&self) -> Result<(), String> {
+        let fields = [
+            ("layers", u64::from(self.n_layer), 1, 4096),
+            ("hidden size", self.n_embd, 1, 1 << 20),
+            ("heads", u64::from(self.n_head), 1, 4096),
+            ("KV heads", u64::from(self.n_head_kv), 1, 4096),
+            ("head size", self.head_dim, 1, 1 << 16),
+            ("vocabulary", self.n_vocab, 1, 1 << 24),
+            ("FFN width", self.n_ff, 0, 1 << 22),
+            ("experts", u64::from(self.n_expert), 0, 4096),
+            ("expert FFN width", self.n_ff_expert, 0, 1 << 22),
+        ];
+        for (what, v, lo, hi) in fields {
+            if v < lo || v > hi {
+                return Err(format!("{what} is {v}; expected {lo} to {hi}"));
+            }
+        }
+        if self.n_expert > 0 && (self.n_expert_used == 0 || self.n_expert_used > self.n_expert) {
+            return Err(format!(
+                "{} experts used of {}: expected 1 to {}",
+                self.n_expert_used, self.n_expert, self.n_expert
+            ));
+        }
+        if self.n_expert == 0 && self.n_ff == 0 {
+            return Err("the FFN width is 0".into());
+        }
+        Ok(())
+    }
+
+    /// What llama.cpp's mixing rules need to know.
+    pub fn facts(&self) -> ModelFacts {
+        ModelFacts {
+            arch: self.arch.clone(),
+            n_layer: self.n_layer,
+            n_head: self.n_head,
+            n_head_kv: self.n_head_kv,
+            n_expert: self.n_expert,
+        }
+    }
+
+    /// KV cache bytes per token of context with `bytes_per_value` per element.
+    pub fn kv_bytes_per_token(&self, kv: KvType) -> u64 {
+        let per_layer = 2 * u64::from(self.n_head_kv) * self.head_dim;
+        kv.bytes(u64::from(self.n_layer) * per_layer)
+    }
+
+    /// Matrix products one decoded token runs: four attention projections and
+    /// three FFN products per layer (per used expert, plus the router, in MoE
+    /// layers), and the output head.
+    pub fn dispatches_per_token(&self) -> u64 {
+        let ffn = if self.n_expert > 0 {
+            3 * u64::from(self.n_expert_used) + 1
+        } else {
+            3
+        };
+        u64::from(self.n_layer) * (4 + ffn) + 1
+    }
+
+    /// The tensors llama.cpp's converter writes for this shape (F16 matrices,
+    /// F32 vectors), in llama.cpp's order.
+    pub fn tensors(&self) -> Vec<TensorShape> {
+        let e = self.n_embd;
+        let q = u64::from(self.n_head) * self.head_dim;
+        let kv = u64::from(self.n_head_kv) * self.head_dim;
+        let mut out = Vec::new();
+        let mut put = |name: String, dims: Vec<u64>| {
+            // The converter keeps vectors and the MoE router in F32.
+            let ty = if dims.len() > 1 && !name.ends_with("ffn_gate_inp.weight") {
+                GgmlType::F16
+            } else {
+                GgmlType::F32
+            };
+            out.push(TensorShape { name, dims, ty });
+        };
+        put("token_embd.weight".into(), vec![e, self.n_vocab]);
+        put("output_norm.weight".into(), vec![e]);
+        if !self.tied_embeddings {
+            put("output.weight".into(), vec![e, self.n_vocab]);
+        }
+        for l in 0..self.n_layer {
+            let b = |s: &str| format!("blk.{l}.{s}");
+            put(b("attn_norm.weight"), vec![e]);
+            put(b("attn_q.weight"), vec![e, q]);
+            put(b("attn_k.weight"), vec![e, kv]);
+            put(b("attn_v.weight"), vec![e, kv]);
+            put(b("attn_output.weight"), vec![q, e]);
+            if self.arch == "qwen2" {
+                put(b("attn_q.bias"), vec![q]);
+                put(b("attn_k.bias"), vec![kv]);
+                put(b("attn_v.bias"), vec![kv]);
+            }
+            if self.arch.starts_with("qwen3") {
+                put(b("attn_q_norm.weight"), vec![self.head_dim]);
+                put(b("attn_k_norm.weight"), vec![self.head_dim]);
+            }
+            if self.arch != "command-r" {
+                put(b("ffn_norm.weight"), vec![e]);
+            }
+            if self.n_expert > 0 {
+                let (x, f) = (u64::from(self.n_expert), self.n_ff_expert);
+                put(b("ffn_gate_inp.weight"), vec![e, x]);
+                put(b("ffn_gate_exps.weight"), vec![e, f, x]);
+                put(b("ffn_up_exps.weight"), vec![e, f, x]);
+                put(b("ffn_down_exps.weight"), vec![f, e, x]);
+            } else {
+                put(b("ffn_gate.weight"), vec![e, self.n_ff]);
+                put(b("ffn_up.weight"), vec![e, self.n_ff]);
+                put(b("ffn_down.weight"), vec![self.n_ff, e]);
+            }
+        }
+        out.sort_by(|a, b| llama_order(&a.name, &b.name));
+        out
+    }
+}
+
+/// The tensors of a GGUF file, in llama.cpp's order.
+pub fn gguf_tensors(model: &memwall_runtime::gguf::GgufModel) -> Vec<TensorShape> {
+    let mut out: Vec<TensorShape> = model
+        .tensors()
+        .map(|(_, t)| TensorShape {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ty: t.ty,
+        })
+        .collect();
+    out.sort_by(|a, b| llama_order(&a.name, &b.name));
+    out
+}
+
+/// A quantization choice: a llama.cpp file type or a recipe.
+#[derive(Clone, Debug)]
+pub struct Choice {
+    /// What the user types: `Q4_K_M`, `attn-f16-ffn-q4`, a recipe's name.
+    pub label: String,
+    /// The file type (a recipe's base).
+    pub ftype: &'static FileTypeInfo,
+    /// The recipe, when the choice is one.
+    pub recipe: Option<Recipe>,
+}
+
+/// The file types `memwall plan` lists by default, largest first.
+pub const DEFAULT_TYPES: [&str; 11] = [
+    "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q4_K_M", "Q4_K_S", "IQ4_XS", "Q3_K_M", "Q3_K_S",
+    "Q2_K",
+];
+
+impl Choice {
+    /// A file type (`Q4_K_M`) or a built-in recipe (`attn-f16-ffn-q4`) by name.
+    pub fn by_name(name: &str) -> Option<Choice> {
+        if let Some(ftype) = file_type_by_name(name) {
+            return Some(Choice {
+                label: ftype.name.to_owned(),
+                ftype,
+                recipe: None,
+            });
+        }
+        Recipe::preset(name).map(Choice::recipe)
+    }
+
+    /// A recipe.
+    pub fn recipe(recipe: Recipe) -> Choice {
+        Choice {
+            label: recipe.name.clone(),
+            ftype: recipe.base,
+            recipe: Some(recipe),
+        }
+    }
+
+    /// Every default file type, then every built-in recipe.
+    pub fn defaults() -> Vec<Choice> {
+        let mut out: Vec<Choice> = DEFAULT_TYPES
+            .iter()
+            .filter_map(|n| Choice::by_name(n))
+            .collect();
+        out.extend(
+            crate::recipe::PRESETS
+                .iter()
+                .filter_map(|(n, _)| Choice::by_name(n)),
+        );
+        out
+    }
+
+    /// The weights this choice gives the tensors (llama-quantize's mix without
+    /// an importance matrix, with the recipe's rules on top).
+    pub fn weights(&self, facts: &ModelFacts, tensors: &[TensorShape]) -> Result<Weights, String> {
+        let recipe = self.recipe.as_ref();
+        let options = MixOptions {
+            ftype: self.ftype,
+            pure: false,
+            has_imatrix: false,
+            output_type: recipe.and_then(|r| r.output),
+            token_embedding_type: recipe.and_then(|r| r.token_embedding),
+            leave_output: false,
+            overrides: recipe.map(|r| r.rules.clone()).unwrap_or_default(),
+        };
+        let mut mixer = Mixer::new(
+            facts.clone(),
+            options,
+            tensors.iter().map(|t| t.name.as_str()),
+        );
+        let mut parts = Vec::with_capacity(tensors.len());
+        for t in tensors {
+            let choice = mixer.choose(&t.name, &t.dims, t.ty)?;
+            let bytes = choice
+                .ty
+                .tensor_size(&t.dims)
+                .map_err(|e| format!("{}: {e}", t.name))?
+                .bytes;
+            parts.push(Part {
+                ty: choice.ty,
+                elements: t.elements(),
+                bytes,
+                kind: Kind::of(t),
+            });
+        }
+        Ok(Weights { parts })
+    }
+}
+
+/// What a tensor is to the decode loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Token embeddings: one row read per token (all of it when tied to the output).
+    Embedding,
+    /// The output head.
+    Output,
+    /// A routed expert stack: a token reads `used / n_expert` of it.
+    Expert,
+    /// Any other matrix: read whole for every token.
+    Matrix,
+    /// Norms and biases.
+    Vector,
+}
+
+impl Kind {
+    /// The role of `t`.
+    pub fn of(t: &TensorShape) -> Kind {
+        match Category::of(&t.name) {
+            Category::TokenEmbd => Kind::Embedding,
+            Category::Output => Kind::Output,
+            _ if t.name.contains("_exps.") => Kind::Expert,
+            _ if t.dims.len() > 1 => Kind::Matrix,
+            _ => Kind::Vector,
+        }
+    }
+}
+
+/// One tensor of a quantized model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Part {
+    /// Its type after quantization.
+    pub ty: GgmlType,
+    /// Weights.
+    pub elements: u64,
+    /// Bytes.
+    pub bytes: u64,
+    /// Its role.
+    pub kind: Kind,
+}
+
+/// Weight bytes of a quantized model.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Weights {
+    /// Every tensor.
+    pub parts: Vec<Part>,
+}
+
+impl Weights {
+    /// The weights of `tensors` as they are stored (a GGUF file's own types).
+    pub fn as_stored(tensors: &[TensorShape]) -> Result<Weights, String> {
+        let parts = tensors
+            .iter()
+            .map(|t| {
+                let bytes =
+                    t.ty.tensor_size(&t.dims)
+                        .map_err(|e| format!("{}: {e}", t.name))?
+                        .bytes;
+                Ok(Part {
+                    ty: t.ty,
+                    elements: t.elements(),
+                    bytes,
+                    kind: Kind::of(t),
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(Weights { parts })
+    }
+
+    /// All tensor bytes.
+    pub fn bytes(&self) -> u64 {
+        self.parts.iter().map(|p| p.bytes).sum()
+    }
+
+    /// All weights.
+    pub fn elements(&self) -> u64 {
+        self.parts.iter().map(|p| p.elements).sum()
+    }
+
+    /// Bits per weight over all tensors.
+    pub fn bits_per_weight(&self) -> f64 {
+        self.bytes() as f64 * 8.0 / self.elements().max(1) as f64
+    }
+
+    /// Bytes per ggml type, largest first.
+    pub fn by_type(&self) -> Vec<(GgmlType, u64)> {
+        let mut out: Vec<(GgmlType, u64)> = Vec::new();
+        for p in &self.parts {
+            match out.iter_mut().find(|(t, _)| *t == p.ty) {
+                Some(slot) => slot.1 += p.bytes,
+                None => out.push((p.ty, p.bytes)),
+            }
+        }
+        out.sort_by_key(|t| std::cmp::Reverse(t.1));
+        out
+    }
+
+    fn tied(&self) -> bool {
+        !self.parts.iter().any(|p| p.kind == Kind::Output)
+    }
+
+    /// The share of a part one decoded token reads, for a model whose tokens
+    /// use `used` of `n_expert` experts.
+    fn share(&self, p: &Part, n_expert: u32, used: u32) -> f64 {
+        match p.kind {
+            Kind::Embedding if self.tied() => 1.0,
+            // One row of the vocabulary: negligible.
+            Kind::Embedding => 0.0,
+            Kind::Expert if n_expert > 0 => f64::from(used) / f64::from(n_expert),
+            _ => 1.0,
+        }
+    }
+
+    /// Weight bytes one decoded token reads.
+    pub fn bytes_per_token(&self, n_expert: u32, used: u32) -> u64 {
+        self.parts
+            .iter()
+            .map(|p| (p.bytes as f64 * self.share(p, n_expert, used)).round() as u64)
+            .sum()
+    }
+
+    /// Weights one decoded token multiplies, per type.
+    pub fn products_per_token(&self, n_expert: u32, used: u32) -> Vec<(GgmlType, u64)> {
+        let mut out: Vec<(GgmlType, u64)> = Vec::new();
+        for p in self.parts.iter().filter(|p| p.kind != Kind::Vector) {
+            let n = (p.elements as f64 * self.share(p, n_expert, used)).round() as u64;
+            if n == 0 {
+                continue;
+            }
+            match out.iter_mut().find(|(t, _)| *t == p.ty) {
+                Some(slot) => slot.1 += n,
+                None => out.push((p.ty, n)),
+            }
+        }
+        out
+    }
+
+    /// Bytes of the parts of `kind`.
+    pub fn bytes_of(&self, kind: Kind) -> u64 {
+        self.parts
+            .iter()
+            .filter(|p| p.kind == kind)
+            .map(|p| p.bytes)
+            .sum()
+    }
+}

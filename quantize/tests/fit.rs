@@ -1,0 +1,124 @@
+//! The planner's tensor lists against what llama.cpp's converter really wrote
+//! (fixtures/synth/llama-convert.json, every architecture memwall converts) and
+//! against llama.cpp's F16 conversion of tiny-zh.
+
+use std::path::Path;
+
+use memwall_fixtures::synth::{self, Arch};
+use memwall_quantize::fit::{Choice, Shape, TensorShape, gguf_tensors};
+use memwall_runtime::gguf::GgufModel;
+
+fn repo() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+fn sorted(mut v: Vec<(String, String, Vec<u64>)>) -> Vec<(String, String, Vec<u64>)> {
+    v.sort();
+    v
+}
+
+fn listing(tensors: &[TensorShape]) -> Vec<(String, String, Vec<u64>)> {
+    sorted(
+        tensors
+            .iter()
+            .map(|t| (t.name.clone(), t.ty.name().to_uppercase(), t.dims.clone()))
+            .collect(),
+    )
+}
+
+#[test]
+fn config_json_gives_the_tensors_llama_cpp_writes_for_every_architecture() {
+    let text = std::fs::read_to_string(repo().join("fixtures/synth/llama-convert.json")).unwrap();
+    let recorded: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let archs = recorded["archs"].as_object().unwrap();
+    assert_eq!(archs.len(), 7);
+    for (name, entry) in archs {
+        let arch = Arch::from_name(name)
+            .or_else(|| {
+                Arch::ALL
+                    .into_iter()
+                    .find(|a| a.model_type().replace('_', "-") == *name)
+            })
+            .unwrap_or_else(|| panic!("{name}"));
+        let mut shape = synth::tiny(arch);
+        shape.vocab = 49152; // the reference checkpoints carry SmolLM2's tokenizer
+        let config = synth::config_json(arch, &shape);
+        let planned = Shape::from_hf_config(&config).unwrap();
+        let want: Vec<(String, String, Vec<u64>)> = entry["outtypes"]["f16"]["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                let dims = t[2]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.as_u64().unwrap())
+                    .collect();
+                (
+                    t[0].as_str().unwrap().to_owned(),
+                    t[1].as_str().unwrap().to_owned(),
+                    dims,
+                )
+            })
+            .collect();
+        assert_eq!(listing(&planned.tensors()), sorted(want), "{name}");
+    }
+}
+
+#[test]
+fn tiny_zh_config_matches_its_gguf_and_so_do_the_planned_bytes() {
+    let text = std::fs::read_to_string(repo().join("fixtures/tiny-zh/config.json")).unwrap();
+    let config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let from_config = Shape::from_hf_config(&config).unwrap();
+    let gguf =
+        GgufModel::open(&repo().join("fixtures/tiny-zh/reference/tiny-zh-f16.gguf")).unwrap();
+    let from_gguf = Shape::from_gguf(&gguf).unwrap();
+    assert_eq!(from_config, from_gguf);
+    let (a, b) = (from_config.tensors(), gguf_tensors(&gguf));
+    assert_eq!(listing(&a), listing(&b));
+    // The planned Q4_K_M bytes are the bytes `memwall quantize` (= llama-quantize) writes:
+    // the recorded llama-quantize output of tiny-zh has these tensor bytes.
+    for ty in ["Q4_K_M", "Q6_K", "Q8_0", "attn-f16-ffn-q4"] {
+        let c = Choice::by_name(ty).unwrap();
+        let wa = c.weights(&from_config.facts(), &a).unwrap();
+        let wb = c.weights(&from_gguf.facts(), &b).unwrap();
+        assert_eq!(wa.bytes(), wb.bytes(), "{ty}");
+    }
+    let plan = memwall_quantize::job::plan(
+        &gguf,
+        Path::new("tiny-zh-f16.gguf"),
+        &memwall_quantize::job::Options::new(
+            memwall_runtime::ggml_type::file_type_by_name("Q4_K_M").unwrap(),
+        ),
+    )
+    .unwrap();
+    let planned = Choice::by_name("Q4_K_M")
+        .unwrap()
+        .weights(&from_gguf.facts(), &b)
+        .unwrap();
+    assert_eq!(planned.bytes(), plan.target_bytes());
+}
+
+#[test]
+fn moe_tokens_read_only_their_experts() {
+    let dense = Shape::dense("qwen3", 48, 2048, 6144, 32, 4, 128, 151936, false);
+    let mut moe = dense.clone();
+    moe.arch = "qwen3moe".into();
+    moe.n_expert = 128;
+    moe.n_expert_used = 8;
+    moe.n_ff_expert = 768;
+    let c = Choice::by_name("Q4_K_M").unwrap();
+    let w = c.weights(&moe.facts(), &moe.tensors()).unwrap();
+    let per_token = w.bytes_per_token(moe.n_expert, moe.n_expert_used);
+    // Qwen3-30B-A3B: 30.5B parameters, 3.3B active.
+    let params = w.elements() as f64;
+    assert!((30.0e9..31.0e9).contains(&params), "{params}");
+    let active: u64 = w
+        .products_per_token(moe.n_expert, moe.n_expert_used)
+        .iter()
+        .map(|(_, n)| n)
+        .sum();
+    assert!((3.0e9..3.6e9).contains(&(active as f64)), "{active}");
+    assert!(per_token * 6 < w.bytes(), "{per_token} of {}", w.bytes());
+}
