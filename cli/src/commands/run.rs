@@ -48,6 +48,10 @@ pub struct Args {
     /// Threads (default: every core).
     #[arg(short = 't', long = "threads", value_name = "N")]
     pub threads: Option<usize>,
+    /// Prompt tokens evaluated per batch (bounds the working memory, as llama.cpp's -b).
+    #[arg(short = 'b', long = "batch-size", value_name = "N", default_value_t = 512,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch: u32,
     /// Temperature; 0 is greedy. Below ~0.3 small models start to repeat.
     #[arg(long = "temp", default_value_t = 0.7)]
     pub temperature: f32,
@@ -96,6 +100,7 @@ struct Engine<'a> {
     session: Session,
     evaluated: Vec<u32>,
     sampler: Sampler,
+    batch: usize,
 }
 
 impl Engine<'_> {
@@ -122,10 +127,14 @@ impl Engine<'_> {
                 self.model.config.n_ctx
             );
         }
-        let logits = self
-            .model
-            .forward_from(&mut self.session, rest, rest.len() - 1)?;
-        self.evaluated.extend_from_slice(rest);
+        // Batches of at most `batch` tokens; only the last token's logits are kept.
+        let mut logits = Vec::new();
+        for chunk in rest.chunks(self.batch) {
+            let last = chunk.as_ptr_range().end == rest.as_ptr_range().end;
+            let first = if last { chunk.len() - 1 } else { chunk.len() };
+            logits = self.model.forward_from(&mut self.session, chunk, first)?;
+            self.evaluated.extend_from_slice(chunk);
+        }
         Ok(logits)
     }
 
@@ -301,6 +310,7 @@ pub fn run(args: Args) -> Result<()> {
         seed: args.seed.unwrap_or(SamplerConfig::default().seed),
     });
     let mut engine = Engine {
+        batch: args.batch as usize,
         model,
         tokenizer,
         session,

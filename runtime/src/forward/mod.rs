@@ -954,14 +954,28 @@ impl<'a> Model<'a> {
     }
 
     /// An empty session with room for `config.n_ctx` tokens.
+    ///
+    /// The cache is reserved for the whole context at once: address space
+    /// only (the system backs pages when tokens are written), and it never
+    /// moves, so memory grows with the tokens held and nothing else (growing
+    /// by doubling left freed copies in the heap: peak RSS jumped by a whole
+    /// cache's size at powers of two).
     pub fn session(&self) -> Session {
-        let empty = match self.config.kv_type {
-            KvType::F16 => Cache::F16(Vec::new()),
-            KvType::F32 => Cache::F32(Vec::new()),
+        let c = &self.config;
+        let n = c.n_ctx.saturating_mul(c.n_head_kv * c.head_dim);
+        // A reservation the system refuses only costs the guarantee above.
+        fn reserved<T>(n: usize) -> Vec<T> {
+            let mut v = Vec::new();
+            let _ = v.try_reserve_exact(n);
+            v
+        }
+        let empty = || match c.kv_type {
+            KvType::F16 => Cache::F16(reserved(n)),
+            KvType::F32 => Cache::F32(reserved(n)),
         };
         Session {
-            k: vec![empty.clone(); self.config.n_layer],
-            v: vec![empty; self.config.n_layer],
+            k: (0..c.n_layer).map(|_| empty()).collect(),
+            v: (0..c.n_layer).map(|_| empty()).collect(),
             n_past: 0,
         }
     }
