@@ -3,6 +3,7 @@
 //! place in memwall that prints.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod chart;
 mod chat;
 mod commands;
 mod progress;
@@ -24,6 +25,8 @@ use clap::{Parser, Subcommand};
   memwall quantize model-f16.gguf Q4_K_M   llama.cpp's Q4_K_M, byte for byte
   memwall quantize model-f16.gguf out.gguf --recipe attn-f16-ffn-q4
   memwall perplexity -m model.gguf -f text.txt   perplexity, as llama-perplexity computes it
+  memwall plan model-f16.gguf --device phone-16gb   will it fit, and how fast?
+  memwall demo                             the whole workflow on a built-in model
 
 Run `memwall <command> --help` for the options of each command.")]
 struct Cli {
@@ -111,6 +114,22 @@ no NaN or infinity in values or block scales; a forward pass with finite
 logits; with --reference, the KL divergence (and optionally the perplexity
 ratio) on the text against a limit. Exit status 1 when any check fails.")]
     Validate(commands::validate::Args),
+    /// Which quantization should I use? Makes the missing quantizations of a
+    /// model, measures each one's quality loss against it and its size and speed.
+    #[command(after_help = "Examples:
+  memwall compare model-f16.gguf -f text.txt           Q4_K_M, Q5_K_M, Q6_K, attn-f16-ffn-q4
+  memwall compare model-f16.gguf --types Q4_K_M,Q8_0,attn-q8-ffn-q4 -f a.txt -f b.txt
+  memwall compare model-f16.gguf model-Q4_K_M-awq.gguf -f text.txt -c 256 --chunks 40
+  memwall compare model-f16.gguf --dataset calib.jsonl --device phone-8gb -o report/
+  memwall compare model-f16.gguf -f text.txt --json
+
+Per file: size, bits per weight, perplexity, KL divergence and top-1 agreement
+against BASE (as memwall perplexity computes them, on the same windows), and
+the decode speed estimated for --device. The quantizations are kept in
+--cache (memwall-cache next to BASE) and remade only when BASE changes.
+Writes compare.md, compare.json and quality-vs-size.svg/.png to -o
+(compare-<BASE stem>); the PNG needs a font (--font FILE).")]
+    Compare(commands::compare::Args),
     /// Measure prompt-processing and decode speed (tokens/s), as llama-bench does.
     #[command(after_help = "Examples:
   memwall bench -m model-Q4_K_M.gguf                  pp512 and tg128 on every core
@@ -136,25 +155,97 @@ at -n tokens, at a --stop string or when the context (-c) is full. Afterwards
 the prompt and decode speed, first-token latency and peak memory are printed
 to standard error (in the JSON with --json).")]
     Run(commands::run::Args),
-    /// Calibrate on text close to the model's real use: importance matrices
-    /// (and, coming, calibration sets and AWQ/GPTQ quantization).
+    /// Send a model (and the memwall runtime) to an Android phone through adb:
+    /// checks storage and RAM first, resumes an interrupted push, verifies SHA-256.
+    #[command(after_help = "Examples:
+  memwall push model-Q4_K_M.gguf                       to /data/local/tmp/memwall on the only phone
+  memwall push model-Q4_K_M.gguf --with-runtime        and target/aarch64-*/release/memwall
+  memwall push model.gguf --with-runtime=./memwall-arm64 --serial R58M12345
+  memwall push model.gguf --dest /sdcard/Download --ctx 4096 --json
+
+adb comes from --adb, the ADB variable or PATH; --serial from ANDROID_SERIAL
+when unset. The file goes in 64 MiB chunks into NAME.partial, is checked with
+sha256sum on the phone and only then renamed to NAME; run the same command
+again after an interruption to resume. At the end it prints the commands that
+run the model on the phone (memwall run, llama.cpp's llama-cli).")]
+    Push(commands::push::Args),
+    /// Calibrate on text close to the model's real use: calibration sets,
+    /// importance matrices, AWQ/GPTQ quantization into llama.cpp's formats.
     #[command(subcommand)]
     Calibrate(commands::calibrate::Command),
+    /// Will it fit? Memory and decode speed of every quantization on a device,
+    /// the recommended choice and the commands to run it.
+    #[command(after_help = "Examples:
+  memwall plan model-F16.gguf                       every type and recipe on a 16 GB phone
+  memwall plan ./Qwen3-30B-A3B --device phone-12gb -c 4096
+  memwall plan Qwen/Qwen3-32B --kv-type q8_0        config.json from the Hub is enough
+  memwall plan --params 35e9 --layers 40 --kv-heads 32 --head-dim 128 --vocab 256000
+  memwall plan model-F16.gguf --budget 9000 --write-recipe fit.toml
+  memwall plan --list-devices
+  memwall plan --measure-host --save this-machine.toml   then --device this-machine.toml
+
+Weights are exact for a GGUF or a checkpoint (llama.cpp's mixing rules on the
+real tensor shapes); memory adds the KV cache (layers × KV heads × head size ×
+context × 2 × bytes), working buffers and the process; decode speed is the
+slower of RAM bandwidth and compute, plus flash reads when the weights do not
+fit (see docs/PLAN.md). Then: memwall quantize, memwall push.")]
+    Plan(commands::plan::Args),
+    /// The whole workflow on the built-in tiny-zh model, in about a minute:
+    /// convert, quantize, calibrate, compare, plan, chat.
+    #[command(after_help = "Examples:
+  memwall demo                     writes into ./memwall-demo (or -2, -3… if it exists)
+  memwall demo -o /tmp/demo -t 2
+
+Each step prints the memwall command it runs, so the same steps work on your
+own model. tiny-zh is a 6.3M-parameter Chinese/English llama trained for
+memwall's tests (fixtures/tiny-zh); it is built into the binary.")]
+    Demo(commands::demo::Args),
 }
 
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
+/// Makes glibc return buffers of 1 MiB and more to the system when they are
+/// freed. Its default threshold rises with every large buffer freed, after which
+/// prompt batches' activations stay in the heap: peak memory then depends on
+/// allocation history (up to two batches' worth more), not on what is live —
+/// bad on a phone, and it would make `memwall plan`'s prediction a guess.
+fn release_large_buffers() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator parameters; called before any
+    // other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
+}
+
+/// Runs one parsed command.
+fn execute(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Convert(args) => commands::convert::run(args),
         Command::Export(args) => commands::export::run(args),
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Quantize(args) => commands::quantize::run(*args),
         Command::Perplexity(args) => commands::perplexity::run(args),
         Command::Validate(args) => commands::validate::run(args),
+        Command::Compare(args) => commands::compare::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Run(args) => commands::run::run(args),
+        Command::Push(args) => commands::push::run(args),
         Command::Calibrate(command) => commands::calibrate::run(command),
-    };
+        Command::Plan(args) => commands::plan::run(args),
+        Command::Demo(args) => commands::demo::run(args),
+    }
+}
+
+/// Parses and runs `memwall ARGS…` in this process (the demo's steps).
+pub(crate) fn run_line(args: &[String]) -> anyhow::Result<()> {
+    let line = std::iter::once("memwall".to_owned()).chain(args.iter().cloned());
+    let cli = Cli::try_parse_from(line).map_err(|e| anyhow::anyhow!("{e}"))?;
+    execute(cli.command)
+}
+
+fn main() -> ExitCode {
+    release_large_buffers();
+    let cli = Cli::parse();
+    let result = execute(cli.command);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -179,3 +179,35 @@ pub fn resolve_or_download(spec: &str, progress: &dyn Progress) -> Result<PathBu
         }
     }
 }
+
+/// Downloads only `config.json` of `org/name[@revision]` into the Hugging Face
+/// cache (what `memwall plan` needs: shapes, not weights) and returns its folder.
+pub fn fetch_config(spec: &str) -> Result<PathBuf, String> {
+    if std::env::var_os("HF_HUB_OFFLINE").is_some_and(|v| v != "0") {
+        return Err(format!(
+            "{spec} is not in the Hugging Face cache and HF_HUB_OFFLINE is set"
+        ));
+    }
+    let (id, revision) = match spec.split_once('@') {
+        Some((id, rev)) => (id, rev),
+        None => (spec, "main"),
+    };
+    let root = cache_root()?;
+    let mut builder = ApiBuilder::from_cache(Cache::new(root)).with_progress(false);
+    if let Ok(endpoint) = std::env::var("HF_ENDPOINT") {
+        builder = builder.with_endpoint(endpoint);
+    }
+    if let Ok(token) = std::env::var("HF_TOKEN") {
+        builder = builder.with_token(Some(token));
+    }
+    let api = builder
+        .build()
+        .map_err(|e| format!("cannot set up downloads: {e}"))?;
+    let repo = Repo::with_revision(id.to_owned(), RepoType::Model, revision.to_owned());
+    let path = api.repo(repo).get("config.json").map_err(|e| {
+        format!("{id}: downloading config.json: {e} (gated repositories need HF_TOKEN)")
+    })?;
+    path.parent()
+        .map(PathBuf::from)
+        .ok_or_else(|| format!("{}: unexpected cache layout", path.display()))
+}

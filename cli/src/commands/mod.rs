@@ -3,10 +3,14 @@
 
 pub mod bench;
 pub mod calibrate;
+pub mod compare;
 pub mod convert;
+pub mod demo;
 pub mod export;
 pub mod inspect;
 pub mod perplexity;
+pub mod plan;
+pub mod push;
 pub mod quantize;
 pub mod run;
 pub mod validate;

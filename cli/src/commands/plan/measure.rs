@@ -1,0 +1,230 @@
+//! `memwall plan --measure-host`: a device profile of the machine memwall runs
+//! on — RAM from /proc/meminfo, memory read bandwidth (a streaming sum over a
+//! buffer larger than the caches), decode kernel throughput per ggml type
+//! (memwall's own matrix-vector products on cache-resident weights), and
+//! storage reads (a file written, dropped from the page cache, read back).
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use memwall_quantize::fit::Device;
+use memwall_runtime::GgmlType;
+use memwall_runtime::kernels::Kernels;
+use memwall_runtime::kernels::{Matmul, QMatrix};
+
+use super::Args;
+
+/// The types whose decode throughput is measured.
+const TYPES: [GgmlType; 9] = [
+    GgmlType::F16,
+    GgmlType::Q8_0,
+    GgmlType::Q6_K,
+    GgmlType::Q5_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_0,
+    GgmlType::Q4_0,
+    GgmlType::Q3_K,
+    GgmlType::IQ4_XS,
+];
+
+pub fn run(args: &Args) -> Result<()> {
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let (total, available) = meminfo().context("cannot read /proc/meminfo")?;
+    if !args.json {
+        eprintln!("measuring memory bandwidth, decode kernels and storage on {threads} threads…");
+    }
+    let bandwidth = memory_bandwidth(threads, available);
+    let mut by_type = Vec::new();
+    for ty in TYPES {
+        by_type.push((ty, kernel_rate(ty, threads)?));
+    }
+    let storage = storage_read().unwrap_or(1e9);
+    let dispatch = dispatch_cost(threads)?;
+    let compute = by_type
+        .iter()
+        .find(|(t, _)| *t == GgmlType::Q4_K)
+        .map_or(1e9, |(_, r)| *r);
+    let device = Device {
+        name: "this-machine".into(),
+        description: format!(
+            "measured by memwall plan --measure-host on {}",
+            hostname().unwrap_or_else(|| "this host".into())
+        ),
+        ram_bytes: total,
+        os_reserve_bytes: total.saturating_sub(available),
+        ram_bandwidth: bandwidth,
+        // The read loop measures what streaming code reaches; decode reads
+        // weights the same way.
+        bandwidth_efficiency: 1.0,
+        storage_read: storage,
+        threads: threads as u32,
+        compute,
+        compute_by_type: by_type,
+        dispatch,
+    };
+    let text = device.to_toml();
+    if let Some(path) = &args.save {
+        let mut f = memwall_runtime::atomic::AtomicFile::create(path)
+            .with_context(|| format!("{}: cannot write", path.display()))?;
+        f.write_all(text.as_bytes())
+            .and_then(|()| f.commit())
+            .with_context(|| format!("{}: cannot write", path.display()))?;
+        if !args.json {
+            eprintln!(
+                "saved to {}; plan with: memwall plan MODEL --device {}",
+                path.display(),
+                path.display()
+            );
+        }
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&super::device_json(&device))?
+        );
+    } else {
+        print!("{text}");
+    }
+    Ok(())
+}
+
+fn meminfo() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.starts_with(name))?;
+        Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+    };
+    Some((field("MemTotal:")?, field("MemAvailable:")?))
+}
+
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
+/// Bytes/s of a multi-threaded streaming sum over a buffer of 1 GiB (or a
+/// quarter of the free memory), best of five passes.
+fn memory_bandwidth(threads: usize, available: u64) -> f64 {
+    let bytes = (1u64 << 30).min(available / 4).max(64 << 20) as usize;
+    let words = vec![1u64; bytes / 8];
+    let chunk = words.len().div_ceil(threads);
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let started = Instant::now();
+        let sum: u64 = std::thread::scope(|s| {
+            let handles: Vec<_> = words
+                .chunks(chunk)
+                .map(|part| s.spawn(move || part.iter().fold(0u64, |a, &b| a.wrapping_add(b))))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+        });
+        std::hint::black_box(sum);
+        best = best.min(started.elapsed().as_secs_f64());
+    }
+    bytes as f64 / best
+}
+
+/// Weights/s of memwall's matrix-vector product for `ty` on a 4096 × 1024
+/// matrix (cache-resident, so this is the kernels' compute rate).
+fn kernel_rate(ty: GgmlType, threads: usize) -> Result<f64> {
+    let (rows, cols) = (4096usize, 1024usize);
+    let row_bytes = ty.tensor_size(&[cols as u64])?.bytes as usize;
+    let mut data = vec![0u8; rows * row_bytes];
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut src = vec![0f32; cols];
+    for r in 0..rows {
+        for v in &mut src {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            *v = ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1;
+        }
+        memwall_quantize::quantize_row(ty, &src, &mut data[r * row_bytes..(r + 1) * row_bytes])?;
+    }
+    let w = QMatrix::new(ty, &data, rows, cols)?;
+    let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.37).sin()).collect();
+    let mut y = vec![0f32; rows];
+    let mut mm = Matmul::new(Kernels::detect(), threads);
+    mm.matmul(&w, &x, &mut y)?;
+    let mut n = 0u64;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(300) {
+        mm.matmul(&w, &x, &mut y)?;
+        n += 1;
+    }
+    Ok((rows * cols) as f64 * n as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Seconds per call of a tiny (64 × 256, Q8_0) matrix-vector product: the
+/// fixed cost of a product (threads woken and joined), not its arithmetic.
+fn dispatch_cost(threads: usize) -> Result<f64> {
+    let (rows, cols) = (64usize, 256usize);
+    let ty = GgmlType::Q8_0;
+    let row_bytes = ty.tensor_size(&[cols as u64])?.bytes as usize;
+    let src: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.11).cos()).collect();
+    let mut data = vec![0u8; rows * row_bytes];
+    for r in 0..rows {
+        memwall_quantize::quantize_row(ty, &src, &mut data[r * row_bytes..(r + 1) * row_bytes])?;
+    }
+    let w = QMatrix::new(ty, &data, rows, cols)?;
+    let mut y = vec![0f32; rows];
+    let mut mm = Matmul::new(Kernels::detect(), threads);
+    mm.matmul(&w, &src, &mut y)?;
+    let mut n = 0u32;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(200) {
+        mm.matmul(&w, &src, &mut y)?;
+        n += 1;
+    }
+    Ok(started.elapsed().as_secs_f64() / f64::from(n.max(1)))
+}
+
+/// Bytes/s reading a 256 MiB file after dropping it from the page cache.
+fn storage_read() -> Option<f64> {
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!("memwall-measure-{}.tmp", std::process::id()));
+    let result = (|| -> std::io::Result<f64> {
+        let block = vec![0x5Au8; 4 << 20];
+        let mut f = std::fs::File::create(&path)?;
+        for _ in 0..64 {
+            f.write_all(&block)?;
+        }
+        f.sync_all()?;
+        drop(f);
+        let f = std::fs::File::open(&path)?;
+        drop_cache(&f);
+        let mut f = f;
+        let mut buf = vec![0u8; 4 << 20];
+        let started = Instant::now();
+        let mut total = 0usize;
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            total += n;
+        }
+        Ok(total as f64 / started.elapsed().as_secs_f64())
+    })();
+    let _ = std::fs::remove_file(&path);
+    result.ok()
+}
+
+#[cfg(unix)]
+fn drop_cache(f: &std::fs::File) {
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: the descriptor is open for the duration of the call; the call
+    // only advises the kernel.
+    #[cfg(target_os = "linux")]
+    unsafe {
+        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
+    let _ = f;
+}
+
+#[cfg(not(unix))]
+fn drop_cache(_: &std::fs::File) {}

@@ -1,0 +1,938 @@
+//! `memwall plan`: will the model fit on the device, with which quantization,
+//! and how fast will it decode? The arithmetic is `memwall_quantize::fit`'s;
+//! this module gathers the model (GGUF, Hugging Face checkpoint or bare
+//! numbers), renders the table and the recommended commands.
+
+mod measure;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use memwall_quantize::fit::{
+    self, Choice, Device, Footprint, KvType, Load, Runtime, Shape, Speed, Token, Weights,
+};
+use memwall_quantize::recipe::Recipe;
+use memwall_runtime::GgmlType;
+use memwall_runtime::gguf::GgufModel;
+use serde_json::json;
+
+use crate::render::human_bytes;
+
+/// Arguments of `memwall plan`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// A GGUF file, a Hugging Face checkpoint folder, or a repo id (its
+    /// config.json is enough). Leave out to plan from --params and friends.
+    #[arg(value_name = "MODEL", required_unless_present_any = ["params", "measure_host", "list_devices"])]
+    pub model: Option<String>,
+    /// Device profile: a built-in name (see --list-devices) or a TOML file.
+    #[arg(
+        short = 'd',
+        long,
+        default_value = "phone-16gb",
+        value_name = "PROFILE"
+    )]
+    pub device: String,
+    /// Context length to plan for.
+    #[arg(short = 'c', long = "ctx", default_value_t = 2048, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..=(1 << 24)))]
+    pub ctx: u64,
+    /// KV cache type (memwall's runtime keeps f16; q8_0 is for llama.cpp).
+    #[arg(long = "kv-type", default_value = "f16", value_name = "f16|q8_0|f32")]
+    pub kv_type: String,
+    /// Prompt batch size (-b of memwall run and llama-cli).
+    #[arg(short = 'b', long = "batch", default_value_t = 512, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub batch: u64,
+    /// Quantizations to plan: file types and recipe names or files
+    /// (default: F16 Q8_0 Q6_K Q5_K_M Q5_K_S Q4_K_M Q4_K_S IQ4_XS Q3_K_M Q3_K_S Q2_K and the built-in recipes).
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub types: Vec<String>,
+    /// Pick the best choice whose memory (memwall, in RAM) fits in this many MiB.
+    #[arg(long, value_name = "MiB")]
+    pub budget: Option<u64>,
+    /// With --budget: write the chosen type or recipe as a recipe file for `memwall quantize --recipe`.
+    #[arg(long, value_name = "FILE", requires = "budget")]
+    pub write_recipe: Option<PathBuf>,
+    /// Bare numbers: total parameters (e.g. 35e9).
+    #[arg(long, value_parser = parse_count, conflicts_with = "model",
+          requires_all = ["layers", "kv_heads", "head_dim", "vocab"])]
+    pub params: Option<u64>,
+    /// Bare numbers: transformer blocks.
+    #[arg(long, requires = "params")]
+    pub layers: Option<u32>,
+    /// Bare numbers: key/value heads.
+    #[arg(long, requires = "params")]
+    pub kv_heads: Option<u32>,
+    /// Bare numbers: head size.
+    #[arg(long, requires = "params")]
+    pub head_dim: Option<u64>,
+    /// Bare numbers: vocabulary size.
+    #[arg(long, requires = "params")]
+    pub vocab: Option<u64>,
+    /// Bare numbers: hidden size (estimated from the parameters when left out).
+    #[arg(long, requires = "params")]
+    pub embd: Option<u64>,
+    /// Bare numbers: experts per MoE layer.
+    #[arg(long, requires_all = ["params", "active_experts"])]
+    pub experts: Option<u32>,
+    /// Bare numbers: experts each token uses.
+    #[arg(long, requires = "experts")]
+    pub active_experts: Option<u32>,
+    /// Bare numbers: parameters one token uses (MoE; e.g. 3.3e9).
+    #[arg(long, value_parser = parse_count, requires = "experts")]
+    pub active_params: Option<u64>,
+    /// Measure this machine (RAM, memory bandwidth, decode kernels, storage)
+    /// and print its device profile (or save it with --save).
+    #[arg(long, conflicts_with_all = ["model", "params"])]
+    pub measure_host: bool,
+    /// With --measure-host: write the profile to FILE.
+    #[arg(long, value_name = "FILE", requires = "measure_host")]
+    pub save: Option<PathBuf>,
+    /// With --measure-host: threads to measure with (default: every core).
+    #[arg(short = 't', long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// List the built-in device profiles.
+    #[arg(long)]
+    pub list_devices: bool,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_count(s: &str) -> Result<u64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number (e.g. 35e9 or 35000000000)"))?;
+    if !(1.0..1e15).contains(&v) {
+        return Err(format!("{s}: expected 1 to 1e15"));
+    }
+    Ok(v.round() as u64)
+}
+
+/// Where the model's description came from.
+enum Source {
+    Gguf { path: PathBuf },
+    Checkpoint(PathBuf),
+    Numbers,
+}
+
+/// The model, as the planner sees it.
+struct Subject {
+    name: String,
+    shape: Shape,
+    /// Tensor list (GGUF's, or built from config.json); empty for bare numbers.
+    tensors: Vec<fit::TensorShape>,
+    /// Total and per-token parameters for bare numbers.
+    params: u64,
+    active_params: u64,
+    /// GGUF header bytes (metadata and vocabulary), estimated when there is no file.
+    header_bytes: u64,
+    source: Source,
+}
+
+/// One planned choice.
+struct Row {
+    label: String,
+    /// Exact (from tensor shapes) or the seed's arithmetic.
+    exact: bool,
+    bits_per_weight: f64,
+    weight_bytes: u64,
+    file_bytes: u64,
+    memwall: Footprint,
+    llama: Footprint,
+    fits: Fit,
+    speed: Speed,
+    /// The choice behind the row, for --write-recipe.
+    choice: Option<Choice>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Fit {
+    /// Everything in RAM.
+    Ram,
+    /// Weights partly streamed from flash (`--resident`).
+    Streaming,
+    /// Not even the KV cache and buffers fit.
+    No,
+}
+
+impl Fit {
+    fn name(self) -> &'static str {
+        match self {
+            Fit::Ram => "RAM",
+            Fit::Streaming => "streaming",
+            Fit::No => "no",
+        }
+    }
+}
+
+/// Runs `memwall plan`.
+pub fn run(args: Args) -> Result<()> {
+    if args.list_devices {
+        return list_devices(args.json);
+    }
+    if args.measure_host {
+        return measure::run(&args);
+    }
+    let device = Device::resolve(&args.device).map_err(anyhow::Error::msg)?;
+    let kv = KvType::parse(&args.kv_type)
+        .with_context(|| format!("--kv-type {}: expected f16, q8_0 or f32", args.kv_type))?;
+    let subject = subject(&args)?;
+    let choices = choices(&args.types)?;
+    let rows = plan_rows(&subject, &choices, &device, &args, kv)?;
+    let budget_pick = match args.budget {
+        Some(mib) => Some(pick_for_budget(&rows, mib << 20).with_context(|| {
+            format!(
+                "nothing fits in {mib} MiB at -c {}: the smallest choice needs {}; lower -c or \
+                 raise --budget",
+                args.ctx,
+                rows.iter()
+                    .map(|r| r.memwall.total())
+                    .min()
+                    .map_or("?".into(), human_bytes)
+            )
+        })?),
+        None => None,
+    };
+    if let (Some(i), Some(path)) = (budget_pick, &args.write_recipe) {
+        write_recipe(&rows[i], path)?;
+    }
+    let recommended = budget_pick.or_else(|| recommend(&rows, device.usable_bytes()));
+    if args.json {
+        let value = to_json(
+            &subject,
+            &device,
+            &args,
+            kv,
+            &rows,
+            recommended,
+            budget_pick,
+        );
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        print_plan(
+            &subject,
+            &device,
+            &args,
+            kv,
+            &rows,
+            recommended,
+            budget_pick,
+        );
+    }
+    Ok(())
+}
+
+fn list_devices(json: bool) -> Result<()> {
+    let all = Device::builtins();
+    if json {
+        let v: Vec<_> = all.iter().map(device_json).collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "{:<12} {:>5} {:>7} {:>9} {:>7} {:>4}  description",
+        "name", "RAM", "usable", "RAM GB/s", "flash", "thr"
+    );
+    for d in &all {
+        println!(
+            "{:<12} {:>5} {:>7} {:>9.1} {:>7.1} {:>4}  {}",
+            d.name,
+            human_gib(d.ram_bytes),
+            human_gib(d.usable_bytes()),
+            d.ram_bandwidth / 1e9,
+            d.storage_read / 1e9,
+            d.threads,
+            d.description
+        );
+    }
+    println!(
+        "\nYour own: a TOML file with the same fields (docs/PLAN.md), or `memwall plan --measure-host --save me.toml`."
+    );
+    Ok(())
+}
+
+fn human_gib(n: u64) -> String {
+    format!("{:.1}G", n as f64 / (1u64 << 30) as f64)
+}
+
+fn device_json(d: &Device) -> serde_json::Value {
+    json!({
+        "name": d.name,
+        "description": d.description,
+        "ram_bytes": d.ram_bytes,
+        "usable_bytes": d.usable_bytes(),
+        "os_reserve_bytes": d.os_reserve_bytes,
+        "ram_bandwidth_bytes_per_s": d.ram_bandwidth,
+        "bandwidth_efficiency": d.bandwidth_efficiency,
+        "storage_read_bytes_per_s": d.storage_read,
+        "threads": d.threads,
+        "compute_weights_per_s": d.compute,
+        "compute_by_type": d.compute_by_type.iter().map(|(t, r)| (t.name().to_owned(), json!(r))).collect::<serde_json::Map<_, _>>(),
+    })
+}
+
+/// What `memwall run --no-mmap -c CTX -b BATCH` holds in memory for `model`
+/// (the planner's model of the runtime; `memwall push` checks phones against it).
+pub fn memwall_footprint(model: &GgufModel, ctx: u64, batch: u64) -> Result<Footprint, String> {
+    let shape = Shape::from_gguf(model)?;
+    let load = Load {
+        file_bytes: model.total_file_size(),
+        header_bytes: model.files().iter().map(|f| f.header().data_offset).sum(),
+        ctx,
+        batch,
+        kv: KvType::F16,
+    };
+    Ok(fit::footprint(Runtime::Memwall, &shape, &load))
+}
+
+/// Reads the model from whatever the user named.
+fn subject(args: &Args) -> Result<Subject> {
+    let Some(spec) = &args.model else {
+        return numbers_subject(args);
+    };
+    let path = Path::new(spec);
+    if path.is_file() {
+        let model = GgufModel::open(path)?;
+        let shape = Shape::from_gguf(&model)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("{}: cannot plan this model", path.display()))?;
+        let tensors = fit::gguf_tensors(&model);
+        let header_bytes = model.files().iter().map(|f| f.header().data_offset).sum();
+        let name = model
+            .metadata()
+            .get_str("general.name")
+            .ok()
+            .flatten()
+            .map(str::to_owned)
+            .unwrap_or_else(|| stem(path));
+        let params = tensors.iter().map(fit::TensorShape::elements).sum();
+        return Ok(Subject {
+            name,
+            shape,
+            tensors,
+            params,
+            active_params: params,
+            header_bytes,
+            source: Source::Gguf {
+                path: path.to_owned(),
+            },
+        });
+    }
+    let dir = if path.is_dir() {
+        path.to_owned()
+    } else if memwall_convert::hub::is_repo_id(spec) {
+        memwall_convert::hub::resolve(spec)
+            .or_else(|_| memwall_convert::hub::fetch_config(spec))
+            .map_err(anyhow::Error::msg)?
+    } else {
+        bail!("{spec}: no such file or folder, and not a Hugging Face repo id (owner/name)");
+    };
+    let config_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&config_path)
+        .with_context(|| format!("{}: cannot read", config_path.display()))?;
+    let mut config: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not JSON", config_path.display()))?;
+    memwall_convert::hf_config::with_defaults(&mut config);
+    let shape = Shape::from_hf_config(&config)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("{}", config_path.display()))?;
+    let tensors = shape.tensors();
+    let params = tensors.iter().map(fit::TensorShape::elements).sum();
+    Ok(Subject {
+        name: stem(&dir),
+        header_bytes: estimated_header(shape.n_vocab),
+        shape,
+        tensors,
+        params,
+        active_params: params,
+        source: Source::Checkpoint(dir),
+    })
+}
+
+/// GGUF header of a model without a file: the vocabulary dominates (token
+/// strings, types, merges): about 36 bytes per entry with its merge (SmolLM2's
+/// 49 152 entries take 1.79 MB, tiny-zh's 6 144 take 0.22 MB).
+fn estimated_header(n_vocab: u64) -> u64 {
+    n_vocab * 36 + (64 << 10)
+}
+
+fn stem(path: &Path) -> String {
+    path.file_stem()
+        .or_else(|| path.file_name())
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into())
+}
+
+fn numbers_subject(args: &Args) -> Result<Subject> {
+    let (Some(params), Some(layers), Some(kv_heads), Some(head_dim), Some(vocab)) = (
+        args.params,
+        args.layers,
+        args.kv_heads,
+        args.head_dim,
+        args.vocab,
+    ) else {
+        bail!("give a MODEL, or --params with --layers, --kv-heads, --head-dim and --vocab");
+    };
+    // The hidden size only sizes the working buffers; a dense transformer has
+    // about 12·layers·e² parameters.
+    let embd = args.embd.unwrap_or_else(|| {
+        ((params as f64 / (12.0 * f64::from(layers.max(1)))).sqrt() as u64).max(64)
+    });
+    let n_head = (embd / head_dim.max(1)).clamp(1, 4096) as u32;
+    let experts = args.experts.unwrap_or(0);
+    let active = args.active_params.unwrap_or(params);
+    if active > params {
+        bail!("--active-params ({active}) is more than --params ({params})");
+    }
+    let shape = Shape {
+        arch: "llama".into(),
+        n_layer: layers,
+        n_embd: embd,
+        n_ff: embd * 3,
+        n_head: n_head.max(kv_heads),
+        n_head_kv: kv_heads,
+        head_dim,
+        n_vocab: vocab,
+        n_expert: experts,
+        n_expert_used: args.active_experts.unwrap_or(0),
+        n_ff_expert: if experts > 0 { embd / 2 } else { 0 },
+        tied_embeddings: false,
+        ctx_train: 0,
+    };
+    shape.check().map_err(anyhow::Error::msg)?;
+    Ok(Subject {
+        name: format!("{} parameters", count_label(params)),
+        shape,
+        tensors: Vec::new(),
+        params,
+        active_params: active,
+        header_bytes: estimated_header(vocab),
+        source: Source::Numbers,
+    })
+}
+
+fn count_label(n: u64) -> String {
+    let n = n as f64;
+    if n >= 1e9 {
+        format!("{:.1}B", n / 1e9)
+    } else {
+        format!("{:.0}M", n / 1e6)
+    }
+}
+
+fn choices(types: &[String]) -> Result<Vec<Choice>> {
+    if types.is_empty() {
+        return Ok(Choice::defaults());
+    }
+    types
+        .iter()
+        .map(|t| {
+            if let Some(c) = Choice::by_name(t) {
+                return Ok(c);
+            }
+            let path = Path::new(t);
+            if path.is_file() {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("{}: cannot read", path.display()))?;
+                let recipe = Recipe::parse(&text)
+                    .map_err(anyhow::Error::msg)
+                    .with_context(|| format!("{}", path.display()))?;
+                return Ok(Choice::recipe(recipe));
+            }
+            bail!(
+                "--types {t}: not a llama.cpp file type (Q4_K_M, Q8_0, …), a built-in recipe \
+                 (attn-f16-ffn-q4, attn-q8-ffn-q4, attn-q8-ffn-q4-down-q6) or a recipe file"
+            )
+        })
+        .collect()
+}
+
+/// Bits per weight of a file type's base type: the seed's arithmetic for bare numbers.
+fn nominal_bits(choice: &Choice) -> f64 {
+    choice
+        .ftype
+        .base
+        .map_or(16.0, |t| (t.type_size() * 8) as f64 / t.block_size() as f64)
+}
+
+fn plan_rows(
+    subject: &Subject,
+    choices: &[Choice],
+    device: &Device,
+    args: &Args,
+    kv: KvType,
+) -> Result<Vec<Row>> {
+    let shape = &subject.shape;
+    let facts = shape.facts();
+    let mut rows = Vec::new();
+    let mut push_row = |label: String,
+                        exact: bool,
+                        weight_bytes: u64,
+                        bits: f64,
+                        token: Token,
+                        choice: Option<Choice>| {
+        let file_bytes = weight_bytes + subject.header_bytes;
+        let load = Load {
+            file_bytes,
+            header_bytes: subject.header_bytes,
+            ctx: args.ctx,
+            batch: args.batch,
+            kv,
+        };
+        let memwall = fit::footprint(Runtime::Memwall, shape, &load);
+        let llama = fit::footprint(Runtime::LlamaCpp, shape, &load);
+        let usable = device.usable_bytes();
+        let rest = memwall.total() - memwall.weights;
+        let fits = if memwall.total() <= usable {
+            Fit::Ram
+        } else if rest + (usable / 10) <= usable {
+            Fit::Streaming
+        } else {
+            Fit::No
+        };
+        let resident = match fits {
+            Fit::Ram => weight_bytes,
+            _ => usable.saturating_sub(rest).min(weight_bytes),
+        };
+        let mut token = token;
+        token.streamed_share = if weight_bytes == 0 {
+            0.0
+        } else {
+            weight_bytes.saturating_sub(resident) as f64 / weight_bytes as f64
+        };
+        let speed = fit::token_speed(device, &token);
+        rows.push(Row {
+            label,
+            exact,
+            bits_per_weight: bits,
+            weight_bytes,
+            file_bytes,
+            memwall,
+            llama,
+            fits,
+            speed,
+            choice,
+        });
+    };
+    let kv_tokens = args.ctx / 2;
+    let attention =
+        2 * u64::from(shape.n_layer) * u64::from(shape.n_head) * shape.head_dim * kv_tokens;
+    let kv_bytes = shape.kv_bytes_per_token(kv) * kv_tokens;
+    if let Source::Gguf { path, .. } = &subject.source {
+        let w = Weights::as_stored(&subject.tensors).map_err(anyhow::Error::msg)?;
+        let token = token_of(&w, shape, kv_bytes, attention);
+        push_row(
+            format!("as is ({})", stem(path)),
+            true,
+            w.bytes(),
+            w.bits_per_weight(),
+            token,
+            None,
+        );
+    }
+    if subject.tensors.is_empty() {
+        // Bare numbers: the seed's arithmetic, params × bits ÷ 8.
+        for (label, bits, ty) in [
+            ("FP16 (nominal)", 16.0, GgmlType::F16),
+            ("INT8 (nominal)", 8.0, GgmlType::Q8_0),
+            ("INT4 (nominal)", 4.0, GgmlType::Q4_K),
+        ] {
+            let bytes = (subject.params as f64 * bits / 8.0).round() as u64;
+            let token = Token {
+                weight_bytes: (subject.active_params as f64 * bits / 8.0).round() as u64,
+                kv_bytes,
+                products: vec![(ty, subject.active_params)],
+                attention,
+                streamed_share: 0.0,
+                dispatches: subject.shape.dispatches_per_token(),
+            };
+            push_row(label.into(), false, bytes, bits, token, None);
+        }
+        // One row per distinct base type: a mix's own rules need tensor names.
+        let mut seen = Vec::new();
+        for c in choices.iter().filter(|c| c.recipe.is_none()) {
+            let ty = c.ftype.base.unwrap_or(GgmlType::F16);
+            if seen.contains(&ty) {
+                continue;
+            }
+            seen.push(ty);
+            let bits = nominal_bits(c);
+            let bytes = (subject.params as f64 * bits / 8.0).round() as u64;
+            let token = Token {
+                weight_bytes: (subject.active_params as f64 * bits / 8.0).round() as u64,
+                kv_bytes,
+                products: vec![(ty, subject.active_params)],
+                attention,
+                streamed_share: 0.0,
+                dispatches: subject.shape.dispatches_per_token(),
+            };
+            push_row(
+                format!("{} (≈)", c.label),
+                false,
+                bytes,
+                bits,
+                token,
+                Some(c.clone()),
+            );
+        }
+    } else {
+        for c in choices {
+            let w = c
+                .weights(&facts, &subject.tensors)
+                .map_err(anyhow::Error::msg)
+                .with_context(|| format!("planning {}", c.label))?;
+            let token = token_of(&w, shape, kv_bytes, attention);
+            push_row(
+                c.label.clone(),
+                true,
+                w.bytes(),
+                w.bits_per_weight(),
+                token,
+                Some(c.clone()),
+            );
+        }
+    }
+    Ok(rows)
+}
+
+fn token_of(w: &Weights, shape: &Shape, kv_bytes: u64, attention: u64) -> Token {
+    Token {
+        weight_bytes: w.bytes_per_token(shape.n_expert, shape.n_expert_used),
+        kv_bytes,
+        products: w.products_per_token(shape.n_expert, shape.n_expert_used),
+        attention,
+        streamed_share: 0.0,
+        dispatches: shape.dispatches_per_token(),
+    }
+}
+
+/// The largest (best quality) choice that fits the budget with memwall in RAM.
+fn pick_for_budget(rows: &[Row], budget: u64) -> Option<usize> {
+    rows.iter()
+        .enumerate()
+        .filter(|(_, r)| r.choice.is_some() && r.memwall.total() <= budget)
+        .max_by_key(|(_, r)| r.weight_bytes)
+        .map(|(i, _)| i)
+}
+
+/// The best choice that fits in RAM with 10 % to spare; else the best that
+/// streams.
+fn recommend(rows: &[Row], usable: u64) -> Option<usize> {
+    let best = |ok: &dyn Fn(&Row) -> bool| {
+        rows.iter()
+            .enumerate()
+            .filter(|(_, r)| r.choice.is_some() && ok(r))
+            .max_by_key(|(_, r)| r.weight_bytes)
+            .map(|(i, _)| i)
+    };
+    best(&|r| r.fits == Fit::Ram && r.memwall.total() as f64 <= 0.9 * usable as f64)
+        .or_else(|| best(&|r| r.fits == Fit::Ram))
+        .or_else(|| {
+            // Streaming: the smallest file reads the least from flash.
+            rows.iter()
+                .enumerate()
+                .filter(|(_, r)| r.choice.is_some() && r.fits == Fit::Streaming)
+                .min_by_key(|(_, r)| r.weight_bytes)
+                .map(|(i, _)| i)
+        })
+}
+
+fn write_recipe(row: &Row, path: &Path) -> Result<()> {
+    let Some(choice) = &row.choice else {
+        bail!("{}: not a quantization choice", row.label);
+    };
+    let recipe = match &choice.recipe {
+        Some(r) => r.clone(),
+        None => Recipe {
+            name: format!("plan-{}", choice.ftype.name.to_ascii_lowercase()),
+            description: format!(
+                "llama.cpp's {} mix, chosen by memwall plan",
+                choice.ftype.name
+            ),
+            base: choice.ftype,
+            output: None,
+            token_embedding: None,
+            rules: Vec::new(),
+        },
+    };
+    use std::io::Write as _;
+    let write = || -> std::io::Result<()> {
+        let mut f = memwall_runtime::atomic::AtomicFile::create(path)?;
+        f.write_all(recipe.to_toml().as_bytes())?;
+        f.commit()
+    };
+    write().with_context(|| format!("{}: cannot write the recipe", path.display()))
+}
+
+struct Commands {
+    memwall: String,
+    llama: String,
+}
+
+fn commands(subject: &Subject, row: &Row, device: &Device, args: &Args, kv: KvType) -> Commands {
+    let file = match (&subject.source, &row.choice) {
+        (Source::Gguf { path, .. }, None) => path.display().to_string(),
+        (_, Some(c)) => format!("{}-{}.gguf", subject_stem(subject), c.label),
+        _ => "MODEL.gguf".into(),
+    };
+    let t = device.threads;
+    let (c, b) = (args.ctx, args.batch);
+    let mut memwall = format!("memwall run -m {file} -c {c} -t {t} -b {b}");
+    let mut llama = format!("llama-cli -m {file} -c {c} -t {t} -b {b}");
+    if kv == KvType::Q8_0 {
+        llama.push_str(" -ctk q8_0 -ctv q8_0 -fa on");
+    }
+    match row.fits {
+        Fit::Ram => {
+            memwall.push_str(" --no-mmap");
+            llama.push_str(" --no-mmap");
+        }
+        Fit::Streaming | Fit::No => {
+            let rest = row.memwall.total() - row.memwall.weights;
+            let resident = device.usable_bytes().saturating_sub(rest) >> 20;
+            memwall.push_str(&format!(" --resident {resident}"));
+            // llama.cpp maps the file and lets the page cache stream it.
+        }
+    }
+    Commands { memwall, llama }
+}
+
+fn subject_stem(subject: &Subject) -> String {
+    match &subject.source {
+        Source::Gguf { path, .. } => {
+            let s = stem(path);
+            // model-F16 → model
+            match s.rsplit_once('-') {
+                Some((head, tail))
+                    if tail.chars().any(|c| c.is_ascii_digit())
+                        || tail.eq_ignore_ascii_case("f16") =>
+                {
+                    head.to_owned()
+                }
+                _ => s,
+            }
+        }
+        Source::Checkpoint(dir) => stem(dir),
+        Source::Numbers => "model".into(),
+    }
+}
+
+fn speed_text(s: &Speed) -> String {
+    format!("{:.1} ({})", s.tokens_per_s, s.limit())
+}
+
+fn print_plan(
+    subject: &Subject,
+    device: &Device,
+    args: &Args,
+    kv: KvType,
+    rows: &[Row],
+    recommended: Option<usize>,
+    budget_pick: Option<usize>,
+) {
+    let s = &subject.shape;
+    let kind = if s.n_expert > 0 {
+        format!(
+            "MoE, {} of {} experts per token",
+            s.n_expert_used, s.n_expert
+        )
+    } else {
+        "dense".into()
+    };
+    println!(
+        "Model: {} ({}, {} layers, {} parameters, {kind}; {} KV heads × {})",
+        subject.name,
+        s.arch,
+        s.n_layer,
+        count_label(subject.params),
+        s.n_head_kv,
+        s.head_dim
+    );
+    if subject.active_params != subject.params {
+        println!(
+            "       {} parameters per token",
+            count_label(subject.active_params)
+        );
+    }
+    println!(
+        "KV cache at -c {} ({}): {}  [layers × KV heads × head size × context × 2 × bytes]",
+        args.ctx,
+        kv.name(),
+        human_bytes(s.kv_bytes_per_token(kv) * args.ctx)
+    );
+    println!(
+        "Device: {} — {}: {} RAM, {} usable, {:.1} GB/s RAM (× {:.2}), {:.1} GB/s flash, {} threads",
+        device.name,
+        device.description,
+        human_bytes(device.ram_bytes),
+        human_bytes(device.usable_bytes()),
+        device.ram_bandwidth / 1e9,
+        device.bandwidth_efficiency,
+        device.storage_read / 1e9,
+        device.threads
+    );
+    println!();
+    println!(
+        "{:<28} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10}  {:<9} decode tok/s (limit)",
+        "choice", "bpw", "weights", "KV", "buffers", "memwall", "llama.cpp", "fits"
+    );
+    for (i, r) in rows.iter().enumerate() {
+        let mark = if Some(i) == recommended { " *" } else { "" };
+        println!(
+            "{:<28} {:>6.2} {:>10} {:>10} {:>10} {:>10} {:>10}  {:<9} {}{mark}",
+            r.label,
+            r.bits_per_weight,
+            human_bytes(r.weight_bytes),
+            human_bytes(r.memwall.kv),
+            human_bytes(r.memwall.compute + r.memwall.overhead),
+            human_bytes(r.memwall.total()),
+            human_bytes(r.llama.total()),
+            r.fits.name(),
+            speed_text(&r.speed)
+        );
+    }
+    println!();
+    if rows.iter().any(|r| !r.exact) {
+        println!(
+            "Rows marked (nominal) and (≈) are params × bits ÷ 8 before overheads (decimal: \
+             FP16 {:.1} GB, INT8 {:.1} GB, INT4 {:.1} GB); give a GGUF or a checkpoint for exact bytes.",
+            subject.params as f64 * 2.0 / 1e9,
+            subject.params as f64 / 1e9,
+            subject.params as f64 * 0.5 / 1e9
+        );
+    }
+    println!(
+        "memwall = weights + KV + buffers (memwall run --no-mmap); decode speed at {} cached tokens.",
+        args.ctx / 2
+    );
+    if let Some(i) = budget_pick {
+        println!(
+            "Budget {} MiB: {} ({} in memory)",
+            args.budget.unwrap_or(0),
+            rows[i].label,
+            human_bytes(rows[i].memwall.total())
+        );
+        if let Some(p) = &args.write_recipe {
+            println!(
+                "Recipe written to {} (memwall quantize MODEL-F16.gguf OUT.gguf --recipe {})",
+                p.display(),
+                p.display()
+            );
+        }
+    }
+    match recommended {
+        Some(i) => {
+            let r = &rows[i];
+            let c = commands(subject, r, device, args, kv);
+            println!(
+                "Recommended: {} — {} in memory, ~{:.1} tokens/s on {}{}",
+                r.label,
+                human_bytes(r.memwall.total()),
+                r.speed.tokens_per_s,
+                device.name,
+                if r.fits == Fit::Streaming {
+                    " (streams weights from flash)"
+                } else {
+                    ""
+                }
+            );
+            println!("  {}", c.memwall);
+            println!("  {}", c.llama);
+            if kv == KvType::Q8_0 {
+                println!(
+                    "  (memwall's runtime keeps its KV cache in f16: plan with --kv-type f16 for it)"
+                );
+            }
+        }
+        None => println!(
+            "Nothing fits on {}: lower -c, pick a larger device, or a smaller model.",
+            device.name
+        ),
+    }
+}
+
+fn footprint_json(f: &Footprint) -> serde_json::Value {
+    json!({
+        "weights_bytes": f.weights,
+        "kv_bytes": f.kv,
+        "compute_bytes": f.compute,
+        "overhead_bytes": f.overhead,
+        "total_bytes": f.total(),
+    })
+}
+
+fn to_json(
+    subject: &Subject,
+    device: &Device,
+    args: &Args,
+    kv: KvType,
+    rows: &[Row],
+    recommended: Option<usize>,
+    budget_pick: Option<usize>,
+) -> serde_json::Value {
+    let s = &subject.shape;
+    let rows_json: Vec<_> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let c = commands(subject, r, device, args, kv);
+            json!({
+                "choice": r.label,
+                "exact": r.exact,
+                "bits_per_weight": r.bits_per_weight,
+                "weights_bytes": r.weight_bytes,
+                "file_bytes": r.file_bytes,
+                "memwall": footprint_json(&r.memwall),
+                "llama_cpp": footprint_json(&r.llama),
+                "fits": r.fits.name(),
+                "decode": {
+                    "tokens_per_s": r.speed.tokens_per_s,
+                    "ram_bound": r.speed.ram_bound,
+                    "compute_bound": r.speed.compute_bound,
+                    "flash_bound": r.speed.flash_bound,
+                    "limit": r.speed.limit(),
+                    "bytes_per_token": r.speed.bytes_per_token,
+                    "flash_bytes_per_token": r.speed.flash_bytes_per_token,
+                },
+                "recommended": Some(i) == recommended,
+                "commands": {"memwall": c.memwall, "llama_cli": c.llama},
+            })
+        })
+        .collect();
+    json!({
+        "model": {
+            "name": subject.name,
+            "source": match &subject.source {
+                Source::Gguf { path, .. } => json!({"gguf": path}),
+                Source::Checkpoint(d) => json!({"checkpoint": d}),
+                Source::Numbers => json!("numbers"),
+            },
+            "architecture": s.arch,
+            "layers": s.n_layer,
+            "embedding": s.n_embd,
+            "heads": s.n_head,
+            "kv_heads": s.n_head_kv,
+            "head_dim": s.head_dim,
+            "vocab": s.n_vocab,
+            "experts": s.n_expert,
+            "experts_used": s.n_expert_used,
+            "params": subject.params,
+            "active_params": subject.active_params,
+            "nominal_bytes": {
+                "fp16": subject.params * 2,
+                "int8": subject.params,
+                "int4": subject.params / 2,
+            },
+        },
+        "ctx": args.ctx,
+        "kv_type": kv.name(),
+        "kv_bytes": s.kv_bytes_per_token(kv) * args.ctx,
+        "batch": args.batch,
+        "device": device_json(device),
+        "rows": rows_json,
+        "recommended": recommended.map(|i| rows[i].label.clone()),
+        "budget_choice": budget_pick.map(|i| rows[i].label.clone()),
+    })
+}
