@@ -288,17 +288,24 @@ fn output_dir(requested: Option<&Path>) -> Result<PathBuf> {
     Ok(dir)
 }
 
-fn unpack(inputs: &Path) -> Result<()> {
-    let write = |path: PathBuf, bytes: &[u8]| -> Result<()> {
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("{}: cannot create", parent.display()))?;
-        }
-        std::fs::write(&path, bytes).with_context(|| format!("{}: cannot write", path.display()))
-    };
-    for (name, bytes) in CHECKPOINT {
-        write(inputs.join("tiny-zh").join(name), bytes)?;
+fn write(path: PathBuf, bytes: &[u8]) -> Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("{}: cannot create", parent.display()))?;
     }
+    std::fs::write(&path, bytes).with_context(|| format!("{}: cannot write", path.display()))
+}
+
+/// Writes the built-in tiny-zh checkpoint into `dir`.
+pub fn unpack_checkpoint(dir: &Path) -> Result<()> {
+    for (name, bytes) in CHECKPOINT {
+        write(dir.join(name), bytes)?;
+    }
+    Ok(())
+}
+
+fn unpack(inputs: &Path) -> Result<()> {
+    unpack_checkpoint(&inputs.join("tiny-zh"))?;
     for (name, bytes) in CALIBRATION {
         write(inputs.join("calib-zh").join(name), bytes)?;
     }

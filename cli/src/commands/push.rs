@@ -308,7 +308,10 @@ pub fn run(args: Args) -> Result<()> {
                 args.ctx
             ));
             if ram_need > total {
-                let mib = (avail / 2 / MIB / 64 * 64).max(64);
+                // What is left once the KV cache, buffers and process are in
+                // (memwall plan's streaming rule), in whole 64 MiB steps.
+                let rest = ram_need.saturating_sub(model.total_file_size());
+                let mib = (avail.saturating_sub(rest) / MIB / 64 * 64).max(64);
                 resident_mib = Some(mib);
                 warn(
                     &mut warnings,

@@ -376,6 +376,31 @@ fn chat_template(gguf: &memwall_runtime::gguf::GgufModel, quiet: bool) -> Result
 }
 
 /// Generates once after `tokens` and prints the result.
+/// Generated text as it may reach a terminal: control characters other than
+/// newline and tab (escape sequences a model learned from its training text
+/// could recolour or retitle the terminal) become U+FFFD. `--json` keeps the
+/// text as generated.
+fn printable(piece: &str) -> std::borrow::Cow<'_, str> {
+    if piece
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+    {
+        piece
+            .chars()
+            .map(|c| {
+                if c.is_control() && c != '\n' && c != '\t' {
+                    '\u{fffd}'
+                } else {
+                    c
+                }
+            })
+            .collect::<String>()
+            .into()
+    } else {
+        piece.into()
+    }
+}
+
 fn one_shot(engine: &mut Engine, tokens: &[u32], args: &Args, echo: Option<&str>) -> Result<()> {
     let mut out = std::io::stdout().lock();
     if !args.json {
@@ -387,7 +412,7 @@ fn one_shot(engine: &mut Engine, tokens: &[u32], args: &Args, echo: Option<&str>
     let json = args.json;
     let mut emit = |piece: &str| {
         if !json {
-            let _ = out.write_all(piece.as_bytes());
+            let _ = out.write_all(printable(piece).as_bytes());
             let _ = out.flush();
         }
     };
@@ -444,7 +469,7 @@ fn repl(
         let mut out = std::io::stdout().lock();
         let mut emit = |piece: &str| {
             if !json {
-                let _ = out.write_all(piece.as_bytes());
+                let _ = out.write_all(printable(piece).as_bytes());
                 let _ = out.flush();
             }
         };

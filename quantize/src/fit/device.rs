@@ -15,8 +15,11 @@
 //! threads = 6                 # performance cores to use
 //! compute_gweights_s = 16     # decode multiply-adds, billions of weights/s
 //! dispatch_us = 10            # fixed cost of one matrix product, µs (optional)
+//! overlap_loss = 0            # share of memory/compute time not overlapped (optional)
 //! [device.compute]            # optional, per ggml type (overrides the above)
 //! Q4_K = 18.0
+//! [device.streaming]          # optional, measured: rate per type when weights
+//! Q4_K = 6.0                  # stream from RAM (used above cache_mb)
 //! ```
 
 use memwall_runtime::GgmlType;
@@ -57,6 +60,18 @@ pub struct Device {
     /// Fixed cost of one matrix product besides its multiply-adds (waking
     /// the threads, joining them, the small vector work around it), seconds.
     pub dispatch: f64,
+    /// How much of the shorter of memory time and compute time is *not*
+    /// hidden behind the longer one (0: reads and arithmetic overlap fully, as
+    /// llama.cpp's kernels manage on phones; 1: they take turns).
+    pub overlap_loss: f64,
+    /// Measured decode multiply-adds per second per ggml type when the
+    /// weights stream from RAM (larger than the caches): memory and compute
+    /// together, as the kernels really combine them. Used instead of the
+    /// bandwidth/compute bounds for models larger than `cache_bytes`.
+    pub streaming_by_type: Vec<(GgmlType, f64)>,
+    /// Weights up to this size count as cache-resident (the compute rates
+    /// apply); above it the streaming rates do.
+    pub cache_bytes: u64,
 }
 
 impl Device {
@@ -112,6 +127,14 @@ impl Device {
             .map_or(self.compute, |(_, r)| *r)
     }
 
+    /// Measured streaming rate for `ty`, if the profile has one.
+    pub fn streaming_for(&self, ty: GgmlType) -> Option<f64> {
+        self.streaming_by_type
+            .iter()
+            .find(|(t, _)| *t == ty)
+            .map(|(_, r)| *r)
+    }
+
     /// The profile as TOML (what `--measure-host` saves).
     pub fn to_toml(&self) -> String {
         use std::fmt::Write as _;
@@ -135,9 +158,19 @@ impl Device {
         let _ = writeln!(out, "threads = {}", self.threads);
         let _ = writeln!(out, "compute_gweights_s = {:.3}", self.compute / 1e9);
         let _ = writeln!(out, "dispatch_us = {:.2}", self.dispatch * 1e6);
+        let _ = writeln!(out, "overlap_loss = {:.2}", self.overlap_loss);
+        if !self.streaming_by_type.is_empty() {
+            let _ = writeln!(out, "cache_mb = {}", self.cache_bytes >> 20);
+        }
         if !self.compute_by_type.is_empty() {
             out.push_str("\n[device.compute]\n");
             for (t, r) in &self.compute_by_type {
+                let _ = writeln!(out, "{} = {:.3}", t.name(), r / 1e9);
+            }
+        }
+        if !self.streaming_by_type.is_empty() {
+            out.push_str("\n[device.streaming]\n");
+            for (t, r) in &self.streaming_by_type {
                 let _ = writeln!(out, "{} = {:.3}", t.name(), r / 1e9);
             }
         }
@@ -165,7 +198,7 @@ pub fn parse_all(text: &str) -> Result<Vec<Device>, String> {
 }
 
 fn parse_one(t: &toml::Table) -> Result<Device, String> {
-    const KNOWN: [&str; 12] = [
+    const KNOWN: [&str; 15] = [
         "name",
         "description",
         "ram_gb",
@@ -176,6 +209,9 @@ fn parse_one(t: &toml::Table) -> Result<Device, String> {
         "threads",
         "compute_gweights_s",
         "dispatch_us",
+        "overlap_loss",
+        "cache_mb",
+        "streaming",
         "compute",
         "notes",
     ];
@@ -208,22 +244,27 @@ fn parse_one(t: &toml::Table) -> Result<Device, String> {
             "os_reserve_gb ({reserve}) must be less than ram_gb ({ram})"
         ));
     }
-    let mut compute_by_type = Vec::new();
-    match t.get("compute") {
-        None => {}
-        Some(toml::Value::Table(c)) => {
-            for (k, v) in c {
-                let ty = parse_type(k).map_err(|e| format!("compute: {e}"))?;
-                let r = v
-                    .as_float()
-                    .or_else(|| v.as_integer().map(|i| i as f64))
-                    .filter(|r| r.is_finite() && *r > 0.0 && *r < 1e6)
-                    .ok_or_else(|| format!("compute.{k} must be a positive number"))?;
-                compute_by_type.push((ty, r * 1e9));
+    let rates = |key: &str| -> Result<Vec<(GgmlType, f64)>, String> {
+        let mut out = Vec::new();
+        match t.get(key) {
+            None => {}
+            Some(toml::Value::Table(c)) => {
+                for (k, v) in c {
+                    let ty = parse_type(k).map_err(|e| format!("{key}: {e}"))?;
+                    let r = v
+                        .as_float()
+                        .or_else(|| v.as_integer().map(|i| i as f64))
+                        .filter(|r| r.is_finite() && *r > 0.0 && *r < 1e6)
+                        .ok_or_else(|| format!("{key}.{k} must be a positive number"))?;
+                    out.push((ty, r * 1e9));
+                }
             }
+            Some(_) => return Err(format!("'{key}' must be a table of type = rate")),
         }
-        Some(_) => return Err("'compute' must be a table of type = rate".into()),
-    }
+        Ok(out)
+    };
+    let compute_by_type = rates("compute")?;
+    let streaming_by_type = rates("streaming")?;
     Ok(Device {
         description: string("description").unwrap_or_default(),
         ram_bytes: (ram * GIB) as u64,
@@ -238,6 +279,15 @@ fn parse_one(t: &toml::Table) -> Result<Device, String> {
             None => DEFAULT_DISPATCH,
             Some(_) => number("dispatch_us", 0.0, 1e5)? * 1e-6,
         },
+        overlap_loss: match t.get("overlap_loss") {
+            None => 0.0,
+            Some(_) => number("overlap_loss", 0.0, 1.0)?,
+        },
+        cache_bytes: match t.get("cache_mb") {
+            None => 32 << 20,
+            Some(_) => (number("cache_mb", 0.0, 1e6)? * (1u64 << 20) as f64) as u64,
+        },
+        streaming_by_type,
         name,
     })
 }

@@ -10,7 +10,8 @@
 //!
 //! Speed of decoding one token: the slower of reading its bytes from RAM at
 //! the device's effective bandwidth and multiplying its weights at the
-//! device's compute rate, plus reading from flash whatever is not resident.
+//! device's compute rate, plus the part of the faster one the kernels do not
+//! overlap (`overlap_loss`), plus reading from flash whatever is not resident.
 
 use memwall_runtime::GgmlType;
 
@@ -217,6 +218,7 @@ pub fn decode_speed(
             total.saturating_sub(resident) as f64 / total as f64
         },
         dispatches: shape.dispatches_per_token(),
+        model_bytes: total,
     };
     token_speed(device, &token)
 }
@@ -236,12 +238,15 @@ pub struct Token {
     pub streamed_share: f64,
     /// Matrix products (each pays the device's dispatch cost).
     pub dispatches: u64,
+    /// Bytes of all weights (decides cache-resident or streaming).
+    pub model_bytes: u64,
 }
 
 /// Decode speed of one token's work on `device`.
 pub fn token_speed(device: &Device, token: &Token) -> Speed {
     let bytes = token.weight_bytes + token.kv_bytes;
     let t_ram = bytes as f64 / (device.ram_bandwidth * device.bandwidth_efficiency);
+    // Dispatch is part of the compute side: threads waking up read nothing.
     let t_compute: f64 = token
         .products
         .iter()
@@ -249,12 +254,36 @@ pub fn token_speed(device: &Device, token: &Token) -> Speed {
         .sum::<f64>()
         + token.attention as f64 / device.compute_for(GgmlType::F16)
         + token.dispatches as f64 * device.dispatch;
+    // A measured profile knows what its kernels reach on weights streaming
+    // from RAM: that replaces both bounds for models larger than its caches.
+    let streaming = token.model_bytes > device.cache_bytes
+        && !token.products.is_empty()
+        && token
+            .products
+            .iter()
+            .all(|(ty, _)| device.streaming_for(*ty).is_some());
+    let t_compute = if streaming {
+        let t: f64 = token
+            .products
+            .iter()
+            .map(|(ty, n)| *n as f64 / device.streaming_for(*ty).unwrap_or(1.0))
+            .sum::<f64>()
+            + token.attention as f64 / device.compute_for(GgmlType::F16)
+            + token.dispatches as f64 * device.dispatch;
+        t.max(t_ram)
+    } else {
+        t_compute
+    };
     let flash_bytes =
         (token.weight_bytes as f64 * token.streamed_share.clamp(0.0, 1.0)).round() as u64;
     let t_flash = flash_bytes as f64 / device.storage_read;
     let rate = |t: f64| if t > 0.0 { 1.0 / t } else { f64::INFINITY };
     Speed {
-        tokens_per_s: rate(t_ram.max(t_compute) + t_flash),
+        tokens_per_s: rate(if streaming {
+            t_compute + t_flash
+        } else {
+            t_ram.max(t_compute) + device.overlap_loss * t_ram.min(t_compute) + t_flash
+        }),
         ram_bound: rate(t_ram),
         compute_bound: rate(t_compute),
         flash_bound: (flash_bytes > 0).then(|| rate(t_flash)),

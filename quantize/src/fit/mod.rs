@@ -285,16 +285,17 @@ impl Shape {
         kv.bytes(u64::from(self.n_layer) * per_layer)
     }
 
-    /// Matrix products one decoded token runs: four attention projections and
-    /// three FFN products per layer (per used expert, plus the router, in MoE
-    /// layers), and the output head.
+    /// Units of fixed per-token cost of one decoded token: each matrix
+    /// product (four attention projections and three FFN products per layer;
+    /// per used expert, plus the router, in MoE layers; the output head) and
+    /// each attention head of each layer (a task of its own in the runtime).
     pub fn dispatches_per_token(&self) -> u64 {
         let ffn = if self.n_expert > 0 {
             3 * u64::from(self.n_expert_used) + 1
         } else {
             3
         };
-        u64::from(self.n_layer) * (4 + ffn) + 1
+        u64::from(self.n_layer) * (4 + ffn + u64::from(self.n_head)) + 1
     }
 
     /// The tensors llama.cpp's converter writes for this shape (F16 matrices,

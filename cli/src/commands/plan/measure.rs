@@ -16,9 +16,13 @@ use memwall_runtime::kernels::{Matmul, QMatrix};
 use super::Args;
 
 /// The types whose decode throughput is measured.
-const TYPES: [GgmlType; 9] = [
+const TYPES: [GgmlType; 13] = [
     GgmlType::F16,
     GgmlType::Q8_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
+    GgmlType::Q2_K,
+    GgmlType::IQ4_NL,
     GgmlType::Q6_K,
     GgmlType::Q5_K,
     GgmlType::Q4_K,
@@ -43,11 +47,16 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let storage = storage_read().unwrap_or(1e9);
     let dispatch = dispatch_cost(threads)?;
+    let q8 = by_type
+        .iter()
+        .find(|(t, _)| *t == GgmlType::Q8_0)
+        .map_or(1e9, |(_, r)| *r);
+    let overlap_loss = overlap_loss(threads, available, bandwidth, q8, dispatch)?;
     let compute = by_type
         .iter()
         .find(|(t, _)| *t == GgmlType::Q4_K)
         .map_or(1e9, |(_, r)| *r);
-    let device = Device {
+    let mut device = Device {
         name: "this-machine".into(),
         description: format!(
             "measured by memwall plan --measure-host on {}",
@@ -64,7 +73,18 @@ pub fn run(args: &Args) -> Result<()> {
         compute,
         compute_by_type: by_type,
         dispatch,
+        overlap_loss,
+        streaming_by_type: Vec::new(),
+        cache_bytes: 32 << 20,
     };
+    for ty in TYPES {
+        device
+            .streaming_by_type
+            .push((ty, streaming_rate(ty, threads, available)?));
+    }
+    // What a real decode step costs beyond its products' arithmetic and
+    // reads (attention, norms, thread hand-offs): measured on tiny-zh.
+    device.dispatch = forward_dispatch(threads, &device)?.max(device.dispatch);
     let text = device.to_toml();
     if let Some(path) = &args.save {
         let mut f = memwall_runtime::atomic::AtomicFile::create(path)
@@ -183,6 +203,121 @@ fn dispatch_cost(threads: usize) -> Result<f64> {
     Ok(started.elapsed().as_secs_f64() / f64::from(n.max(1)))
 }
 
+/// Seconds per matrix product a real decode step spends beyond what the
+/// profile so far predicts: the built-in tiny-zh converted to F16, 64 tokens
+/// decoded one at a time, the difference to the prediction spread over the
+/// step's products.
+fn forward_dispatch(threads: usize, device: &Device) -> Result<f64> {
+    use memwall_quantize::fit::{KvType, Shape, Weights, decode_speed, gguf_tensors};
+    use memwall_runtime::forward::Model;
+    use memwall_runtime::gguf::GgufModel;
+    let dir = std::env::temp_dir().join(format!("memwall-measure-{}", std::process::id()));
+    let result = (|| -> Result<f64> {
+        let ckpt = dir.join("tiny-zh");
+        crate::commands::demo::unpack_checkpoint(&ckpt)?;
+        let out = dir.join("tiny-zh-f16.gguf");
+        let encode = |ty: GgmlType, x: &[f32], y: &mut [u8]| {
+            memwall_quantize::quantize_row(ty, x, y).map_err(|e| e.to_string())
+        };
+        let options = memwall_convert::job::Options {
+            outtype: memwall_convert::tensors::OutType::F16,
+            pre: Some("gpt-2".into()),
+            encode: &encode,
+            allow_nonfinite: false,
+            split_max_size: None,
+        };
+        memwall_convert::job::convert(&ckpt, &out, &options, &crate::progress::Bar::new(false))?;
+        let gguf = GgufModel::open(&out)?;
+        let mut model = Model::new(&gguf, 256)?;
+        model.set_compute(Kernels::detect(), threads);
+        let mut session = model.session();
+        for id in 0..8u32 {
+            model.forward(&mut session, &[100 + id])?;
+        }
+        let n = 64u32;
+        let started = Instant::now();
+        for id in 0..n {
+            model.forward(&mut session, &[200 + id])?;
+        }
+        let measured = started.elapsed().as_secs_f64() / f64::from(n);
+        let shape = Shape::from_gguf(&gguf).map_err(anyhow::Error::msg)?;
+        let weights = Weights::as_stored(&gguf_tensors(&gguf)).map_err(anyhow::Error::msg)?;
+        let mut bare = device.clone();
+        bare.dispatch = 0.0;
+        // About 40 tokens in the cache on average, as above.
+        let speed = decode_speed(&bare, &shape, &weights, KvType::F16, 40, u64::MAX);
+        let extra = measured - 1.0 / speed.tokens_per_s;
+        Ok((extra / shape.dispatches_per_token() as f64).max(0.0))
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// Weights/s of memwall's matrix-vector product for `ty` over 256 MiB (or an
+/// eighth of the free memory) of weights: they stream from RAM, so this is
+/// what the kernels reach when reads and arithmetic combine.
+fn streaming_rate(ty: GgmlType, threads: usize, available: u64) -> Result<f64> {
+    let cols = 4096usize;
+    let row_bytes = ty.tensor_size(&[cols as u64])?.bytes as usize;
+    let bytes = (256u64 << 20).min(available / 8).max(16 << 20) as usize;
+    let rows = bytes / row_bytes;
+    let src: Vec<f32> = (0..cols)
+        .map(|i| ((i * 7919) % 1000) as f32 * 1e-4 - 0.05)
+        .collect();
+    let mut one = vec![0u8; row_bytes];
+    memwall_quantize::quantize_row(ty, &src, &mut one)?;
+    let data: Vec<u8> = one.iter().copied().cycle().take(rows * row_bytes).collect();
+    let w = QMatrix::new(ty, &data, rows, cols)?;
+    let mut y = vec![0f32; rows];
+    let mut mm = Matmul::new(Kernels::detect(), threads);
+    mm.matmul(&w, &src, &mut y)?;
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let started = Instant::now();
+        mm.matmul(&w, &src, &mut y)?;
+        best = best.min(started.elapsed().as_secs_f64());
+    }
+    Ok((rows * cols) as f64 / best)
+}
+
+/// How much of the shorter of memory and compute time a product over weights
+/// that do not fit any cache (256 MiB of Q8_0, or an eighth of the free
+/// memory) fails to hide: `t = max(mem, compute) + loss × min(mem, compute)`.
+fn overlap_loss(
+    threads: usize,
+    available: u64,
+    bandwidth: f64,
+    q8_rate: f64,
+    dispatch: f64,
+) -> Result<f64> {
+    let ty = GgmlType::Q8_0;
+    let cols = 4096usize;
+    let row_bytes = ty.tensor_size(&[cols as u64])?.bytes as usize;
+    let bytes = (256u64 << 20).min(available / 8).max(16 << 20) as usize;
+    let rows = bytes / row_bytes;
+    let src: Vec<f32> = (0..cols)
+        .map(|i| ((i * 7919) % 1000) as f32 * 1e-4 - 0.05)
+        .collect();
+    let mut one = vec![0u8; row_bytes];
+    memwall_quantize::quantize_row(ty, &src, &mut one)?;
+    // Every row the same values: the bytes still have to come from memory.
+    let data: Vec<u8> = one.iter().copied().cycle().take(rows * row_bytes).collect();
+    let w = QMatrix::new(ty, &data, rows, cols)?;
+    let mut y = vec![0f32; rows];
+    let mut mm = Matmul::new(Kernels::detect(), threads);
+    mm.matmul(&w, &src, &mut y)?;
+    let mut best = f64::INFINITY;
+    for _ in 0..4 {
+        let started = Instant::now();
+        mm.matmul(&w, &src, &mut y)?;
+        best = best.min(started.elapsed().as_secs_f64());
+    }
+    let mem = data.len() as f64 / bandwidth;
+    let compute = (rows * cols) as f64 / q8_rate + dispatch;
+    let (long, short) = (mem.max(compute), mem.min(compute));
+    Ok(((best - long) / short).clamp(0.0, 1.0))
+}
+
 /// Bytes/s reading a 256 MiB file after dropping it from the page cache.
 fn storage_read() -> Option<f64> {
     let dir = std::env::temp_dir();
@@ -219,7 +354,7 @@ fn drop_cache(f: &std::fs::File) {
     use std::os::unix::io::AsRawFd;
     // SAFETY: the descriptor is open for the duration of the call; the call
     // only advises the kernel.
-    #[cfg(target_os = "linux")]
+    #[cfg(any(target_os = "linux", target_os = "android"))]
     unsafe {
         libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
     }

@@ -358,9 +358,16 @@ fn estimated_header(n_vocab: u64) -> u64 {
     n_vocab * 36 + (64 << 10)
 }
 
+/// A file's name without `.gguf`; a folder's whole name (`Qwen2.5-32B` keeps its dot).
 fn stem(path: &Path) -> String {
-    path.file_stem()
-        .or_else(|| path.file_name())
+    let name = if path.is_dir() {
+        path.canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_owned()))
+    } else {
+        path.file_stem().map(|n| n.to_owned())
+    };
+    name.or_else(|| path.file_name().map(|n| n.to_owned()))
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into())
 }
@@ -403,7 +410,7 @@ fn numbers_subject(args: &Args) -> Result<Subject> {
     };
     shape.check().map_err(anyhow::Error::msg)?;
     Ok(Subject {
-        name: format!("{} parameters", count_label(params)),
+        name: "bare numbers".into(),
         shape,
         tensors: Vec::new(),
         params,
@@ -481,7 +488,15 @@ fn plan_rows(
             batch: args.batch,
             kv,
         };
-        let memwall = fit::footprint(Runtime::Memwall, shape, &load);
+        // memwall's runtime keeps its KV cache in f16 whatever --kv-type says.
+        let memwall = fit::footprint(
+            Runtime::Memwall,
+            shape,
+            &Load {
+                kv: KvType::F16,
+                ..load
+            },
+        );
         let llama = fit::footprint(Runtime::LlamaCpp, shape, &load);
         let usable = device.usable_bytes();
         let rest = memwall.total() - memwall.weights;
@@ -547,6 +562,7 @@ fn plan_rows(
                 attention,
                 streamed_share: 0.0,
                 dispatches: subject.shape.dispatches_per_token(),
+                model_bytes: bytes,
             };
             push_row(label.into(), false, bytes, bits, token, None);
         }
@@ -567,6 +583,7 @@ fn plan_rows(
                 attention,
                 streamed_share: 0.0,
                 dispatches: subject.shape.dispatches_per_token(),
+                model_bytes: bytes,
             };
             push_row(
                 format!("{} (≈)", c.label),
@@ -605,6 +622,7 @@ fn token_of(w: &Weights, shape: &Shape, kv_bytes: u64, attention: u64) -> Token 
         attention,
         streamed_share: 0.0,
         dispatches: shape.dispatches_per_token(),
+        model_bytes: w.bytes(),
     }
 }
 
@@ -674,7 +692,19 @@ struct Commands {
 fn commands(subject: &Subject, row: &Row, device: &Device, args: &Args, kv: KvType) -> Commands {
     let file = match (&subject.source, &row.choice) {
         (Source::Gguf { path, .. }, None) => path.display().to_string(),
-        (_, Some(c)) => format!("{}-{}.gguf", subject_stem(subject), c.label),
+        // Float types as the converter names them (model-f16.gguf).
+        (_, Some(c)) if matches!(c.ftype.name, "F16" | "BF16" | "F32") && c.recipe.is_none() => {
+            format!(
+                "{}-{}.gguf",
+                subject_stem(subject),
+                c.ftype.name.to_ascii_lowercase()
+            )
+        }
+        (_, Some(c)) => format!(
+            "{}-{}.gguf",
+            subject_stem(subject),
+            c.label.trim_end_matches(" (≈)")
+        ),
         _ => "MODEL.gguf".into(),
     };
     let t = device.threads;
