@@ -202,17 +202,18 @@ memwall's tests (fixtures/tiny-zh); it is built into the binary.")]
     Demo(commands::demo::Args),
 }
 
-/// Makes glibc return buffers of 1 MiB and more to the system when they are
-/// freed. Its default threshold rises with every large buffer freed, after which
-/// prompt batches' activations stay in the heap: peak memory then depends on
-/// allocation history (up to two batches' worth more), not on what is live —
-/// bad on a phone, and it would make `memwall plan`'s prediction a guess.
+/// Makes glibc return buffers of 128 KiB and more to the system when they are
+/// freed: its default threshold, but fixed. Left alone, the threshold rises
+/// with every large buffer freed, after which prompt batches' activations stay
+/// in the heap: peak memory then depends on allocation history (up to two
+/// batches' worth more), not on what is live — bad on a phone, and it would
+/// make `memwall plan`'s prediction a guess.
 fn release_large_buffers() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator parameters; called before any
     // other thread exists.
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
     }
 }
 

@@ -359,29 +359,26 @@ fn measure_host_writes_a_profile_plan_can_use() {
 #[test]
 fn bad_input_gets_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("gpt");
-    std::fs::create_dir(&cfg).unwrap();
-    std::fs::write(
-        cfg.join("config.json"),
+    let checkpoint = |name: &str, config: &str| {
+        let d = dir.path().join(name);
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join("config.json"), config).unwrap();
+        d
+    };
+    let cfg = checkpoint(
+        "gpt",
         r#"{"architectures": ["GPTNeoXForCausalLM"], "hidden_size": 64}"#,
-    )
-    .unwrap();
-    let huge = dir.path().join("huge");
-    std::fs::create_dir(&huge).unwrap();
-    std::fs::write(
-        huge.join("config.json"),
+    );
+    let huge = checkpoint(
+        "huge",
         r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 1e30, "num_attention_heads": 8,
             "num_hidden_layers": 2, "vocab_size": 100, "intermediate_size": 64}"#,
-    )
-    .unwrap();
-    let zero = dir.path().join("zero");
-    std::fs::create_dir(&zero).unwrap();
-    std::fs::write(
-        zero.join("config.json"),
+    );
+    let zero = checkpoint(
+        "zero",
         r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 0,
             "num_hidden_layers": 2, "vocab_size": 100, "intermediate_size": 64}"#,
-    )
-    .unwrap();
+    );
     let junk = dir.path().join("junk.gguf");
     std::fs::write(&junk, b"GGUF\x03\0\0\0\xff\xff\xff\xff\xff\xff\xff\xff").unwrap();
     for (args, want) in [

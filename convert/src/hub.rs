@@ -115,16 +115,7 @@ pub fn download(spec: &str, progress: &dyn Progress) -> Result<PathBuf, String> 
         None => (spec, "main"),
     };
     let root = cache_root()?;
-    let mut builder = ApiBuilder::from_cache(Cache::new(root.clone())).with_progress(false);
-    if let Ok(endpoint) = std::env::var("HF_ENDPOINT") {
-        builder = builder.with_endpoint(endpoint);
-    }
-    if let Ok(token) = std::env::var("HF_TOKEN") {
-        builder = builder.with_token(Some(token));
-    }
-    let api = builder
-        .build()
-        .map_err(|e| format!("cannot set up downloads: {e}"))?;
+    let api = hub_api(root.clone())?;
     let repo = Repo::with_revision(id.to_owned(), RepoType::Model, revision.to_owned());
     let remote = api.repo(repo.clone());
     let info = remote.info().map_err(|e| {
@@ -180,6 +171,20 @@ pub fn resolve_or_download(spec: &str, progress: &dyn Progress) -> Result<PathBu
     }
 }
 
+/// The Hub client over the cache at `root`, honouring HF_ENDPOINT and HF_TOKEN.
+fn hub_api(root: PathBuf) -> Result<hf_hub::api::sync::Api, String> {
+    let mut builder = ApiBuilder::from_cache(Cache::new(root)).with_progress(false);
+    if let Ok(endpoint) = std::env::var("HF_ENDPOINT") {
+        builder = builder.with_endpoint(endpoint);
+    }
+    if let Ok(token) = std::env::var("HF_TOKEN") {
+        builder = builder.with_token(Some(token));
+    }
+    builder
+        .build()
+        .map_err(|e| format!("cannot set up downloads: {e}"))
+}
+
 /// Downloads only `config.json` of `org/name[@revision]` into the Hugging Face
 /// cache (what `memwall plan` needs: shapes, not weights) and returns its folder.
 pub fn fetch_config(spec: &str) -> Result<PathBuf, String> {
@@ -192,17 +197,7 @@ pub fn fetch_config(spec: &str) -> Result<PathBuf, String> {
         Some((id, rev)) => (id, rev),
         None => (spec, "main"),
     };
-    let root = cache_root()?;
-    let mut builder = ApiBuilder::from_cache(Cache::new(root)).with_progress(false);
-    if let Ok(endpoint) = std::env::var("HF_ENDPOINT") {
-        builder = builder.with_endpoint(endpoint);
-    }
-    if let Ok(token) = std::env::var("HF_TOKEN") {
-        builder = builder.with_token(Some(token));
-    }
-    let api = builder
-        .build()
-        .map_err(|e| format!("cannot set up downloads: {e}"))?;
+    let api = hub_api(cache_root()?)?;
     let repo = Repo::with_revision(id.to_owned(), RepoType::Model, revision.to_owned());
     let path = api.repo(repo).get("config.json").map_err(|e| {
         format!("{id}: downloading config.json: {e} (gated repositories need HF_TOKEN)")

@@ -204,9 +204,9 @@ fn dispatch_cost(threads: usize) -> Result<f64> {
 }
 
 /// Seconds per matrix product a real decode step spends beyond what the
-/// profile so far predicts: the built-in tiny-zh converted to F16, 64 tokens
-/// decoded one at a time, the difference to the prediction spread over the
-/// step's products.
+/// profile so far predicts: the built-in tiny-zh converted to F16, three times
+/// 64 tokens decoded one at a time, the difference to the prediction spread
+/// over the step's units (products and attention heads).
 fn forward_dispatch(threads: usize, device: &Device) -> Result<f64> {
     use memwall_quantize::fit::{KvType, Shape, Weights, decode_speed, gguf_tensors};
     use memwall_runtime::forward::Model;
@@ -230,22 +230,27 @@ fn forward_dispatch(threads: usize, device: &Device) -> Result<f64> {
         let gguf = GgufModel::open(&out)?;
         let mut model = Model::new(&gguf, 256)?;
         model.set_compute(Kernels::detect(), threads);
-        let mut session = model.session();
-        for id in 0..8u32 {
-            model.forward(&mut session, &[100 + id])?;
-        }
+        // As `memwall bench -n 64`: a warm-up pass, then the mean of three
+        // 64-token decodes from an empty cache.
         let n = 64u32;
-        let started = Instant::now();
-        for id in 0..n {
-            model.forward(&mut session, &[200 + id])?;
+        let mut total = 0.0;
+        for pass in 0..4 {
+            let mut session = model.session();
+            let started = Instant::now();
+            for id in 0..n {
+                model.forward(&mut session, &[200 + id])?;
+            }
+            if pass > 0 {
+                total += started.elapsed().as_secs_f64();
+            }
         }
-        let measured = started.elapsed().as_secs_f64() / f64::from(n);
+        let measured = total / f64::from(3 * n);
         let shape = Shape::from_gguf(&gguf).map_err(anyhow::Error::msg)?;
         let weights = Weights::as_stored(&gguf_tensors(&gguf)).map_err(anyhow::Error::msg)?;
         let mut bare = device.clone();
         bare.dispatch = 0.0;
-        // About 40 tokens in the cache on average, as above.
-        let speed = decode_speed(&bare, &shape, &weights, KvType::F16, 40, u64::MAX);
+        // 32 tokens in the cache on average.
+        let speed = decode_speed(&bare, &shape, &weights, KvType::F16, 32, u64::MAX);
         let extra = measured - 1.0 / speed.tokens_per_s;
         Ok((extra / shape.dispatches_per_token() as f64).max(0.0))
     })();
@@ -253,10 +258,10 @@ fn forward_dispatch(threads: usize, device: &Device) -> Result<f64> {
     result
 }
 
-/// Weights/s of memwall's matrix-vector product for `ty` over 256 MiB (or an
-/// eighth of the free memory) of weights: they stream from RAM, so this is
-/// what the kernels reach when reads and arithmetic combine.
-fn streaming_rate(ty: GgmlType, threads: usize, available: u64) -> Result<f64> {
+/// A product over 256 MiB (or an eighth of the free memory) of `ty` weights,
+/// more than any cache holds: (seconds of the best of three, bytes, weights).
+/// Every row holds the same values; the bytes still have to come from memory.
+fn streaming_product(ty: GgmlType, threads: usize, available: u64) -> Result<(f64, usize, usize)> {
     let cols = 4096usize;
     let row_bytes = ty.tensor_size(&[cols as u64])?.bytes as usize;
     let bytes = (256u64 << 20).min(available / 8).max(16 << 20) as usize;
@@ -277,12 +282,19 @@ fn streaming_rate(ty: GgmlType, threads: usize, available: u64) -> Result<f64> {
         mm.matmul(&w, &src, &mut y)?;
         best = best.min(started.elapsed().as_secs_f64());
     }
-    Ok((rows * cols) as f64 / best)
+    Ok((best, data.len(), rows * cols))
 }
 
-/// How much of the shorter of memory and compute time a product over weights
-/// that do not fit any cache (256 MiB of Q8_0, or an eighth of the free
-/// memory) fails to hide: `t = max(mem, compute) + loss × min(mem, compute)`.
+/// Weights/s of memwall's matrix-vector product for `ty` when the weights
+/// stream from RAM: what the kernels reach when reads and arithmetic combine.
+fn streaming_rate(ty: GgmlType, threads: usize, available: u64) -> Result<f64> {
+    let (seconds, _, weights) = streaming_product(ty, threads, available)?;
+    Ok(weights as f64 / seconds)
+}
+
+/// How much of the shorter of memory and compute time a Q8_0 product over
+/// weights that do not fit any cache fails to hide:
+/// `t = max(mem, compute) + loss × min(mem, compute)`.
 fn overlap_loss(
     threads: usize,
     available: u64,
@@ -290,32 +302,11 @@ fn overlap_loss(
     q8_rate: f64,
     dispatch: f64,
 ) -> Result<f64> {
-    let ty = GgmlType::Q8_0;
-    let cols = 4096usize;
-    let row_bytes = ty.tensor_size(&[cols as u64])?.bytes as usize;
-    let bytes = (256u64 << 20).min(available / 8).max(16 << 20) as usize;
-    let rows = bytes / row_bytes;
-    let src: Vec<f32> = (0..cols)
-        .map(|i| ((i * 7919) % 1000) as f32 * 1e-4 - 0.05)
-        .collect();
-    let mut one = vec![0u8; row_bytes];
-    memwall_quantize::quantize_row(ty, &src, &mut one)?;
-    // Every row the same values: the bytes still have to come from memory.
-    let data: Vec<u8> = one.iter().copied().cycle().take(rows * row_bytes).collect();
-    let w = QMatrix::new(ty, &data, rows, cols)?;
-    let mut y = vec![0f32; rows];
-    let mut mm = Matmul::new(Kernels::detect(), threads);
-    mm.matmul(&w, &src, &mut y)?;
-    let mut best = f64::INFINITY;
-    for _ in 0..4 {
-        let started = Instant::now();
-        mm.matmul(&w, &src, &mut y)?;
-        best = best.min(started.elapsed().as_secs_f64());
-    }
-    let mem = data.len() as f64 / bandwidth;
-    let compute = (rows * cols) as f64 / q8_rate + dispatch;
+    let (seconds, bytes, weights) = streaming_product(GgmlType::Q8_0, threads, available)?;
+    let mem = bytes as f64 / bandwidth;
+    let compute = weights as f64 / q8_rate + dispatch;
     let (long, short) = (mem.max(compute), mem.min(compute));
-    Ok(((best - long) / short).clamp(0.0, 1.0))
+    Ok(((seconds - long) / short).clamp(0.0, 1.0))
 }
 
 /// Bytes/s reading a 256 MiB file after dropping it from the page cache.

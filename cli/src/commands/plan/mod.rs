@@ -549,11 +549,7 @@ fn plan_rows(
     }
     if subject.tensors.is_empty() {
         // Bare numbers: the seed's arithmetic, params × bits ÷ 8.
-        for (label, bits, ty) in [
-            ("FP16 (nominal)", 16.0, GgmlType::F16),
-            ("INT8 (nominal)", 8.0, GgmlType::Q8_0),
-            ("INT4 (nominal)", 4.0, GgmlType::Q4_K),
-        ] {
+        let nominal = |bits: f64, ty: GgmlType| {
             let bytes = (subject.params as f64 * bits / 8.0).round() as u64;
             let token = Token {
                 weight_bytes: (subject.active_params as f64 * bits / 8.0).round() as u64,
@@ -564,6 +560,14 @@ fn plan_rows(
                 dispatches: subject.shape.dispatches_per_token(),
                 model_bytes: bytes,
             };
+            (bytes, token)
+        };
+        for (label, bits, ty) in [
+            ("FP16 (nominal)", 16.0, GgmlType::F16),
+            ("INT8 (nominal)", 8.0, GgmlType::Q8_0),
+            ("INT4 (nominal)", 4.0, GgmlType::Q4_K),
+        ] {
+            let (bytes, token) = nominal(bits, ty);
             push_row(label.into(), false, bytes, bits, token, None);
         }
         // One row per distinct base type: a mix's own rules need tensor names.
@@ -575,16 +579,7 @@ fn plan_rows(
             }
             seen.push(ty);
             let bits = nominal_bits(c);
-            let bytes = (subject.params as f64 * bits / 8.0).round() as u64;
-            let token = Token {
-                weight_bytes: (subject.active_params as f64 * bits / 8.0).round() as u64,
-                kv_bytes,
-                products: vec![(ty, subject.active_params)],
-                attention,
-                streamed_share: 0.0,
-                dispatches: subject.shape.dispatches_per_token(),
-                model_bytes: bytes,
-            };
+            let (bytes, token) = nominal(bits, ty);
             push_row(
                 format!("{} (≈)", c.label),
                 false,
