@@ -18,6 +18,20 @@ fn plan_json(args: &[&str]) -> Value {
     serde_json::from_str(&stdout_of(&all)).unwrap()
 }
 
+/// Tensor bytes `memwall quantize TINY … --dry-run` plans with `how` (a type or `--recipe F`).
+fn dry_run_tensor_bytes(how: &[&str]) -> u64 {
+    let mut args = vec!["quantize", TINY, "/tmp/never-written.gguf"];
+    args.extend_from_slice(how);
+    args.extend_from_slice(&["--dry-run", "--json"]);
+    let dry: Value = serde_json::from_str(&stdout_of(&args)).unwrap();
+    dry["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["target_bytes"].as_u64().or(t["bytes"].as_u64()).unwrap())
+        .sum()
+}
+
 #[test]
 fn predicted_memory_is_within_ten_percent_of_the_peak_rss_of_run() {
     let dir = tempfile::tempdir().unwrap();
@@ -170,22 +184,7 @@ fn a_checkpoint_plans_the_same_bytes_as_its_gguf() {
     assert_eq!(rows(&from_dir), rows(&from_gguf));
     assert_eq!(rows(&from_dir).len(), 3);
     // The planned Q4_K_M bytes are the tensor bytes `memwall quantize --dry-run` plans.
-    let dry: Value = serde_json::from_str(&stdout_of(&[
-        "quantize",
-        TINY,
-        "/tmp/never-written.gguf",
-        "Q4_K_M",
-        "--dry-run",
-        "--json",
-    ]))
-    .unwrap();
-    let tensor_bytes: u64 = dry["tensors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["target_bytes"].as_u64().or(t["bytes"].as_u64()).unwrap())
-        .sum();
-    assert_eq!(rows(&from_gguf)[0].1, tensor_bytes);
+    assert_eq!(rows(&from_gguf)[0].1, dry_run_tensor_bytes(&["Q4_K_M"]));
 }
 
 #[test]
@@ -226,24 +225,11 @@ fn a_budget_picks_the_largest_choice_that_fits_and_writes_a_recipe() {
     assert_eq!(v["budget_choice"], want.as_str());
     assert_eq!(v["recommended"], want.as_str());
     // The recipe file drives `memwall quantize` to the same bytes the plan counted.
-    let dry: Value = serde_json::from_str(&stdout_of(&[
-        "quantize",
-        TINY,
-        "/tmp/never-written.gguf",
-        "--recipe",
-        recipe.to_str().unwrap(),
-        "--dry-run",
-        "--json",
-    ]))
-    .unwrap();
     let planned = totals.iter().find(|(c, _, _)| *c == want).unwrap().2;
-    let tensor_bytes: u64 = dry["tensors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["target_bytes"].as_u64().or(t["bytes"].as_u64()).unwrap())
-        .sum();
-    assert_eq!(tensor_bytes, planned);
+    assert_eq!(
+        dry_run_tensor_bytes(&["--recipe", recipe.to_str().unwrap()]),
+        planned
+    );
     let out = memwall(&["plan", TINY, "--budget", "1"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("nothing fits in 1 MiB"));

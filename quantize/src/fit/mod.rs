@@ -595,13 +595,4 @@ impl Weights {
         }
         out
     }
-
-    /// Bytes of the parts of `kind`.
-    pub fn bytes_of(&self, kind: Kind) -> u64 {
-        self.parts
-            .iter()
-            .filter(|p| p.kind == kind)
-            .map(|p| p.bytes)
-            .sum()
-    }
 }

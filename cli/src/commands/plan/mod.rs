@@ -269,8 +269,25 @@ fn device_json(d: &Device) -> serde_json::Value {
         "storage_read_bytes_per_s": d.storage_read,
         "threads": d.threads,
         "compute_weights_per_s": d.compute,
-        "compute_by_type": d.compute_by_type.iter().map(|(t, r)| (t.name().to_owned(), json!(r))).collect::<serde_json::Map<_, _>>(),
+        "compute_by_type": rates_json(&d.compute_by_type),
+        "streaming_by_type": rates_json(&d.streaming_by_type),
+        "cache_bytes": d.cache_bytes,
+        "dispatch_s": d.dispatch,
+        "overlap_loss": d.overlap_loss,
     })
+}
+
+fn rates_json(rates: &[(GgmlType, f64)]) -> serde_json::Value {
+    rates
+        .iter()
+        .map(|(t, r)| (t.name().to_owned(), json!(r)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// Bytes of the GGUF header(s): metadata and tensor infos of every file.
+fn header_bytes(model: &GgufModel) -> u64 {
+    model.files().iter().map(|f| f.header().data_offset).sum()
 }
 
 /// What `memwall run --no-mmap -c CTX -b BATCH` holds in memory for `model`
@@ -279,7 +296,7 @@ pub fn memwall_footprint(model: &GgufModel, ctx: u64, batch: u64) -> Result<Foot
     let shape = Shape::from_gguf(model)?;
     let load = Load {
         file_bytes: model.total_file_size(),
-        header_bytes: model.files().iter().map(|f| f.header().data_offset).sum(),
+        header_bytes: header_bytes(model),
         ctx,
         batch,
         kv: KvType::F16,
@@ -299,7 +316,7 @@ fn subject(args: &Args) -> Result<Subject> {
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("{}: cannot plan this model", path.display()))?;
         let tensors = fit::gguf_tensors(&model);
-        let header_bytes = model.files().iter().map(|f| f.header().data_offset).sum();
+        let header_bytes = header_bytes(&model);
         let name = model
             .metadata()
             .get_str("general.name")
