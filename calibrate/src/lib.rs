@@ -13,6 +13,11 @@
 //! - [`grid`]: the quantization grid of an encoded ggml block, which GPTQ
 //!   rounds onto.
 
+// Input-derived values never reach `unwrap`/`expect` in the libraries: every
+// remaining one states the invariant it relies on (`#[expect(.., reason)]`),
+// and tests may unwrap (clippy.toml).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
 pub mod awq;
 pub mod dataset;
 pub mod gptq;

@@ -323,7 +323,7 @@ fn token_id(meta: &Metadata, kind: &str) -> Result<Option<u64>, String> {
     let (_, key) = SPECIAL
         .iter()
         .find(|(k, _)| *k == kind)
-        .expect("a special token kind");
+        .ok_or_else(|| format!("internal: no GGUF key for the special token {kind}"))?;
     meta.get_u64(key).map_err(|e| e.to_string())
 }
 
@@ -524,7 +524,7 @@ fn tokenizer_files(meta: &Metadata, keys: &Keys) -> Result<Vec<(&'static str, Ve
     match model {
         "gpt2" => {
             let (tokenizer, config) = tokenizer(meta, keys)?;
-            let tok = serde_json::to_vec(&tokenizer).expect("JSON of plain values");
+            let tok = serde_json::to_vec(&tokenizer).map_err(|e| e.to_string())?;
             Ok(vec![
                 ("tokenizer_config.json", pretty(&config)),
                 ("tokenizer.json", tok),
@@ -899,7 +899,8 @@ fn safetensors_header(pieces: &[&Piece], dtype: ExportDtype) -> Vec<u8> {
         );
         offset = end;
     }
-    let mut text = serde_json::to_vec(&Json::Object(h)).expect("JSON of plain values");
+    // A `Value` with string keys always serialises.
+    let mut text = serde_json::to_vec(&Json::Object(h)).unwrap_or_default();
     while text.len() % 8 != 0 {
         text.push(b' ');
     }
@@ -915,7 +916,8 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), ExportError> {
 }
 
 fn pretty(v: &Json) -> Vec<u8> {
-    let mut s = serde_json::to_vec_pretty(v).expect("JSON of plain values");
+    // A `Value` with string keys always serialises.
+    let mut s = serde_json::to_vec_pretty(v).unwrap_or_default();
     s.push(b'\n');
     s
 }
@@ -1019,18 +1021,19 @@ fn write_all(
     }
 
     // Shards in tensor order, each at most max_shard_size (a bigger tensor alone).
-    let mut shards: Vec<Vec<&Piece>> = vec![Vec::new()];
+    let mut shards: Vec<Vec<&Piece>> = Vec::new();
+    let mut current: Vec<&Piece> = Vec::new();
     let mut size = 0;
     for p in pieces {
         let b = p.bytes(dtype);
-        let last = shards.last_mut().expect("one shard at least");
-        if !last.is_empty() && size + b > options.max_shard_size {
-            shards.push(Vec::new());
+        if !current.is_empty() && size + b > options.max_shard_size {
+            shards.push(std::mem::take(&mut current));
             size = 0;
         }
-        shards.last_mut().expect("one shard at least").push(p);
+        current.push(p);
         size += b;
     }
+    shards.push(current);
     let n = shards.len();
     let total: u64 = pieces.iter().map(|p| p.bytes(dtype)).sum();
     progress.start("exporting", total, Unit::Bytes);

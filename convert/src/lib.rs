@@ -7,6 +7,11 @@
 //! hyper-parameter keys ([`metadata`]). The naming keys, tokenizer export and
 //! the `memwall convert` command build on it.
 
+// Input-derived values never reach `unwrap`/`expect` in the libraries: every
+// remaining one states the invariant it relies on (`#[expect(.., reason)]`),
+// and tests may unwrap (clippy.toml).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
 pub mod arch;
 pub mod checkpoint;
 pub mod export;

@@ -134,6 +134,7 @@ fn sources(value: Option<&Yaml>, total_params: i64) -> Vec<Source> {
         Some(y @ Yaml::String(_)) => vec![y],
         _ => Vec::new(),
     };
+    #[expect(clippy::expect_used, reason = "a literal pattern, exercised by tests")]
     let hf_url = regex::Regex::new(r"^https?://huggingface.co/([^/]+/[^/]+)$").expect("valid");
     items
         .into_iter()

@@ -20,6 +20,11 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+// Input-derived values never reach `unwrap`/`expect` in the libraries: every
+// remaining one states the invariant it relies on (`#[expect(.., reason)]`),
+// and tests may unwrap (clippy.toml).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
 pub mod fit;
 pub mod imatrix;
 mod iq4;

@@ -79,11 +79,7 @@ impl AtomicFile {
     /// Flushes, fsyncs, renames `<path>.partial` to `path` and fsyncs the
     /// directory, so that the rename survives a crash.
     pub fn commit(mut self) -> io::Result<()> {
-        let file = match self
-            .file
-            .take()
-            .expect("file is present until commit or drop")
-        {
+        let file = match self.file.take().ok_or_else(closed)? {
             Sink::Buffered(w) => w.into_inner().map_err(|e| e.into_error())?,
             Sink::Direct(w) => w.finish()?,
         };
@@ -98,28 +94,25 @@ impl AtomicFile {
     }
 }
 
+/// The error of a write after `commit` (which consumes the file, so only a
+/// `Write` borrowed before it could see this).
+fn closed() -> io::Error {
+    io::Error::other("the output file was already committed")
+}
+
 impl Write for AtomicFile {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.file
-            .as_mut()
-            .expect("file is present until commit or drop")
-            .out()
+        self.file.as_mut().ok_or_else(closed)?.out()
             .write(buf)
     }
 
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        self.file
-            .as_mut()
-            .expect("file is present until commit or drop")
-            .out()
+        self.file.as_mut().ok_or_else(closed)?.out()
             .write_all(buf)
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        self.file
-            .as_mut()
-            .expect("file is present until commit or drop")
-            .out()
+        self.file.as_mut().ok_or_else(closed)?.out()
             .flush()
     }
 }

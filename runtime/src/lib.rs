@@ -20,6 +20,11 @@
 //! - [`tokenizer`]: byte-level BPE and SentencePiece from GGUF metadata, as
 //!   llama.cpp tokenizes.
 
+// Input-derived values never reach `unwrap`/`expect` in the libraries: every
+// remaining one states the invariant it relies on (`#[expect(.., reason)]`),
+// and tests may unwrap (clippy.toml).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
 pub mod atomic;
 pub mod blocks;
 pub mod direct;

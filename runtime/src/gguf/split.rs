@@ -84,8 +84,10 @@ impl GgufModel {
         let mut files = Vec::with_capacity(count as usize);
         let mut first = Some(first);
         for i in 0..count {
-            let file = if i == no {
-                first.take().expect("taken once")
+            let file = if i == no
+                && let Some(first) = first.take()
+            {
+                first
             } else {
                 let p = split_path(prefix, i, count);
                 if !p.exists() {

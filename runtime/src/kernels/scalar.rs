@@ -405,10 +405,10 @@ pub(crate) fn dot_q3_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
 
 /// The 8 scales and 8 minimums of a Q4_K/Q5_K block.
 pub(crate) fn k4_scales(p: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let p: &[u8; 12] = p.try_into().expect("12 scale bytes");
+    let p: [u8; 12] = std::array::from_fn(|i| p[i]);
     let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
     for j in 0..8 {
-        (sc[j], m[j]) = scale_min_k4(j, p);
+        (sc[j], m[j]) = scale_min_k4(j, &p);
     }
     (sc, m)
 }
