@@ -45,7 +45,10 @@ pub struct Naming {
     pub size_label: Option<String>,
 }
 
-#[expect(clippy::expect_used, reason = "called with literal patterns only, all exercised by tests")]
+#[expect(
+    clippy::expect_used,
+    reason = "called with literal patterns only, all exercised by tests"
+)]
 fn re(pattern: &str) -> Regex {
     Regex::new(pattern).expect("valid pattern")
 }

@@ -168,13 +168,13 @@ pub fn make_override(
 impl Recipe {
     /// A built-in recipe by name.
     pub fn preset(name: &str) -> Option<Recipe> {
-        PRESETS
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, text)| {
-                #[expect(clippy::expect_used, reason = "built-in text; a unit test parses every preset")]
-                Recipe::parse(text).expect("built-in recipes parse")
-            })
+        PRESETS.iter().find(|(n, _)| *n == name).map(|(_, text)| {
+            #[expect(
+                clippy::expect_used,
+                reason = "built-in text; a unit test parses every preset"
+            )]
+            Recipe::parse(text).expect("built-in recipes parse")
+        })
     }
 
     /// Parses recipe TOML. Errors name the offending field or rule.
