@@ -27,12 +27,10 @@ pub use rope::{Rope, Yarn};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use rayon::prelude::*;
-
 use crate::GgmlType;
 use crate::blocks::{DEQUANTIZABLE, dequantize_row, f16_to_f32, f32_to_f16};
 use crate::gguf::{Advice, GgufModel, Metadata};
-use crate::kernels::{KernelError, Kernels, Matmul, QMatrix};
+use crate::kernels::{KernelError, Kernels, Matmul, Pool, QMatrix, for_each_chunk};
 use crate::model_info::HyperParams;
 
 /// Why a model cannot be run.
@@ -218,7 +216,7 @@ pub struct Model<'a> {
     /// Multiply decoded `f32` weights with unrounded activations instead.
     exact: bool,
     /// Threads for attention (the matrix products have their own in `matmul`).
-    pool: Option<rayon::ThreadPool>,
+    pool: Option<Arc<Pool>>,
     gguf: &'a GgufModel,
     /// Streaming of weights larger than the memory the model may use.
     stream: Option<Stream<'a>>,
@@ -691,15 +689,17 @@ impl<'a> Model<'a> {
             .map(|l| Self::layer(&load, c, l))
             .collect::<Result<Vec<_>, _>>()?;
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let matmul = Matmul::new(Kernels::from_env()?, threads);
+        let pool = matmul.pool();
         Ok(Model {
             config,
             embd,
             layers,
             output_norm,
             output,
-            matmul: Mutex::new(Matmul::new(Kernels::from_env()?, threads)),
+            matmul: Mutex::new(matmul),
             exact: false,
-            pool: attention_pool(threads),
+            pool,
             gguf,
             stream: None,
             observer: None,
@@ -856,8 +856,9 @@ impl<'a> Model<'a> {
     /// Runs the matrix products on `threads` threads (default: every core)
     /// with `kernels` (default: the best this CPU runs, or `MEMWALL_KERNELS`).
     pub fn set_compute(&mut self, kernels: Kernels, threads: usize) {
-        self.matmul = Mutex::new(Matmul::new(kernels, threads));
-        self.pool = attention_pool(threads);
+        let matmul = Matmul::new(kernels, threads);
+        self.pool = matmul.pool();
+        self.matmul = Mutex::new(matmul);
     }
 
     /// Exact arithmetic for comparisons with a float32 reference: weights
@@ -1302,7 +1303,7 @@ impl<'a> Model<'a> {
         };
         // One work item per (token, head): each writes its own slice of `out` with
         // the same arithmetic on any thread, so the result does not depend on threads.
-        let work = |(i, oh): (usize, &mut [f32])| {
+        let work = |i: usize, oh: &mut [f32]| {
             let (t, head) = (i / c.n_head, i % c.n_head);
             self.attend(
                 &q[t * qd + head * hd..][..hd],
@@ -1312,12 +1313,7 @@ impl<'a> Model<'a> {
                 oh,
             );
         };
-        match &self.pool {
-            Some(pool) if t_n * c.n_head > 1 => {
-                pool.install(|| out.par_chunks_mut(hd).enumerate().for_each(work));
-            }
-            _ => out.chunks_mut(hd).enumerate().for_each(work),
-        }
+        for_each_chunk(self.pool.as_deref(), &mut out, hd, work);
         out
     }
 
@@ -1437,20 +1433,6 @@ impl<'a> Model<'a> {
         }
         Ok(out)
     }
-}
-
-/// A pool of `threads` threads for attention; none for one thread (or if the
-/// OS refuses threads, when attention runs on the caller's).
-fn attention_pool(threads: usize) -> Option<rayon::ThreadPool> {
-    (threads > 1)
-        .then(|| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .thread_name(|i| format!("memwall-attention-{i}"))
-                .build()
-                .ok()
-        })
-        .flatten()
 }
 
 fn add(x: &mut [f32], y: &[f32]) {

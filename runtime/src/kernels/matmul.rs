@@ -2,9 +2,11 @@
 //! weight type's vec_dot type, then the weight rows are split across a
 //! persistent thread pool; each output is one [`Kernels`] dot product.
 
+use std::sync::Arc;
+
+use super::pool::{Pool, for_each_chunk};
 use super::{Activations, KernelError, Kernels, VecDotType};
 use crate::GgmlType;
-use rayon::prelude::*;
 
 /// A weight matrix as stored in a GGUF tensor: `rows` rows of `cols` weights
 /// of type `ty`, row-major (ggml's `ne[0] = cols`, `ne[1] = rows`).
@@ -75,7 +77,7 @@ const TOKEN_TILE: usize = 16;
 pub struct Matmul {
     kernels: Kernels,
     threads: usize,
-    pool: Option<rayon::ThreadPool>,
+    pool: Option<Arc<Pool>>,
     acts: Activations,
     scratch: Vec<f32>,
 }
@@ -95,14 +97,9 @@ impl Matmul {
     pub fn new(kernels: Kernels, threads: usize) -> Self {
         let threads = threads.max(1);
         let pool = (threads > 1)
-            .then(|| {
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .thread_name(|i| format!("memwall-matmul-{i}"))
-                    .build()
-                    .ok()
-            })
-            .flatten();
+            .then(|| Pool::new(threads))
+            .flatten()
+            .map(Arc::new);
         let threads = if pool.is_some() { threads } else { 1 };
         Matmul {
             kernels,
@@ -116,6 +113,12 @@ impl Matmul {
     /// The kernels used.
     pub fn kernels(&self) -> Kernels {
         self.kernels
+    }
+
+    /// The thread pool (none for one thread), shared with the other parallel
+    /// loops of a forward pass so that one set of workers serves them all.
+    pub fn pool(&self) -> Option<Arc<Pool>> {
+        self.pool.clone()
     }
 
     /// Threads used (1 if the pool could not be made).
@@ -136,7 +139,7 @@ impl Matmul {
             scratch,
             threads,
         } = self;
-        run(*kernels, pool.as_ref(), *threads, w, acts, y, scratch)
+        run(*kernels, pool.as_deref(), *threads, w, acts, y, scratch)
     }
 
     /// [`Matmul::matmul`] with activations already quantized (several
@@ -155,7 +158,7 @@ impl Matmul {
             threads,
             ..
         } = self;
-        run(*kernels, pool.as_ref(), *threads, w, acts, y, scratch)
+        run(*kernels, pool.as_deref(), *threads, w, acts, y, scratch)
     }
 }
 
@@ -173,7 +176,7 @@ pub fn matmul(
 
 fn run(
     kernels: Kernels,
-    pool: Option<&rayon::ThreadPool>,
+    pool: Option<&Pool>,
     threads: usize,
     w: &QMatrix<'_>,
     acts: &Activations,
@@ -208,22 +211,18 @@ fn run(
         .clamp(1, if t_n > 1 { 64 } else { usize::MAX });
     let dot = |r: usize, t: usize| kernels.dot_checked(w.ty, w.row(r), acts.row(t));
     if t_n == 1 {
-        let work = |(c, ys): (usize, &mut [f32])| {
+        for_each_chunk(pool, y, chunk, |c, ys| {
             for (i, v) in ys.iter_mut().enumerate() {
                 *v = dot(c * chunk + i, 0);
             }
-        };
-        match pool {
-            Some(p) => p.install(|| y.par_chunks_mut(chunk).enumerate().for_each(work)),
-            None => y.chunks_mut(chunk).enumerate().for_each(work),
-        }
+        });
         return Ok(());
     }
     // Several tokens: compute into `rows × t` so each work item owns a contiguous
     // range, each weight row read once per tile of tokens; then transpose.
     scratch.clear();
     scratch.resize(w.rows * t_n, 0.0);
-    let work = |(c, ys): (usize, &mut [f32])| {
+    for_each_chunk(pool, scratch, chunk * t_n, |c, ys| {
         let r0 = c * chunk;
         let nr = ys.len() / t_n;
         for t0 in (0..t_n).step_by(TOKEN_TILE) {
@@ -234,16 +233,7 @@ fn run(
                 }
             }
         }
-    };
-    match pool {
-        Some(p) => p.install(|| {
-            scratch
-                .par_chunks_mut(chunk * t_n)
-                .enumerate()
-                .for_each(work)
-        }),
-        None => scratch.chunks_mut(chunk * t_n).enumerate().for_each(work),
-    }
+    });
     for (r, vals) in scratch.chunks_exact(t_n).enumerate() {
         for (t, &v) in vals.iter().enumerate() {
             y[t * w.rows + r] = v;

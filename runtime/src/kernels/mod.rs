@@ -91,6 +91,7 @@
 
 mod arch;
 mod matmul;
+mod pool;
 mod scalar;
 
 use std::sync::OnceLock;
@@ -98,6 +99,7 @@ use std::sync::OnceLock;
 use crate::GgmlType;
 
 pub use matmul::{Matmul, QMatrix, matmul};
+pub use pool::{Pool, for_each_chunk};
 pub use scalar::{quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
 
 /// Weights per Q8_0 / Q8_1 block (`QK8_0`).
