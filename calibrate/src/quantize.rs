@@ -271,6 +271,9 @@ struct Spill {
     file: BufWriter<File>,
     at: u64,
     index: HashMap<String, (u64, u64)>,
+    /// Lists the scratch file for the signal handlers (after `file`: unlisted
+    /// once closed and removed).
+    _listed: memwall_runtime::cleanup::Registration,
 }
 
 impl Spill {
@@ -278,6 +281,7 @@ impl Spill {
         let mut name = out.file_name().unwrap_or_default().to_os_string();
         name.push(".calibrating");
         let path = out.with_file_name(name);
+        let listed = memwall_runtime::cleanup::register_file(&path);
         let file = File::options()
             .create(true)
             .truncate(true)
@@ -293,6 +297,7 @@ impl Spill {
             file: BufWriter::new(file),
             at: 0,
             index: HashMap::new(),
+            _listed: listed,
         })
     }
 

@@ -8,6 +8,7 @@ mod chat;
 mod commands;
 mod progress;
 mod render;
+mod signals;
 
 use std::process::ExitCode;
 
@@ -200,6 +201,10 @@ Each step prints the memwall command it runs, so the same steps work on your
 own model. tiny-zh is a 6.3M-parameter Chinese/English llama trained for
 memwall's tests (fixtures/tiny-zh); it is built into the binary.")]
     Demo(commands::demo::Args),
+    /// Internal: renders one chat template request (JSON on standard input)
+    /// with limited memory, for `memwall run --chat`.
+    #[command(name = "__render-template", hide = true)]
+    RenderTemplate,
 }
 
 /// Makes glibc return buffers of 128 KiB and more to the system when they are
@@ -233,6 +238,10 @@ fn execute(command: Command) -> anyhow::Result<()> {
         Command::Calibrate(command) => commands::calibrate::run(command),
         Command::Plan(args) => commands::plan::run(args),
         Command::Demo(args) => commands::demo::run(args),
+        Command::RenderTemplate => {
+            commands::limit_address_space(chat::RENDER_MEMORY_LIMIT)?;
+            chat::serve_render()
+        }
     }
 }
 
@@ -244,6 +253,7 @@ pub(crate) fn run_line(args: &[String]) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
+    signals::install();
     release_large_buffers();
     let cli = Cli::parse();
     let result = execute(cli.command);

@@ -122,8 +122,8 @@ pub enum ExportError {
         /// What is wrong.
         message: String,
     },
-    /// Writing the folder failed.
-    #[error("{}: {source}", path.display())]
+    /// Writing the folder failed (the cause is the error's source).
+    #[error("{}", path.display())]
     Io {
         /// The file or folder being written.
         path: PathBuf,
@@ -960,6 +960,8 @@ pub fn export(
         }
     }
     let partial = partial_dir(out);
+    // Removed by the signal handlers too (a Ctrl-C half way), until renamed.
+    let _listed = memwall_runtime::cleanup::register_dir(&partial);
     if partial.exists() {
         fs::remove_dir_all(&partial).map_err(io_error(&partial))?;
     }

@@ -8,6 +8,7 @@
 //!   and streaming, atomic writing.
 //! - [`model_info`]: hyper-parameters and tokenizer summary from metadata.
 //! - [`atomic`]: `<out>.partial` → fsync → rename, used by every writer.
+//! - [`cleanup`]: unfinished outputs that signal handlers remove before exiting.
 //! - [`direct`]: large outputs written around the page cache.
 //! - [`blocks`]: ggml block formats and scalar dequantization (the reference).
 //! - [`progress`]: the trait through which libraries report long work.
@@ -27,6 +28,7 @@
 
 pub mod atomic;
 pub mod blocks;
+pub mod cleanup;
 pub mod direct;
 pub mod eval;
 pub mod forward;

@@ -293,7 +293,12 @@ fn write(path: PathBuf, bytes: &[u8]) -> Result<()> {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("{}: cannot create", parent.display()))?;
     }
-    std::fs::write(&path, bytes).with_context(|| format!("{}: cannot write", path.display()))
+    // Atomically: a full disk leaves no torn copy among the demo's inputs.
+    let mut f = memwall_runtime::atomic::AtomicFile::create(&path)
+        .with_context(|| format!("{}: cannot write", path.display()))?;
+    std::io::Write::write_all(&mut f, bytes)
+        .and_then(|()| f.commit())
+        .with_context(|| format!("{}: cannot write", path.display()))
 }
 
 /// Writes the built-in tiny-zh checkpoint into `dir`.

@@ -22,6 +22,9 @@ use memwall_runtime::gguf::{GgufError, GgufModel, LoadMode, available_memory};
 
 /// A next step for the user, for errors where there is an obvious one.
 pub fn hint(err: &anyhow::Error) -> Option<&'static str> {
+    if let Some(hint) = os_error(err).and_then(os_hint) {
+        return Some(hint);
+    }
     if let Some(job) = err.chain().find_map(|e| e.downcast_ref::<JobError>()) {
         match job {
             JobError::NonFinite { .. } => {
@@ -60,6 +63,122 @@ pub fn hint(err: &anyhow::Error) -> Option<&'static str> {
         }
         GgufError::Io { .. } => "check that the path exists and is readable",
         GgufError::Write { .. } => return None,
+    })
+}
+
+/// Removes the scratch files `<prefix><pid><suffix>` in `dir` (and their
+/// `.partial`) that belong to a memwall process no longer running: one killed
+/// with SIGKILL, whose files no handler could remove.
+pub(crate) fn remove_stale_scratch(dir: &std::path::Path, prefix: &str, suffix: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let name_without_partial = name.strip_suffix(".partial").unwrap_or(name);
+        let pid = name_without_partial
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.strip_suffix(suffix))
+            .and_then(|pid| pid.parse::<libc::pid_t>().ok());
+        let Some(pid) = pid.filter(|&p| p > 0 && p != std::process::id() as libc::pid_t) else {
+            continue;
+        };
+        // SAFETY: signal 0 only checks whether the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } == -1
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Limits this process's address space (RLIMIT_AS) to `bytes`: an allocation
+/// past it fails, and Rust aborts the process, instead of the system running
+/// out of memory. For the child that renders a chat template.
+pub(crate) fn limit_address_space(bytes: u64) -> anyhow::Result<()> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read or fill the struct they are
+    // given and change only this process's limits.
+    let ok = unsafe {
+        libc::getrlimit(libc::RLIMIT_AS, &mut limit) == 0 && {
+            // A lower limit already set (`ulimit -v`) stays.
+            let bytes = (bytes as libc::rlim_t).min(limit.rlim_max);
+            limit.rlim_cur = bytes;
+            limit.rlim_max = bytes;
+            libc::setrlimit(libc::RLIMIT_AS, &limit) == 0
+        }
+    };
+    if !ok {
+        anyhow::bail!(
+            "cannot limit the memory of the chat template renderer: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
+}
+
+/// What to do about a failed read or write, by its OS error.
+fn os_hint(code: i32) -> Option<&'static str> {
+    Some(match code {
+        libc::EFBIG => {
+            "the file-size limit was reached (`ulimit -f`): raise it, or write the output elsewhere"
+        }
+        libc::ENOSPC | libc::EDQUOT => {
+            "the disk is full (or the quota used up): free some space, or write the output to \
+             another disk"
+        }
+        libc::EROFS => "the file system is read-only: write the output elsewhere",
+        libc::EACCES | libc::EPERM => {
+            "permission denied: check that the output folder is writable and the inputs readable"
+        }
+        libc::ENOTDIR => "a folder in the path is a file: check the output path",
+        _ => return None,
+    })
+}
+
+/// The OS error code behind a failed read or write, wherever the libraries
+/// keep it (some keep the `io::Error` as a field, not as the source).
+fn os_error(err: &anyhow::Error) -> Option<i32> {
+    use memwall_calibrate::CalibrateError;
+    fn gguf(g: &GgufError) -> Option<&std::io::Error> {
+        match g {
+            GgufError::Io { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+    let typed = err.chain().find_map(|e| {
+        let io = e
+            .downcast_ref::<std::io::Error>()
+            .or_else(|| e.downcast_ref::<GgufError>().and_then(gguf))
+            .or_else(|| match e.downcast_ref::<JobError>()? {
+                JobError::Io { error, .. } => Some(error),
+                JobError::Gguf(g) => gguf(g),
+                _ => None,
+            })
+            .or_else(|| match e.downcast_ref::<ConvertError>()? {
+                ConvertError::Gguf(g) => gguf(g),
+                _ => None,
+            })
+            .or_else(|| match e.downcast_ref::<ExportError>()? {
+                ExportError::Gguf(g) => gguf(g),
+                _ => None,
+            })
+            .or_else(|| match e.downcast_ref::<CalibrateError>()? {
+                CalibrateError::Io { error, .. } => Some(error),
+                CalibrateError::Gguf(g) => gguf(g),
+                _ => None,
+            });
+        io.and_then(std::io::Error::raw_os_error)
+    });
+    // Errors that reached here as text end with io::Error's "(os error N)".
+    typed.or_else(|| {
+        let text = err.root_cause().to_string();
+        let code = text.strip_suffix(')')?.rsplit_once("(os error ")?.1;
+        code.parse().ok()
     })
 }
 

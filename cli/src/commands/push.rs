@@ -340,8 +340,7 @@ pub fn run(args: Args) -> Result<()> {
     }
 
     // Send.
-    let tmp =
-        TempChunk(std::env::temp_dir().join(format!("memwall-push-{}.chunk", std::process::id())));
+    let tmp = TempChunk::new();
     for up in &mut uploads {
         if !up.skipped {
             up.send(&adb, chunk, &tmp, &bar, &|line: &str| say(line))?;
@@ -987,10 +986,25 @@ fn sh_quote(s: &str) -> String {
     }
 }
 
-/// The local file each chunk is staged in for `adb push`; removed on drop.
-struct TempChunk(PathBuf);
+/// The local file each chunk is staged in for `adb push`; removed on drop
+/// and by the signal handlers.
+struct TempChunk(
+    PathBuf,
+    #[allow(dead_code, reason = "held for its Drop, which unlists the path")]
+    memwall_runtime::cleanup::Registration,
+);
 
 impl TempChunk {
+    /// `memwall-push-<pid>.chunk` in the temporary folder, after removing
+    /// those of pushes that were killed (64 MiB each).
+    fn new() -> TempChunk {
+        let dir = std::env::temp_dir();
+        super::remove_stale_scratch(&dir, "memwall-push-", ".chunk");
+        let path = dir.join(format!("memwall-push-{}.chunk", std::process::id()));
+        let listed = memwall_runtime::cleanup::register_file(&path);
+        TempChunk(path, listed)
+    }
+
     fn write(&self, data: &[u8]) -> Result<()> {
         let mut file = File::create(&self.0)
             .with_context(|| format!("cannot create the temporary file {}", self.0.display()))?;

@@ -312,8 +312,25 @@ impl Progress for Tagged<'_> {
     }
 }
 
-/// A scratch file removed when dropped (the base's log-probabilities).
-pub(super) struct Scratch(pub PathBuf);
+/// A scratch file removed when dropped (the base's log-probabilities), and
+/// by the signal handlers.
+pub(super) struct Scratch(
+    pub PathBuf,
+    #[allow(dead_code, reason = "held for its Drop, which unlists the path")]
+    memwall_runtime::cleanup::Registration,
+);
+
+impl Scratch {
+    /// `.<stem>-base-<pid>.logits` in `dir`, after removing those of
+    /// comparisons that were killed.
+    pub(super) fn new(dir: &std::path::Path, stem: &str) -> Scratch {
+        let prefix = format!(".{stem}-base-");
+        super::super::remove_stale_scratch(dir, &prefix, ".logits");
+        let path = dir.join(format!("{prefix}{}.logits", std::process::id()));
+        let listed = memwall_runtime::cleanup::register_file(&path);
+        Scratch(path, listed)
+    }
+}
 
 impl Drop for Scratch {
     fn drop(&mut self) {

@@ -406,9 +406,7 @@ pub fn compare(opts: &Options, progress: &dyn Progress) -> Result<Report> {
     }
 
     // The base once: its perplexity and the log-probabilities every file is compared with.
-    let scratch = measure::Scratch(
-        cache_dir.join(format!(".{base_stem}-base-{}.logits", std::process::id())),
-    );
+    let scratch = measure::Scratch::new(&cache_dir, &base_stem);
     let started = std::time::Instant::now();
     let ppl = eval.base(&base, &opts.base, &windows.tokens, &scratch.0, progress)?;
     let base_seconds = started.elapsed().as_secs_f64();

@@ -4,7 +4,7 @@
 //! (memwall's own matrix-vector products on cache-resident weights), and
 //! storage reads (a file written, dropped from the page cache, read back).
 
-use std::io::{Read, Write};
+use std::io::{Read, Seek, Write};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -315,15 +315,22 @@ fn storage_read() -> Option<f64> {
     let path = dir.join(format!("memwall-measure-{}.tmp", std::process::id()));
     let result = (|| -> std::io::Result<f64> {
         let block = vec![0x5Au8; 4 << 20];
-        let mut f = std::fs::File::create(&path)?;
+        let mut f = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)?;
+        // Unlinked at once where the system allows (the open file stays
+        // usable): 256 MiB that nothing, not even SIGKILL, can leave behind.
+        #[cfg(unix)]
+        let _ = std::fs::remove_file(&path);
         for _ in 0..64 {
             f.write_all(&block)?;
         }
         f.sync_all()?;
-        drop(f);
-        let f = std::fs::File::open(&path)?;
         drop_cache(&f);
-        let mut f = f;
+        f.seek(std::io::SeekFrom::Start(0))?;
         let mut buf = vec![0u8; 4 << 20];
         let started = Instant::now();
         let mut total = 0usize;
