@@ -2,9 +2,13 @@
 //! `tokenizer.chat_template`, rendered with minijinja the way transformers
 //! renders it with jinja2 (`trim_blocks`, `lstrip_blocks`, Python's string
 //! methods, `raise_exception`, `strftime_now`), with a fuel limit so that a
-//! hostile template cannot run forever.
+//! hostile template cannot run forever and an output limit so that it cannot
+//! write without end.
 
-use anyhow::{Result, anyhow};
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow};
 use minijinja::{Environment, Error, ErrorKind, Value, context};
 use serde_json::json;
 
@@ -27,22 +31,81 @@ impl Message {
     }
 }
 
-/// Instructions a template may execute before it is stopped (a real template
-/// needs a few thousand per message).
-const FUEL: u64 = 50_000_000;
+/// Instructions a template may execute before it is stopped. Real templates
+/// need a few dozen (Qwen, Llama) to a few thousand (Gemma 4, the costliest
+/// of llama.cpp's collection: 3.6 million for 1000 messages) per message; a
+/// hostile one stops within about a second.
+pub(crate) const FUEL: u64 = 10_000_000;
+
+/// Output a template may write besides its inputs: the markup around the
+/// messages of a long conversation takes a few KB.
+const OUTPUT_SLACK: usize = 16 << 20;
+
+/// The most a template may write for `input` bytes of messages and special
+/// tokens: each input a few times over (a template may repeat the system
+/// prompt or the last message) plus [`OUTPUT_SLACK`].
+pub(crate) fn output_limit(input: usize) -> usize {
+    input.saturating_mul(4).saturating_add(OUTPUT_SLACK)
+}
+
+/// A byte sink that refuses to grow past its limit, so that rendering stops
+/// at the first write over it instead of filling memory.
+struct Capped {
+    out: Vec<u8>,
+    limit: usize,
+    full: bool,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.out.len() + buf.len() > self.limit {
+            self.full = true;
+            return Err(std::io::Error::other("output limit"));
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The hidden subcommand of the memwall binary that renders one template in
+/// a child process ([`ChatTemplate::render_isolated`], [`serve_render`]).
+pub(crate) const RENDER_SUBCOMMAND: &str = "__render-template";
+
+/// Address space (RLIMIT_AS) of the child that renders a template: minijinja
+/// has no memory limit, and `('x' * 99999999)|list` asks for gigabytes in one
+/// instruction, which aborts the process. Real templates render in a few MB
+/// (the child's binary and heap included, well under 100 MB).
+pub(crate) const RENDER_MEMORY_LIMIT: u64 = 1 << 30;
+
+/// Wall-clock time the child may take; the fuel limit stops it within about
+/// a second, this is for whatever else keeps it from answering.
+const RENDER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// The source, for the child of [`ChatTemplate::render_isolated`].
+    source: String,
+    fuel: u64,
 }
 
 impl ChatTemplate {
     /// Compiles `source`.
     pub fn new(source: &str) -> Result<ChatTemplate> {
+        Self::with_fuel(source, FUEL)
+    }
+
+    /// Compiles `source` with another fuel limit: the fuzz target's
+    /// instrumented build runs each instruction about ten times slower.
+    pub(crate) fn with_fuel(source: &str, fuel: u64) -> Result<ChatTemplate> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
-        env.set_fuel(Some(FUEL));
+        env.set_fuel(Some(fuel));
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function(
@@ -56,11 +119,94 @@ impl ChatTemplate {
         });
         env.add_template_owned("chat".to_owned(), source.to_owned())
             .map_err(|e| anyhow!("the chat template does not compile: {e}"))?;
-        Ok(ChatTemplate { env })
+        Ok(ChatTemplate {
+            env,
+            source: source.to_owned(),
+            fuel,
+        })
+    }
+
+    /// Renders `messages` as [`ChatTemplate::render`] does, but in a child
+    /// process (`memwall __render-template`) whose memory is limited to
+    /// [`RENDER_MEMORY_LIMIT`] and which is killed after [`RENDER_TIMEOUT`]:
+    /// the template comes from the model file, and running out of memory
+    /// would abort memwall itself. Spawning takes a few milliseconds, once per
+    /// turn of a conversation.
+    pub fn render_isolated(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<String> {
+        let request = json!({
+            "template": self.source,
+            "fuel": self.fuel,
+            "messages": messages
+                .iter()
+                .map(|m| json!({"role": m.role, "content": m.content}))
+                .collect::<Vec<_>>(),
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": bos_token,
+            "eos_token": eos_token,
+        })
+        .to_string();
+        let exe = std::env::current_exe()
+            .context("cannot find the memwall binary to render the chat template")?;
+        let mut child = std::process::Command::new(exe)
+            .arg(RENDER_SUBCOMMAND)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("cannot start a process to render the chat template")?;
+        let (Some(mut stdin), Some(mut stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(anyhow!("the chat template renderer has no pipes"));
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // The child reads its whole request before it writes anything.
+            let wrote = stdin.write_all(request.as_bytes());
+            drop(stdin);
+            let mut out = Vec::new();
+            let read = stdout.read_to_end(&mut out);
+            let _ = tx.send((wrote.is_ok() && read.is_ok()).then_some(out));
+        });
+        let received = rx.recv_timeout(RENDER_TIMEOUT);
+        if received.is_err() {
+            let _ = child.kill();
+        }
+        let status = child
+            .wait()
+            .context("waiting for the chat template renderer")?;
+        let Ok(output) = received else {
+            return Err(anyhow!(
+                "the chat template took more than {} s to render (the model's template is \
+                 hostile or broken); run without --chat to use plain prompts",
+                RENDER_TIMEOUT.as_secs()
+            ));
+        };
+        let response = output
+            .filter(|_| status.success())
+            .and_then(|out| serde_json::from_slice::<serde_json::Value>(&out).ok());
+        match response {
+            Some(v) if v["text"].is_string() => Ok(v["text"].as_str().unwrap_or("").to_owned()),
+            Some(v) if v["error"].is_string() => {
+                Err(anyhow!("{}", v["error"].as_str().unwrap_or("")))
+            }
+            _ => Err(anyhow!(
+                "the chat template used more than {} GiB of memory or crashed while rendering \
+                 (the model's template is hostile or broken); run without --chat to use plain \
+                 prompts",
+                RENDER_MEMORY_LIMIT >> 30
+            )),
+        }
     }
 
     /// Renders `messages`, ending with the assistant's turn opened when
-    /// `add_generation_prompt`.
+    /// `add_generation_prompt`, in this process: with no memory limit, so for
+    /// templates from model files only in the child of
+    /// [`ChatTemplate::render_isolated`].
     pub fn render(
         &self,
         messages: &[Message],
@@ -73,15 +219,77 @@ impl ChatTemplate {
             .map(|m| json!({"role": m.role, "content": m.content}))
             .collect();
         let template = self.env.get_template("chat")?;
-        template
-            .render(context! {
-                messages => Value::from_serialize(&list),
-                add_generation_prompt => add_generation_prompt,
-                bos_token => bos_token,
-                eos_token => eos_token,
-            })
-            .map_err(|e| anyhow!("the chat template failed: {e}"))
+        let input = messages
+            .iter()
+            .map(|m| m.role.len() + m.content.len())
+            .sum::<usize>()
+            + bos_token.len()
+            + eos_token.len();
+        let mut out = Capped {
+            out: Vec::new(),
+            limit: output_limit(input),
+            full: false,
+        };
+        let ctx = context! {
+            messages => Value::from_serialize(&list),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => bos_token,
+            eos_token => eos_token,
+        };
+        if let Err(e) = template.render_captured_to(ctx, &mut out) {
+            if out.full {
+                return Err(anyhow!(
+                    "the chat template failed: it writes more than {} bytes for {input} bytes of messages",
+                    out.limit
+                ));
+            }
+            return Err(anyhow!("the chat template failed: {e}"));
+        }
+        // minijinja writes whole strings, and the inputs are strings.
+        String::from_utf8(out.out)
+            .map_err(|_| anyhow!("the chat template failed: its output is not UTF-8"))
     }
+}
+
+/// `memwall __render-template`: reads a request of
+/// [`ChatTemplate::render_isolated`] from standard input, renders it in this
+/// process and writes `{"text": …}` or `{"error": …}` to standard output. The
+/// caller has limited this process's memory.
+pub(crate) fn serve_render() -> Result<()> {
+    let mut input = Vec::new();
+    std::io::stdin().read_to_end(&mut input)?;
+    let request: serde_json::Value = serde_json::from_slice(&input)?;
+    let text = |key: &str| request[key].as_str().unwrap_or("");
+    let messages: Vec<Message> = request["messages"]
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .map(|m| {
+                    Message::new(
+                        m["role"].as_str().unwrap_or(""),
+                        m["content"].as_str().unwrap_or(""),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let fuel = request["fuel"].as_u64().unwrap_or(FUEL);
+    let rendered = ChatTemplate::with_fuel(text("template"), fuel).and_then(|t| {
+        t.render(
+            &messages,
+            request["add_generation_prompt"].as_bool().unwrap_or(false),
+            text("bos_token"),
+            text("eos_token"),
+        )
+    });
+    let response = match rendered {
+        Ok(text) => json!({ "text": text }),
+        Err(e) => json!({ "error": e.to_string() }),
+    };
+    let mut out = std::io::stdout().lock();
+    out.write_all(response.to_string().as_bytes())?;
+    out.flush()?;
+    Ok(())
 }
 
 /// The date as `strftime` would format it, for the few codes templates use
@@ -160,6 +368,24 @@ mod tests {
         // An endless loop runs out of fuel instead of hanging.
         let t = ChatTemplate::new("{% for i in range(1000000000) %}x{% endfor %}").unwrap();
         assert!(t.render(&[], false, "", "").is_err());
+        // Endless output stops at the limit, naming it.
+        let t =
+            ChatTemplate::new("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}").unwrap();
+        let err = t.render(&[], false, "", "").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "the chat template failed: it writes more than 16777216 bytes for 0 bytes of messages"
+        );
+        // Found by the chat_template fuzz target: a billion iterations of nested
+        // loops, each under range()'s limit, took 4 s of 50 million fuel in a
+        // release build (over 10 s in the fuzzer's); 10 million stop it sooner.
+        let t = ChatTemplate::new(
+            "{% for a in range(1000) %}{% for b in range(1000) %}{% for c in range(1000) %}\
+             {{ a ~ b ~ c }}{% endfor %}{% endfor %}{% endfor %}",
+        )
+        .unwrap();
+        let err = t.render(&[], false, "", "").unwrap_err().to_string();
+        assert!(err.contains("engine ran out of fuel"), "{err}");
         let t = ChatTemplate::new("{{ raise_exception('no system role') }}").unwrap();
         let err = t.render(&[], false, "", "").unwrap_err().to_string();
         assert!(err.contains("no system role"), "{err}");

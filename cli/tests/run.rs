@@ -236,3 +236,44 @@ fn bench_sweeps_and_recommends() {
     assert!(v["recommended"]["prompt"]["threads"].as_u64().is_some());
     assert_eq!(v["recommended"]["decode"]["n_batch"], 1);
 }
+
+/// A copy of tiny-zh whose chat template is `template`, padded with spaces to
+/// the length of the original so that nothing else in the file moves.
+fn tiny_with_template(dir: &std::path::Path, template: &str) -> std::path::PathBuf {
+    let mut bytes = std::fs::read(repo().join(TINY)).unwrap();
+    let key = b"tokenizer.chat_template";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    // Value type (u32, 8 = string), then the string's length (u64) and bytes.
+    assert_eq!(bytes[at..at + 4], 8u32.to_le_bytes());
+    let len = u64::from_le_bytes(bytes[at + 4..at + 12].try_into().unwrap()) as usize;
+    assert!(template.len() <= len);
+    let start = at + 12;
+    bytes[start..start + len].fill(b' ');
+    bytes[start..start + template.len()].copy_from_slice(template.as_bytes());
+    let path = dir.join("hostile.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+#[test]
+fn a_template_that_eats_memory_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_with_template(dir.path(), "{{ ('x'*99999999)|list|length }}");
+    let start = std::time::Instant::now();
+    let out = memwall(&["run", "-m", model.to_str().unwrap(), "--chat", "-p", "hi"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("the chat template used more than 1 GiB of memory or crashed"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("without --chat"), "{stderr}");
+    assert!(start.elapsed().as_secs() < 10, "{:?}", start.elapsed());
+    // An ordinary template error still comes back from the child as itself.
+    let model = tiny_with_template(dir.path(), "{{ raise_exception('no system role') }}");
+    let out = memwall(&["run", "-m", model.to_str().unwrap(), "--chat", "-p", "hi"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("the chat template failed: "), "{stderr}");
+    assert!(stderr.contains("no system role"), "{stderr}");
+}

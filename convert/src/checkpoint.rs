@@ -184,6 +184,19 @@ impl Checkpoint {
             }
             shards.push((path, map));
         }
+        // A name in two shards would make the checkpoint ambiguous (and the
+        // index check below blind to it: it sees one shard per name).
+        // llama.cpp's converter stops there too ("Duplicated tensor name").
+        let mut first_shard: BTreeMap<&str, usize> = BTreeMap::new();
+        for t in &tensors {
+            if let Some(&first) = first_shard.get(t.name.as_str()) {
+                return Err(invalid(
+                    &dir.join(&shard_names[t.shard]),
+                    format!("tensor {} is also in {}", t.name, shard_names[first]),
+                ));
+            }
+            first_shard.insert(&t.name, t.shard);
+        }
         if let Some(index) = index {
             let found: BTreeMap<&str, &str> = tensors
                 .iter()

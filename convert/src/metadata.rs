@@ -39,13 +39,31 @@ impl Hparams<'_> {
     }
 
     fn float(&self, keys: &[&str]) -> Result<Option<f32>, String> {
-        self.find(keys)
-            .map(|v| {
-                v.as_f64()
-                    .map(|f| f as f32)
-                    .ok_or_else(|| format!("config.json: {} must be a number, got {v}", keys[0]))
-            })
-            .transpose()
+        match self.find(keys) {
+            None => Ok(None),
+            Some(v) if v.is_number() => float32(keys[0], v),
+            Some(v) => Err(format!(
+                "config.json: {} must be a number, got {v}",
+                keys[0]
+            )),
+        }
+    }
+}
+
+/// A JSON number as the float32 gguf-py writes (`None` when it is not a
+/// number). gguf-py's `struct.pack` refuses a number that overflows float32,
+/// so memwall does too rather than write infinity.
+fn float32(key: &str, v: &serde_json::Value) -> Result<Option<f32>, String> {
+    let Some(f) = v.as_f64() else {
+        return Ok(None);
+    };
+    let x = f as f32;
+    if x.is_finite() {
+        Ok(Some(x))
+    } else {
+        Err(format!(
+            "config.json: {key} = {v} does not fit a 32-bit float"
+        ))
     }
 }
 
@@ -128,20 +146,20 @@ pub fn hparams(
     let rope_type = rope_get("rope_type")
         .or_else(|| rope_get("type"))
         .and_then(|v| v.as_str());
-    let rope_f32 = |k: &str| rope_get(k).and_then(|v| v.as_f64()).map(|f| f as f32);
+    let rope_f32 = |k: &str| rope_get(k).map_or(Ok(None), |v| float32(k, v));
     match rope_type {
         // llama3 is written as the rope_freqs tensor (tensors::llama3_rope_factors) for
         // llama; llama.cpp writes nothing for it elsewhere, nor for dynamic scaling.
         None | Some("default") | Some("dynamic") => {}
         Some(t) if t.eq_ignore_ascii_case("llama3") => {}
         Some("linear") => {
-            if let Some(f) = rope_f32("factor") {
+            if let Some(f) = rope_f32("factor")? {
                 meta.set(key("rope.scaling.type"), "linear");
                 meta.set(key("rope.scaling.factor"), Value::F32(f));
             }
         }
         Some("yarn") => {
-            if let Some(f) = rope_f32("factor") {
+            if let Some(f) = rope_f32("factor")? {
                 meta.set(key("rope.scaling.type"), "yarn");
                 meta.set(key("rope.scaling.factor"), Value::F32(f));
                 let original = rope_get("original_max_position_embeddings")
@@ -155,15 +173,18 @@ pub fn hparams(
                     key("rope.scaling.original_context_length"),
                     Value::U32(original),
                 );
-                let attn = rope_f32("attention_factor").or_else(|| rope_f32("attn_factor"));
+                let attn = match rope_f32("attention_factor")? {
+                    Some(a) => Some(a),
+                    None => rope_f32("attn_factor")?,
+                };
                 for (k, v) in [
                     (
                         "rope.scaling.yarn_ext_factor",
-                        rope_f32("extrapolation_factor"),
+                        rope_f32("extrapolation_factor")?,
                     ),
                     ("rope.scaling.yarn_attn_factor", attn),
-                    ("rope.scaling.yarn_beta_fast", rope_f32("beta_fast")),
-                    ("rope.scaling.yarn_beta_slow", rope_f32("beta_slow")),
+                    ("rope.scaling.yarn_beta_fast", rope_f32("beta_fast")?),
+                    ("rope.scaling.yarn_beta_slow", rope_f32("beta_slow")?),
                 ] {
                     if let Some(v) = v {
                         meta.set(key(k), Value::F32(v));
@@ -182,9 +203,7 @@ pub fn hparams(
             ));
         }
     }
-    let theta = rope_get("rope_theta")
-        .and_then(|v| v.as_f64())
-        .map(|f| f as f32);
+    let theta = rope_f32("rope_theta")?;
     let theta = match theta {
         Some(t) => Some(t),
         None => h.float(&[

@@ -190,6 +190,13 @@ pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<Vocab, Str
             "token id {max_id} is not below the model's vocab_size {vocab_size}"
         ));
     }
+    // Every id up to vocab_size gets a token string: bound it before allocating
+    // (as load_sentencepiece does; the embedding has vocab_size rows).
+    if vocab_size > 1 << 24 {
+        return Err(format!(
+            "config.json: vocab_size {vocab_size} is implausibly large"
+        ));
+    }
     for i in 0..vocab_size {
         let Some(token) = by_id.get(&i) else {
             v.tokens.push(format!("[PAD{i}]"));
@@ -217,19 +224,38 @@ pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<Vocab, Str
     }
 
     // Merges: strings, or pairs (spaces inside a pair encoded as U+0120).
+    // Both parts and their join must be tokens of model.vocab, as the
+    // tokenizers library (and so llama.cpp's converter) requires: a merge into
+    // a missing token would make the runtime drop the bytes of that piece.
     if let Some(merges) = model["merges"].as_array() {
-        for m in merges {
-            match m {
-                Json::String(s) => v.merges.push(s.clone()),
+        for (i, m) in merges.iter().enumerate() {
+            // The tokenizers library skips a "#version" header line; gguf-py copies it.
+            if let Json::String(s) = m
+                && s.starts_with("#version")
+            {
+                v.merges.push(s.clone());
+                continue;
+            }
+            let (left, right) = match m {
+                Json::String(s) => match s.split(' ').collect::<Vec<_>>()[..] {
+                    [left, right] => (left, right),
+                    _ => {
+                        return Err(format!(
+                            "{}: model.merges[{i}] {s:?} is not two tokens separated by a space",
+                            tokenizer_path.display()
+                        ));
+                    }
+                },
                 Json::Array(pair) if pair.len() == 2 => {
-                    let part = |p: &Json| -> Result<String, String> {
-                        let s = p.as_str().ok_or("merge pair of non-strings")?;
-                        Ok(s.chars()
-                            .map(|c| if c == ' ' { '\u{120}' } else { c })
-                            .collect())
-                    };
-                    v.merges
-                        .push(format!("{} {}", part(&pair[0])?, part(&pair[1])?));
+                    match (pair[0].as_str(), pair[1].as_str()) {
+                        (Some(left), Some(right)) => (left, right),
+                        _ => {
+                            return Err(format!(
+                                "{}: model.merges[{i}] is a pair of non-strings",
+                                tokenizer_path.display()
+                            ));
+                        }
+                    }
                 }
                 _ => {
                     return Err(format!(
@@ -237,11 +263,31 @@ pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<Vocab, Str
                         tokenizer_path.display()
                     ));
                 }
+            };
+            let joined = format!("{left}{right}");
+            if let Some(t) = [left, right, joined.as_str()]
+                .into_iter()
+                .find(|t| !vocab.contains_key(*t))
+            {
+                return Err(format!(
+                    "{}: model.merges[{i}] ({left:?}, {right:?}) needs the token {t:?}, which model.vocab does not have",
+                    tokenizer_path.display()
+                ));
             }
+            let part = |s: &str| -> String {
+                s.chars()
+                    .map(|c| if c == ' ' { '\u{120}' } else { c })
+                    .collect()
+            };
+            v.merges.push(format!("{} {}", part(left), part(right)));
         }
     }
 
-    let sv = special_vocab(dir, config, Some(&tokenizer), tc, usize::MAX)?;
+    // gguf-py reads BPE special ids without a vocabulary size and writes an id
+    // past the vocabulary, which llama.cpp ignores when loading (memwall's
+    // runtime refuses it); skip such ids here, as for SentencePiece.
+    let n_vocab = v.tokens.len();
+    let sv = special_vocab(dir, config, Some(&tokenizer), tc, n_vocab)?;
     v.special = sv.special;
     v.add = sv.add;
     v.chat_template = sv.chat_template;

@@ -205,3 +205,127 @@ fn weights_that_do_not_match_the_config_are_listed() {
         "{err}"
     );
 }
+
+/// A safetensors file of F32 tensors of one element each.
+fn safetensors(names: &[&str]) -> Vec<u8> {
+    let entries: Vec<String> = (0..)
+        .zip(names)
+        .map(|(i, n)| {
+            format!(
+                r#""{n}":{{"dtype":"F32","shape":[1],"data_offsets":[{},{}]}}"#,
+                4 * i,
+                4 * i + 4
+            )
+        })
+        .collect();
+    let header = format!("{{{}}}", entries.join(","));
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(header.as_bytes());
+    out.resize(out.len() + 4 * names.len(), 0);
+    out
+}
+
+/// Found by the `safetensors_index` fuzz target: a tensor held by two shards,
+/// listed in the index under the second, was read twice (the index check only
+/// saw one shard per name).
+#[test]
+fn fuzz_tensor_in_two_shards_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("config.json"), "{}").unwrap();
+    let (first, second) = (
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    );
+    let index = serde_json::json!({"weight_map": {"a": second, "b": first}});
+    std::fs::write(d.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    std::fs::write(d.join(first), safetensors(&["a", "b"])).unwrap();
+    std::fs::write(d.join(second), safetensors(&["a"])).unwrap();
+    assert_eq!(
+        open_err(d),
+        format!("{}: tensor a is also in {first}", d.join(second).display())
+    );
+}
+
+fn load_bpe_err(tokenizer: &serde_json::Value, config: &serde_json::Value) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let err = memwall_convert::vocab::load_bpe(dir.path(), config, "qwen2").unwrap_err();
+    err.replace(&dir.path().display().to_string(), "DIR")
+}
+
+fn tiny_bpe(merges: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": merges}})
+}
+
+/// Found by the `tokenizer_json` fuzz target: a merge whose result is not a
+/// token was accepted (the tokenizers library, and so llama.cpp's converter,
+/// refuses it); the runtime then dropped the bytes of that piece when encoding.
+#[test]
+fn fuzz_bpe_merge_into_missing_token_is_refused() {
+    let config = serde_json::json!({});
+    assert_eq!(
+        load_bpe_err(&tiny_bpe(serde_json::json!(["a b", "ab b"])), &config),
+        r#"DIR/tokenizer.json: model.merges[1] ("ab", "b") needs the token "abb", which model.vocab does not have"#
+    );
+    assert_eq!(
+        load_bpe_err(&tiny_bpe(serde_json::json!([["a", "c"]])), &config),
+        r#"DIR/tokenizer.json: model.merges[0] ("a", "c") needs the token "c", which model.vocab does not have"#
+    );
+    assert_eq!(
+        load_bpe_err(&tiny_bpe(serde_json::json!(["a b c"])), &config),
+        r#"DIR/tokenizer.json: model.merges[0] "a b c" is not two tokens separated by a space"#
+    );
+}
+
+/// Found by the `tokenizer_json` fuzz target: `vocab_size` was not bounded
+/// before one `[PADi]` string per id was made (1e11 ids: out of memory).
+#[test]
+fn fuzz_bpe_huge_vocab_size_is_refused() {
+    let config = serde_json::json!({"vocab_size": 100_000_000_000u64});
+    assert_eq!(
+        load_bpe_err(&tiny_bpe(serde_json::json!(["a b"])), &config),
+        "config.json: vocab_size 100000000000 is implausibly large"
+    );
+}
+
+/// Found by the `tokenizer_json` fuzz target: a special id from config.json
+/// past the vocabulary was kept (and truncated to u32 past 2^32); the runtime
+/// refuses such a file. Ids past the vocabulary are skipped, as for SentencePiece.
+#[test]
+fn fuzz_bpe_special_id_past_the_vocabulary_is_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokenizer = tiny_bpe(serde_json::json!(["a b"]));
+    std::fs::write(dir.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let config =
+        serde_json::json!({"pad_token_id": 5000, "eos_token_id": 4294967298u64, "bos_token_id": 1});
+    let v = memwall_convert::vocab::load_bpe(dir.path(), &config, "qwen2").unwrap();
+    assert_eq!(v.special, vec![("bos", 1)]);
+}
+
+/// Found by the `hf_config` fuzz target: a float that overflows float32 was
+/// written as infinity (gguf-py refuses to pack it).
+#[test]
+fn fuzz_f32_overflow_in_config_is_refused() {
+    use memwall_convert::metadata::hparams;
+    let arch = Arch::for_class("LlamaForCausalLM").unwrap();
+    let base = serde_json::json!({"num_hidden_layers": 1, "vocab_size": 10, "hidden_size": 8,
+        "num_attention_heads": 2});
+    let err = |key: &str, value: serde_json::Value| {
+        let mut config = base.clone();
+        config[key] = value;
+        let mut meta = memwall_runtime::gguf::Metadata::new();
+        hparams(&mut meta, &config, arch, OutType::F16).unwrap_err()
+    };
+    assert_eq!(
+        err("rms_norm_eps", serde_json::json!(1e39)),
+        "config.json: rms_norm_eps = 1e+39 does not fit a 32-bit float"
+    );
+    assert_eq!(
+        err(
+            "rope_scaling",
+            serde_json::json!({"type": "linear", "factor": -1e300})
+        ),
+        "config.json: factor = -1e+300 does not fit a 32-bit float"
+    );
+}

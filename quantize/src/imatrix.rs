@@ -73,6 +73,18 @@ impl Imatrix {
                     message: format!("entry {name} has a non-finite value at index {i}"),
                 });
             }
+            // Means of squares cannot be negative; a negative weight would
+            // turn the encoders' weighted least squares into nonsense.
+            if let Some(i) = values.iter().position(|v| *v < 0.0) {
+                return Err(ImatrixError::Format {
+                    path: path.to_owned(),
+                    message: format!(
+                        "entry {name} has a negative value ({}) at index {i}; \
+                         importance values are means of squared activations",
+                        values[i]
+                    ),
+                });
+            }
         }
         Ok(imatrix)
     }
@@ -137,6 +149,10 @@ impl Imatrix {
             };
             let sums = data_at(sums)?;
             let counts = data_at(counts)?;
+            // A tensor may have a zero dimension; there is nothing to split then.
+            if sums.is_empty() {
+                return Err(format!("{name}: the in_sum2 tensor has no values"));
+            }
             if counts.is_empty() || sums.len() % counts.len() != 0 {
                 return Err(format!(
                     "{name}: {} sums do not split into {} experts",
@@ -156,6 +172,10 @@ impl Imatrix {
                 }
             }
             entries.insert(name.to_owned(), values);
+        }
+        // As for a legacy file: an imatrix without entries is not one.
+        if entries.is_empty() {
+            return Err("no data: no tensor is named <weight>.in_sum2 or <weight>.counts".into());
         }
         Ok(Imatrix {
             entries,

@@ -286,3 +286,131 @@ fn q2_k_s_needs_an_imatrix_to_run_but_not_to_plan() {
     );
     nothing_at(&out);
 }
+
+/// An imatrix in llama-imatrix's GGUF format with one entry
+/// `blk.0.ffn_up.weight`: `sums` shaped `sums_dims`, one count of `count`.
+fn gguf_imatrix(path: &Path, sums_dims: Vec<u64>, sums: &[f32], count: f32) {
+    let mut meta = Metadata::new();
+    meta.set("general.type", "imatrix");
+    meta.set(
+        "imatrix.datasets",
+        memwall_runtime::gguf::Array::String(vec!["wiki.txt".into()]),
+    );
+    meta.set("imatrix.chunk_count", 1u32);
+    meta.set("imatrix.chunk_size", 512u32);
+    let spec = |name: &str, dims: Vec<u64>| TensorSpec {
+        name: name.into(),
+        dims,
+        ty: GgmlType::F32,
+    };
+    let specs = vec![
+        spec("blk.0.ffn_up.weight.in_sum2", sums_dims),
+        spec("blk.0.ffn_up.weight.counts", vec![1]),
+    ];
+    let mut w = GgufWriter::create(path, 3, meta, specs).unwrap();
+    // The writer takes no data for an empty tensor.
+    if !sums.is_empty() {
+        w.write_tensor("blk.0.ffn_up.weight.in_sum2", &f32_bytes(sums))
+            .unwrap();
+    }
+    w.write_tensor("blk.0.ffn_up.weight.counts", &f32_bytes(&[count]))
+        .unwrap();
+    w.commit().unwrap();
+}
+
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Found by the `imatrix` fuzz target: llama-imatrix's MoE file with some
+/// sums overwritten by negative numbers loaded, and the negative weights went
+/// on into the weighted encoders. Both formats now refuse them, naming the
+/// entry and the index.
+#[test]
+fn fuzz_negative_imatrix_values_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("negative.gguf");
+    gguf_imatrix(&gguf, vec![3], &[2.0, -0.0, -4.0], 2.0);
+    let err = Imatrix::load(&gguf).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "{}: entry blk.0.ffn_up.weight has a negative value (-2) at index 2; \
+             importance values are means of squared activations",
+            gguf.display()
+        )
+    );
+
+    // Legacy: one entry of two values, one call.
+    let name = b"blk.0.ffn_up.weight";
+    let mut dat = Vec::new();
+    dat.extend(1i32.to_le_bytes());
+    dat.extend((name.len() as i32).to_le_bytes());
+    dat.extend(name);
+    dat.extend(1i32.to_le_bytes());
+    dat.extend(2i32.to_le_bytes());
+    dat.extend(f32_bytes(&[-1.5, 1.0]));
+    let legacy = dir.path().join("negative.dat");
+    std::fs::write(&legacy, dat).unwrap();
+    let err = Imatrix::load(&legacy).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "{}: entry blk.0.ffn_up.weight has a negative value (-1.5) at index 0; \
+             importance values are means of squared activations",
+            legacy.display()
+        )
+    );
+}
+
+/// Found by the `imatrix` fuzz target: an `in_sum2` tensor with a zero
+/// dimension gave zero values per expert, and splitting the sums into
+/// chunks of zero panicked.
+#[test]
+fn fuzz_empty_imatrix_sums_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("empty.gguf");
+    gguf_imatrix(&gguf, vec![0], &[], 1.0);
+    let err = Imatrix::load(&gguf).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "{}: blk.0.ffn_up.weight: the in_sum2 tensor has no values",
+            gguf.display()
+        )
+    );
+}
+
+/// Found by the `imatrix` fuzz target: a GGUF file with the imatrix metadata
+/// and tensors, none named `<weight>.in_sum2` or `<weight>.counts`, loaded as
+/// an importance matrix with no entries (a legacy file without entries is
+/// refused).
+#[test]
+fn fuzz_gguf_imatrix_without_entries_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("no-entries.gguf");
+    let mut meta = Metadata::new();
+    meta.set(
+        "imatrix.datasets",
+        memwall_runtime::gguf::Array::String(vec![]),
+    );
+    meta.set("imatrix.chunk_count", 1u32);
+    meta.set("imatrix.chunk_size", 512u32);
+    let spec = TensorSpec {
+        name: "blk.0.ffn_up.weight.in_sum".into(),
+        dims: vec![1],
+        ty: GgmlType::F32,
+    };
+    let mut w = GgufWriter::create(&gguf, 3, meta, vec![spec]).unwrap();
+    w.write_tensor("blk.0.ffn_up.weight.in_sum", &f32_bytes(&[1.0]))
+        .unwrap();
+    w.commit().unwrap();
+    let err = Imatrix::load(&gguf).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "{}: no data: no tensor is named <weight>.in_sum2 or <weight>.counts",
+            gguf.display()
+        )
+    );
+}

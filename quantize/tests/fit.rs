@@ -122,3 +122,47 @@ fn moe_tokens_read_only_their_experts() {
     assert!((3.0e9..3.6e9).contains(&(active as f64)), "{active}");
     assert!(per_token * 6 < w.bytes(), "{per_token} of {}", w.bytes());
 }
+
+/// Found by the `hf_config` fuzz target: every field of this Mixtral config is
+/// within its own bound, but together they make about 2^67 weights, and the sums
+/// `memwall plan` makes over the tensor list overflowed u64.
+#[test]
+fn fuzz_weight_count_overflow_is_refused() {
+    let text = std::fs::read_to_string(
+        repo().join("fuzz/seeds/hf_config/regression-weight-count-overflow.json"),
+    )
+    .unwrap();
+    let config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        Shape::from_hf_config(&config).unwrap_err(),
+        "the shape has 221360946502473633792 weights; expected at most 17592186044416 (2^44)"
+    );
+}
+
+/// Found by the `device_toml` fuzz target: `to_toml` (what `plan
+/// --measure-host` saves) rounded to two or three decimals, so a slow storage
+/// (0.004 GB/s → `0.00`) or compute rate (→ `0.000`) saved a profile that was
+/// refused when loaded; and a reserve a few bytes below the RAM passed the
+/// check in GiB but equalled it in bytes, leaving 0 bytes usable.
+#[test]
+fn fuzz_saved_device_profiles_load_back() {
+    use memwall_quantize::fit::device::parse_all;
+    let text = "name = \"slow\"\nram_gb = 0.2\nos_reserve_gb = 0.1\nram_bandwidth_gbs = 0.01\n\
+                bandwidth_efficiency = 0.011\nstorage_read_gbs = 0.004\nthreads = 1\n\
+                compute_gweights_s = 0.0015\ndispatch_us = 100000\ncache_mb = 0.5\n\
+                [compute]\nQ4_K = 0.0004\n[streaming]\nQ8_0 = 0.00025\n";
+    let device = parse_all(text).unwrap().remove(0);
+    let saved = device.to_toml();
+    let back = parse_all(&saved).unwrap_or_else(|e| panic!("{e}\n{saved}"));
+    assert_eq!(back, vec![device]);
+
+    let err = parse_all(&text.replace(
+        "ram_gb = 0.2\nos_reserve_gb = 0.1",
+        "ram_gb = 0.1250000001\nos_reserve_gb = 0.12500000005",
+    ))
+    .unwrap_err();
+    assert_eq!(
+        err,
+        "os_reserve_gb (0.12500000005) must be less than ram_gb (0.1250000001)"
+    );
+}

@@ -348,7 +348,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     if let Some(prompt) = prompt {
         messages.push(Message::new("user", &prompt));
-        let text = template.render(&messages, true, &bos, &eos)?;
+        let text = template.render_isolated(&messages, true, &bos, &eos)?;
         let tokens = engine.tokenizer.encode(&text, false, true);
         return one_shot(&mut engine, &tokens, &args, None);
     }
@@ -463,7 +463,7 @@ fn repl(
             _ => {}
         }
         messages.push(Message::new("user", line));
-        let text = template.render(&messages, true, bos, eos)?;
+        let text = template.render_isolated(&messages, true, bos, eos)?;
         let tokens = engine.tokenizer.encode(&text, false, true);
         let json = args.json;
         let mut out = std::io::stdout().lock();

@@ -142,36 +142,43 @@ impl Device {
         let mut out = String::from("[[device]]\n");
         let _ = writeln!(out, "name = {}", q(&self.name));
         let _ = writeln!(out, "description = {}", q(&self.description));
-        let _ = writeln!(out, "ram_gb = {:.3}", self.ram_bytes as f64 / GIB);
+        // `{:?}` is the shortest text that parses back to the same number
+        // (and always a TOML float): rounding to a few decimals could turn a
+        // valid profile into one that is refused (0.004 GB/s into 0.00).
+        let _ = writeln!(out, "ram_gb = {:?}", self.ram_bytes as f64 / GIB);
         let _ = writeln!(
             out,
-            "os_reserve_gb = {:.3}",
+            "os_reserve_gb = {:?}",
             self.os_reserve_bytes as f64 / GIB
         );
-        let _ = writeln!(out, "ram_bandwidth_gbs = {:.2}", self.ram_bandwidth / 1e9);
+        let _ = writeln!(out, "ram_bandwidth_gbs = {:?}", self.ram_bandwidth / 1e9);
         let _ = writeln!(
             out,
-            "bandwidth_efficiency = {:.2}",
+            "bandwidth_efficiency = {:?}",
             self.bandwidth_efficiency
         );
-        let _ = writeln!(out, "storage_read_gbs = {:.2}", self.storage_read / 1e9);
+        let _ = writeln!(out, "storage_read_gbs = {:?}", self.storage_read / 1e9);
         let _ = writeln!(out, "threads = {}", self.threads);
-        let _ = writeln!(out, "compute_gweights_s = {:.3}", self.compute / 1e9);
-        let _ = writeln!(out, "dispatch_us = {:.2}", self.dispatch * 1e6);
-        let _ = writeln!(out, "overlap_loss = {:.2}", self.overlap_loss);
+        let _ = writeln!(out, "compute_gweights_s = {:?}", self.compute / 1e9);
+        let _ = writeln!(out, "dispatch_us = {:?}", self.dispatch * 1e6);
+        let _ = writeln!(out, "overlap_loss = {:?}", self.overlap_loss);
         if !self.streaming_by_type.is_empty() {
-            let _ = writeln!(out, "cache_mb = {}", self.cache_bytes >> 20);
+            let _ = writeln!(
+                out,
+                "cache_mb = {:?}",
+                self.cache_bytes as f64 / (1u64 << 20) as f64
+            );
         }
         if !self.compute_by_type.is_empty() {
             out.push_str("\n[device.compute]\n");
             for (t, r) in &self.compute_by_type {
-                let _ = writeln!(out, "{} = {:.3}", t.name(), r / 1e9);
+                let _ = writeln!(out, "{} = {:?}", t.name(), r / 1e9);
             }
         }
         if !self.streaming_by_type.is_empty() {
             out.push_str("\n[device.streaming]\n");
             for (t, r) in &self.streaming_by_type {
-                let _ = writeln!(out, "{} = {:.3}", t.name(), r / 1e9);
+                let _ = writeln!(out, "{} = {:?}", t.name(), r / 1e9);
             }
         }
         out
@@ -239,7 +246,9 @@ fn parse_one(t: &toml::Table) -> Result<Device, String> {
     let name = string("name").ok_or("needs name = \"...\"")?;
     let ram = number("ram_gb", 0.125, 65536.0)?;
     let reserve = number("os_reserve_gb", 0.0, 65536.0)?;
-    if reserve >= ram {
+    let (ram_bytes, os_reserve_bytes) = ((ram * GIB) as u64, (reserve * GIB) as u64);
+    // Compared in bytes: two sizes a few bytes apart are the same once rounded.
+    if os_reserve_bytes >= ram_bytes {
         return Err(format!(
             "os_reserve_gb ({reserve}) must be less than ram_gb ({ram})"
         ));
@@ -267,8 +276,8 @@ fn parse_one(t: &toml::Table) -> Result<Device, String> {
     let streaming_by_type = rates("streaming")?;
     Ok(Device {
         description: string("description").unwrap_or_default(),
-        ram_bytes: (ram * GIB) as u64,
-        os_reserve_bytes: (reserve * GIB) as u64,
+        ram_bytes,
+        os_reserve_bytes,
         ram_bandwidth: number("ram_bandwidth_gbs", 0.01, 1e5)? * 1e9,
         bandwidth_efficiency: number("bandwidth_efficiency", 0.01, 1.0)?,
         storage_read: number("storage_read_gbs", 0.001, 1e4)? * 1e9,
@@ -277,7 +286,8 @@ fn parse_one(t: &toml::Table) -> Result<Device, String> {
         compute_by_type,
         dispatch: match t.get("dispatch_us") {
             None => DEFAULT_DISPATCH,
-            Some(_) => number("dispatch_us", 0.0, 1e5)? * 1e-6,
+            // Divided, not multiplied by 1e-6: `to_toml` multiplies back exactly.
+            Some(_) => number("dispatch_us", 0.0, 1e5)? / 1e6,
         },
         overlap_loss: match t.get("overlap_loss") {
             None => 0.0,

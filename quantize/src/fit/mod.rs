@@ -51,6 +51,10 @@ impl TensorShape {
     }
 }
 
+/// Most weights a [`Shape`] may have (2^44, about 17.6 trillion): sums of
+/// tensor sizes, bytes and footprints then stay far inside u64.
+pub const MAX_WEIGHTS: u128 = 1 << 44;
+
 /// The hyper-parameters that decide tensor shapes and the KV cache.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Shape {
@@ -265,7 +269,35 @@ impl Shape {
         if self.n_expert == 0 && self.n_ff == 0 {
             return Err("the FFN width is 0".into());
         }
+        // Each bound above keeps one tensor's size within u64, but not the sums
+        // over all of them (4096 layers of 4096 experts of 2^20 × 2^22 weights
+        // is about 2^67); the largest published models have about 2^41 weights.
+        let weights = self.weight_count();
+        if weights > MAX_WEIGHTS {
+            return Err(format!(
+                "the shape has {weights} weights; expected at most {MAX_WEIGHTS} (2^44)"
+            ));
+        }
         Ok(())
+    }
+
+    /// Weights of [`Shape::tensors`] (no overflow: u128 over bounded fields).
+    fn weight_count(&self) -> u128 {
+        let e = u128::from(self.n_embd);
+        let head = u128::from(self.head_dim);
+        let q = u128::from(self.n_head) * head;
+        let kv = u128::from(self.n_head_kv) * head;
+        let ffn = if self.n_expert > 0 {
+            let x = u128::from(self.n_expert);
+            e * x + 3 * e * u128::from(self.n_ff_expert) * x
+        } else {
+            3 * e * u128::from(self.n_ff)
+        };
+        // Attention matrices, norms, biases and q/k norms (an upper bound for
+        // the architectures that have fewer), then the FFN.
+        let layer = 2 * e * q + 2 * e * kv + 2 * e + q + 2 * kv + 2 * head + ffn;
+        let heads = if self.tied_embeddings { 1 } else { 2 };
+        u128::from(self.n_layer) * layer + heads * e * u128::from(self.n_vocab) + e
     }
 
     /// What llama.cpp's mixing rules need to know.
