@@ -112,6 +112,16 @@ fn refused(r: &Limited, file: &Path, expect: &str, what: &str) {
     );
 }
 
+/// Asserts a successful run within the stated bound of 40 MiB peak RSS.
+fn within_bound(r: &Limited, what: &str) {
+    assert_eq!(r.code, Some(0), "{what}: {}", r.stderr);
+    assert!(
+        r.peak_rss < 40 << 20,
+        "{what}: peak RSS {} MiB",
+        r.peak_rss >> 20
+    );
+}
+
 /// GGUF v3 bytes by hand, for containers the writer would never produce.
 struct Raw(Vec<u8>);
 
@@ -274,12 +284,7 @@ fn unused_hyper_parameters_do_not_drive_allocation() {
             ADDRESS_SPACE,
             dir.path(),
         );
-        assert_eq!(r.code, Some(0), "{key}: {}", r.stderr);
-        assert!(
-            r.peak_rss < 40 << 20,
-            "{key}: peak RSS {} MiB",
-            r.peak_rss >> 20
-        );
+        within_bound(&r, key);
     }
 }
 
@@ -303,12 +308,7 @@ fn a_huge_context_is_capped_or_refused() {
         ADDRESS_SPACE,
         dir.path(),
     );
-    assert_eq!(r.code, Some(0), "-c 10^9: {}", r.stderr);
-    assert!(
-        r.peak_rss < 40 << 20,
-        "-c 10^9: peak RSS {} MiB",
-        r.peak_rss >> 20
-    );
+    within_bound(&r, "-c 10^9");
 }
 
 /// The bound docs/RELIABILITY.md states: `run` and `perplexity` of tiny-zh
@@ -348,12 +348,7 @@ fn run_and_perplexity_of_tiny_zh_stay_within_the_stated_bound() {
         ],
     ] {
         let r = limited(&args, ADDRESS_SPACE, dir.path());
-        assert_eq!(r.code, Some(0), "{args:?}: {}", r.stderr);
+        within_bound(&r, &format!("{args:?}"));
         assert!(r.stdout.contains('{'), "{args:?}: no JSON");
-        assert!(
-            r.peak_rss < 40 << 20,
-            "{args:?}: peak RSS {} MiB",
-            r.peak_rss >> 20
-        );
     }
 }
