@@ -3,7 +3,8 @@
 //! for the batch). A plain timing loop (`harness = false`), no dependency:
 //!
 //!   cargo bench -p memwall-runtime --bench kernels [-- TYPE... ] \
-//!     (MEMWALL_BENCH_THREADS=n, default: all cores; MEMWALL_BENCH_ROWS=n)
+//!     (MEMWALL_BENCH_THREADS=n, default: all cores; MEMWALL_BENCH_ROWS=n;
+//!     MEMWALL_BENCH_COLS=n, a multiple of 256, e.g. 576 for SmolLM2's narrow rows)
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
 use std::time::{Duration, Instant};
@@ -25,7 +26,10 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(4096);
-    let cols = 4096;
+    let cols: usize = std::env::var("MEMWALL_BENCH_COLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4096);
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     let mut rand = move || {
         seed ^= seed << 13;

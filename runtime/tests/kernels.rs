@@ -565,6 +565,44 @@ fn matmul_is_the_same_on_every_backend_and_thread_count() {
     }
 }
 
+/// Batched products go through the several-row kernels (one weight row
+/// against a group of tokens): every tail length of the eight-block steps,
+/// and token counts around the group size, against the scalar dot products.
+#[test]
+fn batched_matmul_matches_scalar_for_every_tail() {
+    let scalar = Kernels::new(Backend::Scalar).unwrap();
+    let mut rng = Rng(0x5eed_0b10c5);
+    for b in Backend::supported() {
+        let mut mm = Matmul::new(Kernels::new(b).unwrap(), 2);
+        for ty in DEQUANTIZABLE {
+            let kind = VecDotType::of(ty).unwrap();
+            let bs = ty.block_size().max(32) as usize;
+            for nb in (1..=19).chain([24, 26, 31]) {
+                let (rows, cols) = (3, bs * nb);
+                for t_n in [2, 3, 4, 5, 8, 9, 21] {
+                    let w = random_row(&mut rng, ty, rows * cols);
+                    let x = random_acts(&mut rng, t_n * cols);
+                    let m = QMatrix::new(ty, &w, rows, cols).unwrap();
+                    let mut acts = Activations::new();
+                    acts.quantize(kind, &x, cols).unwrap();
+                    let mut y = vec![f32::NAN; t_n * rows];
+                    mm.matmul(&m, &x, &mut y).unwrap();
+                    for t in 0..t_n {
+                        for r in 0..rows {
+                            let want = scalar.vec_dot(ty, m.row(r), acts.row(t)).unwrap();
+                            assert!(
+                                same_bits(y[t * rows + r], want),
+                                "{b:?} {ty} {cols} columns, {t_n} tokens: row {r} token {t}: {:e} vs scalar {want:e}",
+                                y[t * rows + r]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn shapes_and_backends_are_checked() {
     assert!(matches!(

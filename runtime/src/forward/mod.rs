@@ -354,8 +354,19 @@ impl Cache {
 /// its first positions decoded to `f32`, laid out head by head.
 enum Kv<'c> {
     Cache(&'c Cache, &'c Cache),
-    Dense(&'c [f32], &'c [f32]),
+    /// Keys transposed, `[head][dim][pos]` with `stride` positions per dim
+    /// (padded with zeros to a multiple of [`KEY_TILE`]); values `[head][pos][dim]`.
+    Dense {
+        kt: &'c [f32],
+        stride: usize,
+        v: &'c [f32],
+    },
 }
+
+/// Keys scored together in a batch: the attention scores of one query are
+/// computed [`KEY_TILE`] keys at a time, one independent sum per key, so the
+/// sums vectorize across keys while each keeps its sequential order.
+const KEY_TILE: usize = 16;
 
 /// The first `n` positions of `cache` as `f32`, head by head: `[head][pos][dim]`.
 fn by_head(cache: &Cache, n: usize, c: &Config) -> Vec<f32> {
@@ -368,6 +379,44 @@ fn by_head(cache: &Cache, n: usize, c: &Config) -> Vec<f32> {
         }
     }
     out
+}
+
+/// The first `n` positions of `cache` as `f32`, transposed head by head:
+/// `[head][dim][pos]`, each dim padded with zeros to the returned stride (a
+/// multiple of [`KEY_TILE`]).
+fn by_head_transposed(cache: &Cache, n: usize, c: &Config) -> (Vec<f32>, usize) {
+    let (heads, hd) = (c.n_head_kv, c.head_dim);
+    let kvd = heads * hd;
+    let stride = n.next_multiple_of(KEY_TILE);
+    let mut out = vec![0f32; heads * hd * stride];
+    let mut row = vec![0f32; hd];
+    for (h, dst) in out.chunks_exact_mut(hd * stride).enumerate() {
+        for j in 0..n {
+            cache.read(j * kvd + h * hd, &mut row);
+            for (d, &x) in row.iter().enumerate() {
+                dst[d * stride + j] = x;
+            }
+        }
+    }
+    (out, stride)
+}
+
+/// `s ← exp(s − max s)` for every score; returns their sequential sum.
+fn softmax_numerators(scores: &mut [f32]) -> f32 {
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for s in scores.iter_mut() {
+        *s = math::exp(*s - max);
+        sum += *s;
+    }
+    sum
+}
+
+/// `out += p · x`, element by element.
+fn accumulate(out: &mut [f32], p: f32, x: &[f32]) {
+    for (o, x) in out.iter_mut().zip(x) {
+        *o += p * x;
+    }
 }
 
 /// The KV cache and position of one sequence.
@@ -1296,9 +1345,13 @@ impl<'a> Model<'a> {
         // For a batch, decode the cache to f32 once, by KV head, instead of
         // once per query (same values, so the same result).
         let n_kv = n_past + t_n;
-        let dense = (t_n > 1).then(|| (by_head(k, n_kv, c), by_head(v, n_kv, c)));
+        let dense = (t_n > 1).then(|| (by_head_transposed(k, n_kv, c), by_head(v, n_kv, c)));
         let view = match &dense {
-            Some((kd, vd)) => Kv::Dense(kd, vd),
+            Some(((kt, stride), v)) => Kv::Dense {
+                kt,
+                stride: *stride,
+                v,
+            },
             None => Kv::Cache(k, v),
         };
         // One work item per (token, head): each writes its own slice of `out` with
@@ -1318,6 +1371,11 @@ impl<'a> Model<'a> {
     }
 
     /// One query head over the first `n_kv` cached positions, into `out`.
+    ///
+    /// Each score is the sequential sum `((q0·k0 + q1·k1) + q2·k2) + …` (from
+    /// `-0.0`, as `Iterator::sum`), and the output the sequential sum over
+    /// positions of `(s_j / Σs) · v_j`, whichever layout the cache is read from,
+    /// so a batch and token-by-token decoding give the same bits.
     fn attend(&self, q: &[f32], head: usize, kv: &Kv, n_kv: usize, out: &mut [f32]) {
         let c = &self.config;
         let (kvd, hd) = (c.n_head_kv * c.head_dim, c.head_dim);
@@ -1328,36 +1386,39 @@ impl<'a> Model<'a> {
             .iter()
             .map(|&s| if round { f16_to_f32(f32_to_f16(s)) } else { s })
             .collect();
-        let mut buf = vec![0f32; hd];
-        // Row j of the key (or value) cache for this head.
-        let row = |cache: usize, j: usize, buf: &mut [f32]| match kv {
+        let mut scores = Vec::with_capacity(n_kv.next_multiple_of(KEY_TILE));
+        match kv {
             Kv::Cache(k, v) => {
-                let c = if cache == 0 { k } else { v };
-                c.read(j * kvd + kv_head * hd, buf);
+                let mut buf = vec![0f32; hd];
+                for j in 0..n_kv {
+                    k.read(j * kvd + kv_head * hd, &mut buf);
+                    let dot: f32 = qh.iter().zip(&buf).map(|(a, b)| a * b).sum();
+                    scores.push(dot * scale);
+                }
+                let sum = softmax_numerators(&mut scores);
+                for (j, s) in scores.iter().enumerate() {
+                    v.read(j * kvd + kv_head * hd, &mut buf);
+                    accumulate(out, s / sum, &buf);
+                }
             }
-            Kv::Dense(k, v) => {
-                let d = if cache == 0 { k } else { v };
-                let at = (kv_head * d.len() / c.n_head_kv) + j * hd;
-                buf.copy_from_slice(&d[at..at + hd]);
-            }
-        };
-        let mut scores = Vec::with_capacity(n_kv);
-        for j in 0..n_kv {
-            row(0, j, &mut buf);
-            let dot: f32 = qh.iter().zip(&buf).map(|(a, b)| a * b).sum();
-            scores.push(dot * scale);
-        }
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f32;
-        for s in scores.iter_mut() {
-            *s = math::exp(*s - max);
-            sum += *s;
-        }
-        for (j, s) in scores.iter().enumerate() {
-            row(1, j, &mut buf);
-            let p = s / sum;
-            for (o, x) in out.iter_mut().zip(&buf) {
-                *o += p * x;
+            Kv::Dense { kt, stride, v } => {
+                let kt = &kt[kv_head * hd * stride..][..hd * stride];
+                for j0 in (0..n_kv).step_by(KEY_TILE) {
+                    let mut acc = [-0.0f32; KEY_TILE];
+                    for (d, &qd) in qh.iter().enumerate() {
+                        let keys = &kt[d * stride + j0..][..KEY_TILE];
+                        for (a, &k) in acc.iter_mut().zip(keys) {
+                            *a += qd * k;
+                        }
+                    }
+                    let m = KEY_TILE.min(n_kv - j0);
+                    scores.extend(acc[..m].iter().map(|&dot| dot * scale));
+                }
+                let sum = softmax_numerators(&mut scores);
+                let v = &v[kv_head * v.len() / c.n_head_kv..];
+                for (s, row) in scores.iter().zip(v.chunks_exact(hd)) {
+                    accumulate(out, s / sum, row);
+                }
             }
         }
     }

@@ -228,9 +228,13 @@ fn run(
         for t0 in (0..t_n).step_by(TOKEN_TILE) {
             let t1 = (t0 + TOKEN_TILE).min(t_n);
             for i in 0..nr {
-                for t in t0..t1 {
-                    ys[i * t_n + t] = dot(r0 + i, t);
-                }
+                kernels.dot_rows(
+                    w.ty,
+                    w.row(r0 + i),
+                    acts,
+                    t0,
+                    &mut ys[i * t_n + t0..i * t_n + t1],
+                );
             }
         }
     });

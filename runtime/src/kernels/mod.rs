@@ -298,6 +298,8 @@ pub struct Activations {
     f32s: Vec<f32>,
     halves: Vec<u16>,
     q8_0: Vec<BlockQ8_0>,
+    /// The scales of `q8_0` as `f32`, for the several-row products.
+    q8_0_d: Vec<f32>,
     q8_1: Vec<BlockQ8_1>,
     q8k: Vec<BlockQ8K>,
 }
@@ -346,6 +348,9 @@ impl Activations {
             VecDotType::Q8_0 => {
                 self.q8_0.resize(nb, BlockQ8_0::default());
                 quantize_row_q8_0(x, &mut self.q8_0);
+                self.q8_0_d.clear();
+                self.q8_0_d
+                    .extend(self.q8_0.iter().map(|b| crate::blocks::f16_to_f32(b.d)));
             }
             VecDotType::Q8_1 => {
                 self.q8_1.resize(nb, BlockQ8_1::default());
@@ -484,6 +489,32 @@ impl Backend {
 /// Signature of the weight-row × activation-row dot products.
 type Dot<A> = fn(&[u8], &[A]) -> f32;
 
+/// One weight row against several consecutive Q8_0 activation rows at once:
+/// `(w, a, ad, out)` with `a` holding `out.len()` rows of `w`'s block count
+/// and `ad[i]` the scale of `a[i]` as `f32`. `out[t]` gets the bits of the
+/// single dot product with row `t`: the rows share the weights' unpacking,
+/// not their arithmetic.
+pub(crate) type Rows<A> = fn(&[u8], &[A], &[f32], &mut [f32]);
+
+/// The several-row products a backend has (`None`: one dot product per row).
+#[derive(Clone, Copy)]
+pub(crate) struct RowsTable {
+    pub(crate) q4_0: Option<Rows<BlockQ8_0>>,
+    pub(crate) q5_0: Option<Rows<BlockQ8_0>>,
+    pub(crate) q8_0: Option<Rows<BlockQ8_0>>,
+    pub(crate) iq4_nl: Option<Rows<BlockQ8_0>>,
+}
+
+impl RowsTable {
+    /// No several-row products.
+    pub(crate) const NONE: RowsTable = RowsTable {
+        q4_0: None,
+        q5_0: None,
+        q8_0: None,
+        iq4_nl: None,
+    };
+}
+
 /// The dot products of one backend: one function per weight type plus the
 /// float helpers of attention. Backends start from the scalar table and
 /// replace what they implement.
@@ -507,6 +538,7 @@ pub(crate) struct DotTable {
     pub(crate) dot_f32: fn(&[f32], &[f32]) -> f32,
     pub(crate) dot_f16_f32: fn(&[u16], &[f32]) -> f32,
     pub(crate) dot_f16_f16: fn(&[u16], &[u16]) -> f32,
+    pub(crate) rows: RowsTable,
 }
 
 /// The kernels of one backend, ready to call. Cheap to copy.
@@ -614,6 +646,42 @@ impl Kernels {
             (T::Q6_K, ActRow::Q8K(a)) => (t.q6_k)(w, a),
             (T::IQ4_XS, ActRow::Q8K(a)) => (t.iq4_xs)(w, a),
             _ => panic!("no dot product of {ty} with {:?} activations", a.kind()),
+        }
+    }
+
+    /// `out[i]` = the dot product of weight row `w` (type `ty`) with
+    /// activation row `t0 + i` of `acts`, for every `i`: the same bits as
+    /// [`Kernels::dot_checked`] row by row, through the backend's several-row
+    /// product where it has one. Panics (never misbehaves) if the type,
+    /// activation kind or lengths do not fit.
+    pub(crate) fn dot_rows(
+        &self,
+        ty: GgmlType,
+        w: &[u8],
+        acts: &Activations,
+        t0: usize,
+        out: &mut [f32],
+    ) {
+        use GgmlType as T;
+        let r = &self.table.rows;
+        let rows = match (ty, acts.kind) {
+            (T::Q4_0, Some(VecDotType::Q8_0)) => r.q4_0,
+            (T::Q5_0, Some(VecDotType::Q8_0)) => r.q5_0,
+            (T::Q8_0, Some(VecDotType::Q8_0)) => r.q8_0,
+            (T::IQ4_NL, Some(VecDotType::Q8_0)) => r.iq4_nl,
+            _ => None,
+        };
+        match rows {
+            Some(f) => {
+                let nb = acts.cols / QK8_0;
+                let span = t0 * nb..(t0 + out.len()) * nb;
+                f(w, &acts.q8_0[span.clone()], &acts.q8_0_d[span], out);
+            }
+            None => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = self.dot_checked(ty, w, acts.row(t0 + i));
+                }
+            }
         }
     }
 

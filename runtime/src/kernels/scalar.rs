@@ -10,7 +10,7 @@
 //! types use [`FloatSum`]. The SIMD kernels call the same helpers for their
 //! scalar parts. Block layouts: [`crate::blocks`].
 
-use super::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, QK_K, QK8_0};
+use super::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, QK_K, QK8_0, RowsTable};
 use crate::blocks::{IQ4NL_GRID, bf16_to_f32, f16_to_f32, f32_to_f16, scale_min_k4};
 
 /// Quantizes `x` to Q8_0 blocks: `d = max|x| / 127`, `q = round(x / d)`
@@ -113,6 +113,7 @@ pub(crate) static TABLE: DotTable = DotTable {
     dot_f32,
     dot_f16_f32,
     dot_f16_f16,
+    rows: RowsTable::NONE,
 };
 
 // ---- the canonical order (module docs of `kernels`) ----

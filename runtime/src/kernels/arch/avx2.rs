@@ -21,7 +21,7 @@ use super::super::scalar::{
     term_min,
 };
 use crate::blocks::IQ4NL_GRID;
-use crate::kernels::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable};
+use crate::kernels::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, RowsTable};
 
 /// Declares a safe entry point for a `#[target_feature]` kernel.
 macro_rules! entry {
@@ -53,6 +53,21 @@ entry!(e_dot_f32, dot_f32, &[f32], &[f32]);
 entry!(e_dot_f16_f32, dot_f16_f32, &[u16], &[f32]);
 entry!(e_dot_f16_f16, dot_f16_f16, &[u16], &[u16]);
 
+/// Declares a safe entry point for a several-row `#[target_feature]` kernel.
+macro_rules! rows_entry {
+    ($name:ident, $kernel:ident) => {
+        fn $name(w: &[u8], a: &[BlockQ8_0], ad: &[f32], out: &mut [f32]) {
+            // SAFETY: as for `entry!`.
+            unsafe { $kernel(w, a, ad, out) }
+        }
+    };
+}
+
+rows_entry!(r_q4_0, q4_0_rows);
+rows_entry!(r_q5_0, q5_0_rows);
+rows_entry!(r_q8_0, q8_0_rows);
+rows_entry!(r_iq4_nl, iq4_nl_rows);
+
 /// The AVX2 table: every type.
 pub(crate) static TABLE: DotTable = DotTable {
     f32: e_f32w,
@@ -73,6 +88,12 @@ pub(crate) static TABLE: DotTable = DotTable {
     dot_f32: e_dot_f32,
     dot_f16_f32: e_dot_f16_f32,
     dot_f16_f16: e_dot_f16_f16,
+    rows: RowsTable {
+        q4_0: Some(r_q4_0),
+        q5_0: Some(r_q5_0),
+        q8_0: Some(r_q8_0),
+        iq4_nl: Some(r_iq4_nl),
+    },
 };
 
 // ---- loads (the only pointer use; each checks its length) ----
@@ -99,6 +120,25 @@ pub(super) fn ldps<T: Copy>(s: &[T]) -> __m256 {
     assert!(size_of_val(s) >= 32);
     // SAFETY: at least 32 readable bytes (checked); unaligned load.
     unsafe { _mm256_loadu_ps(s.as_ptr().cast()) }
+}
+
+/// Lanes `0..n` all ones, the rest zero (`n` ≤ 8).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn first_lanes(n: usize) -> __m256i {
+    _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(n.min(8) as i32),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+    )
+}
+
+/// The first `s.len()` (at most 8) lanes from `s`, zeros after them.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ldps_first(s: &[f32]) -> __m256 {
+    // SAFETY: lanes whose mask is clear are not read (and cannot fault); the
+    // others are the first `min(s.len(), 8)` elements of `s`.
+    unsafe { _mm256_maskload_ps(s.as_ptr(), first_lanes(s.len())) }
 }
 
 // ---- helpers ----
@@ -334,6 +374,212 @@ fn iq4_nl(w: &[u8], a: &[BlockQ8_0]) -> f32 {
         },
         |b, y| [le16(b, 0), y.d, 0, 0],
     )
+}
+
+// ---- several activation rows per weight row (Q8_0 family) ----
+
+/// Activation rows whose products are computed together in [`rows32`].
+const ROW_GROUP: usize = 4;
+
+/// One weight row of 32-weight blocks of `ts` bytes against `out.len()`
+/// consecutive Q8_0 activation rows (`a`, with `f32` scales `ad`), each in
+/// the canonical order of [`blocks32`]: every eight blocks, a row's integer
+/// sums are transposed into one vector, scaled and added to its eight
+/// partials; the last `nb % 8` blocks go one by one through the scalar term.
+/// `unpack` gives a block's 32 weights as signed bytes; it runs once per
+/// block for every [`ROW_GROUP`] activation rows.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn rows32(
+    w: &[u8],
+    a: &[BlockQ8_0],
+    ad: &[f32],
+    ts: usize,
+    unpack: impl Fn(&[u8]) -> __m256i + Copy,
+    out: &mut [f32],
+) {
+    let n = out.len();
+    let nb = w.len() / ts;
+    assert!(a.len() == n * nb && ad.len() == n * nb, "rows32 lengths");
+    let mut t0 = 0;
+    while t0 < n {
+        if n - t0 >= ROW_GROUP {
+            rows32_group::<ROW_GROUP>(
+                w,
+                &a[t0 * nb..],
+                &ad[t0 * nb..],
+                nb,
+                ts,
+                unpack,
+                &mut out[t0..],
+            );
+            t0 += ROW_GROUP;
+        } else {
+            rows32_group::<1>(
+                w,
+                &a[t0 * nb..],
+                &ad[t0 * nb..],
+                nb,
+                ts,
+                unpack,
+                &mut out[t0..],
+            );
+            t0 += 1;
+        }
+    }
+}
+
+/// The integer sums of two consecutive blocks (weights `q0`, `q1` as signed
+/// bytes) against block `at` and `at + 1` of each of `M` activation rows `nb`
+/// blocks apart, pairwise added as the first step of [`transpose_sum`].
+#[inline]
+#[target_feature(enable = "avx2")]
+fn pair_sums<const M: usize>(
+    q0: __m256i,
+    q1: __m256i,
+    a: &[BlockQ8_0],
+    nb: usize,
+    at: usize,
+) -> [__m256i; M] {
+    let ones = _mm256_set1_epi16(1);
+    let (a0, a1) = (_mm256_sign_epi8(q0, q0), _mm256_sign_epi8(q1, q1));
+    let mut h = [_mm256_setzero_si256(); M];
+    for (j, h) in h.iter_mut().enumerate() {
+        let y = &a[j * nb + at..][..2];
+        let v0 = _mm256_maddubs_epi16(a0, _mm256_sign_epi8(ld256(&y[0].qs), q0));
+        let v1 = _mm256_maddubs_epi16(a1, _mm256_sign_epi8(ld256(&y[1].qs), q1));
+        *h = _mm256_hadd_epi32(_mm256_madd_epi16(v0, ones), _mm256_madd_epi16(v1, ones));
+    }
+    h
+}
+
+/// [`rows32`] for `M` activation rows (`a`, `ad` from the first of them;
+/// rows `nb` blocks apart), into `out[..M]`.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn rows32_group<const M: usize>(
+    w: &[u8],
+    a: &[BlockQ8_0],
+    ad: &[f32],
+    nb: usize,
+    ts: usize,
+    unpack: impl Fn(&[u8]) -> __m256i,
+    out: &mut [f32],
+) {
+    let ones = _mm256_set1_epi16(1);
+    let pair = |b0: usize, k: usize| {
+        let (q0, q1) = (
+            unpack(&w[(b0 + k) * ts..][..ts]),
+            unpack(&w[(b0 + k + 1) * ts..][..ts]),
+        );
+        pair_sums::<M>(q0, q1, a, nb, b0 + k)
+    };
+    let mut acc = [_mm256_setzero_ps(); M];
+    let full = nb / 8 * 8;
+    for b0 in (0..full).step_by(8) {
+        let (h01, h23) = (pair(b0, 0), pair(b0, 2));
+        let h0123: [__m256i; M] = std::array::from_fn(|j| _mm256_hadd_epi32(h01[j], h23[j]));
+        let (h45, h67) = (pair(b0, 4), pair(b0, 6));
+        let mut dws = [0u16; 8];
+        for (k, d) in dws.iter_mut().enumerate() {
+            *d = le16(w, (b0 + k) * ts);
+        }
+        let dw = halves(dws);
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let h4567 = _mm256_hadd_epi32(h45[j], h67[j]);
+            let lo = _mm256_permute2x128_si256::<0x20>(h0123[j], h4567);
+            let hi = _mm256_permute2x128_si256::<0x31>(h0123[j], h4567);
+            let isum = _mm256_add_epi32(lo, hi);
+            let da = ldps(&ad[j * nb + b0..][..8]);
+            let t = _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum));
+            *acc = _mm256_add_ps(*acc, t);
+        }
+    }
+    // An even tail (2, 4 or 6 blocks: SmolLM2's 576 columns are 18) as one
+    // more group with zero sums for the missing blocks, whose lanes are kept
+    // out of the partials; an odd one block by block.
+    let tail = nb - full;
+    let mut scalar_from = nb;
+    if tail % 2 == 0 && tail > 0 {
+        let mut q = [_mm256_setzero_si256(); 6];
+        let mut dws = [0u16; 8];
+        for k in 0..tail {
+            let b = &w[(full + k) * ts..][..ts];
+            q[k] = unpack(b);
+            dws[k] = le16(b, 0);
+        }
+        let dw = halves(dws);
+        let keep = _mm256_castsi256_ps(first_lanes(tail));
+        let zero = _mm256_setzero_si256();
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let a = &a[j * nb..];
+            let h = |k: usize| {
+                if k < tail {
+                    pair_sums::<1>(q[k], q[k + 1], a, nb, full + k)[0]
+                } else {
+                    zero
+                }
+            };
+            let h0123 = _mm256_hadd_epi32(h(0), h(2));
+            let h4567 = _mm256_hadd_epi32(h(4), zero);
+            let lo = _mm256_permute2x128_si256::<0x20>(h0123, h4567);
+            let hi = _mm256_permute2x128_si256::<0x31>(h0123, h4567);
+            let isum = _mm256_add_epi32(lo, hi);
+            let da = ldps_first(&ad[j * nb + full..][..tail]);
+            let t = _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum));
+            *acc = _mm256_blendv_ps(*acc, _mm256_add_ps(*acc, t), keep);
+        }
+    } else {
+        scalar_from = full;
+    }
+    for (j, (o, acc)) in out[..M].iter_mut().zip(acc).enumerate() {
+        let mut sum = Blocks::new(lanes_ps(acc));
+        for i in scalar_from..nb {
+            let b = &w[i * ts..][..ts];
+            let q = unpack(b);
+            let y = &a[j * nb + i];
+            let v = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(ld256(&y.qs), q)),
+                ones,
+            );
+            sum.add(i, term(h2f(le16(b, 0)), ad[j * nb + i], hsum_epi32(v)));
+        }
+        *o = sum.sum();
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_0_rows(w: &[u8], a: &[BlockQ8_0], ad: &[f32], out: &mut [f32]) {
+    let unpack = |b: &[u8]| _mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8));
+    rows32(w, a, ad, 18, unpack, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q5_0_rows(w: &[u8], a: &[BlockQ8_0], ad: &[f32], out: &mut [f32]) {
+    let unpack = |b: &[u8]| {
+        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+        let hi = _mm256_andnot_si256(bit_bytes(qh), _mm256_set1_epi8(0xf0u8 as i8));
+        _mm256_or_si256(nibbles(&b[6..22]), hi)
+    };
+    rows32(w, a, ad, 22, unpack, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q8_0_rows(w: &[u8], a: &[BlockQ8_0], ad: &[f32], out: &mut [f32]) {
+    rows32(w, a, ad, 34, |b| ld256(&b[2..34]), out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq4_nl_rows(w: &[u8], a: &[BlockQ8_0], ad: &[f32], out: &mut [f32]) {
+    let grid = ld128(&IQ4NL_GRID);
+    let m = _mm_set1_epi8(0xf);
+    let unpack = |b: &[u8]| {
+        let q = ld128(&b[2..18]);
+        let lo = _mm_shuffle_epi8(grid, _mm_and_si128(q, m));
+        let hi = _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(q, 4), m));
+        _mm256_set_m128i(hi, lo)
+    };
+    rows32(w, a, ad, 18, unpack, out)
 }
 
 // ---- Q8_1 family ----

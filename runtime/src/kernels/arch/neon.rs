@@ -282,6 +282,7 @@ macro_rules! kernels {
             dot_f32: e_dot_f32,
             dot_f16_f32: e_dot_f16_f32,
             dot_f16_f16: e_dot_f16_f16,
+            rows: crate::kernels::RowsTable::NONE,
         };
 
         /// Σ over the two 16-byte halves of a 32-weight block.
