@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex};
 use crate::GgmlType;
 use crate::blocks::{DEQUANTIZABLE, dequantize_row, f16_to_f32, f32_to_f16};
 use crate::gguf::{Advice, GgufModel, Metadata};
+use crate::kernels::attn::{self, KEY_TILE};
 use crate::kernels::{KernelError, Kernels, Matmul, Pool, QMatrix, for_each_chunk};
 use crate::model_info::HyperParams;
 
@@ -363,11 +364,6 @@ enum Kv<'c> {
     },
 }
 
-/// Keys scored together in a batch: the attention scores of one query are
-/// computed [`KEY_TILE`] keys at a time, one independent sum per key, so the
-/// sums vectorize across keys while each keeps its sequential order.
-const KEY_TILE: usize = 16;
-
 /// The first `n` positions of `cache` as `f32`, head by head: `[head][pos][dim]`.
 fn by_head(cache: &Cache, n: usize, c: &Config) -> Vec<f32> {
     let (heads, hd) = (c.n_head_kv, c.head_dim);
@@ -404,9 +400,12 @@ fn by_head_transposed(cache: &Cache, n: usize, c: &Config) -> (Vec<f32>, usize) 
 /// `s ← exp(s − max s)` for every score; returns their sequential sum.
 fn softmax_numerators(scores: &mut [f32]) -> f32 {
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
     for s in scores.iter_mut() {
-        *s = math::exp(*s - max);
+        *s -= max;
+    }
+    math::exp_in_place(scores);
+    let mut sum = 0f32;
+    for s in scores.iter() {
         sum += *s;
     }
     sum
@@ -414,9 +413,7 @@ fn softmax_numerators(scores: &mut [f32]) -> f32 {
 
 /// `out += p · x`, element by element.
 fn accumulate(out: &mut [f32], p: f32, x: &[f32]) {
-    for (o, x) in out.iter_mut().zip(x) {
-        *o += p * x;
-    }
+    attn::axpy(out, p, x);
 }
 
 /// The KV cache and position of one sequence.
@@ -997,9 +994,15 @@ impl<'a> Model<'a> {
     ) -> Result<Vec<f32>, ForwardError> {
         let mut g = self.matmul(gate, h, t_n)?;
         let u = self.matmul(up, h, t_n)?;
-        for (g, u) in g.iter_mut().zip(&u) {
-            *g = *g / (1.0 + math::exp(-*g)) * u;
-        }
+        // Element by element, so any split over threads gives the same bits.
+        const CHUNK: usize = 4096;
+        for_each_chunk(self.pool.as_deref(), &mut g, CHUNK, |c, gs| {
+            let mut e: Vec<f32> = gs.iter().map(|g| -g).collect();
+            math::exp_in_place(&mut e);
+            for ((g, u), e) in gs.iter_mut().zip(&u[c * CHUNK..]).zip(&e) {
+                *g = *g / (1.0 + e) * u;
+            }
+        });
         self.matmul(down, &g, t_n)
     }
 
@@ -1356,15 +1359,20 @@ impl<'a> Model<'a> {
         };
         // One work item per (token, head): each writes its own slice of `out` with
         // the same arithmetic on any thread, so the result does not depend on threads.
+        // Each sums into its own small buffer first: `out` is fresh zero pages,
+        // which reading before writing would fault in twice (the second time
+        // with a TLB flush on every core).
         let work = |i: usize, oh: &mut [f32]| {
             let (t, head) = (i / c.n_head, i % c.n_head);
+            let mut acc = vec![0f32; hd];
             self.attend(
                 &q[t * qd + head * hd..][..hd],
                 head,
                 &view,
                 n_past + t + 1,
-                oh,
+                &mut acc,
             );
+            oh.copy_from_slice(&acc);
         };
         for_each_chunk(self.pool.as_deref(), &mut out, hd, work);
         out
@@ -1404,13 +1412,7 @@ impl<'a> Model<'a> {
             Kv::Dense { kt, stride, v } => {
                 let kt = &kt[kv_head * hd * stride..][..hd * stride];
                 for j0 in (0..n_kv).step_by(KEY_TILE) {
-                    let mut acc = [-0.0f32; KEY_TILE];
-                    for (d, &qd) in qh.iter().enumerate() {
-                        let keys = &kt[d * stride + j0..][..KEY_TILE];
-                        for (a, &k) in acc.iter_mut().zip(keys) {
-                            *a += qd * k;
-                        }
-                    }
+                    let acc = attn::key_tile(&qh, &kt[j0..], *stride);
                     let m = KEY_TILE.min(n_kv - j0);
                     scores.extend(acc[..m].iter().map(|&dot| dot * scale));
                 }

@@ -131,7 +131,8 @@ impl Matmul {
     /// are quantized to the weight type's vec_dot type first, as ggml does.
     pub fn matmul(&mut self, w: &QMatrix<'_>, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
         let kind = VecDotType::of(w.ty).ok_or(KernelError::UnsupportedType(w.ty))?;
-        self.acts.quantize(kind, x, w.cols)?;
+        self.acts
+            .quantize_on(self.pool.as_deref(), kind, x, w.cols)?;
         let Matmul {
             kernels,
             pool,
@@ -238,10 +239,16 @@ fn run(
             }
         }
     });
-    for (r, vals) in scratch.chunks_exact(t_n).enumerate() {
-        for (t, &v) in vals.iter().enumerate() {
-            y[t * w.rows + r] = v;
+    // Transpose in parallel, a band of tokens per task.
+    let band = t_n.div_ceil(threads * 2).max(1);
+    let rows = w.rows;
+    for_each_chunk(pool, y, band * rows, |c, ys| {
+        let t0 = c * band;
+        for (i, out) in ys.chunks_exact_mut(rows).enumerate() {
+            for (r, o) in out.iter_mut().enumerate() {
+                *o = scratch[r * t_n + t0 + i];
+            }
         }
-    }
+    });
     Ok(())
 }

@@ -90,6 +90,7 @@
 //! ```
 
 mod arch;
+pub(crate) mod attn;
 mod matmul;
 mod pool;
 mod scalar;
@@ -319,6 +320,20 @@ impl Activations {
         x: &[f32],
         cols: usize,
     ) -> Result<(), KernelError> {
+        self.quantize_on(None, kind, x, cols)
+    }
+
+    /// [`Activations::quantize`] with the blocks split over `pool`'s threads
+    /// (each block is quantized on its own, so the bytes are the same).
+    pub fn quantize_on(
+        &mut self,
+        pool: Option<&Pool>,
+        kind: VecDotType,
+        x: &[f32],
+        cols: usize,
+    ) -> Result<(), KernelError> {
+        /// Blocks per task.
+        const CHUNK: usize = 256;
         let bs = kind.block_size();
         if cols == 0 || cols % bs != 0 || x.len() % cols != 0 {
             return Err(KernelError::Shape(format!(
@@ -347,18 +362,24 @@ impl Activations {
             }
             VecDotType::Q8_0 => {
                 self.q8_0.resize(nb, BlockQ8_0::default());
-                quantize_row_q8_0(x, &mut self.q8_0);
+                for_each_chunk(pool, &mut self.q8_0, CHUNK, |c, y| {
+                    quantize_row_q8_0(&x[c * CHUNK * bs..][..y.len() * bs], y);
+                });
                 self.q8_0_d.clear();
                 self.q8_0_d
                     .extend(self.q8_0.iter().map(|b| crate::blocks::f16_to_f32(b.d)));
             }
             VecDotType::Q8_1 => {
                 self.q8_1.resize(nb, BlockQ8_1::default());
-                quantize_row_q8_1(x, &mut self.q8_1);
+                for_each_chunk(pool, &mut self.q8_1, CHUNK, |c, y| {
+                    quantize_row_q8_1(&x[c * CHUNK * bs..][..y.len() * bs], y);
+                });
             }
             VecDotType::Q8K => {
                 self.q8k.resize(nb, BlockQ8K::default());
-                quantize_row_q8_k(x, &mut self.q8k);
+                for_each_chunk(pool, &mut self.q8k, CHUNK / 8, |c, y| {
+                    quantize_row_q8_k(&x[c * (CHUNK / 8) * bs..][..y.len() * bs], y);
+                });
             }
         }
         Ok(())

@@ -1,0 +1,68 @@
+//! The float loops of attention over a batch, vectorised across keys (scores)
+//! and across dimensions (weighted values). Every lane does the same scalar
+//! operations in the same order as the one-query code path, so these give
+//! the same bits at any vector width; the AVX2 versions are the same code
+//! compiled for 256-bit vectors.
+
+/// Whether this CPU runs the AVX2 versions (probed once by the standard library).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx2() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+}
+
+/// Keys scored together: one independent sequential sum per key.
+pub(crate) const KEY_TILE: usize = 32;
+
+/// `out[l] = Σ_d q[d] · kt[d·stride + l]` for the [`KEY_TILE`] keys `l`, each
+/// summed in increasing `d` from `-0.0` (as `Iterator::sum`), with separate
+/// multiplies and adds. `kt` holds the keys transposed (`q.len()` dims of
+/// `stride` positions, starting at the first key of the tile).
+pub(crate) fn key_tile(q: &[f32], kt: &[f32], stride: usize) -> [f32; KEY_TILE] {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 was probed just above.
+        return unsafe { key_tile_avx2(q, kt, stride) };
+    }
+    key_tile_generic(q, kt, stride)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn key_tile_avx2(q: &[f32], kt: &[f32], stride: usize) -> [f32; KEY_TILE] {
+    key_tile_generic(q, kt, stride)
+}
+
+#[inline(always)]
+fn key_tile_generic(q: &[f32], kt: &[f32], stride: usize) -> [f32; KEY_TILE] {
+    let mut acc = [-0.0f32; KEY_TILE];
+    for (d, &qd) in q.iter().enumerate() {
+        let keys = &kt[d * stride..][..KEY_TILE];
+        for (a, &k) in acc.iter_mut().zip(keys) {
+            *a += qd * k;
+        }
+    }
+    acc
+}
+
+/// `out[i] = out[i] + p · x[i]` for every `i`.
+pub(crate) fn axpy(out: &mut [f32], p: f32, x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 was probed just above.
+        return unsafe { axpy_avx2(out, p, x) };
+    }
+    axpy_generic(out, p, x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn axpy_avx2(out: &mut [f32], p: f32, x: &[f32]) {
+    axpy_generic(out, p, x)
+}
+
+#[inline(always)]
+fn axpy_generic(out: &mut [f32], p: f32, x: &[f32]) {
+    for (o, x) in out.iter_mut().zip(x) {
+        *o += p * x;
+    }
+}
