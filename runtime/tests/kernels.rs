@@ -566,8 +566,9 @@ fn matmul_is_the_same_on_every_backend_and_thread_count() {
 }
 
 /// Batched products go through the several-row kernels (one weight row
-/// against a group of tokens): every tail length of the eight-block steps,
-/// and token counts around the group size, against the scalar dot products.
+/// against a group of tokens): every tail length of the eight-block steps
+/// (32-element steps for the float types), and token counts around the group
+/// sizes, against the scalar dot products.
 #[test]
 fn batched_matmul_matches_scalar_for_every_tail() {
     let scalar = Kernels::new(Backend::Scalar).unwrap();
@@ -578,10 +579,17 @@ fn batched_matmul_matches_scalar_for_every_tail() {
             let kind = VecDotType::of(ty).unwrap();
             let bs = ty.block_size().max(32) as usize;
             for nb in (1..=19).chain([24, 26, 31]) {
-                let (rows, cols) = (3, bs * nb);
+                // Float types: every tail of the 32-element steps and of 8-element vectors.
+                let cols = if ty.block_size() == 1 {
+                    8 * nb + nb % 3
+                } else {
+                    bs * nb
+                };
+                let rows = 3;
                 for t_n in [2, 3, 4, 5, 8, 9, 21] {
                     let w = random_row(&mut rng, ty, rows * cols);
-                    let x = random_acts(&mut rng, t_n * cols);
+                    let mut x = random_acts(&mut rng, (t_n * cols).next_multiple_of(32));
+                    x.truncate(t_n * cols);
                     let m = QMatrix::new(ty, &w, rows, cols).unwrap();
                     let mut acts = Activations::new();
                     acts.quantize(kind, &x, cols).unwrap();

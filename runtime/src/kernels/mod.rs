@@ -354,6 +354,10 @@ impl Activations {
                 self.halves.clear();
                 self.halves
                     .extend(x.iter().map(|&v| crate::blocks::f32_to_f16(v)));
+                // Widened back (exactly) for the several-row product.
+                self.f32s.clear();
+                self.f32s
+                    .extend(self.halves.iter().map(|&h| crate::blocks::f16_to_f32(h)));
             }
             VecDotType::BF16 => {
                 self.halves.clear();
@@ -517,9 +521,15 @@ type Dot<A> = fn(&[u8], &[A]) -> f32;
 /// not their arithmetic.
 pub(crate) type Rows<A> = fn(&[u8], &[A], &[f32], &mut [f32]);
 
+/// One F16 weight row against several consecutive activation rows given as
+/// `f32` (the f16 activations widened, exactly): `(w, a, out)` with `a`
+/// holding `out.len()` rows of `w`'s length; the bits of the single products.
+pub(crate) type RowsF16 = fn(&[u8], &[f32], &mut [f32]);
+
 /// The several-row products a backend has (`None`: one dot product per row).
 #[derive(Clone, Copy)]
 pub(crate) struct RowsTable {
+    pub(crate) f16: Option<RowsF16>,
     pub(crate) q4_0: Option<Rows<BlockQ8_0>>,
     pub(crate) q5_0: Option<Rows<BlockQ8_0>>,
     pub(crate) q8_0: Option<Rows<BlockQ8_0>>,
@@ -529,6 +539,7 @@ pub(crate) struct RowsTable {
 impl RowsTable {
     /// No several-row products.
     pub(crate) const NONE: RowsTable = RowsTable {
+        f16: None,
         q4_0: None,
         q5_0: None,
         q8_0: None,
@@ -692,6 +703,10 @@ impl Kernels {
             (T::IQ4_NL, Some(VecDotType::Q8_0)) => r.iq4_nl,
             _ => None,
         };
+        if let (T::F16, Some(VecDotType::F16), Some(f)) = (ty, acts.kind, r.f16) {
+            let c = acts.cols;
+            return f(w, &acts.f32s[t0 * c..(t0 + out.len()) * c], out);
+        }
         match rows {
             Some(f) => {
                 let nb = acts.cols / QK8_0;

@@ -64,6 +64,11 @@ macro_rules! rows_entry {
 }
 
 rows_entry!(r_q4_0, q4_0_rows);
+
+fn r_f16w(w: &[u8], a: &[f32], out: &mut [f32]) {
+    // SAFETY: as for `entry!`.
+    unsafe { f16w_rows(w, a, out) }
+}
 rows_entry!(r_q5_0, q5_0_rows);
 rows_entry!(r_q8_0, q8_0_rows);
 rows_entry!(r_iq4_nl, iq4_nl_rows);
@@ -89,6 +94,7 @@ pub(crate) static TABLE: DotTable = DotTable {
     dot_f16_f32: e_dot_f16_f32,
     dot_f16_f16: e_dot_f16_f16,
     rows: RowsTable {
+        f16: Some(r_f16w),
         q4_0: Some(r_q4_0),
         q5_0: Some(r_q5_0),
         q8_0: Some(r_q8_0),
@@ -120,6 +126,27 @@ pub(super) fn ldps<T: Copy>(s: &[T]) -> __m256 {
     assert!(size_of_val(s) >= 32);
     // SAFETY: at least 32 readable bytes (checked); unaligned load.
     unsafe { _mm256_loadu_ps(s.as_ptr().cast()) }
+}
+
+/// [`tree8`](super::super::scalar::tree8) of the eight lanes of `v`:
+/// `((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7))`, the same additions.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn tree8_ps(v: __m256) -> f32 {
+    let h = _mm_hadd_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let h = _mm_hadd_ps(h, h);
+    _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)))
+}
+
+/// The 32 float partials of four accumulators folded to eight,
+/// `q[k] = (p[k] + p[k+8]) + (p[k+16] + p[k+24])`, then [`tree8_ps`].
+#[inline]
+#[target_feature(enable = "avx2")]
+fn fold32_ps(acc: [__m256; 4]) -> f32 {
+    tree8_ps(_mm256_add_ps(
+        _mm256_add_ps(acc[0], acc[1]),
+        _mm256_add_ps(acc[2], acc[3]),
+    ))
 }
 
 /// Lanes `0..n` all ones, the rest zero (`n` ≤ 8).
@@ -533,6 +560,10 @@ fn rows32_group<const M: usize>(
         scalar_from = full;
     }
     for (j, (o, acc)) in out[..M].iter_mut().zip(acc).enumerate() {
+        if scalar_from == nb {
+            *o = tree8_ps(acc);
+            continue;
+        }
         let mut sum = Blocks::new(lanes_ps(acc));
         for i in scalar_from..nb {
             let b = &w[i * ts..][..ts];
@@ -956,6 +987,67 @@ fn f16w(w: &[u8], a: &[u16]) -> f32 {
         _mm256_cvtph_ps(ld128(&a[i..i + 8])),
         |t| f16_at(w, 2 * t) * h2f(a[t])
     )
+}
+
+/// F16 weights against several activation rows (widened to `f32`), three
+/// rows at a time sharing each conversion of the weights; each row keeps the
+/// 32 partials and order of [`f16w`] (fused multiply-adds: f16 × f16
+/// products are exact).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16w_rows(w: &[u8], a: &[f32], out: &mut [f32]) {
+    let cols = w.len() / 2;
+    assert_eq!(a.len(), out.len() * cols, "f16w_rows lengths");
+    let mut t0 = 0;
+    while t0 < out.len() {
+        let (a, out) = (&a[t0 * cols..], &mut out[t0..]);
+        if out.len() >= 3 {
+            f16w_group::<3>(w, a, cols, out);
+            t0 += 3;
+        } else {
+            f16w_group::<1>(w, a, cols, out);
+            t0 += 1;
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16w_group<const M: usize>(w: &[u8], a: &[f32], cols: usize, out: &mut [f32]) {
+    let mut acc = [[_mm256_setzero_ps(); 4]; M];
+    let mut i = 0;
+    while i + 32 <= cols {
+        for k in 0..4 {
+            let x = cvt_h(&w[2 * (i + 8 * k)..][..16]);
+            for (j, acc) in acc.iter_mut().enumerate() {
+                acc[k] = madd_exact(acc[k], x, ldps(&a[j * cols + i + 8 * k..][..8]));
+            }
+        }
+        i += 32;
+    }
+    let mut k = 0;
+    while i + 8 <= cols {
+        let x = cvt_h(&w[2 * i..][..16]);
+        for (j, acc) in acc.iter_mut().enumerate() {
+            acc[k] = madd_exact(acc[k], x, ldps(&a[j * cols + i..][..8]));
+        }
+        i += 8;
+        k += 1;
+    }
+    for (j, (o, acc)) in out[..M].iter_mut().zip(acc).enumerate() {
+        if i == cols {
+            *o = fold32_ps(acc);
+            continue;
+        }
+        let mut p = [0f32; FLOAT_PARTIALS];
+        for (p, acc) in p.chunks_exact_mut(8).zip(acc) {
+            p.copy_from_slice(&lanes_ps(acc));
+        }
+        let mut s = FloatSum::new(p);
+        for t in i..cols {
+            s.add(t, f16_at(w, 2 * t) * a[j * cols + t]);
+        }
+        *o = s.sum();
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
