@@ -132,7 +132,7 @@ pub(super) fn ldps<T: Copy>(s: &[T]) -> __m256 {
 /// `((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7))`, the same additions.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn tree8_ps(v: __m256) -> f32 {
+pub(super) fn tree8_ps(v: __m256) -> f32 {
     let h = _mm_hadd_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let h = _mm_hadd_ps(h, h);
     _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)))
@@ -152,7 +152,7 @@ fn fold32_ps(acc: [__m256; 4]) -> f32 {
 /// Lanes `0..n` all ones, the rest zero (`n` ≤ 8).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn first_lanes(n: usize) -> __m256i {
+pub(super) fn first_lanes(n: usize) -> __m256i {
     _mm256_cmpgt_epi32(
         _mm256_set1_epi32(n.min(8) as i32),
         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
@@ -162,7 +162,7 @@ fn first_lanes(n: usize) -> __m256i {
 /// The first `s.len()` (at most 8) lanes from `s`, zeros after them.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn ldps_first(s: &[f32]) -> __m256 {
+pub(super) fn ldps_first(s: &[f32]) -> __m256 {
     // SAFETY: lanes whose mask is clear are not read (and cannot fault); the
     // others are the first `min(s.len(), 8)` elements of `s`.
     unsafe { _mm256_maskload_ps(s.as_ptr(), first_lanes(s.len())) }
@@ -221,7 +221,7 @@ fn transpose_sum(v: &[__m256i; 8]) -> __m256i {
 /// Eight f16 values to `f32` (exact).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn halves(h: [u16; 8]) -> __m256 {
+pub(super) fn halves(h: [u16; 8]) -> __m256 {
     let h = h.map(|v| v as i16);
     _mm256_cvtph_ps(_mm_set_epi16(
         h[7], h[6], h[5], h[4], h[3], h[2], h[1], h[0],
@@ -405,212 +405,253 @@ fn iq4_nl(w: &[u8], a: &[BlockQ8_0]) -> f32 {
 
 // ---- several activation rows per weight row (Q8_0 family) ----
 
-/// Activation rows whose products are computed together in [`rows32`].
-const ROW_GROUP: usize = 4;
-
-/// One weight row of 32-weight blocks of `ts` bytes against `out.len()`
-/// consecutive Q8_0 activation rows (`a`, with `f32` scales `ad`), each in
-/// the canonical order of [`blocks32`]: every eight blocks, a row's integer
-/// sums are transposed into one vector, scaled and added to its eight
-/// partials; the last `nb % 8` blocks go one by one through the scalar term.
-/// `unpack` gives a block's 32 weights as signed bytes; it runs once per
-/// block for every [`ROW_GROUP`] activation rows.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-fn rows32(
-    w: &[u8],
-    a: &[BlockQ8_0],
-    ad: &[f32],
-    ts: usize,
-    unpack: impl Fn(&[u8]) -> __m256i + Copy,
-    out: &mut [f32],
-) {
-    let n = out.len();
-    let nb = w.len() / ts;
-    assert!(a.len() == n * nb && ad.len() == n * nb, "rows32 lengths");
-    let mut t0 = 0;
-    while t0 < n {
-        if n - t0 >= ROW_GROUP {
-            rows32_group::<ROW_GROUP>(
-                w,
-                &a[t0 * nb..],
-                &ad[t0 * nb..],
-                nb,
-                ts,
-                unpack,
-                &mut out[t0..],
-            );
-            t0 += ROW_GROUP;
-        } else {
-            rows32_group::<1>(
-                w,
-                &a[t0 * nb..],
-                &ad[t0 * nb..],
-                nb,
-                ts,
-                unpack,
-                &mut out[t0..],
-            );
-            t0 += 1;
+/// The several-row Q8_0-family kernels ([`rows32`] and its helpers) for one
+/// instruction set: `$feat` its target features, `$prep` turns a block's
+/// signed weights into what `$dot` takes, `$dot` gives the block's integer
+/// sum against 32 signed activation bytes in eight `i32` lanes. Expanded here for AVX2 and in
+/// `avx512.rs` for AVX-512 VNNI.
+macro_rules! rows32_kernels {
+    ($feat:literal, $prep:path, $dot:path) => {
+        /// One weight row of 32-weight blocks of `ts` bytes against `out.len()`
+        /// consecutive Q8_0 activation rows (`a`, with `f32` scales `ad`), each in
+        /// the canonical order of [`blocks32`]: every eight blocks, a row's integer
+        /// sums are transposed into one vector, scaled and added to its eight
+        /// partials; the last `nb % 8` blocks go one by one through the scalar term.
+        /// `unpack` gives a block's 32 weights as signed bytes; it runs once per
+        /// block for every `G` activation rows (more for the costlier unpacking;
+        /// too many and the sums no longer fit in registers).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn rows32<const G: usize>(
+            w: &[u8],
+            a: &[BlockQ8_0],
+            ad: &[f32],
+            ts: usize,
+            unpack: impl Fn(&[u8]) -> __m256i + Copy,
+            out: &mut [f32],
+        ) {
+            let n = out.len();
+            let nb = w.len() / ts;
+            assert!(a.len() == n * nb && ad.len() == n * nb, "rows32 lengths");
+            let mut t0 = 0;
+            while t0 < n {
+                if n - t0 >= G {
+                    rows32_group::<G>(
+                        w,
+                        &a[t0 * nb..],
+                        &ad[t0 * nb..],
+                        nb,
+                        ts,
+                        unpack,
+                        &mut out[t0..],
+                    );
+                    t0 += G;
+                } else {
+                    rows32_group::<1>(
+                        w,
+                        &a[t0 * nb..],
+                        &ad[t0 * nb..],
+                        nb,
+                        ts,
+                        unpack,
+                        &mut out[t0..],
+                    );
+                    t0 += 1;
+                }
+            }
         }
-    }
-}
 
-/// The integer sums of two consecutive blocks (weights `q0`, `q1` as signed
-/// bytes) against block `at` and `at + 1` of each of `M` activation rows `nb`
-/// blocks apart, pairwise added as the first step of [`transpose_sum`].
+        /// The integer sums (through `$prep` and `$dot`) of two consecutive blocks
+        /// (weights `q0`, `q1` as signed bytes) against block `at` and `at + 1` of each of `M` activation rows `nb`
+        /// blocks apart, pairwise added as the first step of [`transpose_sum`].
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn pair_sums<const M: usize>(
+            q0: __m256i,
+            q1: __m256i,
+            a: &[BlockQ8_0],
+            nb: usize,
+            at: usize,
+        ) -> [__m256i; M] {
+            let (p0, p1) = ($prep(q0), $prep(q1));
+            let mut h = [_mm256_setzero_si256(); M];
+            for (j, h) in h.iter_mut().enumerate() {
+                let y = &a[j * nb + at..][..2];
+                *h = _mm256_hadd_epi32($dot(p0, ld256(&y[0].qs)), $dot(p1, ld256(&y[1].qs)));
+            }
+            h
+        }
+
+        /// [`rows32`] for `M` activation rows (`a`, `ad` from the first of them;
+        /// rows `nb` blocks apart), into `out[..M]`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn rows32_group<const M: usize>(
+            w: &[u8],
+            a: &[BlockQ8_0],
+            ad: &[f32],
+            nb: usize,
+            ts: usize,
+            unpack: impl Fn(&[u8]) -> __m256i,
+            out: &mut [f32],
+        ) {
+            let pair = |b0: usize, k: usize| {
+                let (q0, q1) = (
+                    unpack(&w[(b0 + k) * ts..][..ts]),
+                    unpack(&w[(b0 + k + 1) * ts..][..ts]),
+                );
+                pair_sums::<M>(q0, q1, a, nb, b0 + k)
+            };
+            let mut acc = [_mm256_setzero_ps(); M];
+            let full = nb / 8 * 8;
+            for b0 in (0..full).step_by(8) {
+                let (h01, h23) = (pair(b0, 0), pair(b0, 2));
+                let h0123: [__m256i; M] =
+                    std::array::from_fn(|j| _mm256_hadd_epi32(h01[j], h23[j]));
+                let (h45, h67) = (pair(b0, 4), pair(b0, 6));
+                let mut dws = [0u16; 8];
+                for (k, d) in dws.iter_mut().enumerate() {
+                    *d = le16(w, (b0 + k) * ts);
+                }
+                let dw = halves(dws);
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    let h4567 = _mm256_hadd_epi32(h45[j], h67[j]);
+                    let lo = _mm256_permute2x128_si256::<0x20>(h0123[j], h4567);
+                    let hi = _mm256_permute2x128_si256::<0x31>(h0123[j], h4567);
+                    let isum = _mm256_add_epi32(lo, hi);
+                    let da = ldps(&ad[j * nb + b0..][..8]);
+                    let t = _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum));
+                    *acc = _mm256_add_ps(*acc, t);
+                }
+            }
+            // An even tail (2, 4 or 6 blocks: SmolLM2's 576 columns are 18) as one
+            // more group with zero sums for the missing blocks, whose lanes are kept
+            // out of the partials; an odd one block by block.
+            let tail = nb - full;
+            let mut scalar_from = nb;
+            if tail % 2 == 0 && tail > 0 {
+                let mut q = [_mm256_setzero_si256(); 6];
+                let mut dws = [0u16; 8];
+                for k in 0..tail {
+                    let b = &w[(full + k) * ts..][..ts];
+                    q[k] = unpack(b);
+                    dws[k] = le16(b, 0);
+                }
+                let dw = halves(dws);
+                let keep = _mm256_castsi256_ps(first_lanes(tail));
+                let zero = _mm256_setzero_si256();
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    let a = &a[j * nb..];
+                    let h = |k: usize| {
+                        if k < tail {
+                            pair_sums::<1>(q[k], q[k + 1], a, nb, full + k)[0]
+                        } else {
+                            zero
+                        }
+                    };
+                    let h0123 = _mm256_hadd_epi32(h(0), h(2));
+                    let h4567 = _mm256_hadd_epi32(h(4), zero);
+                    let lo = _mm256_permute2x128_si256::<0x20>(h0123, h4567);
+                    let hi = _mm256_permute2x128_si256::<0x31>(h0123, h4567);
+                    let isum = _mm256_add_epi32(lo, hi);
+                    let da = ldps_first(&ad[j * nb + full..][..tail]);
+                    let t = _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum));
+                    *acc = _mm256_blendv_ps(*acc, _mm256_add_ps(*acc, t), keep);
+                }
+            } else {
+                scalar_from = full;
+            }
+            for (j, (o, acc)) in out[..M].iter_mut().zip(acc).enumerate() {
+                if scalar_from == nb {
+                    *o = tree8_ps(acc);
+                    continue;
+                }
+                let mut sum = Blocks::new(lanes_ps(acc));
+                for i in scalar_from..nb {
+                    let b = &w[i * ts..][..ts];
+                    let v = $dot($prep(unpack(b)), ld256(&a[j * nb + i].qs));
+                    sum.add(i, term(h2f(le16(b, 0)), ad[j * nb + i], hsum_epi32(v)));
+                }
+                *o = sum.sum();
+            }
+        }
+
+        // Activation rows per weight block: eight for the nibble types, four for
+        // Q8_0, whose unpacking is a load (measured on SmolLM2).
+        #[target_feature(enable = $feat)]
+        fn q4_0_rows(w: &[u8], a: &[BlockQ8_0], ad: &[f32], out: &mut [f32]) {
+            rows32::<8>(w, a, ad, 18, |b| unpack_q4_0(b), out)
+        }
+
+        #[target_feature(enable = $feat)]
+        fn q5_0_rows(w: &[u8], a: &[BlockQ8_0], ad: &[f32], out: &mut [f32]) {
+            rows32::<8>(w, a, ad, 22, |b| unpack_q5_0(b), out)
+        }
+
+        #[target_feature(enable = $feat)]
+        fn q8_0_rows(w: &[u8], a: &[BlockQ8_0], ad: &[f32], out: &mut [f32]) {
+            rows32::<4>(w, a, ad, 34, |b| unpack_q8_0(b), out)
+        }
+
+        #[target_feature(enable = $feat)]
+        fn iq4_nl_rows(w: &[u8], a: &[BlockQ8_0], ad: &[f32], out: &mut [f32]) {
+            rows32::<8>(w, a, ad, 18, |b| unpack_iq4_nl(b), out)
+        }
+    };
+}
+pub(super) use rows32_kernels;
+
+rows32_kernels!("avx2,f16c", sign_prep, sign_dot);
+
+/// AVX2's block product, prepared once per weight block: `|w|` and `w`.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn pair_sums<const M: usize>(
-    q0: __m256i,
-    q1: __m256i,
-    a: &[BlockQ8_0],
-    nb: usize,
-    at: usize,
-) -> [__m256i; M] {
-    let ones = _mm256_set1_epi16(1);
-    let (a0, a1) = (_mm256_sign_epi8(q0, q0), _mm256_sign_epi8(q1, q1));
-    let mut h = [_mm256_setzero_si256(); M];
-    for (j, h) in h.iter_mut().enumerate() {
-        let y = &a[j * nb + at..][..2];
-        let v0 = _mm256_maddubs_epi16(a0, _mm256_sign_epi8(ld256(&y[0].qs), q0));
-        let v1 = _mm256_maddubs_epi16(a1, _mm256_sign_epi8(ld256(&y[1].qs), q1));
-        *h = _mm256_hadd_epi32(_mm256_madd_epi16(v0, ones), _mm256_madd_epi16(v1, ones));
-    }
-    h
+fn sign_prep(q: __m256i) -> (__m256i, __m256i) {
+    (_mm256_sign_epi8(q, q), q)
 }
 
-/// [`rows32`] for `M` activation rows (`a`, `ad` from the first of them;
-/// rows `nb` blocks apart), into `out[..M]`.
+/// `Σ w·y` over each four bytes (exact): `|w| · sign(y, w)` through
+/// `vpmaddubsw` (no saturation: |y| ≤ 127) and `vpmaddwd` against 1.
 #[inline]
-#[target_feature(enable = "avx2,f16c")]
-fn rows32_group<const M: usize>(
-    w: &[u8],
-    a: &[BlockQ8_0],
-    ad: &[f32],
-    nb: usize,
-    ts: usize,
-    unpack: impl Fn(&[u8]) -> __m256i,
-    out: &mut [f32],
-) {
-    let ones = _mm256_set1_epi16(1);
-    let pair = |b0: usize, k: usize| {
-        let (q0, q1) = (
-            unpack(&w[(b0 + k) * ts..][..ts]),
-            unpack(&w[(b0 + k + 1) * ts..][..ts]),
-        );
-        pair_sums::<M>(q0, q1, a, nb, b0 + k)
-    };
-    let mut acc = [_mm256_setzero_ps(); M];
-    let full = nb / 8 * 8;
-    for b0 in (0..full).step_by(8) {
-        let (h01, h23) = (pair(b0, 0), pair(b0, 2));
-        let h0123: [__m256i; M] = std::array::from_fn(|j| _mm256_hadd_epi32(h01[j], h23[j]));
-        let (h45, h67) = (pair(b0, 4), pair(b0, 6));
-        let mut dws = [0u16; 8];
-        for (k, d) in dws.iter_mut().enumerate() {
-            *d = le16(w, (b0 + k) * ts);
-        }
-        let dw = halves(dws);
-        for (j, acc) in acc.iter_mut().enumerate() {
-            let h4567 = _mm256_hadd_epi32(h45[j], h67[j]);
-            let lo = _mm256_permute2x128_si256::<0x20>(h0123[j], h4567);
-            let hi = _mm256_permute2x128_si256::<0x31>(h0123[j], h4567);
-            let isum = _mm256_add_epi32(lo, hi);
-            let da = ldps(&ad[j * nb + b0..][..8]);
-            let t = _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum));
-            *acc = _mm256_add_ps(*acc, t);
-        }
-    }
-    // An even tail (2, 4 or 6 blocks: SmolLM2's 576 columns are 18) as one
-    // more group with zero sums for the missing blocks, whose lanes are kept
-    // out of the partials; an odd one block by block.
-    let tail = nb - full;
-    let mut scalar_from = nb;
-    if tail % 2 == 0 && tail > 0 {
-        let mut q = [_mm256_setzero_si256(); 6];
-        let mut dws = [0u16; 8];
-        for k in 0..tail {
-            let b = &w[(full + k) * ts..][..ts];
-            q[k] = unpack(b);
-            dws[k] = le16(b, 0);
-        }
-        let dw = halves(dws);
-        let keep = _mm256_castsi256_ps(first_lanes(tail));
-        let zero = _mm256_setzero_si256();
-        for (j, acc) in acc.iter_mut().enumerate() {
-            let a = &a[j * nb..];
-            let h = |k: usize| {
-                if k < tail {
-                    pair_sums::<1>(q[k], q[k + 1], a, nb, full + k)[0]
-                } else {
-                    zero
-                }
-            };
-            let h0123 = _mm256_hadd_epi32(h(0), h(2));
-            let h4567 = _mm256_hadd_epi32(h(4), zero);
-            let lo = _mm256_permute2x128_si256::<0x20>(h0123, h4567);
-            let hi = _mm256_permute2x128_si256::<0x31>(h0123, h4567);
-            let isum = _mm256_add_epi32(lo, hi);
-            let da = ldps_first(&ad[j * nb + full..][..tail]);
-            let t = _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum));
-            *acc = _mm256_blendv_ps(*acc, _mm256_add_ps(*acc, t), keep);
-        }
-    } else {
-        scalar_from = full;
-    }
-    for (j, (o, acc)) in out[..M].iter_mut().zip(acc).enumerate() {
-        if scalar_from == nb {
-            *o = tree8_ps(acc);
-            continue;
-        }
-        let mut sum = Blocks::new(lanes_ps(acc));
-        for i in scalar_from..nb {
-            let b = &w[i * ts..][..ts];
-            let q = unpack(b);
-            let y = &a[j * nb + i];
-            let v = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(ld256(&y.qs), q)),
-                ones,
-            );
-            sum.add(i, term(h2f(le16(b, 0)), ad[j * nb + i], hsum_epi32(v)));
-        }
-        *o = sum.sum();
-    }
+#[target_feature(enable = "avx2")]
+fn sign_dot((abs, q): (__m256i, __m256i), y: __m256i) -> __m256i {
+    let p = _mm256_maddubs_epi16(abs, _mm256_sign_epi8(y, q));
+    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-fn q4_0_rows(w: &[u8], a: &[BlockQ8_0], ad: &[f32], out: &mut [f32]) {
-    let unpack = |b: &[u8]| _mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8));
-    rows32(w, a, ad, 18, unpack, out)
+/// A Q4_0 block's weights as signed bytes.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn unpack_q4_0(b: &[u8]) -> __m256i {
+    _mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8))
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-fn q5_0_rows(w: &[u8], a: &[BlockQ8_0], ad: &[f32], out: &mut [f32]) {
-    let unpack = |b: &[u8]| {
-        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-        let hi = _mm256_andnot_si256(bit_bytes(qh), _mm256_set1_epi8(0xf0u8 as i8));
-        _mm256_or_si256(nibbles(&b[6..22]), hi)
-    };
-    rows32(w, a, ad, 22, unpack, out)
+/// A Q5_0 block's weights as signed bytes.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn unpack_q5_0(b: &[u8]) -> __m256i {
+    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+    // A clear fifth bit means q − 16 < 0: set the byte's high nibble (−16 in two's complement).
+    let hi = _mm256_andnot_si256(bit_bytes(qh), _mm256_set1_epi8(0xf0u8 as i8));
+    _mm256_or_si256(nibbles(&b[6..22]), hi)
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-fn q8_0_rows(w: &[u8], a: &[BlockQ8_0], ad: &[f32], out: &mut [f32]) {
-    rows32(w, a, ad, 34, |b| ld256(&b[2..34]), out)
+/// A Q8_0 block's weights.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn unpack_q8_0(b: &[u8]) -> __m256i {
+    ld256(&b[2..34])
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-fn iq4_nl_rows(w: &[u8], a: &[BlockQ8_0], ad: &[f32], out: &mut [f32]) {
-    let grid = ld128(&IQ4NL_GRID);
-    let m = _mm_set1_epi8(0xf);
-    let unpack = |b: &[u8]| {
-        let q = ld128(&b[2..18]);
-        let lo = _mm_shuffle_epi8(grid, _mm_and_si128(q, m));
-        let hi = _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(q, 4), m));
-        _mm256_set_m128i(hi, lo)
-    };
-    rows32(w, a, ad, 18, unpack, out)
+/// An IQ4_NL block's weights (grid values) as signed bytes.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn unpack_iq4_nl(b: &[u8]) -> __m256i {
+    let (grid, m) = (ld128(&IQ4NL_GRID), _mm_set1_epi8(0xf));
+    let q = ld128(&b[2..18]);
+    let lo = _mm_shuffle_epi8(grid, _mm_and_si128(q, m));
+    let hi = _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(q, 4), m));
+    _mm256_set_m128i(hi, lo)
 }
 
 // ---- Q8_1 family ----
