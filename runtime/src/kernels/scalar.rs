@@ -551,7 +551,7 @@ pub(crate) fn dot_iq4_xs(w: &[u8], a: &[BlockQ8K]) -> f32 {
     }))
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
 
@@ -559,7 +559,6 @@ mod tests {
     /// every scale, exact halves, NaN and infinities.
     #[test]
     fn q8_0_quantizer_is_the_same_with_avx2() {
-        #[cfg(target_arch = "x86_64")]
         if super::super::attn::has_avx2() {
             let mut seed = 0x9e37_79b9_7f4a_7c15u64;
             let mut next = move || {
