@@ -526,10 +526,16 @@ pub(crate) type Rows<A> = fn(&[u8], &[A], &[f32], &mut [f32]);
 /// holding `out.len()` rows of `w`'s length; the bits of the single products.
 pub(crate) type RowsF16 = fn(&[u8], &[f32], &mut [f32]);
 
+/// One K-quant weight row against several consecutive Q8_K activation rows:
+/// `(w, a, out)` with `a` holding `out.len()` rows of `w`'s block count.
+pub(crate) type RowsK = fn(&[u8], &[BlockQ8K], &mut [f32]);
+
 /// The several-row products a backend has (`None`: one dot product per row).
 #[derive(Clone, Copy)]
 pub(crate) struct RowsTable {
     pub(crate) f16: Option<RowsF16>,
+    pub(crate) q4_k: Option<RowsK>,
+    pub(crate) q6_k: Option<RowsK>,
     pub(crate) q4_0: Option<Rows<BlockQ8_0>>,
     pub(crate) q5_0: Option<Rows<BlockQ8_0>>,
     pub(crate) q8_0: Option<Rows<BlockQ8_0>>,
@@ -540,6 +546,8 @@ impl RowsTable {
     /// No several-row products.
     pub(crate) const NONE: RowsTable = RowsTable {
         f16: None,
+        q4_k: None,
+        q6_k: None,
         q4_0: None,
         q5_0: None,
         q8_0: None,
@@ -706,6 +714,15 @@ impl Kernels {
         if let (T::F16, Some(VecDotType::F16), Some(f)) = (ty, acts.kind, r.f16) {
             let c = acts.cols;
             return f(w, &acts.f32s[t0 * c..(t0 + out.len()) * c], out);
+        }
+        let k = match (ty, acts.kind) {
+            (T::Q4_K, Some(VecDotType::Q8K)) => r.q4_k,
+            (T::Q6_K, Some(VecDotType::Q8K)) => r.q6_k,
+            _ => None,
+        };
+        if let Some(f) = k {
+            let nb = acts.cols / QK_K;
+            return f(w, &acts.q8k[t0 * nb..(t0 + out.len()) * nb], out);
         }
         match rows {
             Some(f) => {

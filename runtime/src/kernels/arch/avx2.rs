@@ -65,6 +65,16 @@ macro_rules! rows_entry {
 
 rows_entry!(r_q4_0, q4_0_rows);
 
+fn r_q4_k(w: &[u8], a: &[BlockQ8K], out: &mut [f32]) {
+    // SAFETY: as for `entry!`.
+    unsafe { q4_k_rows(w, a, out) }
+}
+
+fn r_q6_k(w: &[u8], a: &[BlockQ8K], out: &mut [f32]) {
+    // SAFETY: as for `entry!`.
+    unsafe { q6_k_rows(w, a, out) }
+}
+
 fn r_f16w(w: &[u8], a: &[f32], out: &mut [f32]) {
     // SAFETY: as for `entry!`.
     unsafe { f16w_rows(w, a, out) }
@@ -95,6 +105,8 @@ pub(crate) static TABLE: DotTable = DotTable {
     dot_f16_f16: e_dot_f16_f16,
     rows: RowsTable {
         f16: Some(r_f16w),
+        q4_k: Some(r_q4_k),
+        q6_k: Some(r_q6_k),
         q4_0: Some(r_q4_0),
         q5_0: Some(r_q5_0),
         q8_0: Some(r_q8_0),
@@ -822,20 +834,45 @@ fn q4_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn q4_k_sums(b: &[u8], y: &BlockQ8K) -> (__m256i, __m256i) {
+    q4_k_sums_of(&q4_k_prep(b), y)
+}
+
+/// A Q4_K super-block unpacked: its 6-bit scales and minimums, and its 256
+/// weights as bytes (chunk `c`'s low nibbles in `q[2c]`, high in `q[2c+1]`).
+struct Q4kBlock {
+    sc: [u8; 8],
+    m: [u8; 8],
+    q: [__m256i; 8],
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q4_k_prep(b: &[u8]) -> Q4kBlock {
     let (sc, m) = k4_scales(&b[4..16]);
-    let mins = k4_mins(&m, y);
+    let m4 = _mm256_set1_epi8(0xf);
+    let q = std::array::from_fn(|i| {
+        let q = ld256(&b[16 + 32 * (i / 2)..][..32]);
+        if i % 2 == 0 {
+            _mm256_and_si256(q, m4)
+        } else {
+            _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)
+        }
+    });
+    Q4kBlock { sc, m, q }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q4_k_sums_of(p: &Q4kBlock, y: &BlockQ8K) -> (__m256i, __m256i) {
     let mut isum = _mm256_setzero_si256();
     for c in 0..4 {
-        let q = ld256(&b[16 + 32 * c..48 + 32 * c]);
-        let lo = _mm256_and_si256(q, _mm256_set1_epi8(0xf));
-        let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0xf));
-        let p_lo = _mm256_maddubs_epi16(lo, ld256(&y.qs[64 * c..]));
-        let p_hi = _mm256_maddubs_epi16(hi, ld256(&y.qs[64 * c + 32..]));
-        let s_lo = _mm256_madd_epi16(p_lo, _mm256_set1_epi16(i16::from(sc[2 * c])));
-        let s_hi = _mm256_madd_epi16(p_hi, _mm256_set1_epi16(i16::from(sc[2 * c + 1])));
+        let p_lo = _mm256_maddubs_epi16(p.q[2 * c], ld256(&y.qs[64 * c..]));
+        let p_hi = _mm256_maddubs_epi16(p.q[2 * c + 1], ld256(&y.qs[64 * c + 32..]));
+        let s_lo = _mm256_madd_epi16(p_lo, _mm256_set1_epi16(i16::from(p.sc[2 * c])));
+        let s_hi = _mm256_madd_epi16(p_hi, _mm256_set1_epi16(i16::from(p.sc[2 * c + 1])));
         isum = _mm256_add_epi32(isum, _mm256_add_epi32(s_lo, s_hi));
     }
-    (isum, mins)
+    (isum, k4_mins(&p.m, y))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -884,32 +921,108 @@ fn q6_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn q6_k_sums(b: &[u8], y: &BlockQ8K) -> (__m256i, __m256i) {
+    q6_k_sums_of(&q6_k_prep(b), y)
+}
+
+/// A Q6_K super-block unpacked: its sixteen scales as `i16` and its 256
+/// unsigned 6-bit weights as bytes, 32 per vector in activation order.
+struct Q6kBlock {
+    s16: __m256i,
+    u: [__m256i; 8],
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q6_k_prep(b: &[u8]) -> Q6kBlock {
     let s16 = _mm256_cvtepi8_epi16(ld128(&b[192..208]));
-    // Σ (u − 32)·y·s = Σ u·y·s − 32·Σ s·bsums, with u the unsigned 6-bit value.
-    let corr = _mm256_slli_epi32(_mm256_madd_epi16(s16, ld256(&y.bsums)), 5);
-    let mut isum = _mm256_sub_epi32(_mm256_setzero_si256(), corr);
     let m4 = _mm256_set1_epi8(0xf);
+    let mut u = [_mm256_setzero_si256(); 8];
     for n in 0..2 {
         let ql0 = ld256(&b[64 * n..64 * n + 32]);
         let ql1 = ld256(&b[64 * n + 32..64 * n + 64]);
         let qh = ld256(&b[128 + 32 * n..160 + 32 * n]);
         let h = |mask: i8| _mm256_and_si256(qh, _mm256_set1_epi8(mask));
-        let u = [
-            _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(h(0x03), 4)),
-            _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_slli_epi16(h(0x0c), 2)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), h(0x30)),
-            _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                _mm256_srli_epi16(h(0xc0u8 as i8), 2),
-            ),
-        ];
-        for (quarter, u) in u.into_iter().enumerate() {
-            let p = _mm256_maddubs_epi16(u, ld256(&y.qs[128 * n + 32 * quarter..]));
-            let s = scale_pair(s16, (4 * n + quarter) as i32);
-            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, s));
-        }
+        u[4 * n] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(h(0x03), 4));
+        u[4 * n + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_slli_epi16(h(0x0c), 2));
+        u[4 * n + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), h(0x30));
+        u[4 * n + 3] = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+            _mm256_srli_epi16(h(0xc0u8 as i8), 2),
+        );
+    }
+    Q6kBlock { s16, u }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q6_k_sums_of(p: &Q6kBlock, y: &BlockQ8K) -> (__m256i, __m256i) {
+    // Σ (u − 32)·y·s = Σ u·y·s − 32·Σ s·bsums, with u the unsigned 6-bit value.
+    let corr = _mm256_slli_epi32(_mm256_madd_epi16(p.s16, ld256(&y.bsums)), 5);
+    let mut isum = _mm256_sub_epi32(_mm256_setzero_si256(), corr);
+    for (i, u) in p.u.iter().enumerate() {
+        let q = _mm256_maddubs_epi16(*u, ld256(&y.qs[32 * i..]));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(q, scale_pair(p.s16, i as i32)));
     }
     (isum, _mm256_setzero_si256())
+}
+
+/// Several activation rows against one row of `ts`-byte K-quant
+/// super-blocks: `prep` unpacks a super-block once for [`K_GROUP`] rows,
+/// `sums` gives its integer sums against one activation block. Each row's
+/// blocks go through the scalar term into their partial (`b % 8`), the
+/// operations [`blocks256`] vectorises, so the bits are the single product's.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn rows256<const MIN: bool, P>(
+    w: &[u8],
+    a: &[BlockQ8K],
+    ts: usize,
+    prep: impl Fn(&[u8]) -> P,
+    sums: impl Fn(&P, &BlockQ8K) -> (__m256i, __m256i),
+    scales: impl Fn(&[u8]) -> [u16; 2],
+    out: &mut [f32],
+) {
+    let (n, nb) = (out.len(), w.len() / ts);
+    assert_eq!(a.len(), n * nb, "rows256 lengths");
+    for t0 in (0..n).step_by(K_GROUP) {
+        let m = K_GROUP.min(n - t0);
+        let mut acc = [Blocks::default(); K_GROUP];
+        for i in 0..nb {
+            let b = &w[i * ts..][..ts];
+            let p = prep(b);
+            let [dw, mw] = scales(b).map(|h| h2f(h));
+            for (j, acc) in acc.iter_mut().enumerate().take(m) {
+                let y = &a[(t0 + j) * nb + i];
+                let (isum, summs) = sums(&p, y);
+                let t = if MIN {
+                    term_kmin(dw, mw, y.d, hsum_epi32(isum), hsum_epi32(summs))
+                } else {
+                    term(dw, y.d, hsum_epi32(isum))
+                };
+                acc.add(i, t);
+            }
+        }
+        for (o, acc) in out[t0..t0 + m].iter_mut().zip(&acc) {
+            *o = acc.sum();
+        }
+    }
+}
+
+/// Activation rows per unpacked K-quant super-block in [`rows256`].
+const K_GROUP: usize = 4;
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_k_rows(w: &[u8], a: &[BlockQ8K], out: &mut [f32]) {
+    let prep = |b: &[u8]| q4_k_prep(b);
+    let sums = |p: &Q4kBlock, y: &BlockQ8K| q4_k_sums_of(p, y);
+    rows256::<true, _>(w, a, 144, prep, sums, |b| [le16(b, 0), le16(b, 2)], out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q6_k_rows(w: &[u8], a: &[BlockQ8K], out: &mut [f32]) {
+    let prep = |b: &[u8]| q6_k_prep(b);
+    let sums = |p: &Q6kBlock, y: &BlockQ8K| q6_k_sums_of(p, y);
+    rows256::<false, _>(w, a, 210, prep, sums, |b| [le16(b, 208), 0], out)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
