@@ -341,11 +341,7 @@ impl Cache {
     /// Values `start..start + out.len()`, as `f32`.
     fn read(&self, start: usize, out: &mut [f32]) {
         match self {
-            Cache::F16(c) => {
-                for (o, &h) in out.iter_mut().zip(&c[start..]) {
-                    *o = f16_to_f32(h);
-                }
-            }
+            Cache::F16(c) => attn::widen_f16(&c[start..start + out.len()], out),
             Cache::F32(c) => out.copy_from_slice(&c[start..start + out.len()]),
         }
     }
