@@ -354,10 +354,6 @@ impl Activations {
                 self.halves.clear();
                 self.halves
                     .extend(x.iter().map(|&v| crate::blocks::f32_to_f16(v)));
-                // Widened back (exactly) for the several-row product.
-                self.f32s.clear();
-                self.f32s
-                    .extend(self.halves.iter().map(|&h| crate::blocks::f16_to_f32(h)));
             }
             VecDotType::BF16 => {
                 self.halves.clear();
@@ -521,10 +517,10 @@ type Dot<A> = fn(&[u8], &[A]) -> f32;
 /// not their arithmetic.
 pub(crate) type Rows<A> = fn(&[u8], &[A], &[f32], &mut [f32]);
 
-/// One F16 weight row against several consecutive activation rows given as
-/// `f32` (the f16 activations widened, exactly): `(w, a, out)` with `a`
-/// holding `out.len()` rows of `w`'s length; the bits of the single products.
-pub(crate) type RowsF16 = fn(&[u8], &[f32], &mut [f32]);
+/// One F16 weight row against several consecutive f16 activation rows:
+/// `(w, a, out)` with `a` holding `out.len()` rows of `w`'s length; the bits
+/// of the single products.
+pub(crate) type RowsF16 = fn(&[u8], &[u16], &mut [f32]);
 
 /// One K-quant weight row against several consecutive Q8_K activation rows:
 /// `(w, a, out)` with `a` holding `out.len()` rows of `w`'s block count.
@@ -713,7 +709,7 @@ impl Kernels {
         };
         if let (T::F16, Some(VecDotType::F16), Some(f)) = (ty, acts.kind, r.f16) {
             let c = acts.cols;
-            return f(w, &acts.f32s[t0 * c..(t0 + out.len()) * c], out);
+            return f(w, &acts.halves[t0 * c..(t0 + out.len()) * c], out);
         }
         let k = match (ty, acts.kind) {
             (T::Q4_K, Some(VecDotType::Q8K)) => r.q4_k,

@@ -75,7 +75,7 @@ fn r_q6_k(w: &[u8], a: &[BlockQ8K], out: &mut [f32]) {
     unsafe { q6_k_rows(w, a, out) }
 }
 
-fn r_f16w(w: &[u8], a: &[f32], out: &mut [f32]) {
+fn r_f16w(w: &[u8], a: &[u16], out: &mut [f32]) {
     // SAFETY: as for `entry!`.
     unsafe { f16w_rows(w, a, out) }
 }
@@ -1143,12 +1143,12 @@ fn f16w(w: &[u8], a: &[u16]) -> f32 {
     )
 }
 
-/// F16 weights against several activation rows (widened to `f32`), three
-/// rows at a time sharing each conversion of the weights; each row keeps the
+/// F16 weights against several f16 activation rows, three rows at a time
+/// sharing each conversion of the weights; each row keeps the
 /// 32 partials and order of [`f16w`] (fused multiply-adds: f16 × f16
 /// products are exact).
 #[target_feature(enable = "avx2,fma,f16c")]
-fn f16w_rows(w: &[u8], a: &[f32], out: &mut [f32]) {
+fn f16w_rows(w: &[u8], a: &[u16], out: &mut [f32]) {
     let cols = w.len() / 2;
     assert_eq!(a.len(), out.len() * cols, "f16w_rows lengths");
     let mut t0 = 0;
@@ -1166,14 +1166,15 @@ fn f16w_rows(w: &[u8], a: &[f32], out: &mut [f32]) {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn f16w_group<const M: usize>(w: &[u8], a: &[f32], cols: usize, out: &mut [f32]) {
+fn f16w_group<const M: usize>(w: &[u8], a: &[u16], cols: usize, out: &mut [f32]) {
     let mut acc = [[_mm256_setzero_ps(); 4]; M];
     let mut i = 0;
     while i + 32 <= cols {
         for k in 0..4 {
             let x = cvt_h(&w[2 * (i + 8 * k)..][..16]);
             for (j, acc) in acc.iter_mut().enumerate() {
-                acc[k] = madd_exact(acc[k], x, ldps(&a[j * cols + i + 8 * k..][..8]));
+                let y = _mm256_cvtph_ps(ld128(&a[j * cols + i + 8 * k..][..8]));
+                acc[k] = madd_exact(acc[k], x, y);
             }
         }
         i += 32;
@@ -1182,7 +1183,8 @@ fn f16w_group<const M: usize>(w: &[u8], a: &[f32], cols: usize, out: &mut [f32])
     while i + 8 <= cols {
         let x = cvt_h(&w[2 * i..][..16]);
         for (j, acc) in acc.iter_mut().enumerate() {
-            acc[k] = madd_exact(acc[k], x, ldps(&a[j * cols + i..][..8]));
+            let y = _mm256_cvtph_ps(ld128(&a[j * cols + i..][..8]));
+            acc[k] = madd_exact(acc[k], x, y);
         }
         i += 8;
         k += 1;
@@ -1198,7 +1200,7 @@ fn f16w_group<const M: usize>(w: &[u8], a: &[f32], cols: usize, out: &mut [f32])
         }
         let mut s = FloatSum::new(p);
         for t in i..cols {
-            s.add(t, f16_at(w, 2 * t) * a[j * cols + t]);
+            s.add(t, f16_at(w, 2 * t) * h2f(a[j * cols + t]));
         }
         *o = s.sum();
     }
