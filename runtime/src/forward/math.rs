@@ -53,7 +53,7 @@ pub fn exp(x: f32) -> f32 {
 /// `x ← e^x` for every element: [`exp`]'s bits, four at a time with AVX2.
 pub fn exp_in_place(xs: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::kernels::attn::has_avx2() {
+    if crate::kernels::has_avx2() {
         // SAFETY: AVX2 was probed just above.
         unsafe { exp_avx2::exp_in_place(xs) };
         return;
@@ -77,13 +77,10 @@ mod exp_avx2 {
         let c: [f64; 14] = std::array::from_fn(|n| 1.0 / factorial(n as u32));
         let mut chunks = xs.chunks_exact_mut(4);
         for x in &mut chunks {
-            let mut v = [0f32; 4];
-            v.copy_from_slice(x);
-            // SAFETY: `v` holds 16 readable bytes.
-            let r = exp4(unsafe { _mm_loadu_ps(v.as_ptr()) }, &c);
-            // SAFETY: `v` holds 16 writable bytes.
-            unsafe { _mm_storeu_ps(v.as_mut_ptr(), r) };
-            x.copy_from_slice(&v);
+            // SAFETY: `x` is a chunk of exactly four floats (16 readable bytes).
+            let r = exp4(unsafe { _mm_loadu_ps(x.as_ptr()) }, &c);
+            // SAFETY: the same 16 bytes, writable.
+            unsafe { _mm_storeu_ps(x.as_mut_ptr(), r) };
         }
         for x in chunks.into_remainder() {
             *x = exp(*x);

@@ -407,11 +407,6 @@ fn softmax_numerators(scores: &mut [f32]) -> f32 {
     sum
 }
 
-/// `out += p · x`, element by element.
-fn accumulate(out: &mut [f32], p: f32, x: &[f32]) {
-    attn::axpy(out, p, x);
-}
-
 /// The KV cache and position of one sequence.
 pub struct Session {
     k: Vec<Cache>,
@@ -1402,7 +1397,7 @@ impl<'a> Model<'a> {
                 let sum = softmax_numerators(&mut scores);
                 for (j, s) in scores.iter().enumerate() {
                     v.read(j * kvd + kv_head * hd, &mut buf);
-                    accumulate(out, s / sum, &buf);
+                    attn::axpy(out, s / sum, &buf);
                 }
             }
             Kv::Dense { kt, stride, v } => {
@@ -1415,7 +1410,7 @@ impl<'a> Model<'a> {
                 let sum = softmax_numerators(&mut scores);
                 let v = &v[kv_head * v.len() / c.n_head_kv..];
                 for (s, row) in scores.iter().zip(v.chunks_exact(hd)) {
-                    accumulate(out, s / sum, row);
+                    attn::axpy(out, s / sum, row);
                 }
             }
         }

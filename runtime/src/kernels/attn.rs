@@ -4,11 +4,8 @@
 //! the same bits at any vector width; the AVX2 versions are the same code
 //! compiled for 256-bit vectors.
 
-/// Whether this CPU runs the AVX2 versions (probed once by the standard library).
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn has_avx2() -> bool {
-    std::arch::is_x86_feature_detected!("avx2")
-}
+use super::has_avx2;
 
 /// Keys scored together: one independent sequential sum per key.
 pub(crate) const KEY_TILE: usize = 32;
@@ -72,8 +69,8 @@ fn axpy_generic(out: &mut [f32], p: f32, x: &[f32]) {
 pub(crate) fn widen_f16(src: &[u16], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "widen_f16 lengths");
     #[cfg(target_arch = "x86_64")]
-    if has_avx2() && std::arch::is_x86_feature_detected!("f16c") {
-        // SAFETY: AVX2 and F16C were probed just above.
+    if has_avx2() {
+        // SAFETY: AVX2 and F16C were probed just above (`has_avx2`).
         return unsafe { widen_f16_f16c(src, dst) };
     }
     for (d, &h) in dst.iter_mut().zip(src) {

@@ -91,6 +91,9 @@
 
 mod arch;
 pub(crate) mod attn;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use arch::has_avx2;
 mod matmul;
 mod pool;
 mod scalar;
@@ -699,36 +702,42 @@ impl Kernels {
         out: &mut [f32],
     ) {
         use GgmlType as T;
+        use VecDotType as V;
+        /// The several-row kernel for one (weight, activation) pair.
+        enum Kernel {
+            F16(RowsF16),
+            K(RowsK),
+            Q8(Rows<BlockQ8_0>),
+        }
         let r = &self.table.rows;
-        let rows = match (ty, acts.kind) {
-            (T::Q4_0, Some(VecDotType::Q8_0)) => r.q4_0,
-            (T::Q5_0, Some(VecDotType::Q8_0)) => r.q5_0,
-            (T::Q8_0, Some(VecDotType::Q8_0)) => r.q8_0,
-            (T::IQ4_NL, Some(VecDotType::Q8_0)) => r.iq4_nl,
+        let kernel = match (ty, acts.kind) {
+            (T::F16, Some(V::F16)) => r.f16.map(Kernel::F16),
+            (T::Q4_K, Some(V::Q8K)) => r.q4_k.map(Kernel::K),
+            (T::Q6_K, Some(V::Q8K)) => r.q6_k.map(Kernel::K),
+            (T::Q4_0, Some(V::Q8_0)) => r.q4_0.map(Kernel::Q8),
+            (T::Q5_0, Some(V::Q8_0)) => r.q5_0.map(Kernel::Q8),
+            (T::Q8_0, Some(V::Q8_0)) => r.q8_0.map(Kernel::Q8),
+            (T::IQ4_NL, Some(V::Q8_0)) => r.iq4_nl.map(Kernel::Q8),
             _ => None,
         };
-        if let (T::F16, Some(VecDotType::F16), Some(f)) = (ty, acts.kind, r.f16) {
-            let c = acts.cols;
-            return f(w, &acts.halves[t0 * c..(t0 + out.len()) * c], out);
-        }
-        let k = match (ty, acts.kind) {
-            (T::Q4_K, Some(VecDotType::Q8K)) => r.q4_k,
-            (T::Q6_K, Some(VecDotType::Q8K)) => r.q6_k,
-            _ => None,
-        };
-        if let Some(f) = k {
-            let nb = acts.cols / QK_K;
-            return f(w, &acts.q8k[t0 * nb..(t0 + out.len()) * nb], out);
-        }
-        match rows {
-            Some(f) => {
+        let tokens = t0..t0 + out.len();
+        match kernel {
+            Some(Kernel::F16(f)) => {
+                let c = acts.cols;
+                f(w, &acts.halves[tokens.start * c..tokens.end * c], out);
+            }
+            Some(Kernel::K(f)) => {
+                let nb = acts.cols / QK_K;
+                f(w, &acts.q8k[tokens.start * nb..tokens.end * nb], out);
+            }
+            Some(Kernel::Q8(f)) => {
                 let nb = acts.cols / QK8_0;
-                let span = t0 * nb..(t0 + out.len()) * nb;
+                let span = tokens.start * nb..tokens.end * nb;
                 f(w, &acts.q8_0[span.clone()], &acts.q8_0_d[span], out);
             }
             None => {
-                for (i, o) in out.iter_mut().enumerate() {
-                    *o = self.dot_checked(ty, w, acts.row(t0 + i));
+                for (o, t) in out.iter_mut().zip(tokens) {
+                    *o = self.dot_checked(ty, w, acts.row(t));
                 }
             }
         }

@@ -19,7 +19,7 @@ use crate::blocks::{IQ4NL_GRID, bf16_to_f32, f16_to_f32, f32_to_f16, scale_min_k
 pub fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
     assert_eq!(x.len(), y.len() * QK8_0, "quantize_row_q8_0 lengths");
     #[cfg(target_arch = "x86_64")]
-    if super::attn::has_avx2() {
+    if super::has_avx2() {
         for (x, b) in x.chunks_exact(QK8_0).zip(y.iter_mut()) {
             // SAFETY: AVX2 was probed just above.
             unsafe { q8_0_block_avx2(x, b) };
@@ -559,7 +559,7 @@ mod tests {
     /// every scale, exact halves, NaN and infinities.
     #[test]
     fn q8_0_quantizer_is_the_same_with_avx2() {
-        if super::super::attn::has_avx2() {
+        if super::super::has_avx2() {
             let mut seed = 0x9e37_79b9_7f4a_7c15u64;
             let mut next = move || {
                 seed ^= seed << 13;
