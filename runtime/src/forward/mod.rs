@@ -25,6 +25,8 @@ mod stream;
 pub use rope::{Rope, Yarn};
 
 use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::GgmlType;
@@ -249,14 +251,18 @@ pub trait Observer: Send + Sync {
 
 /// How weights are kept when the model is larger than the RAM it may use:
 /// `resident_bytes` of the most reused matrices (the output head, then the
-/// first layers) are locked in RAM; the rest is read ahead `prefetch` layers
-/// before it is needed and released after use, so that reading from storage
-/// overlaps computing and the page cache does not evict the pinned part.
+/// matrices of the first layers, in order, each that still fits) are locked
+/// in RAM; the rest is read ahead, a matrix at a time, `prefetch` layers'
+/// worth of bytes before it is needed, and released as soon as its product
+/// is done, so that reading from storage overlaps computing, the page cache
+/// does not evict the pinned part, and what is in flight is a window of
+/// matrices rather than of whole layers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Streaming {
     /// Bytes of weights to lock in RAM.
     pub resident_bytes: u64,
-    /// Layers to read ahead.
+    /// Read ahead this many layers' worth of bytes (the average streamed
+    /// layer).
     pub prefetch: usize,
 }
 
@@ -265,7 +271,7 @@ pub struct Streaming {
 pub struct StreamingReport {
     /// Bytes of weights locked in RAM.
     pub pinned_bytes: u64,
-    /// Layers pinned (from the first).
+    /// Layers pinned whole (from the first; later matrices may be pinned too).
     pub pinned_layers: usize,
     /// Whether the output head is pinned.
     pub output_pinned: bool,
@@ -273,27 +279,41 @@ pub struct StreamingReport {
     pub streamed_bytes: u64,
 }
 
-/// Streaming state: per unit (each layer, then the output head) its weight
-/// slices and whether they are pinned.
+/// Streaming state: every weight matrix in the order the forward pass
+/// reads them (each layer's, then the output head).
 struct Stream<'a> {
-    prefetch: usize,
-    units: Vec<(Vec<&'a [u8]>, bool)>,
+    units: Vec<Unit<'a>>,
+    /// Per unit: read-ahead queued and the pages not released since (shared
+    /// with the read-ahead thread, which skips reads no longer wanted).
+    queued: Arc<[AtomicBool]>,
+    /// Tensor name → index in `units`.
+    by_name: HashMap<&'a str, usize>,
+    /// The units of each layer.
+    layers: Vec<Range<usize>>,
+    /// Bytes to read ahead of the matrix being multiplied.
+    ahead: u64,
     /// The read-ahead thread (none if the OS refused one).
     worker: Option<stream::Prefetcher>,
 }
 
+/// One matrix of a streamed model.
+struct Unit<'a> {
+    data: &'a [u8],
+    pinned: bool,
+}
+
 impl<'a> Layer<'a> {
-    /// The bytes of every matrix of the layer.
-    fn slices(&self) -> Vec<&'a [u8]> {
-        let mut v = vec![self.wq.data, self.wk.data, self.wv.data, self.wo.data];
+    /// Every matrix of the layer, in the order the forward pass reads them.
+    fn matrices(&self) -> Vec<&Matrix<'a>> {
+        let mut v = vec![&self.wq, &self.wk, &self.wv, &self.wo];
         match &self.ffn {
-            Ffn::Dense { gate, up, down } => v.extend([gate.data, up.data, down.data]),
+            Ffn::Dense { gate, up, down } => v.extend([gate, up, down]),
             Ffn::Moe {
                 router,
                 gate,
                 up,
                 down,
-            } => v.extend([router.data, gate.data, up.data, down.data]),
+            } => v.extend([router, gate, up, down]),
         }
         v
     }
@@ -753,94 +773,145 @@ impl<'a> Model<'a> {
                 "streaming needs the model memory-mapped (drop --no-mmap)".into(),
             ));
         }
-        let size = |v: &[&[u8]]| v.iter().map(|d| d.len() as u64).sum::<u64>();
-        let output = vec![self.output.data];
         let mut budget = s.resident_bytes;
-        let output_pinned = size(&output) <= budget;
+        // The output head is read for every token: pinned first, then the
+        // matrices in order, each that still fits.
+        let output_pinned = self.output.data.len() as u64 <= budget;
         if output_pinned {
-            budget -= size(&output);
+            budget -= self.output.data.len() as u64;
         }
-        let mut units = Vec::with_capacity(self.layers.len() + 1);
+        let mut units = Vec::new();
+        let mut by_name = HashMap::new();
+        let mut layers = Vec::with_capacity(self.layers.len());
         let mut pinned_layers = 0;
         for layer in &self.layers {
-            let slices = layer.slices();
-            let pin = pinned_layers == units.len() && size(&slices) <= budget;
-            if pin {
-                budget -= size(&slices);
+            let start = units.len();
+            for m in layer.matrices() {
+                let size = m.data.len() as u64;
+                let pinned = size <= budget;
+                if pinned {
+                    budget -= size;
+                }
+                by_name.insert(m.name, units.len());
+                units.push(Unit {
+                    data: m.data,
+                    pinned,
+                });
+            }
+            if pinned_layers == layers.len() && units[start..].iter().all(|u| u.pinned) {
                 pinned_layers += 1;
             }
-            units.push((slices, pin));
+            layers.push(start..units.len());
         }
-        units.push((output, output_pinned));
+        by_name.insert(self.output.name, units.len());
+        units.push(Unit {
+            data: self.output.data,
+            pinned: output_pinned,
+        });
         let mut report = StreamingReport {
             pinned_bytes: 0,
             pinned_layers,
             output_pinned,
             streamed_bytes: 0,
         };
-        for (slices, pin) in &units {
-            for d in slices {
-                if *pin {
-                    self.gguf.lock_range(d).map_err(|e| {
-                        ForwardError::Metadata(format!(
-                            "locking {} of weights in RAM failed ({e}); lower --resident or raise `ulimit -l`",
-                            report.pinned_bytes + d.len() as u64
-                        ))
-                    })?;
-                    report.pinned_bytes += d.len() as u64;
-                } else {
-                    report.streamed_bytes += d.len() as u64;
-                }
+        for u in &units {
+            if u.pinned {
+                self.gguf.lock_range(u.data).map_err(|e| {
+                    ForwardError::Metadata(format!(
+                        "locking {} of weights in RAM failed ({e}); lower --resident or raise `ulimit -l`",
+                        report.pinned_bytes + u.data.len() as u64
+                    ))
+                })?;
+                report.pinned_bytes += u.data.len() as u64;
+            } else {
+                report.streamed_bytes += u.data.len() as u64;
             }
         }
-        let worker = stream::Prefetcher::start();
+        // `prefetch` layers' worth: the average over the layers that stream.
+        let streamed_layers = layers
+            .iter()
+            .filter(|r| units[(*r).clone()].iter().any(|u| !u.pinned))
+            .count()
+            .max(1);
+        let ahead = report.streamed_bytes / streamed_layers as u64 * s.prefetch as u64;
+        let queued: Arc<[AtomicBool]> = units.iter().map(|_| AtomicBool::new(false)).collect();
+        let worker = stream::Prefetcher::start(queued.clone());
         self.stream = Some(Stream {
-            prefetch: s.prefetch,
             units,
+            queued,
+            by_name,
+            layers,
+            ahead,
             worker,
         });
         Ok(report)
     }
 
-    /// Streaming: before unit `i` runs, read ahead the next `prefetch` units.
-    fn before_unit(&self, i: usize) {
-        if let Some(s) = &self.stream {
-            let n = s.units.len();
-            // The unit `prefetch` ahead was not queued yet (the nearer ones were,
-            // by earlier units); at the first unit of a call, queue them all.
-            let ahead: Vec<usize> = if i == 0 {
-                (0..=s.prefetch.min(n - 1)).collect()
-            } else {
-                vec![s.prefetch.min(n - 1)]
-            };
-            for a in ahead {
-                self.advise_unit(s, (i + a) % n, stream::Job::Populate);
+    /// Streaming: before matrix `name` is multiplied, queue its read and the
+    /// reads of the matrices after it (cyclically: the next token starts over)
+    /// until `ahead` bytes are queued beyond it.
+    fn before_matrix(&self, name: &str) {
+        let Some(s) = &self.stream else { return };
+        let Some(&i) = s.by_name.get(name) else {
+            return;
+        };
+        let n = s.units.len();
+        let mut queued = 0u64;
+        for j in (0..n).map(|k| (i + k) % n) {
+            let u = &s.units[j];
+            if u.pinned {
+                continue;
+            }
+            if j != i && queued >= s.ahead {
+                break;
+            }
+            if !s.queued[j].swap(true, Ordering::Relaxed) {
+                match &s.worker {
+                    Some(w) => w.populate(j, u.data),
+                    None => {
+                        self.gguf.advise(u.data, Advice::WillNeed);
+                    }
+                }
+            }
+            if j != i {
+                queued += u.data.len() as u64;
             }
         }
     }
 
-    /// Streaming: after unit `i` ran, let its pages go unless pinned.
-    fn after_unit(&self, i: usize) {
-        if let Some(s) = &self.stream {
-            self.advise_unit(s, i, stream::Job::PageOut);
+    /// Streaming: after matrix `m`'s product, release its pages unless pinned
+    /// (a stack of experts waits for the end of its layer: the next expert
+    /// reads the same tensor).
+    fn after_matrix(&self, m: &Matrix) {
+        let Some(s) = &self.stream else { return };
+        if m.expert.is_some() {
+            return;
+        }
+        if let Some(&i) = s.by_name.get(m.name) {
+            self.release(s, i);
         }
     }
 
-    /// Queues `job` for the slices of an unpinned unit (advises directly
-    /// when there is no read-ahead thread).
-    fn advise_unit(&self, s: &Stream, unit: usize, job: stream::Job) {
-        let (slices, pinned) = &s.units[unit];
-        if *pinned {
-            return;
+    /// Streaming: after layer `l`, release whatever of it is still held.
+    fn after_layer(&self, l: usize) {
+        if let Some(s) = &self.stream {
+            for i in s.layers[l].clone() {
+                self.release(s, i);
+            }
         }
-        for d in slices {
-            match (&s.worker, job) {
-                (Some(w), _) => w.send(job, d),
-                (None, stream::Job::Populate) => {
-                    self.gguf.advise(d, Advice::WillNeed);
-                }
-                (None, stream::Job::PageOut) => {
-                    self.gguf.advise(d, Advice::DontNeed);
+    }
+
+    /// Pages unit `i` out if it was read in for streaming: queued behind the
+    /// reads already asked for, never on the calling thread (a release that
+    /// overtakes a lagging read of the same matrix lets that read map the
+    /// pages again: under a memory cap that doubled the bytes read per token).
+    fn release(&self, s: &Stream, i: usize) {
+        let u = &s.units[i];
+        if !u.pinned && s.queued[i].swap(false, Ordering::Relaxed) {
+            match &s.worker {
+                Some(w) => w.page_out(i, u.data),
+                None => {
+                    self.gguf.advise(u.data, Advice::DontNeed);
                 }
             }
         }
@@ -932,6 +1003,14 @@ impl<'a> Model<'a> {
         if self.stop_at.as_deref() == Some(m.name) && m.expert.is_none() {
             return Err(ForwardError::Stopped(m.name.to_owned()));
         }
+        self.before_matrix(m.name);
+        let y = self.product(m, x, t_n);
+        self.after_matrix(m);
+        y
+    }
+
+    /// [`Model::matmul`]'s arithmetic.
+    fn product(&self, m: &Matrix, x: &[f32], t_n: usize) -> Result<Vec<f32>, ForwardError> {
         let w = self.weights(m);
         let mut y = vec![0f32; t_n * m.rows];
         if self.exact {
@@ -1054,18 +1133,15 @@ impl<'a> Model<'a> {
             .collect();
         let mut h = vec![0f32; t_n * e];
         for l in 0..self.layers.len() {
-            self.before_unit(l);
             self.layer_step(l, &mut x, &mut h, &tables, session)?;
-            self.after_unit(l);
+            self.after_layer(l);
         }
         session.n_past += t_n;
         let first = first.min(t_n);
         let rows = t_n - first;
         let mut out = vec![0f32; rows * e];
         self.norm(&x[first * e..], &self.output_norm, &mut out);
-        self.before_unit(self.layers.len());
         let mut logits = self.matmul(&self.output, &out, rows)?;
-        self.after_unit(self.layers.len());
         if c.logit_scale != 1.0 {
             logits.iter_mut().for_each(|v| *v *= c.logit_scale);
         }
