@@ -33,7 +33,7 @@ fi
 size=$(stat -c %s "$model")
 cap=$(( size * percent / 100 ))
 # What the process needs besides pinned weights (binary, KV cache, buffers, the layers in
-# flight): OVERHEAD_MIB, default 40. PREFETCH: layers read ahead (default 2).
+# flight): OVERHEAD_MIB, default 40. PREFETCH: layers read ahead (default 1).
 overhead=$(( ${OVERHEAD_MIB:-40} << 20 ))
 resident_mib=$(( (cap - overhead) >> 20 ))
 [ "$resident_mib" -gt 0 ] || { echo "cap too small for this model" >&2; exit 1; }
@@ -62,7 +62,7 @@ for _ in 1 2 3; do
 done
 capped "$lb" -m "$model" -p 0 -n "$gen" -t "$threads" -r 2 -o json 2> /dev/null > "$tmp/l.json"
 lpeak=$(peak)
-capped "$mw" bench -m "$model" -p 0 -n "$gen" -t "$threads" -r 2 --resident "$resident_mib" --prefetch "${PREFETCH:-2}" --json > "$tmp/m.json"
+capped "$mw" bench -m "$model" -p 0 -n "$gen" -t "$threads" -r 2 --resident "$resident_mib" --prefetch "${PREFETCH:-1}" --json > "$tmp/m.json"
 mpeak=$(peak)
 python3 - "$tmp/l.json" "$tmp/m.json" "$size" "$cap" "$bw" "$lpeak" "$mpeak" "$model" <<'PY'
 import json, sys

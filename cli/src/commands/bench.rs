@@ -152,6 +152,7 @@ pub fn run(args: Args) -> Result<()> {
             "streaming": streaming.as_ref().map(|r| json!({
                 "pinned_bytes": r.pinned_bytes, "pinned_layers": r.pinned_layers,
                 "output_pinned": r.output_pinned, "streamed_bytes": r.streamed_bytes,
+                "ring_bytes": r.ring_bytes, "direct_reads": r.direct,
             })),
         });
         println!("{}", serde_json::to_string_pretty(&report)?);

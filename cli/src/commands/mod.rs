@@ -191,13 +191,15 @@ pub struct LoadArgs {
     /// Lock the model in RAM (no paging out); warns when it exceeds the free memory.
     #[arg(long)]
     pub mlock: bool,
-    /// Streaming mode for models larger than free RAM: lock this many MiB of the
-    /// most reused weights (output head, then the first layers) and stream the
-    /// rest from storage, reading ahead --prefetch layers.
+    /// Streaming mode for models larger than free RAM: hold this many MiB of
+    /// weights in RAM — the most reused ones locked (output head, then the first
+    /// layers), plus buffers into which the rest is read from storage,
+    /// --prefetch layers ahead of the computation.
     #[arg(long, value_name = "MiB", conflicts_with_all = ["mlock", "no_mmap"])]
     pub resident: Option<u64>,
-    /// Layers read ahead in streaming mode.
-    #[arg(long, default_value_t = 2, value_name = "N", requires = "resident")]
+    /// Layers' worth of weights read ahead in streaming mode (the read-ahead
+    /// buffers hold this much plus one matrix, at least two matrices).
+    #[arg(long, default_value_t = 1, value_name = "N", requires = "resident")]
     pub prefetch: usize,
 }
 

@@ -285,7 +285,8 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(r) = args.load.stream(&mut model)? {
         if !args.json {
             eprintln!(
-                "streaming: {} locked in RAM ({} of {} layers{}), up to {} read from storage per token, {} layers read ahead",
+                "streaming: {} locked in RAM ({} of {} layers{}), up to {} read from storage per token \
+                 into {} of read-ahead buffers{}",
                 crate::render::human_bytes(r.pinned_bytes),
                 r.pinned_layers,
                 model.config.n_layer,
@@ -295,7 +296,12 @@ pub fn run(args: Args) -> Result<()> {
                     ""
                 },
                 crate::render::human_bytes(r.streamed_bytes),
-                args.load.prefetch
+                crate::render::human_bytes(r.ring_bytes),
+                if r.direct || r.streamed_bytes == 0 {
+                    ""
+                } else {
+                    " (through the page cache: this file system refuses direct reads)"
+                }
             );
         }
     }

@@ -25,13 +25,11 @@ mod stream;
 pub use rope::{Rope, Yarn};
 
 use std::collections::HashMap;
-use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::GgmlType;
 use crate::blocks::{DEQUANTIZABLE, dequantize_row, f16_to_f32, f32_to_f16};
-use crate::gguf::{Advice, GgufModel, Metadata};
+use crate::gguf::{GgufModel, Metadata};
 use crate::kernels::attn::{self, KEY_TILE};
 use crate::kernels::{KernelError, Kernels, Matmul, Pool, QMatrix, for_each_chunk};
 use crate::model_info::HyperParams;
@@ -252,17 +250,17 @@ pub trait Observer: Send + Sync {
 /// How weights are kept when the model is larger than the RAM it may use:
 /// `resident_bytes` of the most reused matrices (the output head, then the
 /// matrices of the first layers, in order, each that still fits) are locked
-/// in RAM; the rest is read ahead, a matrix at a time, `prefetch` layers'
-/// worth of bytes before it is needed, and released as soon as its product
-/// is done, so that reading from storage overlaps computing, the page cache
-/// does not evict the pinned part, and what is in flight is a window of
-/// matrices rather than of whole layers.
+/// in RAM; the rest is read from the file, a matrix at a time, into a ring of
+/// buffers holding `prefetch` layers' worth of bytes (at least two
+/// matrices), by a background thread that reads ahead of the products, past
+/// the page cache where the system allows. Reading overlaps computing, and
+/// the memory held is the pinned part, the ring and nothing else.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Streaming {
     /// Bytes of weights to lock in RAM.
     pub resident_bytes: u64,
     /// Read ahead this many layers' worth of bytes (the average streamed
-    /// layer).
+    /// layer; the ring holds at least two matrices).
     pub prefetch: usize,
 }
 
@@ -277,29 +275,19 @@ pub struct StreamingReport {
     pub output_pinned: bool,
     /// Bytes of matrix weights read from storage per token at most (the rest).
     pub streamed_bytes: u64,
+    /// Bytes of the read-ahead buffers (0 when nothing streams or the reading
+    /// thread could not start: products then read the mapping).
+    pub ring_bytes: u64,
+    /// Whether streamed reads bypass the page cache (`O_DIRECT`).
+    pub direct: bool,
 }
 
-/// Streaming state: every weight matrix in the order the forward pass
-/// reads them (each layer's, then the output head).
+/// Streaming state: the streamed matrices and their reader.
 struct Stream<'a> {
-    units: Vec<Unit<'a>>,
-    /// Per unit: read-ahead queued and the pages not released since (shared
-    /// with the read-ahead thread, which skips reads no longer wanted).
-    queued: Arc<[AtomicBool]>,
-    /// Tensor name → index in `units`.
-    by_name: HashMap<&'a str, usize>,
-    /// The units of each layer.
-    layers: Vec<Range<usize>>,
-    /// Bytes to read ahead of the matrix being multiplied.
-    ahead: u64,
-    /// The read-ahead thread (none if the OS refused one).
-    worker: Option<stream::Prefetcher>,
-}
-
-/// One matrix of a streamed model.
-struct Unit<'a> {
-    data: &'a [u8],
-    pinned: bool,
+    /// Tensor name → position in the reader's order and the tensor's bytes
+    /// in the mapping.
+    by_name: HashMap<&'a str, (usize, &'a [u8])>,
+    reader: stream::Streamer,
 }
 
 impl<'a> Layer<'a> {
@@ -773,148 +761,90 @@ impl<'a> Model<'a> {
                 "streaming needs the model memory-mapped (drop --no-mmap)".into(),
             ));
         }
-        let mut budget = s.resident_bytes;
+        // The ring of read-ahead buffers comes out of the budget when not
+        // everything fits: `prefetch` layers' worth of bytes plus one matrix,
+        // in buffers the size of the largest matrix of a layer.
+        let sizes = |l: &Layer| l.matrices().iter().map(|m| m.data.len() as u64).collect::<Vec<_>>();
+        let all: u64 = self.layers.iter().flat_map(sizes).sum::<u64>() + self.output.data.len() as u64;
+        let largest = self.layers.iter().flat_map(sizes).max().unwrap_or(0).max(1);
+        let per_layer = all / self.layers.len().max(1) as u64;
+        let slots = (per_layer * s.prefetch as u64 / largest + 1).max(2);
+        let mut budget = if s.resident_bytes >= all {
+            s.resident_bytes
+        } else {
+            s.resident_bytes.saturating_sub(slots * largest)
+        };
         // The output head is read for every token: pinned first, then the
-        // matrices in order, each that still fits.
+        // matrices in the order the forward pass multiplies them, each that
+        // still fits.
+        let mut order: Vec<&Matrix<'a>> = Vec::new();
+        let mut pinned: Vec<bool> = Vec::new();
         let output_pinned = self.output.data.len() as u64 <= budget;
         if output_pinned {
             budget -= self.output.data.len() as u64;
         }
-        let mut units = Vec::new();
-        let mut by_name = HashMap::new();
-        let mut layers = Vec::with_capacity(self.layers.len());
         let mut pinned_layers = 0;
-        for layer in &self.layers {
-            let start = units.len();
+        for (l, layer) in self.layers.iter().enumerate() {
+            let mut whole = true;
             for m in layer.matrices() {
                 let size = m.data.len() as u64;
-                let pinned = size <= budget;
-                if pinned {
+                let pin = size <= budget;
+                if pin {
                     budget -= size;
                 }
-                by_name.insert(m.name, units.len());
-                units.push(Unit {
-                    data: m.data,
-                    pinned,
-                });
+                whole &= pin;
+                order.push(m);
+                pinned.push(pin);
             }
-            if pinned_layers == layers.len() && units[start..].iter().all(|u| u.pinned) {
+            if whole && pinned_layers == l {
                 pinned_layers += 1;
             }
-            layers.push(start..units.len());
         }
-        by_name.insert(self.output.name, units.len());
-        units.push(Unit {
-            data: self.output.data,
-            pinned: output_pinned,
-        });
+        order.push(&self.output);
+        pinned.push(output_pinned);
         let mut report = StreamingReport {
             pinned_bytes: 0,
             pinned_layers,
             output_pinned,
             streamed_bytes: 0,
+            ring_bytes: 0,
+            direct: false,
         };
-        for u in &units {
-            if u.pinned {
-                self.gguf.lock_range(u.data).map_err(|e| {
+        let mut by_name = HashMap::new();
+        let mut extents = Vec::new();
+        for (m, pin) in order.iter().zip(&pinned) {
+            if *pin {
+                self.gguf.lock_range(m.data).map_err(|e| {
                     ForwardError::Metadata(format!(
                         "locking {} of weights in RAM failed ({e}); lower --resident or raise `ulimit -l`",
-                        report.pinned_bytes + u.data.len() as u64
+                        report.pinned_bytes + m.data.len() as u64
                     ))
                 })?;
-                report.pinned_bytes += u.data.len() as u64;
+                report.pinned_bytes += m.data.len() as u64;
             } else {
-                report.streamed_bytes += u.data.len() as u64;
+                report.streamed_bytes += m.data.len() as u64;
+                let (file, offset) = self.gguf.locate(m.data).ok_or_else(|| {
+                    tensor_err(m.name, "its data lies outside the model's files")
+                })?;
+                by_name.insert(m.name, (extents.len(), m.data));
+                extents.push(stream::Extent {
+                    file,
+                    offset,
+                    len: m.data.len(),
+                });
             }
         }
-        // `prefetch` layers' worth: the average over the layers that stream.
-        let streamed_layers = layers
-            .iter()
-            .filter(|r| units[(*r).clone()].iter().any(|u| !u.pinned))
-            .count()
-            .max(1);
-        let ahead = report.streamed_bytes / streamed_layers as u64 * s.prefetch as u64;
-        let queued: Arc<[AtomicBool]> = units.iter().map(|_| AtomicBool::new(false)).collect();
-        let worker = stream::Prefetcher::start(queued.clone());
-        self.stream = Some(Stream {
-            units,
-            queued,
-            by_name,
-            layers,
-            ahead,
-            worker,
-        });
+        let largest = extents.iter().map(|e| e.len as u64).max().unwrap_or(0);
+        if largest > 0 {
+            let slots = slots as usize;
+            let paths: Vec<_> = self.gguf.files().iter().map(|f| f.path().to_owned()).collect();
+            if let Some(reader) = stream::Streamer::start(&paths, extents, slots) {
+                report.ring_bytes = slots as u64 * largest;
+                report.direct = reader.direct();
+                self.stream = Some(Stream { by_name, reader });
+            }
+        }
         Ok(report)
-    }
-
-    /// Streaming: before matrix `name` is multiplied, queue its read and the
-    /// reads of the matrices after it (cyclically: the next token starts over)
-    /// until `ahead` bytes are queued beyond it.
-    fn before_matrix(&self, name: &str) {
-        let Some(s) = &self.stream else { return };
-        let Some(&i) = s.by_name.get(name) else {
-            return;
-        };
-        let n = s.units.len();
-        let mut queued = 0u64;
-        for j in (0..n).map(|k| (i + k) % n) {
-            let u = &s.units[j];
-            if u.pinned {
-                continue;
-            }
-            if j != i && queued >= s.ahead {
-                break;
-            }
-            if !s.queued[j].swap(true, Ordering::Relaxed) {
-                match &s.worker {
-                    Some(w) => w.populate(j, u.data),
-                    None => {
-                        self.gguf.advise(u.data, Advice::WillNeed);
-                    }
-                }
-            }
-            if j != i {
-                queued += u.data.len() as u64;
-            }
-        }
-    }
-
-    /// Streaming: after matrix `m`'s product, release its pages unless pinned
-    /// (a stack of experts waits for the end of its layer: the next expert
-    /// reads the same tensor).
-    fn after_matrix(&self, m: &Matrix) {
-        let Some(s) = &self.stream else { return };
-        if m.expert.is_some() {
-            return;
-        }
-        if let Some(&i) = s.by_name.get(m.name) {
-            self.release(s, i);
-        }
-    }
-
-    /// Streaming: after layer `l`, release whatever of it is still held.
-    fn after_layer(&self, l: usize) {
-        if let Some(s) = &self.stream {
-            for i in s.layers[l].clone() {
-                self.release(s, i);
-            }
-        }
-    }
-
-    /// Pages unit `i` out if it was read in for streaming: queued behind the
-    /// reads already asked for, never on the calling thread (a release that
-    /// overtakes a lagging read of the same matrix lets that read map the
-    /// pages again: under a memory cap that doubled the bytes read per token).
-    fn release(&self, s: &Stream, i: usize) {
-        let u = &s.units[i];
-        if !u.pinned && s.queued[i].swap(false, Ordering::Relaxed) {
-            match &s.worker {
-                Some(w) => w.page_out(i, u.data),
-                None => {
-                    self.gguf.advise(u.data, Advice::DontNeed);
-                }
-            }
-        }
     }
 
     fn layer(load: &Loader<'a>, c: &Config, l: usize) -> Result<Layer<'a>, ForwardError> {
@@ -1003,15 +933,38 @@ impl<'a> Model<'a> {
         if self.stop_at.as_deref() == Some(m.name) && m.expert.is_none() {
             return Err(ForwardError::Stopped(m.name.to_owned()));
         }
-        self.before_matrix(m.name);
-        let y = self.product(m, x, t_n);
-        self.after_matrix(m);
+        let streamed = self.stream.as_ref().and_then(|s| {
+            let &(pos, whole) = s.by_name.get(m.name)?;
+            let not_replaced = !self.replaced.contains_key(m.name);
+            not_replaced.then_some((s, pos, whole))
+        });
+        let Some((s, pos, whole)) = streamed else {
+            return self.product(m, None, x, t_n);
+        };
+        let loaded = s.reader.acquire(pos);
+        // `m` is the whole tensor or one expert's rows of it.
+        let own = (m.data.as_ptr() as usize)
+            .checked_sub(whole.as_ptr() as usize)
+            .and_then(|off| loaded.bytes()?.get(off..off + m.data.len()));
+        // A failed read leaves the mapping to read.
+        let y = self.product(m, own, x, t_n);
+        s.reader.release(pos, loaded);
         y
     }
 
-    /// [`Model::matmul`]'s arithmetic.
-    fn product(&self, m: &Matrix, x: &[f32], t_n: usize) -> Result<Vec<f32>, ForwardError> {
-        let w = self.weights(m);
+    /// [`Model::matmul`]'s arithmetic, on `data` (the streamed copy of `m`'s
+    /// bytes) when given.
+    fn product(
+        &self,
+        m: &Matrix,
+        data: Option<&[u8]>,
+        x: &[f32],
+        t_n: usize,
+    ) -> Result<Vec<f32>, ForwardError> {
+        let mut w = self.weights(m);
+        if let Some(d) = data {
+            w.data = d;
+        }
         let mut y = vec![0f32; t_n * m.rows];
         if self.exact {
             let mut row = vec![0f32; m.cols];
@@ -1134,7 +1087,6 @@ impl<'a> Model<'a> {
         let mut h = vec![0f32; t_n * e];
         for l in 0..self.layers.len() {
             self.layer_step(l, &mut x, &mut h, &tables, session)?;
-            self.after_layer(l);
         }
         session.n_past += t_n;
         let first = first.min(t_n);

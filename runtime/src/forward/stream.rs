@@ -1,142 +1,438 @@
-//! Streaming weights past the memory wall. A background thread reads the
-//! pages of the matrices about to be multiplied into memory
-//! (`MADV_POPULATE_READ`: read from storage and mapped, so the compute threads
-//! take no page faults) and pages out each matrix once its product is done
-//! (`MADV_PAGEOUT`), in the order asked, so that under a memory cap the page
-//! cache holds what comes next rather than what was used last — the opposite
-//! of what least-recently-used eviction does with a model read in a cycle.
-//! The pinned part of the model is locked separately (`mlock`).
+//! Streaming weights past the memory wall. The matrices that are not pinned
+//! are read from the model file by a background thread into a small ring of
+//! reusable buffers, the next ones while the current one is multiplied, and
+//! never through the mapping: with `O_DIRECT` the reads skip the page cache,
+//! so nothing has to be evicted, unmapped or shot down from other cores'
+//! TLBs afterwards (paging the mapping in and out cost more CPU than the
+//! reads themselves), and under a memory cap the process holds its pinned
+//! weights, the ring and nothing else. The pinned part of the model is locked
+//! separately (`mlock` on the mapping).
 
-use std::collections::VecDeque;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Sender, channel};
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-/// What to do with a range of a mapped model file.
+/// Direct reads start, end and land on multiples of this (the largest
+/// logical block size in use; 4 KiB also satisfies 512-byte devices).
+const ALIGN: usize = 4096;
+
+/// Where a streamed matrix lies in the model file.
 #[derive(Clone, Copy, Debug)]
-pub(super) enum Job {
-    /// Read it in and map it.
-    Populate,
-    /// Reclaim its pages.
-    PageOut,
+pub(super) struct Extent {
+    /// Index of the file (of a split model).
+    pub(super) file: usize,
+    pub(super) offset: u64,
+    pub(super) len: usize,
 }
 
-/// The background thread and its queue: (job, unit, address, length).
-pub(super) struct Prefetcher {
-    tx: Option<Sender<(Job, usize, usize, usize)>>,
+/// A buffer holding one matrix's bytes.
+pub(super) struct Loaded {
+    buf: Vec<u8>,
+    start: usize,
+    len: usize,
+    ok: bool,
+}
+
+impl Loaded {
+    /// The matrix's bytes, or `None` if reading them failed (the caller then
+    /// reads the mapping).
+    pub(super) fn bytes(&self) -> Option<&[u8]> {
+        if self.ok {
+            self.buf.get(self.start..self.start + self.len)
+        } else {
+            None
+        }
+    }
+}
+
+/// One buffer of the ring. `buf` is `None` while the reader or a product
+/// holds it.
+struct Slot {
+    pos: Option<usize>,
+    ready: bool,
+    buf: Option<Loaded>,
+}
+
+struct State {
+    /// The position the forward pass is at: the reader keeps the positions
+    /// from here on (cyclically) in the ring.
+    head: usize,
+    /// Positions a product is waiting for (one entry per waiting thread):
+    /// read first, and never evicted to read ahead.
+    waiting: Vec<usize>,
+    slots: Vec<Slot>,
+    stop: bool,
+}
+
+struct Shared {
+    /// The streamed matrices in the order the forward pass multiplies them.
+    order: Vec<Extent>,
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Nothing is left half-updated under the lock by a panic.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wait<'g>(&self, g: MutexGuard<'g, State>) -> MutexGuard<'g, State> {
+        self.cv.wait(g).unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The reading thread and its ring of buffers.
+pub(super) struct Streamer {
+    shared: Arc<Shared>,
     handle: Option<JoinHandle<()>>,
+    /// Whether reads bypass the page cache.
+    direct: bool,
 }
 
-impl Prefetcher {
-    /// Starts the thread (`None` if the OS refuses one; streaming then only
-    /// pins). `wanted[u]` says whether unit `u` is still to be read: a read
-    /// whose unit was used and released before the thread got to it is
-    /// skipped (reading it then would fetch it twice per token).
-    pub(super) fn start(wanted: Arc<[AtomicBool]>) -> Option<Prefetcher> {
-        let (tx, rx) = channel::<(Job, usize, usize, usize)>();
-        let handle = std::thread::Builder::new()
-            .name("memwall-prefetch".into())
-            .spawn(move || {
-                let wanted = |unit: usize| wanted.get(unit).is_some_and(|w| w.load(Ordering::Relaxed));
-                let mut pending = VecDeque::new();
-                loop {
-                    if pending.is_empty() {
-                        match rx.recv() {
-                            Ok(m) => pending.push_back(m),
-                            Err(_) => break,
-                        }
-                    }
-                    pending.extend(rx.try_iter());
-                    let Some((job, unit, addr, len)) = pending.pop_front() else {
-                        continue;
-                    };
-                    match job {
-                        Job::PageOut => advise_range(Advice::PageOut, addr, len),
-                        Job::Populate if wanted(unit) => {
-                            advise_range(Advice::Start, addr, len);
-                            // Start the next read as well, so that storage has
-                            // work queued while this range is being mapped.
-                            let next = pending
-                                .iter()
-                                .find(|(j, u, ..)| matches!(j, Job::Populate) && wanted(*u));
-                            if let Some(&(_, _, addr, len)) = next {
-                                advise_range(Advice::Start, addr, len);
-                            }
-                            advise_range(Advice::Map, addr, len);
-                        }
-                        Job::Populate => {}
-                    }
-                }
+impl Streamer {
+    /// Starts reading `order` (extents of `paths`, the model's files) into
+    /// `slots` buffers. `None` if a file cannot be opened again or the OS
+    /// refuses a thread: products then read the mapping, as without
+    /// streaming.
+    pub(super) fn start(paths: &[PathBuf], order: Vec<Extent>, slots: usize) -> Option<Streamer> {
+        if order.is_empty() || order.iter().any(|e| e.file >= paths.len()) {
+            return None;
+        }
+        let opened: Vec<(File, bool)> = paths.iter().map(|p| open(p)).collect::<Option<_>>()?;
+        let direct = opened.iter().all(|(_, d)| *d);
+        let files: Vec<(File, bool)> = opened;
+        let slots = (0..slots.max(2))
+            .map(|_| Slot {
+                pos: None,
+                ready: false,
+                buf: Some(Loaded {
+                    buf: Vec::new(),
+                    start: 0,
+                    len: 0,
+                    ok: false,
+                }),
             })
+            .collect();
+        let shared = Arc::new(Shared {
+            order,
+            state: Mutex::new(State {
+                head: 0,
+                waiting: Vec::new(),
+                slots,
+                stop: false,
+            }),
+            cv: Condvar::new(),
+        });
+        let worker = shared.clone();
+        let handle = std::thread::Builder::new()
+            .name("memwall-stream".into())
+            .spawn(move || run(&worker, &files))
             .ok()?;
-        Some(Prefetcher {
-            tx: Some(tx),
+        Some(Streamer {
+            shared,
             handle: Some(handle),
+            direct,
         })
     }
 
-    /// Queues the read of unit `unit`, `data`: a slice of a read-only file
-    /// mapping that outlives this prefetcher.
-    pub(super) fn populate(&self, unit: usize, data: &[u8]) {
-        if let Some(tx) = &self.tx {
-            let _ = tx.send((Job::Populate, unit, data.as_ptr() as usize, data.len()));
+    /// Whether reads bypass the page cache (`O_DIRECT`).
+    pub(super) fn direct(&self) -> bool {
+        self.direct
+    }
+
+    /// The bytes of streamed matrix `pos`, waiting for the reader if they are
+    /// not in yet. Hand them back with [`Streamer::release`].
+    pub(super) fn acquire(&self, pos: usize) -> Loaded {
+        let sh = &self.shared;
+        let mut st = sh.lock();
+        st.head = pos;
+        st.waiting.push(pos);
+        sh.cv.notify_all();
+        loop {
+            let found = st
+                .slots
+                .iter_mut()
+                .find(|s| s.pos == Some(pos) && s.ready && s.buf.is_some());
+            if let Some(buf) = found.and_then(|s| s.buf.take()) {
+                if let Some(i) = st.waiting.iter().position(|&p| p == pos) {
+                    st.waiting.swap_remove(i);
+                }
+                return buf;
+            }
+            st = sh.wait(st);
         }
     }
 
-    /// Queues the release of unit `unit`, `data` (after the reads queued
-    /// before it).
-    pub(super) fn page_out(&self, unit: usize, data: &[u8]) {
-        if let Some(tx) = &self.tx {
-            let _ = tx.send((Job::PageOut, unit, data.as_ptr() as usize, data.len()));
+    /// Returns what [`Streamer::acquire`] handed out for `pos`.
+    pub(super) fn release(&self, pos: usize, loaded: Loaded) {
+        let sh = &self.shared;
+        let mut st = sh.lock();
+        if let Some(s) = st
+            .slots
+            .iter_mut()
+            .find(|s| s.pos == Some(pos) && s.ready && s.buf.is_none())
+        {
+            s.buf = Some(loaded);
         }
+        sh.cv.notify_all();
     }
 }
 
-impl Drop for Prefetcher {
+impl Drop for Streamer {
     fn drop(&mut self) {
-        // Closing the queue ends the thread; joining it means no advice is
-        // given after the model (and the mapping it borrows) is gone.
-        self.tx = None;
+        self.shared.lock().stop = true;
+        self.shared.cv.notify_all();
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
     }
 }
 
-/// The advice the thread gives.
-#[derive(Clone, Copy)]
-enum Advice {
-    /// Start reading the range (asynchronous).
-    Start,
-    /// Read what is not read yet and map it (returns when done).
-    Map,
-    /// Reclaim the range's pages.
-    PageOut,
+/// The reader: keeps the ring filled with the positions from the head on.
+fn run(sh: &Shared, files: &[(File, bool)]) {
+    let n = sh.order.len();
+    loop {
+        let mut st = sh.lock();
+        let (slot, pos, mut loaded) = loop {
+            if st.stop {
+                return;
+            }
+            // What a product waits for comes first and may take any slot
+            // nobody holds or waits for; reading ahead (the positions from the
+            // head on) only takes slots outside that window.
+            let k = st.slots.len().min(n);
+            let head = st.head;
+            let in_window = |p: usize| (p + n - head) % n < k;
+            let present = |p: usize| st.slots.iter().any(|s| s.pos == Some(p));
+            let waited = |p: Option<usize>| p.is_some_and(|p| st.waiting.contains(&p));
+            let urgent = st.waiting.iter().copied().find(|&p| !present(p));
+            let pick = match urgent {
+                Some(p) => st
+                    .slots
+                    .iter()
+                    .position(|s| s.buf.is_some() && !waited(s.pos))
+                    .map(|i| (i, p)),
+                None => (0..k).map(|i| (head + i) % n).find(|&p| !present(p)).and_then(|p| {
+                    st.slots
+                        .iter()
+                        .position(|s| {
+                            s.buf.is_some() && !waited(s.pos) && s.pos.is_none_or(|q| !in_window(q))
+                        })
+                        .map(|i| (i, p))
+                }),
+            };
+            if let Some((i, p)) = pick {
+                let s = &mut st.slots[i];
+                if let Some(buf) = s.buf.take() {
+                    s.pos = Some(p);
+                    s.ready = false;
+                    break (i, p, buf);
+                }
+            }
+            st = sh.wait(st);
+        };
+        drop(st);
+        let e = sh.order[pos];
+        let (file, direct) = &files[e.file];
+        read_extent(file, e, *direct, &mut loaded);
+        let mut st = sh.lock();
+        st.slots[slot].buf = Some(loaded);
+        st.slots[slot].ready = true;
+        sh.cv.notify_all();
+    }
 }
 
-#[cfg(any(target_os = "linux", target_os = "android"))]
-fn advise_range(advice: Advice, addr: usize, len: usize) {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-    let start = addr / page * page;
-    let len = len + (addr - start);
-    // Starting the whole range's read first makes the kernel issue large
-    // reads rather than fault it in a readahead window at a time.
-    let flag = match advice {
-        Advice::Start => libc::MADV_WILLNEED,
-        Advice::Map => libc::MADV_POPULATE_READ,
-        Advice::PageOut => libc::MADV_PAGEOUT,
-    };
-    // SAFETY: the range is (page-aligned) part of a read-only private mapping
-    // of a model file that memwall never writes, and the mapping outlives the
-    // prefetcher (see `Drop`). WILLNEED only starts reading, POPULATE_READ
-    // only faults pages in; PAGEOUT reclaims clean file pages, which the next
-    // access reads back unchanged. Errors (an old kernel without these,
-    // locked pages) only mean no effect: before 5.14 there is no
-    // POPULATE_READ, and the started read-ahead is all there is.
-    unsafe { libc::madvise(start as *mut libc::c_void, len, flag) };
+/// Opens the model file for reading past the page cache where the system
+/// allows it (`O_DIRECT`; tmpfs and some file systems refuse it).
+fn open(path: &std::path::Path) -> Option<(File, bool)> {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let direct = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path);
+        if let Ok(f) = direct {
+            return Some((f, true));
+        }
+    }
+    File::open(path).ok().map(|f| (f, false))
 }
 
-#[cfg(not(any(target_os = "linux", target_os = "android")))]
-fn advise_range(_advice: Advice, _addr: usize, _len: usize) {}
+/// Reads `e` into `out` (aligned for direct reads), growing its buffer as
+/// needed; `out.ok` says whether every byte arrived.
+fn read_extent(file: &File, e: Extent, direct: bool, out: &mut Loaded) {
+    let first = e.offset / ALIGN as u64 * ALIGN as u64;
+    let lead = (e.offset - first) as usize;
+    let total = (lead + e.len).div_ceil(ALIGN) * ALIGN;
+    if out.buf.len() < total + ALIGN {
+        out.buf.resize(total + ALIGN, 0);
+    }
+    let addr = out.buf.as_ptr() as usize;
+    let pad = addr.next_multiple_of(ALIGN) - addr;
+    let got = read_at(file, &mut out.buf[pad..pad + total], first);
+    out.start = pad + lead;
+    out.len = e.len;
+    out.ok = got >= lead + e.len;
+    if !direct {
+        drop_cached(file, first, total);
+    }
+}
+
+/// Reads from `offset` until `buf` is full or the file ends; returns the
+/// bytes read (an error ends the read early).
+#[cfg(unix)]
+fn read_at(file: &File, buf: &mut [u8], offset: u64) -> usize {
+    use std::os::unix::fs::FileExt;
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    got
+}
+
+#[cfg(not(unix))]
+fn read_at(_file: &File, _buf: &mut [u8], _offset: u64) -> usize {
+    0
+}
+
+/// Buffered reads leave the bytes in the page cache: drop them, so that the
+/// cache does not grow by the streamed bytes.
+fn drop_cached(file: &File, offset: u64, len: usize) {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: posix_fadvise only advises the kernel about a range of an
+        // open file descriptor; it touches no memory of this process.
+        unsafe {
+            libc::posix_fadvise(
+                file.as_raw_fd(),
+                offset as libc::off_t,
+                len as libc::off_t,
+                libc::POSIX_FADV_DONTNEED,
+            )
+        };
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let _ = (file, offset, len);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file of `len` bytes whose byte `i` is `i · 7 mod 251`, and its bytes.
+    fn pattern_file(name: &str, len: usize) -> (PathBuf, Vec<u8>) {
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+        let path = std::env::temp_dir().join(format!("memwall-stream-{}-{name}", std::process::id()));
+        std::fs::write(&path, &bytes).unwrap();
+        (path, bytes)
+    }
+
+    /// Unaligned offsets and lengths, one larger than a buffer page, one
+    /// inside a single page, the last reaching the end of the file.
+    fn extents(len: usize) -> Vec<Extent> {
+        let spans = [(0, 4096), (4096 + 17, 70_001), (80_000, 33), (90_123, 40_000)];
+        let mut v: Vec<Extent> = spans
+            .iter()
+            .map(|&(offset, len)| Extent {
+                file: 0,
+                offset,
+                len,
+            })
+            .collect();
+        v.push(Extent {
+            file: 0,
+            offset: (len - 5000) as u64,
+            len: 5000,
+        });
+        v
+    }
+
+    #[test]
+    fn the_ring_hands_out_every_extent_in_any_order() {
+        let (path, bytes) = pattern_file("order", 200_003);
+        let order = extents(bytes.len());
+        for slots in [2, 3, 8] {
+            let s = Streamer::start(std::slice::from_ref(&path), order.clone(), slots).unwrap();
+            // Three passes in the forward pass's order, then out of order and
+            // the same position twice in a row (the experts of one tensor).
+            let seq: Vec<usize> = (0..3 * order.len())
+                .map(|i| i % order.len())
+                .chain([3, 0, 4, 4, 2, 1, 1])
+                .collect();
+            for pos in seq {
+                let l = s.acquire(pos);
+                let e = order[pos];
+                let want = &bytes[e.offset as usize..e.offset as usize + e.len];
+                assert_eq!(l.bytes(), Some(want), "slots {slots} position {pos}");
+                s.release(pos, l);
+            }
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn threads_share_the_ring_without_waiting_forever() {
+        let (path, bytes) = pattern_file("threads", 200_003);
+        let order = extents(bytes.len());
+        let s = Streamer::start(std::slice::from_ref(&path), order.clone(), 2).unwrap();
+        std::thread::scope(|scope| {
+            for t in 0..3 {
+                let (s, order, bytes) = (&s, &order, &bytes);
+                scope.spawn(move || {
+                    for i in 0..50 {
+                        let pos = (i * (t + 1)) % order.len();
+                        let l = s.acquire(pos);
+                        let e = order[pos];
+                        let want = &bytes[e.offset as usize..e.offset as usize + e.len];
+                        assert_eq!(l.bytes(), Some(want));
+                        s.release(pos, l);
+                    }
+                });
+            }
+        });
+        drop(s);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_read_past_the_end_leaves_the_mapping_to_read() {
+        let (path, bytes) = pattern_file("short", 10_000);
+        let order = vec![
+            Extent {
+                file: 0,
+                offset: 9_000,
+                len: 2_000,
+            },
+            Extent {
+                file: 0,
+                offset: 0,
+                len: 100,
+            },
+        ];
+        let s = Streamer::start(std::slice::from_ref(&path), order, 2).unwrap();
+        let l = s.acquire(0);
+        assert_eq!(l.bytes(), None, "the file ends 1000 bytes early");
+        s.release(0, l);
+        let l = s.acquire(1);
+        assert_eq!(l.bytes(), Some(&bytes[..100]));
+        s.release(1, l);
+        assert!(Streamer::start(std::slice::from_ref(&path), Vec::new(), 2).is_none());
+        let bad = vec![Extent {
+            file: 1,
+            offset: 0,
+            len: 1,
+        }];
+        assert!(Streamer::start(std::slice::from_ref(&path), bad, 2).is_none(), "no file 1");
+        drop(s);
+        std::fs::remove_file(&path).unwrap();
+    }
+}

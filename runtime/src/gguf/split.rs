@@ -213,6 +213,17 @@ impl GgufModel {
         self.files.iter().all(GgufFile::is_mapped)
     }
 
+    /// Where `data` (a slice of this model's bytes) lies: the index of its
+    /// file in [`GgufModel::files`] and its offset in that file.
+    pub fn locate(&self, data: &[u8]) -> Option<(usize, u64)> {
+        self.files.iter().enumerate().find_map(|(i, f)| {
+            let b = f.bytes();
+            let (base, start) = (b.as_ptr() as usize, data.as_ptr() as usize);
+            (start >= base && start + data.len() <= base + b.len())
+                .then_some((i, (start - base) as u64))
+        })
+    }
+
     /// Locks the pages of `data` (a slice of this model's bytes) in RAM.
     pub fn lock_range(&self, data: &[u8]) -> std::io::Result<()> {
         if data.is_empty() {
