@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The memory wall: decode speed when the model does not fit in the memory the process may
 # use. Runs llama-bench (mmap, the OS page cache decides what stays) and memwall bench in
-# streaming mode (--resident: the most reused weights locked, the rest read ahead on a
-# background thread and paged out after use) inside the same cgroup memory cap, with the
+# streaming mode (--resident: the most reused weights locked, the rest read past the page
+# cache into a ring of buffers ahead of use) inside the same cgroup memory cap, with the
 # page cache dropped before each run. Prints decode tokens/s, the ratio, peak memory of the
 # cgroup, and the bound set by the disk: bandwidth ÷ bytes that must be read per token.
 #
 #   LLAMA_CPP=/path/to/llama.cpp bench/memwall.sh [MODEL.gguf] [CAP_PERCENT] [THREADS]
 #
 # Needs root and the cgroup-v1 memory controller at /sys/fs/cgroup/memory (or cgroup v2 at
-# /sys/fs/cgroup). Default model: SmolLM2-135M-Instruct at F16 (270 MB), built by memwall.
+# /sys/fs/cgroup). Default model: SmolLM2-135M-Instruct at F16 (270 MB), built by memwall;
+# bench/wide-model.sh builds a 1 GB one (GEN=16 keeps llama.cpp's run short).
 set -euo pipefail
 : "${LLAMA_CPP:?set LLAMA_CPP to a llama.cpp source tree built with cmake (build/bin)}"
 model="${1:-}"
@@ -32,8 +33,9 @@ if [ -z "$model" ]; then
 fi
 size=$(stat -c %s "$model")
 cap=$(( size * percent / 100 ))
-# What the process needs besides pinned weights (binary, KV cache, buffers, the layers in
-# flight): OVERHEAD_MIB, default 40. PREFETCH: layers read ahead (default 1).
+# What the process needs besides weights (binary, KV cache, activation buffers; --resident
+# covers the pinned weights and the read-ahead ring): OVERHEAD_MIB, default 40.
+# PREFETCH: layers' worth read ahead (default 1).
 overhead=$(( ${OVERHEAD_MIB:-40} << 20 ))
 resident_mib=$(( (cap - overhead) >> 20 ))
 [ "$resident_mib" -gt 0 ] || { echo "cap too small for this model" >&2; exit 1; }

@@ -764,8 +764,14 @@ impl<'a> Model<'a> {
         // The ring of read-ahead buffers comes out of the budget when not
         // everything fits: `prefetch` layers' worth of bytes plus one matrix,
         // in buffers the size of the largest matrix of a layer.
-        let sizes = |l: &Layer| l.matrices().iter().map(|m| m.data.len() as u64).collect::<Vec<_>>();
-        let all: u64 = self.layers.iter().flat_map(sizes).sum::<u64>() + self.output.data.len() as u64;
+        let sizes = |l: &Layer| {
+            l.matrices()
+                .iter()
+                .map(|m| m.data.len() as u64)
+                .collect::<Vec<_>>()
+        };
+        let all: u64 =
+            self.layers.iter().flat_map(sizes).sum::<u64>() + self.output.data.len() as u64;
         let largest = self.layers.iter().flat_map(sizes).max().unwrap_or(0).max(1);
         let per_layer = all / self.layers.len().max(1) as u64;
         let slots = (per_layer * s.prefetch as u64 / largest + 1).max(2);
@@ -823,9 +829,10 @@ impl<'a> Model<'a> {
                 report.pinned_bytes += m.data.len() as u64;
             } else {
                 report.streamed_bytes += m.data.len() as u64;
-                let (file, offset) = self.gguf.locate(m.data).ok_or_else(|| {
-                    tensor_err(m.name, "its data lies outside the model's files")
-                })?;
+                let (file, offset) = self
+                    .gguf
+                    .locate(m.data)
+                    .ok_or_else(|| tensor_err(m.name, "its data lies outside the model's files"))?;
                 by_name.insert(m.name, (extents.len(), m.data));
                 extents.push(stream::Extent {
                     file,
@@ -835,9 +842,16 @@ impl<'a> Model<'a> {
             }
         }
         let largest = extents.iter().map(|e| e.len as u64).max().unwrap_or(0);
-        if largest > 0 {
-            let slots = slots as usize;
-            let paths: Vec<_> = self.gguf.files().iter().map(|f| f.path().to_owned()).collect();
+        // Sized by what streams: an output head that did not fit makes fewer,
+        // larger buffers (at least two matrices are always held).
+        if let Some(fit) = (per_layer * s.prefetch as u64).checked_div(largest) {
+            let slots = (fit + 1).clamp(2, slots) as usize;
+            let paths: Vec<_> = self
+                .gguf
+                .files()
+                .iter()
+                .map(|f| f.path().to_owned())
+                .collect();
             if let Some(reader) = stream::Streamer::start(&paths, extents, slots) {
                 report.ring_bytes = slots as u64 * largest;
                 report.direct = reader.direct();

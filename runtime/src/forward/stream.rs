@@ -214,14 +214,19 @@ fn run(sh: &Shared, files: &[(File, bool)]) {
                     .iter()
                     .position(|s| s.buf.is_some() && !waited(s.pos))
                     .map(|i| (i, p)),
-                None => (0..k).map(|i| (head + i) % n).find(|&p| !present(p)).and_then(|p| {
-                    st.slots
-                        .iter()
-                        .position(|s| {
-                            s.buf.is_some() && !waited(s.pos) && s.pos.is_none_or(|q| !in_window(q))
-                        })
-                        .map(|i| (i, p))
-                }),
+                None => (0..k)
+                    .map(|i| (head + i) % n)
+                    .find(|&p| !present(p))
+                    .and_then(|p| {
+                        st.slots
+                            .iter()
+                            .position(|s| {
+                                s.buf.is_some()
+                                    && !waited(s.pos)
+                                    && s.pos.is_none_or(|q| !in_window(q))
+                            })
+                            .map(|i| (i, p))
+                    }),
             };
             if let Some((i, p)) = pick {
                 let s = &mut st.slots[i];
@@ -331,7 +336,8 @@ mod tests {
     /// A file of `len` bytes whose byte `i` is `i · 7 mod 251`, and its bytes.
     fn pattern_file(name: &str, len: usize) -> (PathBuf, Vec<u8>) {
         let bytes: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
-        let path = std::env::temp_dir().join(format!("memwall-stream-{}-{name}", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("memwall-stream-{}-{name}", std::process::id()));
         std::fs::write(&path, &bytes).unwrap();
         (path, bytes)
     }
@@ -339,7 +345,12 @@ mod tests {
     /// Unaligned offsets and lengths, one larger than a buffer page, one
     /// inside a single page, the last reaching the end of the file.
     fn extents(len: usize) -> Vec<Extent> {
-        let spans = [(0, 4096), (4096 + 17, 70_001), (80_000, 33), (90_123, 40_000)];
+        let spans = [
+            (0, 4096),
+            (4096 + 17, 70_001),
+            (80_000, 33),
+            (90_123, 40_000),
+        ];
         let mut v: Vec<Extent> = spans
             .iter()
             .map(|&(offset, len)| Extent {
@@ -431,7 +442,10 @@ mod tests {
             offset: 0,
             len: 1,
         }];
-        assert!(Streamer::start(std::slice::from_ref(&path), bad, 2).is_none(), "no file 1");
+        assert!(
+            Streamer::start(std::slice::from_ref(&path), bad, 2).is_none(),
+            "no file 1"
+        );
         drop(s);
         std::fs::remove_file(&path).unwrap();
     }
