@@ -131,8 +131,9 @@ pub fn footprint(runtime: Runtime, shape: &Shape, load: &Load) -> Footprint {
             // q and the attention output, k and v, gate, up (and the product),
             // the rope table; all f32.
             let per_token = 4 * (4 * e + 2 * q + 2 * kvd + 3 * ff + shape.head_dim);
-            // Attention decodes one KV head's keys and values to f32 (whole context).
-            let attention = 2 * ctx * shape.head_dim * 4;
+            // Batch attention decodes every KV head's keys (transposed) and
+            // values to f32 for the whole context.
+            let attention = 2 * ctx * kvd * 4;
             // Logits of the last token, the sampler's copy and candidates.
             let logits = shape.n_vocab * 4 * 3;
             let overhead = MEMWALL_BASE + (load.header_bytes as f64 * MEMWALL_HEADER_FACTOR) as u64;
