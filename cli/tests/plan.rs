@@ -72,7 +72,6 @@ fn predicted_memory_is_within_ten_percent_of_the_peak_rss_of_run() {
         assert!(row["choice"].as_str().unwrap().starts_with("as is"));
         let predicted = row["memwall"]["total_bytes"].as_u64().unwrap() as f64;
         let ratio = predicted / rss;
-        eprintln!("{model} at {tokens} tokens: predicted / peak RSS = {ratio:.3}");
         assert!(
             (0.9..=1.1).contains(&ratio),
             "{model} at {tokens} tokens: predicted {predicted}, peak RSS {rss} (ratio {ratio:.3})"
