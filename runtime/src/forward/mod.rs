@@ -764,15 +764,12 @@ impl<'a> Model<'a> {
         // The ring of read-ahead buffers comes out of the budget when not
         // everything fits: `prefetch` layers' worth of bytes plus one matrix,
         // in buffers the size of the largest matrix of a layer.
-        let sizes = |l: &Layer| {
-            l.matrices()
-                .iter()
-                .map(|m| m.data.len() as u64)
-                .collect::<Vec<_>>()
-        };
-        let all: u64 =
-            self.layers.iter().flat_map(sizes).sum::<u64>() + self.output.data.len() as u64;
-        let largest = self.layers.iter().flat_map(sizes).max().unwrap_or(0).max(1);
+        let sizes: Vec<u64> = (self.layers.iter())
+            .flat_map(Layer::matrices)
+            .map(|m| m.data.len() as u64)
+            .collect();
+        let all = sizes.iter().sum::<u64>() + self.output.data.len() as u64;
+        let largest = sizes.iter().copied().max().unwrap_or(0).max(1);
         let per_layer = all / self.layers.len().max(1) as u64;
         let slots = (per_layer * s.prefetch as u64 / largest + 1).max(2);
         let mut budget = if s.resident_bytes >= all {
@@ -1451,9 +1448,7 @@ impl<'a> Model<'a> {
                 }
                 let sum = softmax_numerators(&mut scores);
                 let v = &v[kv_head * v.len() / c.n_head_kv..];
-                for (s, row) in scores.iter().zip(v.chunks_exact(hd)) {
-                    attn::axpy(out, s / sum, row);
-                }
+                attn::weighted_rows(out, &scores, sum, v);
             }
         }
     }

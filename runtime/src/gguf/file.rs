@@ -12,15 +12,6 @@ use super::metadata::Metadata;
 use super::read::parse;
 use super::{Header, TensorInfo};
 
-/// What [`GgufFile::advise`] tells the OS about a range of a mapped file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Advice {
-    /// It will be read soon: start reading it in now.
-    WillNeed,
-    /// It will not be read again soon: its pages may go.
-    DontNeed,
-}
-
 /// How a file's bytes are brought into memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LoadMode {
@@ -177,38 +168,6 @@ impl GgufFile {
         }
         #[cfg(not(unix))]
         let _ = (info, begin);
-    }
-
-    /// Advises the OS about `data`, a slice of this file's mapping: read it
-    /// ahead (`WillNeed`) or drop its pages (`DontNeed`; they are read back from
-    /// the file on the next access). Returns whether `data` lies in this file's
-    /// mapping (files read into memory are never advised).
-    pub fn advise(&self, data: &[u8], advice: Advice) -> bool {
-        let Bytes::Mapped(m) = &self.bytes else {
-            return false;
-        };
-        let base = m.as_ptr() as usize;
-        let start = data.as_ptr() as usize;
-        if start < base || start + data.len() > base + m.len() || data.is_empty() {
-            return false;
-        }
-        #[cfg(unix)]
-        {
-            let offset = start - base;
-            let r = match advice {
-                Advice::WillNeed => m.advise_range(memmap2::Advice::WillNeed, offset, data.len()),
-                // SAFETY: a read-only view of a file memwall does not modify:
-                // dropped pages are read back unchanged on the next access, so
-                // every slice handed out keeps its contents. The range lies in
-                // the mapping (checked above). Failure (e.g. on locked pages)
-                // only means the pages stay.
-                Advice::DontNeed => unsafe {
-                    m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, data.len())
-                },
-            };
-            let _ = r;
-        }
-        true
     }
 
     /// The whole file image.

@@ -26,7 +26,7 @@ mod value;
 mod write;
 
 pub use error::{FormatError, FormatErrorKind, GgufError};
-pub use file::{Advice, GgufFile, LoadMode};
+pub use file::{GgufFile, LoadMode};
 pub use metadata::{Metadata, MetadataError, describe_type, keys};
 pub use read::parse;
 pub use split::{GgufModel, available_memory, split_path};

@@ -202,12 +202,6 @@ impl GgufModel {
         self.files.iter().map(GgufFile::file_size).sum()
     }
 
-    /// Advises the OS about `data`, a slice of one of the files' mappings (see
-    /// [`GgufFile::advise`]); returns whether any file holds it mapped.
-    pub fn advise(&self, data: &[u8], advice: super::Advice) -> bool {
-        self.files.iter().any(|f| f.advise(data, advice))
-    }
-
     /// Whether every file is memory-mapped (not read into memory).
     pub fn is_mapped(&self) -> bool {
         self.files.iter().all(GgufFile::is_mapped)
@@ -229,11 +223,7 @@ impl GgufModel {
         if data.is_empty() {
             return Ok(());
         }
-        if !self.files.iter().any(|f| {
-            let b = f.bytes();
-            let (base, start) = (b.as_ptr() as usize, data.as_ptr() as usize);
-            start >= base && start + data.len() <= base + b.len()
-        }) {
+        if self.locate(data).is_none() {
             return Err(std::io::Error::other("not this model's data"));
         }
         // SAFETY: `data` lies inside one of this model's live mappings or

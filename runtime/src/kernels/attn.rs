@@ -5,7 +5,7 @@
 //! compiled for 256-bit vectors.
 
 #[cfg(target_arch = "x86_64")]
-use super::has_avx2;
+use super::{arch::has_avx512, has_avx2};
 
 /// Keys scored together: one independent sequential sum per key.
 pub(crate) const KEY_TILE: usize = 32;
@@ -16,7 +16,10 @@ pub(crate) const KEY_TILE: usize = 32;
 /// `stride` positions, starting at the first key of the tile).
 pub(crate) fn key_tile(q: &[f32], kt: &[f32], stride: usize) -> [f32; KEY_TILE] {
     #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
+    if has_avx512() {
+        // SAFETY: AVX-512 was probed just above.
+        return unsafe { key_tile_avx512(q, kt, stride) };
+    } else if has_avx2() {
         // SAFETY: AVX2 was probed just above.
         return unsafe { key_tile_avx2(q, kt, stride) };
     }
@@ -26,6 +29,13 @@ pub(crate) fn key_tile(q: &[f32], kt: &[f32], stride: usize) -> [f32; KEY_TILE] 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn key_tile_avx2(q: &[f32], kt: &[f32], stride: usize) -> [f32; KEY_TILE] {
+    key_tile_generic(q, kt, stride)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[clippy::msrv = "1.89"]
+#[target_feature(enable = "avx512f")]
+fn key_tile_avx512(q: &[f32], kt: &[f32], stride: usize) -> [f32; KEY_TILE] {
     key_tile_generic(q, kt, stride)
 }
 
@@ -61,6 +71,66 @@ fn axpy_avx2(out: &mut [f32], p: f32, x: &[f32]) {
 fn axpy_generic(out: &mut [f32], p: f32, x: &[f32]) {
     for (o, x) in out.iter_mut().zip(x) {
         *o += p * x;
+    }
+}
+
+/// For each score `s` and row of `out.len()` values of `v` in turn,
+/// `out ← out + (s / sum) · row`: [`axpy`] per position, in one call.
+pub(crate) fn weighted_rows(out: &mut [f32], scores: &[f32], sum: f32, v: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: AVX-512 was probed just above.
+        return unsafe { weighted_rows_avx512(out, scores, sum, v) };
+    } else if has_avx2() {
+        // SAFETY: AVX2 was probed just above.
+        return unsafe { weighted_rows_avx2(out, scores, sum, v) };
+    }
+    weighted_rows_generic(out, scores, sum, v)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn weighted_rows_avx2(out: &mut [f32], scores: &[f32], sum: f32, v: &[f32]) {
+    weighted_rows_generic(out, scores, sum, v)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[clippy::msrv = "1.89"]
+#[target_feature(enable = "avx512f")]
+fn weighted_rows_avx512(out: &mut [f32], scores: &[f32], sum: f32, v: &[f32]) {
+    weighted_rows_generic(out, scores, sum, v)
+}
+
+#[inline(always)]
+fn weighted_rows_generic(out: &mut [f32], scores: &[f32], sum: f32, v: &[f32]) {
+    let hd = out.len();
+    if hd == 0 {
+        return;
+    }
+    // Sixty-four dimensions at a time in a fixed-size accumulator, which the
+    // compiler keeps in registers over all positions (each element still
+    // sums the positions in order).
+    let mut c = 0;
+    for oc in out.chunks_mut(64) {
+        if let Ok(oc) = <&mut [f32; 64]>::try_from(&mut *oc) {
+            let mut acc = *oc;
+            for (s, row) in scores.iter().zip(v.chunks_exact(hd)) {
+                let p = s / sum;
+                // (Always 64 values: `c + 64 <= hd`.)
+                let Some(row) = row[c..].first_chunk::<64>() else {
+                    continue;
+                };
+                for (a, x) in acc.iter_mut().zip(row) {
+                    *a += p * x;
+                }
+            }
+            *oc = acc;
+        } else {
+            for (s, row) in scores.iter().zip(v.chunks_exact(hd)) {
+                axpy_generic(oc, s / sum, &row[c..]);
+            }
+        }
+        c += 64;
     }
 }
 

@@ -304,6 +304,9 @@ pub struct Activations {
     q8_0: Vec<BlockQ8_0>,
     /// The scales of `q8_0` as `f32`, for the several-row products.
     q8_0_d: Vec<f32>,
+    /// `q8_0` regrouped for the several-row products (batches only; see
+    /// [`Q8_GROUP_BYTES`]).
+    q8_0_groups: Vec<u8>,
     q8_1: Vec<BlockQ8_1>,
     q8k: Vec<BlockQ8K>,
 }
@@ -371,6 +374,21 @@ impl Activations {
                 self.q8_0_d.clear();
                 self.q8_0_d
                     .extend(self.q8_0.iter().map(|b| crate::blocks::f16_to_f32(b.d)));
+                self.q8_0_groups.clear();
+                // Only the x86 several-row kernels read the regrouped rows.
+                if self.rows > 1 && cfg!(target_arch = "x86_64") {
+                    let nbr = cols / QK8_0;
+                    let record = nbr.div_ceil(8) * Q8_GROUP_BYTES;
+                    self.q8_0_groups.resize(self.rows * record, 0);
+                    let (blocks, d) = (&self.q8_0, &self.q8_0_d);
+                    // Eight tokens per task.
+                    for_each_chunk(pool, &mut self.q8_0_groups, 8 * record, |c, g| {
+                        for (i, g) in g.chunks_exact_mut(record).enumerate() {
+                            let row = (8 * c + i) * nbr..(8 * c + i + 1) * nbr;
+                            group_q8_0(&blocks[row.clone()], &d[row], g);
+                        }
+                    });
+                }
             }
             VecDotType::Q8_1 => {
                 self.q8_1.resize(nb, BlockQ8_1::default());
@@ -386,6 +404,11 @@ impl Activations {
             }
         }
         Ok(())
+    }
+
+    /// The f16 values held (kind F16; empty otherwise).
+    pub(crate) fn halves(&self) -> &[u16] {
+        &self.halves
     }
 
     /// The vec_dot type held (`None` before the first [`Activations::quantize`]).
@@ -513,17 +536,64 @@ impl Backend {
 /// Signature of the weight-row × activation-row dot products.
 type Dot<A> = fn(&[u8], &[A]) -> f32;
 
+/// Bytes per group of eight Q8_0 blocks of one activation row in the
+/// regrouped layout of the several-row products: in 32-byte register `k`
+/// (`k < 8`), bytes `4l..4l + 4` are quants `4k..4k + 4` of block `l`; then
+/// the eight blocks' quant sums (`i32`) and scales (`f32`), little-endian. A
+/// row's last group is padded with zero blocks. One 32-bit lane then holds
+/// one block, so a SIMD product of eight weight blocks (transposed the same
+/// way) sums each block in its own lane with no horizontal additions.
+pub(crate) const Q8_GROUP_BYTES: usize = 320;
+
+/// Regroups one activation row (`blocks`, their scales `d`) into `out`
+/// (`blocks.len().div_ceil(8)` groups of [`Q8_GROUP_BYTES`]).
+fn group_q8_0(blocks: &[BlockQ8_0], d: &[f32], out: &mut [u8]) {
+    for ((g, bs), ds) in out
+        .chunks_exact_mut(Q8_GROUP_BYTES)
+        .zip(blocks.chunks(8))
+        .zip(d.chunks(8))
+    {
+        g.fill(0);
+        for (l, (b, &d)) in bs.iter().zip(ds).enumerate() {
+            for (k, q) in b.qs.chunks_exact(4).enumerate() {
+                for (o, &q) in g[32 * k + 4 * l..][..4].iter_mut().zip(q) {
+                    *o = q as u8;
+                }
+            }
+            let sum: i32 = b.qs.iter().map(|&q| i32::from(q)).sum();
+            g[256 + 4 * l..][..4].copy_from_slice(&sum.to_le_bytes());
+            g[288 + 4 * l..][..4].copy_from_slice(&d.to_le_bytes());
+        }
+    }
+}
+
+/// Consecutive Q8_0 activation rows for a several-row product: `blocks` (a
+/// multiple of the weight row's block count), their scales as `f32` in `d`,
+/// and `groups`, the same rows regrouped (see [`Q8_GROUP_BYTES`]).
+#[derive(Clone, Copy)]
+// Read by the x86 several-row kernels only (the NEON backend has none yet).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) struct Q8Rows<'a> {
+    pub(crate) blocks: &'a [BlockQ8_0],
+    pub(crate) d: &'a [f32],
+    pub(crate) groups: &'a [u8],
+}
+
 /// One weight row against several consecutive Q8_0 activation rows at once:
-/// `(w, a, ad, out)` with `a` holding `out.len()` rows of `w`'s block count
-/// and `ad[i]` the scale of `a[i]` as `f32`. `out[t]` gets the bits of the
-/// single dot product with row `t`: the rows share the weights' unpacking,
-/// not their arithmetic.
-pub(crate) type Rows<A> = fn(&[u8], &[A], &[f32], &mut [f32]);
+/// `(w, a, out)` with `a` holding `out.len()` rows. `out[t]` gets the bits of
+/// the single dot product with row `t`: the rows share the weights'
+/// unpacking, not their arithmetic.
+pub(crate) type RowsQ8 = fn(&[u8], Q8Rows<'_>, &mut [f32]);
 
 /// One F16 weight row against several consecutive f16 activation rows:
 /// `(w, a, out)` with `a` holding `out.len()` rows of `w`'s length; the bits
 /// of the single products.
 pub(crate) type RowsF16 = fn(&[u8], &[u16], &mut [f32]);
+
+/// One F16 weight row against several consecutive activation rows already
+/// widened from f16 to `f32` (by the second function, `(f16s, out)`): the
+/// bits of [`RowsF16`] without converting the activations once per row.
+pub(crate) type RowsF16F32 = (fn(&[u8], &[f32], &mut [f32]), fn(&[u16], &mut [f32]));
 
 /// One K-quant weight row against several consecutive Q8_K activation rows:
 /// `(w, a, out)` with `a` holding `out.len()` rows of `w`'s block count.
@@ -533,18 +603,20 @@ pub(crate) type RowsK = fn(&[u8], &[BlockQ8K], &mut [f32]);
 #[derive(Clone, Copy)]
 pub(crate) struct RowsTable {
     pub(crate) f16: Option<RowsF16>,
+    pub(crate) f16_f32: Option<RowsF16F32>,
     pub(crate) q4_k: Option<RowsK>,
     pub(crate) q6_k: Option<RowsK>,
-    pub(crate) q4_0: Option<Rows<BlockQ8_0>>,
-    pub(crate) q5_0: Option<Rows<BlockQ8_0>>,
-    pub(crate) q8_0: Option<Rows<BlockQ8_0>>,
-    pub(crate) iq4_nl: Option<Rows<BlockQ8_0>>,
+    pub(crate) q4_0: Option<RowsQ8>,
+    pub(crate) q5_0: Option<RowsQ8>,
+    pub(crate) q8_0: Option<RowsQ8>,
+    pub(crate) iq4_nl: Option<RowsQ8>,
 }
 
 impl RowsTable {
     /// No several-row products.
     pub(crate) const NONE: RowsTable = RowsTable {
         f16: None,
+        f16_f32: None,
         q4_k: None,
         q6_k: None,
         q4_0: None,
@@ -688,6 +760,12 @@ impl Kernels {
         }
     }
 
+    /// The backend's F16 several-row product over activations widened to
+    /// `f32`, with its widening function (see [`RowsF16F32`]).
+    pub(crate) fn f16_rows_f32(&self) -> Option<RowsF16F32> {
+        self.table.rows.f16_f32
+    }
+
     /// `out[i]` = the dot product of weight row `w` (type `ty`) with
     /// activation row `t0 + i` of `acts`, for every `i`: the same bits as
     /// [`Kernels::dot_checked`] row by row, through the backend's several-row
@@ -707,13 +785,15 @@ impl Kernels {
         enum Kernel {
             F16(RowsF16),
             K(RowsK),
-            Q8(Rows<BlockQ8_0>),
+            Q8(RowsQ8),
         }
         let r = &self.table.rows;
         let kernel = match (ty, acts.kind) {
             (T::F16, Some(V::F16)) => r.f16.map(Kernel::F16),
             (T::Q4_K, Some(V::Q8K)) => r.q4_k.map(Kernel::K),
             (T::Q6_K, Some(V::Q8K)) => r.q6_k.map(Kernel::K),
+            // (A single row is not regrouped.)
+            (_, Some(V::Q8_0)) if acts.q8_0_groups.is_empty() => None,
             (T::Q4_0, Some(V::Q8_0)) => r.q4_0.map(Kernel::Q8),
             (T::Q5_0, Some(V::Q8_0)) => r.q5_0.map(Kernel::Q8),
             (T::Q8_0, Some(V::Q8_0)) => r.q8_0.map(Kernel::Q8),
@@ -733,7 +813,13 @@ impl Kernels {
             Some(Kernel::Q8(f)) => {
                 let nb = acts.cols / QK8_0;
                 let span = tokens.start * nb..tokens.end * nb;
-                f(w, &acts.q8_0[span.clone()], &acts.q8_0_d[span], out);
+                let record = nb.div_ceil(8) * Q8_GROUP_BYTES;
+                let a = Q8Rows {
+                    blocks: &acts.q8_0[span.clone()],
+                    d: &acts.q8_0_d[span],
+                    groups: &acts.q8_0_groups[tokens.start * record..tokens.end * record],
+                };
+                f(w, a, out);
             }
             None => {
                 for (o, t) in out.iter_mut().zip(tokens) {

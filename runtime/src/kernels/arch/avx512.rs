@@ -16,11 +16,10 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{
-    self, first_lanes, h2f, halves, hsum_epi32, lanes_ps, ld256, ldps, ldps_first, le16,
-    rows32_kernels, tree8_ps, unpack_iq4_nl, unpack_q4_0, unpack_q5_0, unpack_q8_0,
+    self, halves, ld256, ldps, le16, tree8_ps, unpack_iq4_nl, unpack_q4_0, unpack_q5_0, unpack_q8_0,
 };
-use crate::kernels::scalar::{Blocks, k4_scales, term};
-use crate::kernels::{BlockQ8_0, BlockQ8K, DotTable, RowsTable};
+use crate::kernels::scalar::k4_scales;
+use crate::kernels::{BlockQ8K, DotTable, Q8_GROUP_BYTES, Q8Rows, RowsTable};
 
 macro_rules! entry {
     ($name:ident, $kernel:ident, $w:ty, $a:ty) => {
@@ -37,18 +36,18 @@ entry!(e_q4_k, q4_k, &[u8], &[BlockQ8K]);
 
 /// Declares a safe entry point for a several-row kernel.
 macro_rules! rows_entry {
-    ($name:ident, $kernel:ident) => {
-        fn $name(w: &[u8], a: &[BlockQ8_0], ad: &[f32], out: &mut [f32]) {
+    ($name:ident, $ts:literal, $unpack:ident) => {
+        fn $name(w: &[u8], a: Q8Rows<'_>, out: &mut [f32]) {
             // SAFETY: as for `entry!`.
-            unsafe { $kernel(w, a, ad, out) }
+            unsafe { rows_grouped(w, $ts, |b| $unpack(b), a.groups, out) }
         }
     };
 }
 
-rows_entry!(r_q4_0, q4_0_rows);
-rows_entry!(r_q5_0, q5_0_rows);
-rows_entry!(r_q8_0, q8_0_rows);
-rows_entry!(r_iq4_nl, iq4_nl_rows);
+rows_entry!(r_q4_0, 18, unpack_q4_0);
+rows_entry!(r_q5_0, 22, unpack_q5_0);
+rows_entry!(r_q8_0, 34, unpack_q8_0);
+rows_entry!(r_iq4_nl, 18, unpack_iq4_nl);
 
 /// The AVX-512 table: its own Q4_K and several-row Q8_0-family products,
 /// AVX2 for the rest.
@@ -64,35 +63,101 @@ pub(crate) static TABLE: DotTable = DotTable {
     ..avx2::TABLE
 };
 
-// The several-row Q8_0-family products with `vpdpbusd` (256-bit, AVX-512 VL):
-// activations shifted to unsigned bytes (y + 128) against the signed weights,
-// the accumulator starting at −128·Σw, so each lane's sum is Σ y·w exactly,
-// the same integers as AVX2's sign trick in fewer instructions (SmolLM2
-// pp512 on the reference machine: Q8_0 244 → 271 t/s, Q4_K_M 207 → 212).
-rows32_kernels!(
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
-    vnni_prep,
-    vnni_dot
-);
+// ---- several activation rows per weight row (Q8_0 family) ----
+//
+// The activations come regrouped (`Q8_GROUP_BYTES`): per eight blocks, eight
+// registers whose lane `l` holds four quants of block `l`. The weights of
+// eight blocks are transposed the same way once per group and shifted to
+// unsigned bytes (w + 128), so eight 256-bit `vpdpbusd` leave each block's
+// `Σ (w + 128)·y` in its own lane; `128·Σy` (stored with the activations)
+// comes off exactly. No horizontal additions: lane `l` is then block
+// `8g + l`'s integer sum, scaled and added to partial `l` as in the single
+// product. (The AVX2 kernels, one block per register, reduce lanes with
+// `vphaddd` for every block and token.)
 
-/// A block's weights and `−128·Σw` over each four bytes.
+/// Activation rows whose partials are kept together.
+const TOKENS: usize = 16;
+
+/// One weight row of 32-weight blocks of `ts` bytes (`unpack` gives a
+/// block's weights as signed bytes) against `out.len()` regrouped Q8_0
+/// activation rows `groups`, each in the canonical order of the single
+/// product. A row's last group is padded with zero blocks on both sides:
+/// their terms are `+0`, which leaves a partial unchanged.
 #[inline]
-#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn vnni_prep(q: __m256i) -> (__m256i, __m256i) {
-    let bias = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(0x80u8 as i8), q);
-    (q, _mm256_sub_epi32(_mm256_setzero_si256(), bias))
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn rows_grouped(
+    w: &[u8],
+    ts: usize,
+    unpack: impl Fn(&[u8]) -> __m256i,
+    groups: &[u8],
+    out: &mut [f32],
+) {
+    let nb = w.len() / ts;
+    let ng = nb.div_ceil(8);
+    let (records, _) = groups.as_chunks::<Q8_GROUP_BYTES>();
+    assert!(records.len() == out.len() * ng, "grouped rows lengths");
+    let shift = _mm256_set1_epi8(0x80u8 as i8);
+    for (out, records) in out.chunks_mut(TOKENS).zip(records.chunks(TOKENS * ng)) {
+        let mut acc = [_mm256_setzero_ps(); TOKENS];
+        for (g, b0) in (0..nb).step_by(8).enumerate() {
+            let mut q = [_mm256_setzero_si256(); 8];
+            let mut dws = [0u16; 8];
+            for (l, b) in w[b0 * ts..].chunks_exact(ts).take(8).enumerate() {
+                q[l] = unpack(b);
+                dws[l] = le16(b, 0);
+            }
+            let wt = transpose_dwords(q).map(|v| _mm256_xor_si256(v, shift));
+            let dw = halves(dws);
+            for (acc, r) in acc.iter_mut().zip(records[g..].iter().step_by(ng)) {
+                let (mut s0, mut s1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                for k in (0..8).step_by(2) {
+                    s0 = _mm256_dpbusd_epi32(s0, wt[k], ld256(&r[32 * k..]));
+                    s1 = _mm256_dpbusd_epi32(s1, wt[k + 1], ld256(&r[32 * k + 32..]));
+                }
+                let ysum = _mm256_slli_epi32::<7>(ld256(&r[256..]));
+                let isum = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), ysum);
+                let da = ldps(&r[288..]);
+                let t = _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum));
+                *acc = _mm256_add_ps(*acc, t);
+            }
+        }
+        for (o, acc) in out.iter_mut().zip(acc) {
+            *o = tree8_ps(acc);
+        }
+    }
 }
 
-/// `Σ w·y` over each four bytes: `Σ (y + 128)·w − 128·Σw` (no overflow:
-/// |Σ| ≤ 4 · 255 · 128).
+/// Eight registers of eight 32-bit lanes transposed: lane `l` of result `k`
+/// is lane `k` of `v[l]`.
 #[inline]
-#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn vnni_dot((q, neg_bias): (__m256i, __m256i), y: __m256i) -> __m256i {
-    _mm256_dpbusd_epi32(
-        neg_bias,
-        _mm256_xor_si256(y, _mm256_set1_epi8(0x80u8 as i8)),
-        q,
-    )
+#[target_feature(enable = "avx2")]
+fn transpose_dwords(v: [__m256i; 8]) -> [__m256i; 8] {
+    // Within each 128-bit half: neighbours interleaved by 32 bits, then by 64.
+    let t: [__m256i; 8] = std::array::from_fn(|i| {
+        let (a, b) = (v[i / 2 * 2], v[i / 2 * 2 + 1]);
+        if i % 2 == 0 {
+            _mm256_unpacklo_epi32(a, b)
+        } else {
+            _mm256_unpackhi_epi32(a, b)
+        }
+    });
+    // u[j] (j < 4): lanes j and j + 4 of v[0..4]; u[4 + j]: the same of v[4..8].
+    let u: [__m256i; 8] = std::array::from_fn(|i| {
+        let (h, j) = (i / 4 * 4, i % 4);
+        let (a, b) = (t[h + j / 2], t[h + j / 2 + 2]);
+        if j % 2 == 0 {
+            _mm256_unpacklo_epi64(a, b)
+        } else {
+            _mm256_unpackhi_epi64(a, b)
+        }
+    });
+    std::array::from_fn(|k| {
+        if k < 4 {
+            _mm256_permute2x128_si256::<0x20>(u[k], u[k + 4])
+        } else {
+            _mm256_permute2x128_si256::<0x31>(u[k - 4], u[k])
+        }
+    })
 }
 
 #[inline]
