@@ -18,7 +18,6 @@ use std::arch::x86_64::*;
 
 use super::super::scalar::{
     Blocks, FLOAT_PARTIALS, FloatSum, iq4xs_scales, k4_scales, q3k_scales, term, term_kmin,
-    term_min,
 };
 use crate::blocks::IQ4NL_GRID;
 use crate::kernels::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, Q8Rows, RowsTable};
@@ -317,7 +316,7 @@ fn srl16(v: __m256i, n: i32) -> __m256i {
 /// the scalar term.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn blocks32<Y, const MIN: bool>(
+pub(super) fn blocks32<Y, const MIN: bool>(
     w: &[u8],
     a: &[Y],
     ts: usize,
@@ -345,19 +344,28 @@ fn blocks32<Y, const MIN: bool>(
         }
         acc = _mm256_add_ps(acc, t);
     }
-    let mut sum = Blocks::new(lanes_ps(acc));
-    for i in done..nb {
-        let (b, y) = (&w[i * ts..(i + 1) * ts], &a[i]);
-        let [dw, da, mw, sa] = scales(b, y).map(|h| h2f(h));
-        let isum = hsum_epi32(isum(b, y));
-        let t = if MIN {
-            term_min(dw, da, isum, mw, sa)
-        } else {
-            term(dw, da, isum)
-        };
-        sum.add(i, t);
+    // The last `nb % 8` blocks as one more group, the missing blocks with
+    // zero sums and zero scales: their terms are +0, which leaves a partial
+    // unchanged (a partial is never −0: it starts at +0).
+    if done < nb {
+        let mut v = [_mm256_setzero_si256(); 8];
+        let mut sc = [[0u16; 8]; 4];
+        for (k, i) in (done..nb).enumerate() {
+            let (b, y) = (&w[i * ts..(i + 1) * ts], &a[i]);
+            v[k] = isum(b, y);
+            let s = scales(b, y);
+            for j in 0..4 {
+                sc[j][k] = s[j];
+            }
+        }
+        let d = _mm256_mul_ps(halves(sc[0]), halves(sc[1]));
+        let mut t = _mm256_mul_ps(d, _mm256_cvtepi32_ps(transpose_sum(&v)));
+        if MIN {
+            t = _mm256_add_ps(t, _mm256_mul_ps(halves(sc[2]), halves(sc[3])));
+        }
+        acc = _mm256_add_ps(acc, t);
     }
-    sum.sum()
+    tree8_ps(acc)
 }
 
 pub(super) fn le16(b: &[u8], at: usize) -> u16 {

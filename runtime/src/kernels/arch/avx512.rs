@@ -19,7 +19,7 @@ use super::avx2::{
     self, halves, ld256, ldps, le16, tree8_ps, unpack_iq4_nl, unpack_q4_0, unpack_q5_0, unpack_q8_0,
 };
 use crate::kernels::scalar::k4_scales;
-use crate::kernels::{BlockQ8K, DotTable, Q8_GROUP_BYTES, Q8Rows, RowsTable};
+use crate::kernels::{BlockQ8_0, BlockQ8K, DotTable, Q8_GROUP_BYTES, Q8Rows, RowsTable};
 
 macro_rules! entry {
     ($name:ident, $kernel:ident, $w:ty, $a:ty) => {
@@ -33,6 +33,10 @@ macro_rules! entry {
 }
 
 entry!(e_q4_k, q4_k, &[u8], &[BlockQ8K]);
+entry!(e_q4_0, q4_0, &[u8], &[BlockQ8_0]);
+entry!(e_q5_0, q5_0, &[u8], &[BlockQ8_0]);
+entry!(e_q8_0, q8_0, &[u8], &[BlockQ8_0]);
+entry!(e_iq4_nl, iq4_nl, &[u8], &[BlockQ8_0]);
 
 /// Declares a safe entry point for a several-row kernel.
 macro_rules! rows_entry {
@@ -53,6 +57,10 @@ rows_entry!(r_iq4_nl, 18, unpack_iq4_nl);
 /// AVX2 for the rest.
 pub(crate) static TABLE: DotTable = DotTable {
     q4_k: e_q4_k,
+    q4_0: e_q4_0,
+    q5_0: e_q5_0,
+    q8_0: e_q8_0,
+    iq4_nl: e_iq4_nl,
     rows: RowsTable {
         q4_0: Some(r_q4_0),
         q5_0: Some(r_q5_0),
@@ -62,6 +70,43 @@ pub(crate) static TABLE: DotTable = DotTable {
     },
     ..avx2::TABLE
 };
+
+// ---- one activation row (Q8_0 family) ----
+//
+// AVX2's row loop (`blocks32`: the same partials and bits) with each block's
+// sum as `vpdpbusd(|w|, sign(y, w))`: one instruction where AVX2 needs
+// `vpmaddubsw` and `vpmaddwd`.
+
+/// `Σ w·y` over each four bytes of a block (signed weights, |y| ≤ 127).
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn sign_dot(w: __m256i, y: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(
+        _mm256_setzero_si256(),
+        _mm256_sign_epi8(w, w),
+        _mm256_sign_epi8(y, w),
+    )
+}
+
+macro_rules! q8_family_dot {
+    ($name:ident, $ts:literal, $unpack:ident) => {
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        fn $name(w: &[u8], a: &[BlockQ8_0]) -> f32 {
+            avx2::blocks32::<_, false>(
+                w,
+                a,
+                $ts,
+                |b, y| sign_dot($unpack(b), ld256(&y.qs)),
+                |b, y| [le16(b, 0), y.d, 0, 0],
+            )
+        }
+    };
+}
+
+q8_family_dot!(q4_0, 18, unpack_q4_0);
+q8_family_dot!(q5_0, 22, unpack_q5_0);
+q8_family_dot!(q8_0, 34, unpack_q8_0);
+q8_family_dot!(iq4_nl, 18, unpack_iq4_nl);
 
 // ---- several activation rows per weight row (Q8_0 family) ----
 //
