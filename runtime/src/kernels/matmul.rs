@@ -217,8 +217,23 @@ fn run(
         .div_ceil(threads * 4)
         .clamp(1, if t_n > 1 { 64 } else { usize::MAX });
     let dot = |r: usize, t: usize| kernels.dot_checked(w.ty, w.row(r), acts.row(t));
+    // F16 weights: each task widens the f16 activations once for all its
+    // rows (converting them for every row bound the product).
+    let widened = kernels
+        .f16_rows_f32()
+        .filter(|_| w.ty == GgmlType::F16 && acts.kind() == Some(VecDotType::F16));
     if t_n == 1 {
         for_each_chunk(pool, y, chunk, |c, ys| {
+            if let Some((rows_f32, widen)) = widened {
+                TILE.with_borrow_mut(|tile| {
+                    tile.resize(w.cols, 0.0);
+                    widen(acts.halves(), tile);
+                    for (i, v) in ys.iter_mut().enumerate() {
+                        rows_f32(w.row(c * chunk + i), tile, std::slice::from_mut(v));
+                    }
+                });
+                return;
+            }
             for (i, v) in ys.iter_mut().enumerate() {
                 *v = dot(c * chunk + i, 0);
             }
@@ -229,11 +244,6 @@ fn run(
     // range, each weight row read once per tile of tokens; then transpose.
     scratch.clear();
     scratch.resize(w.rows * t_n, 0.0);
-    // F16 weights: each task widens a tile of f16 activations once for all
-    // its rows (converting them for every row bound the product).
-    let widened = kernels
-        .f16_rows_f32()
-        .filter(|_| w.ty == GgmlType::F16 && acts.kind() == Some(VecDotType::F16));
     for_each_chunk(pool, scratch, chunk * t_n, |c, ys| {
         let r0 = c * chunk;
         let nr = ys.len() / t_n;
