@@ -341,7 +341,11 @@ impl Cache {
 
     fn extend(&mut self, values: &[f32]) {
         match self {
-            Cache::F16(c) => c.extend(values.iter().map(|&v| f32_to_f16(v))),
+            Cache::F16(c) => {
+                let at = c.len();
+                c.resize(at + values.len(), 0);
+                attn::narrow_f16(values, &mut c[at..]);
+            }
             Cache::F32(c) => c.extend_from_slice(values),
         }
     }

@@ -358,8 +358,8 @@ impl Activations {
             }
             VecDotType::F16 => {
                 self.halves.clear();
-                self.halves
-                    .extend(x.iter().map(|&v| crate::blocks::f32_to_f16(v)));
+                self.halves.resize(x.len(), 0);
+                attn::narrow_f16(x, &mut self.halves);
             }
             VecDotType::BF16 => {
                 self.halves.clear();
