@@ -312,8 +312,7 @@ fn srl16(v: __m256i, n: i32) -> __m256i {
 /// A row of 32-weight blocks of `ts` bytes in the canonical order: eight
 /// blocks per step, `isum(b, y)` giving a block's integer sum in eight `i32`
 /// lanes and `scales(b, y)` the f16 bits of `[d_w, d_a, m_w, s_a]` (the last
-/// two only read with `MIN`); the last `nb % 8` blocks go one by one through
-/// the scalar term.
+/// two only read with `MIN`); the last `nb % 8` blocks are a short group.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 pub(super) fn blocks32<Y, const MIN: bool>(
@@ -325,33 +324,13 @@ pub(super) fn blocks32<Y, const MIN: bool>(
 ) -> f32 {
     let nb = a.len().min(w.len() / ts);
     let mut acc = _mm256_setzero_ps();
-    let (wg, ag) = (w[..nb * ts].chunks_exact(8 * ts), a[..nb].chunks_exact(8));
-    let done = 8 * wg.len();
-    for (wg, ag) in wg.zip(ag) {
+    // The last group may be short (`nb % 8` blocks): the missing blocks get
+    // zero sums and zero scales, so their terms are +0, which leaves a
+    // partial unchanged (a partial is never −0: it starts at +0).
+    for (wg, ag) in w[..nb * ts].chunks(8 * ts).zip(a[..nb].chunks(8)) {
         let mut v = [_mm256_setzero_si256(); 8];
         let mut sc = [[0u16; 8]; 4];
         for (k, (b, y)) in wg.chunks_exact(ts).zip(ag).enumerate() {
-            v[k] = isum(b, y);
-            let s = scales(b, y);
-            for j in 0..4 {
-                sc[j][k] = s[j];
-            }
-        }
-        let d = _mm256_mul_ps(halves(sc[0]), halves(sc[1]));
-        let mut t = _mm256_mul_ps(d, _mm256_cvtepi32_ps(transpose_sum(&v)));
-        if MIN {
-            t = _mm256_add_ps(t, _mm256_mul_ps(halves(sc[2]), halves(sc[3])));
-        }
-        acc = _mm256_add_ps(acc, t);
-    }
-    // The last `nb % 8` blocks as one more group, the missing blocks with
-    // zero sums and zero scales: their terms are +0, which leaves a partial
-    // unchanged (a partial is never −0: it starts at +0).
-    if done < nb {
-        let mut v = [_mm256_setzero_si256(); 8];
-        let mut sc = [[0u16; 8]; 4];
-        for (k, i) in (done..nb).enumerate() {
-            let (b, y) = (&w[i * ts..(i + 1) * ts], &a[i]);
             v[k] = isum(b, y);
             let s = scales(b, y);
             for j in 0..4 {
