@@ -224,10 +224,10 @@ fn run(
         .filter(|_| w.ty == GgmlType::F16 && acts.kind() == Some(VecDotType::F16));
     if t_n == 1 {
         for_each_chunk(pool, y, chunk, |c, ys| {
-            if let Some((rows_f32, widen)) = widened {
+            if let Some(rows_f32) = widened {
                 TILE.with_borrow_mut(|tile| {
                     tile.resize(w.cols, 0.0);
-                    widen(acts.halves(), tile);
+                    super::attn::widen_f16(acts.halves(), tile);
                     for (i, v) in ys.iter_mut().enumerate() {
                         rows_f32(w.row(c * chunk + i), tile, std::slice::from_mut(v));
                     }
@@ -249,11 +249,11 @@ fn run(
         let nr = ys.len() / t_n;
         for t0 in (0..t_n).step_by(TOKEN_TILE) {
             let t1 = (t0 + TOKEN_TILE).min(t_n);
-            if let Some((rows_f32, widen)) = widened {
+            if let Some(rows_f32) = widened {
                 TILE.with_borrow_mut(|tile| {
                     let h = &acts.halves()[t0 * w.cols..t1 * w.cols];
                     tile.resize(h.len(), 0.0);
-                    widen(h, tile);
+                    super::attn::widen_f16(h, tile);
                     for i in 0..nr {
                         rows_f32(w.row(r0 + i), tile, &mut ys[i * t_n + t0..i * t_n + t1]);
                     }

@@ -585,15 +585,11 @@ pub(crate) struct Q8Rows<'a> {
 /// unpacking, not their arithmetic.
 pub(crate) type RowsQ8 = fn(&[u8], Q8Rows<'_>, &mut [f32]);
 
-/// One F16 weight row against several consecutive f16 activation rows:
-/// `(w, a, out)` with `a` holding `out.len()` rows of `w`'s length; the bits
-/// of the single products.
-pub(crate) type RowsF16 = fn(&[u8], &[u16], &mut [f32]);
-
-/// One F16 weight row against several consecutive activation rows already
-/// widened from f16 to `f32` (by the second function, `(f16s, out)`): the
-/// bits of [`RowsF16`] without converting the activations once per row.
-pub(crate) type RowsF16F32 = (fn(&[u8], &[f32], &mut [f32]), fn(&[u16], &mut [f32]));
+/// One F16 weight row against several consecutive activation rows widened
+/// from f16 to `f32` ([`attn::widen_f16`], exact): `(w, a, out)` with `a`
+/// holding `out.len()` rows of `w`'s length; the bits of the single
+/// products (matmul widens a tile of tokens once for all the rows of a task).
+pub(crate) type RowsF16F32 = fn(&[u8], &[f32], &mut [f32]);
 
 /// One K-quant weight row against several consecutive Q8_K activation rows:
 /// `(w, a, out)` with `a` holding `out.len()` rows of `w`'s block count.
@@ -602,7 +598,6 @@ pub(crate) type RowsK = fn(&[u8], &[BlockQ8K], &mut [f32]);
 /// The several-row products a backend has (`None`: one dot product per row).
 #[derive(Clone, Copy)]
 pub(crate) struct RowsTable {
-    pub(crate) f16: Option<RowsF16>,
     pub(crate) f16_f32: Option<RowsF16F32>,
     pub(crate) q4_k: Option<RowsK>,
     pub(crate) q6_k: Option<RowsK>,
@@ -615,7 +610,6 @@ pub(crate) struct RowsTable {
 impl RowsTable {
     /// No several-row products.
     pub(crate) const NONE: RowsTable = RowsTable {
-        f16: None,
         f16_f32: None,
         q4_k: None,
         q6_k: None,
@@ -761,7 +755,7 @@ impl Kernels {
     }
 
     /// The backend's F16 several-row product over activations widened to
-    /// `f32`, with its widening function (see [`RowsF16F32`]).
+    /// `f32` (see [`RowsF16F32`]).
     pub(crate) fn f16_rows_f32(&self) -> Option<RowsF16F32> {
         self.table.rows.f16_f32
     }
@@ -783,13 +777,11 @@ impl Kernels {
         use VecDotType as V;
         /// The several-row kernel for one (weight, activation) pair.
         enum Kernel {
-            F16(RowsF16),
             K(RowsK),
             Q8(RowsQ8),
         }
         let r = &self.table.rows;
         let kernel = match (ty, acts.kind) {
-            (T::F16, Some(V::F16)) => r.f16.map(Kernel::F16),
             (T::Q4_K, Some(V::Q8K)) => r.q4_k.map(Kernel::K),
             (T::Q6_K, Some(V::Q8K)) => r.q6_k.map(Kernel::K),
             // (A single row is not regrouped.)
@@ -802,10 +794,6 @@ impl Kernels {
         };
         let tokens = t0..t0 + out.len();
         match kernel {
-            Some(Kernel::F16(f)) => {
-                let c = acts.cols;
-                f(w, &acts.halves[tokens.start * c..tokens.end * c], out);
-            }
             Some(Kernel::K(f)) => {
                 let nb = acts.cols / QK_K;
                 f(w, &acts.q8k[tokens.start * nb..tokens.end * nb], out);

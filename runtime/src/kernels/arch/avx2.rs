@@ -74,20 +74,11 @@ fn r_q6_k(w: &[u8], a: &[BlockQ8K], out: &mut [f32]) {
     unsafe { q6_k_rows(w, a, out) }
 }
 
-fn r_f16w(w: &[u8], a: &[u16], out: &mut [f32]) {
-    // SAFETY: as for `entry!`.
-    unsafe { f16w_rows(w, a, out) }
-}
-
 fn r_f16w_f32(w: &[u8], a: &[f32], out: &mut [f32]) {
     // SAFETY: as for `entry!`.
     unsafe { f16w_rows_f32(w, a, out) }
 }
 
-fn e_widen_f16(h: &[u16], out: &mut [f32]) {
-    // SAFETY: as for `entry!`.
-    unsafe { widen_f16(h, out) }
-}
 rows_entry!(r_q5_0, q5_0_rows);
 rows_entry!(r_q8_0, q8_0_rows);
 rows_entry!(r_iq4_nl, iq4_nl_rows);
@@ -113,8 +104,7 @@ pub(crate) static TABLE: DotTable = DotTable {
     dot_f16_f32: e_dot_f16_f32,
     dot_f16_f16: e_dot_f16_f16,
     rows: RowsTable {
-        f16: Some(r_f16w),
-        f16_f32: Some((r_f16w_f32, e_widen_f16)),
+        f16_f32: Some(r_f16w_f32),
         q4_k: Some(r_q4_k),
         q6_k: Some(r_q6_k),
         q4_0: Some(r_q4_0),
@@ -1140,59 +1130,22 @@ fn f16w(w: &[u8], a: &[u16]) -> f32 {
     )
 }
 
-/// F16 weights against several f16 activation rows, three rows at a time
-/// sharing each conversion of the weights; each row keeps the
-/// 32 partials and order of [`f16w`] (fused multiply-adds: f16 × f16
-/// products are exact).
-#[target_feature(enable = "avx2,fma,f16c")]
-fn f16w_rows(w: &[u8], a: &[u16], out: &mut [f32]) {
-    f16w_rows_of::<3, _>(w, a, |a| _mm256_cvtph_ps(ld128(a)), |h| h2f(h), out)
-}
-
-/// [`f16w_rows`] against activations already widened to `f32` (exactly, so
-/// the products and bits are the same): no conversion per use.
+/// F16 weights against several activation rows widened from f16 to `f32`
+/// (exactly, so the products are f16 × f16 and exact), three rows at a time
+/// sharing each conversion of the weights; each row keeps the 32 partials
+/// and order of [`f16w`] (fused multiply-adds: the products are exact).
 #[target_feature(enable = "avx2,fma,f16c")]
 fn f16w_rows_f32(w: &[u8], a: &[f32], out: &mut [f32]) {
-    f16w_rows_of::<3, _>(w, a, |a| ldps(a), |v| v, out)
-}
-
-/// f16 values to `f32` (exact).
-#[target_feature(enable = "avx2,f16c")]
-fn widen_f16(h: &[u16], out: &mut [f32]) {
-    assert_eq!(h.len(), out.len(), "widen_f16 lengths");
-    let mut i = 0;
-    while i + 8 <= h.len() {
-        let v = _mm256_cvtph_ps(ld128(&h[i..]));
-        // SAFETY: `out[i..i + 8]` is in bounds (same length as `h`); unaligned store.
-        unsafe { _mm256_storeu_ps(out[i..i + 8].as_mut_ptr(), v) };
-        i += 8;
-    }
-    for (o, &h) in out[i..].iter_mut().zip(&h[i..]) {
-        *o = h2f(h);
-    }
-}
-
-/// The several-row F16 product, `M` activation rows of type `A` at a time
-/// (`ld` loads eight as `f32`, `one` converts one).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn f16w_rows_of<const M: usize, A: Copy>(
-    w: &[u8],
-    a: &[A],
-    ld: impl Fn(&[A]) -> __m256 + Copy,
-    one: impl Fn(A) -> f32 + Copy,
-    out: &mut [f32],
-) {
     let cols = w.len() / 2;
     assert_eq!(a.len(), out.len() * cols, "f16w_rows lengths");
     let mut t0 = 0;
     while t0 < out.len() {
         let (a, out) = (&a[t0 * cols..], &mut out[t0..]);
-        if out.len() >= M {
-            f16w_group::<M, A>(w, a, cols, ld, one, out);
-            t0 += M;
+        if out.len() >= 3 {
+            f16w_group::<3>(w, a, cols, out);
+            t0 += 3;
         } else {
-            f16w_group::<1, A>(w, a, cols, ld, one, out);
+            f16w_group::<1>(w, a, cols, out);
             t0 += 1;
         }
     }
@@ -1200,23 +1153,16 @@ fn f16w_rows_of<const M: usize, A: Copy>(
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn f16w_group<const M: usize, A: Copy>(
-    w: &[u8],
-    a: &[A],
-    cols: usize,
-    ld: impl Fn(&[A]) -> __m256,
-    one: impl Fn(A) -> f32,
-    out: &mut [f32],
-) {
+fn f16w_group<const M: usize>(w: &[u8], a: &[f32], cols: usize, out: &mut [f32]) {
     let mut acc = [[_mm256_setzero_ps(); 4]; M];
     // Whole 32-column steps as fixed-size chunks (no bounds checks inside).
     let (steps, _) = w[..2 * cols].as_chunks::<64>();
-    let rows: [&[[A; 32]]; M] = std::array::from_fn(|j| a[j * cols..][..cols].as_chunks().0);
+    let rows: [&[[f32; 32]]; M] = std::array::from_fn(|j| a[j * cols..][..cols].as_chunks().0);
     for (c, ws) in steps.iter().enumerate() {
         for k in 0..4 {
             let x = cvt_h(&ws[16 * k..16 * k + 16]);
             for (acc, row) in acc.iter_mut().zip(&rows) {
-                acc[k] = madd_exact(acc[k], x, ld(&row[c][8 * k..8 * k + 8]));
+                acc[k] = madd_exact(acc[k], x, ldps(&row[c][8 * k..8 * k + 8]));
             }
         }
     }
@@ -1225,7 +1171,7 @@ fn f16w_group<const M: usize, A: Copy>(
     while i + 8 <= cols {
         let x = cvt_h(&w[2 * i..][..16]);
         for (j, acc) in acc.iter_mut().enumerate() {
-            let y = ld(&a[j * cols + i..][..8]);
+            let y = ldps(&a[j * cols + i..][..8]);
             acc[k] = madd_exact(acc[k], x, y);
         }
         i += 8;
@@ -1242,7 +1188,7 @@ fn f16w_group<const M: usize, A: Copy>(
         }
         let mut s = FloatSum::new(p);
         for t in i..cols {
-            s.add(t, f16_at(w, 2 * t) * one(a[j * cols + t]));
+            s.add(t, f16_at(w, 2 * t) * a[j * cols + t]);
         }
         *o = s.sum();
     }
