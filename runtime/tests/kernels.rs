@@ -611,6 +611,47 @@ fn batched_matmul_matches_scalar_for_every_tail() {
     }
 }
 
+/// F16 products run in tiles of several weight rows × several tokens: every
+/// remainder of rows and tokens per task, and every column tail of the
+/// 16- and 32-column steps, against the scalar dot products.
+#[test]
+fn f16_tiles_match_scalar_for_every_remainder() {
+    let scalar = Kernels::new(Backend::Scalar).unwrap();
+    let mut rng = Rng(0xf16_7113);
+    let ty = GgmlType::F16;
+    for b in Backend::supported() {
+        for threads in [1, 2] {
+            let mut mm = Matmul::new(Kernels::new(b).unwrap(), threads);
+            for cols in [1, 7, 16, 17, 31, 32, 33, 48, 63, 69, 576] {
+                // One thread: tasks of rows.div_ceil(4) rows (1, 3, 4, 5, 7).
+                for rows in [1, 4, 12, 13, 20, 28] {
+                    for t_n in [1, 2, 3, 4, 5, 7, 8, 9, 17] {
+                        let w = random_row(&mut rng, ty, rows * cols);
+                        let mut x = random_acts(&mut rng, (t_n * cols).next_multiple_of(32));
+                        x.truncate(t_n * cols);
+                        let m = QMatrix::new(ty, &w, rows, cols).unwrap();
+                        let mut acts = Activations::new();
+                        acts.quantize(VecDotType::F16, &x, cols).unwrap();
+                        let mut y = vec![f32::NAN; t_n * rows];
+                        mm.matmul(&m, &x, &mut y).unwrap();
+                        for t in 0..t_n {
+                            for r in 0..rows {
+                                let want = scalar.vec_dot(ty, m.row(r), acts.row(t)).unwrap();
+                                let got = y[t * rows + r];
+                                assert!(
+                                    same_bits(got, want),
+                                    "{b:?} {threads} threads, {rows}×{cols}, {t_n} tokens: \
+                                     row {r} token {t}: {got:e} vs scalar {want:e}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn shapes_and_backends_are_checked() {
     assert!(matches!(

@@ -61,6 +61,11 @@ impl<'a> QMatrix<'a> {
         self.cols
     }
 
+    /// The bytes of rows `r..r + n`.
+    fn row_span(&self, r: usize, n: usize) -> &'a [u8] {
+        &self.data[r * self.row_bytes..(r + n) * self.row_bytes]
+    }
+
     /// The bytes of row `r`.
     pub fn row(&self, r: usize) -> &'a [u8] {
         &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
@@ -70,12 +75,6 @@ impl<'a> QMatrix<'a> {
 /// Tokens whose activations are reused against one chunk of weight rows
 /// before moving on (keeps both the rows and the tile in L2).
 const TOKEN_TILE: usize = 16;
-
-thread_local! {
-    /// A tile of f16 activations widened to `f32` (at most `TOKEN_TILE` ×
-    /// the widest input: 16 × 4 bytes per column per thread).
-    static TILE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
 
 /// A reusable matrix-multiply context: the kernels, a persistent thread pool
 /// and the buffers for quantized activations and transposed outputs, kept
@@ -211,27 +210,27 @@ fn run(
     if t_n == 0 || w.rows == 0 {
         return Ok(());
     }
+    if w.cols == 0 {
+        // Empty rows: every product is the empty sum.
+        y.fill(0.0);
+        return Ok(());
+    }
     // Work items of `chunk` rows; several per thread so uneven progress evens out.
     let chunk = w
         .rows
         .div_ceil(threads * 4)
         .clamp(1, if t_n > 1 { 64 } else { usize::MAX });
     let dot = |r: usize, t: usize| kernels.dot_checked(w.ty, w.row(r), acts.row(t));
-    // F16 weights: each task widens the f16 activations once for all its
-    // rows (converting them for every row bound the product).
+    // F16 weights: the activations widened to `f32` once (converting them for
+    // every row bound the product), tiles of rows × tokens.
+    let wide = acts.widened();
     let widened = kernels
         .f16_rows_f32()
-        .filter(|_| w.ty == GgmlType::F16 && acts.kind() == Some(VecDotType::F16));
+        .filter(|_| w.ty == GgmlType::F16 && wide.len() == t_n * w.cols);
     if t_n == 1 {
         for_each_chunk(pool, y, chunk, |c, ys| {
             if let Some(rows_f32) = widened {
-                TILE.with_borrow_mut(|tile| {
-                    tile.resize(w.cols, 0.0);
-                    super::attn::widen_f16(acts.halves(), tile);
-                    for (i, v) in ys.iter_mut().enumerate() {
-                        rows_f32(w.row(c * chunk + i), tile, std::slice::from_mut(v));
-                    }
-                });
+                rows_f32(w.row_span(c * chunk, ys.len()), w.cols, wide, ys, 1);
                 return;
             }
             for (i, v) in ys.iter_mut().enumerate() {
@@ -250,14 +249,8 @@ fn run(
         for t0 in (0..t_n).step_by(TOKEN_TILE) {
             let t1 = (t0 + TOKEN_TILE).min(t_n);
             if let Some(rows_f32) = widened {
-                TILE.with_borrow_mut(|tile| {
-                    let h = &acts.halves()[t0 * w.cols..t1 * w.cols];
-                    tile.resize(h.len(), 0.0);
-                    super::attn::widen_f16(h, tile);
-                    for i in 0..nr {
-                        rows_f32(w.row(r0 + i), tile, &mut ys[i * t_n + t0..i * t_n + t1]);
-                    }
-                });
+                let tile = &wide[t0 * w.cols..t1 * w.cols];
+                rows_f32(w.row_span(r0, nr), w.cols, tile, &mut ys[t0..], t_n);
                 continue;
             }
             for i in 0..nr {

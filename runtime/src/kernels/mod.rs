@@ -299,6 +299,8 @@ pub struct Activations {
     kind: Option<VecDotType>,
     cols: usize,
     rows: usize,
+    /// Kind F32: the values. Kind F16 (x86-64): `halves` widened back to
+    /// `f32` (exact), for the several-row F16 products.
     f32s: Vec<f32>,
     halves: Vec<u16>,
     q8_0: Vec<BlockQ8_0>,
@@ -360,6 +362,12 @@ impl Activations {
                 self.halves.clear();
                 self.halves.resize(x.len(), 0);
                 attn::narrow_f16(x, &mut self.halves);
+                self.f32s.clear();
+                // Only the x86 F16 row products read the widened values.
+                if cfg!(target_arch = "x86_64") {
+                    self.f32s.resize(x.len(), 0.0);
+                    attn::widen_f16(&self.halves, &mut self.f32s);
+                }
             }
             VecDotType::BF16 => {
                 self.halves.clear();
@@ -406,9 +414,14 @@ impl Activations {
         Ok(())
     }
 
-    /// The f16 values held (kind F16; empty otherwise).
-    pub(crate) fn halves(&self) -> &[u16] {
-        &self.halves
+    /// The f16 values held, widened to `f32` (kind F16 on x86-64; empty
+    /// otherwise).
+    pub(crate) fn widened(&self) -> &[f32] {
+        if self.kind == Some(VecDotType::F16) {
+            &self.f32s
+        } else {
+            &[]
+        }
     }
 
     /// The vec_dot type held (`None` before the first [`Activations::quantize`]).
@@ -585,11 +598,13 @@ pub(crate) struct Q8Rows<'a> {
 /// unpacking, not their arithmetic.
 pub(crate) type RowsQ8 = fn(&[u8], Q8Rows<'_>, &mut [f32]);
 
-/// One F16 weight row against several consecutive activation rows widened
-/// from f16 to `f32` ([`attn::widen_f16`], exact): `(w, a, out)` with `a`
-/// holding `out.len()` rows of `w`'s length; the bits of the single
-/// products (matmul widens a tile of tokens once for all the rows of a task).
-pub(crate) type RowsF16F32 = fn(&[u8], &[f32], &mut [f32]);
+/// F16 weight rows against several consecutive activation rows widened from
+/// f16 to `f32` ([`attn::widen_f16`], exact): `(w, cols, a, out, stride)`
+/// with `w` holding whole rows of `cols` weights and `a` whole rows of `cols`
+/// floats; `out[r·stride + t]` gets the bits of the single product of weight
+/// row `r` and activation row `t` (matmul widens a tile of tokens once for
+/// all the rows of a task). `cols` is not 0.
+pub(crate) type RowsF16F32 = fn(&[u8], usize, &[f32], &mut [f32], usize);
 
 /// One K-quant weight row against several consecutive Q8_K activation rows:
 /// `(w, a, out)` with `a` holding `out.len()` rows of `w`'s block count.

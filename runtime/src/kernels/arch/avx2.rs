@@ -74,9 +74,12 @@ fn r_q6_k(w: &[u8], a: &[BlockQ8K], out: &mut [f32]) {
     unsafe { q6_k_rows(w, a, out) }
 }
 
-fn r_f16w_f32(w: &[u8], a: &[f32], out: &mut [f32]) {
-    // SAFETY: as for `entry!`.
-    unsafe { f16w_rows_f32(w, a, out) }
+fn r_f16w_f32(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
+    let tokens = a.len() / cols;
+    for (r, w) in w.chunks_exact(2 * cols).enumerate() {
+        // SAFETY: as for `entry!`.
+        unsafe { f16w_rows_f32(w, a, &mut out[r * stride..][..tokens]) }
+    }
 }
 
 rows_entry!(r_q5_0, q5_0_rows);
@@ -154,7 +157,7 @@ pub(super) fn tree8_ps(v: __m256) -> f32 {
 /// `q[k] = (p[k] + p[k+8]) + (p[k+16] + p[k+24])`, then [`tree8_ps`].
 #[inline]
 #[target_feature(enable = "avx2")]
-fn fold32_ps(acc: [__m256; 4]) -> f32 {
+pub(super) fn fold32_ps(acc: [__m256; 4]) -> f32 {
     tree8_ps(_mm256_add_ps(
         _mm256_add_ps(acc[0], acc[1]),
         _mm256_add_ps(acc[2], acc[3]),
@@ -408,8 +411,9 @@ fn iq4_nl(w: &[u8], a: &[BlockQ8_0]) -> f32 {
 /// The several-row Q8_0-family kernels ([`rows32`] and its helpers) for one
 /// instruction set: `$feat` its target features, `$prep` turns a block's
 /// signed weights into what `$dot` takes, `$dot` gives the block's integer
-/// sum against 32 signed activation bytes in eight `i32` lanes. Expanded here for AVX2 and in
-/// `avx512.rs` for AVX-512 VNNI.
+/// sum against 32 signed activation bytes in eight `i32` lanes. Expanded once,
+/// for AVX2 (AVX-512 VNNI has its own several-row kernel over regrouped
+/// activations, `avx512::rows_grouped`).
 macro_rules! rows32_kernels {
     ($feat:literal, $prep:path, $dot:path) => {
         /// One weight row of 32-weight blocks of `ts` bytes against `out.len()`

@@ -1,12 +1,15 @@
-//! AVX-512 (F, BW, VL, VNNI) kernels. So far Q4_K (a 64-weight chunk per
-//! register, `vpdpbusd`) and the several-row products of the Q8_0 family
-//! (prompt batches: AVX2's code with 256-bit `vpdpbusd` for the block sums);
-//! every other entry is the AVX2 kernel, which these CPUs run too. Q4_0 and Q8_0 with two blocks per 512-bit register
-//! measured 2× slower than AVX2 on the reference machine (a virtualised
-//! Xeon) and were dropped; at decode the float and 6-bit types are bound by
-//! memory already.
+//! AVX-512 (F, BW, VL, VNNI) kernels: Q4_K (a 64-weight chunk per register,
+//! `vpdpbusd`); the single-row Q4_0/Q5_0/Q8_0/IQ4_NL dots (AVX2's row loop
+//! with each block's sum as one 256-bit `vpdpbusd`); the several-row
+//! products of that family over activations regrouped eight blocks at a time
+//! (`rows_grouped`); and F16 weights against widened activations in tiles of
+//! three rows × four tokens (`f16_rows`, 512-bit). Every other entry is the
+//! AVX2 kernel, which these CPUs run too. Q4_0 and Q8_0 with two blocks per
+//! 512-bit register measured 2× slower than AVX2 on the reference machine (a
+//! virtualised Xeon) and were dropped; at decode the float and 6-bit types are
+//! bound by memory already.
 //!
-//! Float accumulation: AVX2's canonical-order row loop (`blocks256`), fed
+//! Q4_K's float accumulation: AVX2's canonical-order row loop (`blocks256`), fed
 //! with the 512-bit integer sums folded (exactly) to 256 bits, so the results
 //! are the scalar kernel's bits.
 //!
@@ -53,6 +56,11 @@ rows_entry!(r_q5_0, 22, unpack_q5_0);
 rows_entry!(r_q8_0, 34, unpack_q8_0);
 rows_entry!(r_iq4_nl, 18, unpack_iq4_nl);
 
+fn r_f16w_f32(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
+    // SAFETY: as for `entry!`.
+    unsafe { f16_rows(w, cols, a, out, stride) }
+}
+
 /// The AVX-512 table: its own Q4_K and several-row Q8_0-family products,
 /// AVX2 for the rest.
 pub(crate) static TABLE: DotTable = DotTable {
@@ -62,6 +70,7 @@ pub(crate) static TABLE: DotTable = DotTable {
     q8_0: e_q8_0,
     iq4_nl: e_iq4_nl,
     rows: RowsTable {
+        f16_f32: Some(r_f16w_f32),
         q4_0: Some(r_q4_0),
         q5_0: Some(r_q5_0),
         q8_0: Some(r_q8_0),
@@ -168,6 +177,128 @@ fn rows_grouped(
         }
         for (o, acc) in out.iter_mut().zip(acc) {
             *o = tree8_ps(acc);
+        }
+    }
+}
+
+// ---- F16 weight rows against widened activations ----
+//
+// A tile of `F16_ROWS` weight rows × `F16_TOKENS` tokens in registers: per
+// sixteen columns, each row's weights are widened once (`vcvtph2ps`) and each
+// token's activations loaded once, for twelve multiply-adds. Every (row,
+// token) pair keeps the canonical 32 partials in two 512-bit accumulators
+// (columns `32s..32s+16` and `32s+16..32s+32`). The products of f16 values
+// are exact in f32, so the fused multiply-add has the bits of the scalar
+// multiply then add. (AVX2's 16 registers hold one row × three tokens.)
+
+/// Weight rows per tile.
+const F16_ROWS: usize = 3;
+/// Tokens per tile.
+const F16_TOKENS: usize = 4;
+
+/// [`RowsF16F32`](crate::kernels::RowsF16F32): every weight row of `w`
+/// against every activation row of `a`, tile by tile.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+fn f16_rows(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
+    let (rows, tokens) = (w.len() / (2 * cols), a.len() / cols);
+    assert!(
+        rows == 0 || tokens == 0 || out.len() >= (rows - 1) * stride + tokens,
+        "f16 rows lengths"
+    );
+    for r0 in (0..rows).step_by(F16_ROWS) {
+        let nr = (rows - r0).min(F16_ROWS);
+        let w = &w[2 * cols * r0..2 * cols * (r0 + nr)];
+        for t0 in (0..tokens).step_by(F16_TOKENS) {
+            let nt = (tokens - t0).min(F16_TOKENS);
+            let a = &a[cols * t0..cols * (t0 + nt)];
+            let out = &mut out[r0 * stride + t0..];
+            macro_rules! tiles {
+                ($(($r:literal, $t:literal)),*) => {
+                    match (nr, nt) {
+                        $(($r, $t) => f16_tile::<$r, $t>(w, cols, a, out, stride),)*
+                        _ => unreachable!("tile sizes are bounded by F16_ROWS and F16_TOKENS"),
+                    }
+                };
+            }
+            tiles!(
+                (3, 4),
+                (3, 3),
+                (3, 2),
+                (3, 1),
+                (2, 4),
+                (2, 3),
+                (2, 2),
+                (2, 1),
+                (1, 4),
+                (1, 3),
+                (1, 2),
+                (1, 1)
+            );
+        }
+    }
+}
+
+/// `R` weight rows (`w`, `R × cols` f16) against `T` activation rows (`a`,
+/// `T × cols` floats): `out[r·stride + t]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+fn f16_tile<const R: usize, const T: usize>(
+    w: &[u8],
+    cols: usize,
+    a: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) {
+    assert!(
+        w.len() == 2 * cols * R && a.len() == cols * T && out.len() > (R - 1) * stride + T - 1,
+        "f16 tile lengths"
+    );
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    // acc[t][r][h]: token t, row r, columns 16h..16h+16 of each 32 (`h` is
+    // a constant at every use, so the accumulators stay in registers).
+    let mut acc = [[[_mm512_setzero_ps(); 2]; R]; T];
+    // Columns `c..c + 16`, lanes outside `m` as 0: a masked lane adds `+0`,
+    // which leaves a partial unchanged (a partial starts at `+0`, so is
+    // never `-0`).
+    let step = |acc: &mut [[[__m512; 2]; R]; T], h: usize, c: usize, m: __mmask16| {
+        // SAFETY: lanes whose mask bit is clear are not read (and cannot
+        // fault); callers pass `c < cols` and clear the lanes of columns
+        // `cols..`, so the others are in row `r` (bytes from `2·(r·cols +
+        // c)`), in bounds (lengths checked above); unaligned loads.
+        let x: [__m512; R] = std::array::from_fn(|r| unsafe {
+            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                m,
+                wp.add(2 * (r * cols + c)).cast(),
+            ))
+        });
+        for (t, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: as above, for token `t` (floats from `t·cols + c`).
+            let y = unsafe { _mm512_maskz_loadu_ps(m, ap.add(t * cols + c)) };
+            for (acc, &x) in acc.iter_mut().zip(&x) {
+                acc[h] = _mm512_fmadd_ps(x, y, acc[h]);
+            }
+        }
+    };
+    let full = cols / 32 * 32;
+    for c in (0..full).step_by(32) {
+        step(&mut acc, 0, c, !0);
+        step(&mut acc, 1, c + 16, !0);
+    }
+    let lanes = |c: usize| ((1u32 << (cols - c).min(16)) - 1) as __mmask16;
+    if full < cols {
+        step(&mut acc, 0, full, lanes(full));
+    }
+    if full + 16 < cols {
+        step(&mut acc, 1, full + 16, lanes(full + 16));
+    }
+    for (t, acc) in acc.iter().enumerate() {
+        for (r, acc) in acc.iter().enumerate() {
+            // Partials 0..8, 8..16, 16..24, 24..32.
+            let [p0, p1] = acc.map(|v| {
+                let hi = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v));
+                [_mm512_castps512_ps256(v), _mm256_castpd_ps(hi)]
+            });
+            out[r * stride + t] = avx2::fold32_ps([p0[0], p0[1], p1[0], p1[1]]);
         }
     }
 }
