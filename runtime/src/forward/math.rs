@@ -50,8 +50,15 @@ pub fn exp(x: f32) -> f32 {
     exp64(x as f64) as f32
 }
 
-/// `x ← e^x` for every element: [`exp`]'s bits, four at a time with AVX2.
+/// `x ← e^x` for every element: [`exp`]'s bits, eight at a time with
+/// AVX-512, four with AVX2.
 pub fn exp_in_place(xs: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::has_avx512() {
+        // SAFETY: AVX-512 F was probed just above.
+        unsafe { exp_avx512::exp_in_place(xs) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::has_avx2() {
         // SAFETY: AVX2 was probed just above.
@@ -134,6 +141,89 @@ mod exp_avx2 {
         );
         let v = _mm256_blendv_pd(v, x, _mm256_cmp_pd::<_CMP_UNORD_Q>(x, x));
         _mm256_cvtpd_ps(v)
+    }
+}
+
+/// [`exp64`] on eight lanes: the operations of `exp_avx2`, in 512-bit
+/// registers.
+#[cfg(target_arch = "x86_64")]
+#[clippy::msrv = "1.89"]
+mod exp_avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{LN2_HI, LN2_LO, exp, factorial};
+
+    #[target_feature(enable = "avx2,avx512f")]
+    pub(super) fn exp_in_place(xs: &mut [f32]) {
+        let c: [f64; 14] = std::array::from_fn(|n| 1.0 / factorial(n as u32));
+        let mut chunks = xs.chunks_exact_mut(8);
+        for x in &mut chunks {
+            // SAFETY: `x` is a chunk of exactly eight floats (32 readable bytes).
+            let r = exp8(unsafe { _mm256_loadu_ps(x.as_ptr()) }, &c);
+            // SAFETY: the same 32 bytes, writable.
+            unsafe { _mm256_storeu_ps(x.as_mut_ptr(), r) };
+        }
+        for x in chunks.into_remainder() {
+            *x = exp(*x);
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,avx512f")]
+    fn exp8(x: __m256, c: &[f64; 14]) -> __m256 {
+        let x = _mm512_cvtps_pd(x);
+        let xc = _mm512_min_pd(
+            _mm512_max_pd(x, _mm512_set1_pd(-745.0)),
+            _mm512_set1_pd(709.0),
+        );
+        let y = _mm512_mul_pd(xc, _mm512_set1_pd(std::f64::consts::LOG2_E));
+        // Round half away from zero: truncate, then step away from zero when
+        // the (exact) remainder is at least one half (`+0` elsewhere, as
+        // AVX2 adds).
+        let t = _mm512_roundscale_pd::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
+        let away = _mm512_cmp_pd_mask::<_CMP_GE_OQ>(
+            _mm512_abs_pd(_mm512_sub_pd(y, t)),
+            _mm512_set1_pd(0.5),
+        );
+        let sign = _mm512_and_epi64(_mm512_castpd_si512(y), _mm512_set1_epi64(i64::MIN));
+        let step = _mm512_castsi512_pd(_mm512_or_epi64(
+            sign,
+            _mm512_castpd_si512(_mm512_set1_pd(1.0)),
+        ));
+        let k = _mm512_add_pd(t, _mm512_maskz_mov_pd(away, step));
+        let r = _mm512_sub_pd(
+            _mm512_sub_pd(xc, _mm512_mul_pd(k, _mm512_set1_pd(LN2_HI))),
+            _mm512_mul_pd(k, _mm512_set1_pd(LN2_LO)),
+        );
+        let mut p = _mm512_set1_pd(1.0 / 87_178_291_200.0);
+        for n in (1..14).rev() {
+            p = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(c[n]));
+        }
+        let e = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(1.0));
+        // 2^k in two steps, k / 2 rounded toward zero first.
+        let ki = _mm512_cvtpd_epi32(k);
+        let half = _mm256_srai_epi32::<1>(_mm256_add_epi32(ki, _mm256_srli_epi32::<31>(ki)));
+        let pow2 = |n: __m256i| {
+            let n = _mm512_cvtepi32_epi64(_mm256_add_epi32(n, _mm256_set1_epi32(1023)));
+            _mm512_castsi512_pd(_mm512_slli_epi64::<52>(n))
+        };
+        let v = _mm512_mul_pd(
+            _mm512_mul_pd(e, pow2(half)),
+            pow2(_mm256_sub_epi32(ki, half)),
+        );
+        // Outside the range: ∞ above 709, 0 below −745, NaN stays NaN.
+        let v = _mm512_mask_mov_pd(
+            v,
+            _mm512_cmp_pd_mask::<_CMP_GT_OQ>(x, _mm512_set1_pd(709.0)),
+            _mm512_set1_pd(f64::INFINITY),
+        );
+        let v = _mm512_mask_mov_pd(
+            v,
+            _mm512_cmp_pd_mask::<_CMP_LT_OQ>(x, _mm512_set1_pd(-745.0)),
+            _mm512_setzero_pd(),
+        );
+        let v = _mm512_mask_mov_pd(v, _mm512_cmp_pd_mask::<_CMP_UNORD_Q>(x, x), x);
+        _mm512_cvtpd_ps(v)
     }
 }
 
@@ -270,14 +360,29 @@ mod tests {
             -0.0,
             f32::MIN_POSITIVE,
         ]);
-        let mut got = xs.clone();
-        exp_in_place(&mut got);
-        for (x, g) in xs.iter().zip(&got) {
-            let want = exp(*x);
-            assert!(
-                g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
-                "exp({x:e}) = {want:e}, slice version {g:e}"
-            );
+        // Every build this CPU runs, not only the one `exp_in_place` picks.
+        type Build = fn(&mut [f32]);
+        let mut builds: Vec<(&str, Build)> = vec![("dispatched", exp_in_place)];
+        #[cfg(target_arch = "x86_64")]
+        if crate::kernels::has_avx2() {
+            // SAFETY: AVX2 probed.
+            builds.push(("avx2", |x| unsafe { exp_avx2::exp_in_place(x) }));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if crate::kernels::has_avx512() {
+            // SAFETY: AVX-512 probed.
+            builds.push(("avx512", |x| unsafe { exp_avx512::exp_in_place(x) }));
+        }
+        for (name, build) in builds {
+            let mut got = xs.clone();
+            build(&mut got);
+            for (x, g) in xs.iter().zip(&got) {
+                let want = exp(*x);
+                assert!(
+                    g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                    "exp({x:e}) = {want:e}, {name} slice version {g:e}"
+                );
+            }
         }
     }
 

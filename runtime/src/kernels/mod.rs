@@ -93,7 +93,7 @@ mod arch;
 pub(crate) mod attn;
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use arch::has_avx2;
+pub(crate) use arch::{has_avx2, has_avx512};
 mod matmul;
 mod pool;
 mod scalar;
