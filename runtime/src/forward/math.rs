@@ -362,6 +362,7 @@ mod tests {
         ]);
         // Every build this CPU runs, not only the one `exp_in_place` picks.
         type Build = fn(&mut [f32]);
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let mut builds: Vec<(&str, Build)> = vec![("dispatched", exp_in_place)];
         #[cfg(target_arch = "x86_64")]
         if crate::kernels::has_avx2() {

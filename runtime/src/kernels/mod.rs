@@ -383,8 +383,9 @@ impl Activations {
                 self.q8_0_d
                     .extend(self.q8_0.iter().map(|b| crate::blocks::f16_to_f32(b.d)));
                 self.q8_0_groups.clear();
-                // Only the x86 several-row kernels read the regrouped rows.
-                if self.rows > 1 && cfg!(target_arch = "x86_64") {
+                // Only the x86 and aarch64 several-row kernels read the
+                // regrouped rows.
+                if self.rows > 1 && cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
                     let nbr = cols / QK8_0;
                     let record = nbr.div_ceil(8) * Q8_GROUP_BYTES;
                     self.q8_0_groups.resize(self.rows * record, 0);
@@ -555,7 +556,9 @@ type Dot<A> = fn(&[u8], &[A]) -> f32;
 /// the eight blocks' quant sums (`i32`) and scales (`f32`), little-endian. A
 /// row's last group is padded with zero blocks. One 32-bit lane then holds
 /// one block, so a SIMD product of eight weight blocks (transposed the same
-/// way) sums each block in its own lane with no horizontal additions.
+/// way) sums each block in its own lane with no horizontal additions (AVX-512
+/// VNNI: one 256-bit register per `k`; NEON `sdot`: its two 128-bit halves,
+/// blocks 0–3 and 4–7).
 pub(crate) const Q8_GROUP_BYTES: usize = 320;
 
 /// Regroups one activation row (`blocks`, their scales `d`) into `out`
@@ -584,7 +587,8 @@ fn group_q8_0(blocks: &[BlockQ8_0], d: &[f32], out: &mut [u8]) {
 /// multiple of the weight row's block count), their scales as `f32` in `d`,
 /// and `groups`, the same rows regrouped (see [`Q8_GROUP_BYTES`]).
 #[derive(Clone, Copy)]
-// Read by the x86 several-row kernels only (the NEON backend has none yet).
+// `blocks` and `d` are read by the AVX2 kernels only (AVX-512 and NEON read
+// `groups`).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct Q8Rows<'a> {
     pub(crate) blocks: &'a [BlockQ8_0],

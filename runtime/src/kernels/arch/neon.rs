@@ -20,7 +20,7 @@ use super::super::scalar::{
     term_min,
 };
 use crate::blocks::IQ4NL_GRID;
-use crate::kernels::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable};
+use crate::kernels::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, Q8_GROUP_BYTES, Q8Rows, RowsTable};
 
 // ---- loads (the only pointer use; each checks its length) ----
 
@@ -230,8 +230,59 @@ fn bit_bytes(bits: u16) -> uint8x16_t {
     vtstq_u8(v, m)
 }
 
+/// Low and high nibbles of 16 bytes.
+#[inline]
+#[target_feature(enable = "neon")]
+fn nibbles(q: &[u8]) -> (uint8x16_t, uint8x16_t) {
+    let q = ld_u8(q);
+    (vandq_u8(q, vdupq_n_u8(0xf)), vshrq_n_u8::<4>(q))
+}
+
+// ---- the Q8_0 family's weights as signed bytes (weights 0..16, 16..32) ----
+
+#[inline]
+#[target_feature(enable = "neon")]
+fn unpack_q4_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
+    let eight = vdupq_n_s8(8);
+    let (lo, hi) = nibbles(&b[2..18]);
+    (
+        vsubq_s8(vreinterpretq_s8_u8(lo), eight),
+        vsubq_s8(vreinterpretq_s8_u8(hi), eight),
+    )
+}
+
+#[inline]
+#[target_feature(enable = "neon")]
+fn unpack_q5_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
+    let (sixteen, h) = (vdupq_n_s8(16), vdupq_n_u8(0x10));
+    let (lo, hi) = nibbles(&b[6..22]);
+    let lo = vorrq_u8(lo, vandq_u8(bit_bytes(u16::from_le_bytes([b[2], b[3]])), h));
+    let hi = vorrq_u8(hi, vandq_u8(bit_bytes(u16::from_le_bytes([b[4], b[5]])), h));
+    (
+        vsubq_s8(vreinterpretq_s8_u8(lo), sixteen),
+        vsubq_s8(vreinterpretq_s8_u8(hi), sixteen),
+    )
+}
+
+#[inline]
+#[target_feature(enable = "neon")]
+fn unpack_q8_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
+    (
+        vreinterpretq_s8_u8(ld_u8(&b[2..18])),
+        vreinterpretq_s8_u8(ld_u8(&b[18..34])),
+    )
+}
+
+#[inline]
+#[target_feature(enable = "neon")]
+fn unpack_iq4_nl(b: &[u8]) -> (int8x16_t, int8x16_t) {
+    let grid = ld_s8(&IQ4NL_GRID);
+    let (lo, hi) = nibbles(&b[2..18]);
+    (vqtbl1q_s8(grid, lo), vqtbl1q_s8(grid, hi))
+}
+
 macro_rules! kernels {
-    ($feat:literal, $dot:ident, $table:ident, $doc:literal) => {
+    ($feat:literal, $dot:ident, $table:ident, $rows:expr, $doc:literal) => {
         /// Declares a safe entry point for a `#[target_feature]` kernel.
         macro_rules! entry {
             ($name:ident, $kernel:ident, $w:ty, $a:ty) => {
@@ -282,7 +333,7 @@ macro_rules! kernels {
             dot_f32: e_dot_f32,
             dot_f16_f32: e_dot_f16_f32,
             dot_f16_f16: e_dot_f16_f16,
-            rows: crate::kernels::RowsTable::NONE,
+            rows: $rows,
         };
 
         /// Σ over the two 16-byte halves of a 32-weight block.
@@ -292,79 +343,29 @@ macro_rules! kernels {
             $dot($dot(vdupq_n_s32(0), lo, ld_s8(&y[..16])), hi, ld_s8(&y[16..32]))
         }
 
-        /// Low and high nibbles of 16 bytes.
-        #[inline]
-        #[target_feature(enable = $feat)]
-        fn nibbles(q: &[u8]) -> (uint8x16_t, uint8x16_t) {
-            let q = ld_u8(q);
-            (vandq_u8(q, vdupq_n_u8(0xf)), vshrq_n_u8::<4>(q))
+        /// A row of the Q8_0 family (`unpack` gives a block's signed weights).
+        macro_rules! q8_family {
+            ($name:ident, $ts:literal, $unpack:ident) => {
+                #[target_feature(enable = $feat)]
+                fn $name(w: &[u8], a: &[BlockQ8_0]) -> f32 {
+                    blocks32::<_, false>(
+                        w,
+                        a,
+                        $ts,
+                        |b, y| {
+                            let (lo, hi) = $unpack(b);
+                            dot32(lo, hi, &y.qs)
+                        },
+                        |b, y| [f16_at(b, 0), h2f(y.d), 0.0, 0.0],
+                    )
+                }
+            };
         }
 
-        #[target_feature(enable = $feat)]
-        fn q4_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-            let eight = vdupq_n_s8(8);
-            blocks32::<_, false>(
-                w,
-                a,
-                18,
-                |b, y| {
-                    let (lo, hi) = nibbles(&b[2..18]);
-                    let lo = vsubq_s8(vreinterpretq_s8_u8(lo), eight);
-                    let hi = vsubq_s8(vreinterpretq_s8_u8(hi), eight);
-                    dot32(lo, hi, &y.qs)
-                },
-                |b, y| [f16_at(b, 0), h2f(y.d), 0.0, 0.0],
-            )
-        }
-
-        #[target_feature(enable = $feat)]
-        fn q5_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-            let (sixteen, h) = (vdupq_n_s8(16), vdupq_n_u8(0x10));
-            blocks32::<_, false>(
-                w,
-                a,
-                22,
-                |b, y| {
-                    let (lo, hi) = nibbles(&b[6..22]);
-                    let lo = vorrq_u8(lo, vandq_u8(bit_bytes(u16::from_le_bytes([b[2], b[3]])), h));
-                    let hi = vorrq_u8(hi, vandq_u8(bit_bytes(u16::from_le_bytes([b[4], b[5]])), h));
-                    let lo = vsubq_s8(vreinterpretq_s8_u8(lo), sixteen);
-                    let hi = vsubq_s8(vreinterpretq_s8_u8(hi), sixteen);
-                    dot32(lo, hi, &y.qs)
-                },
-                |b, y| [f16_at(b, 0), h2f(y.d), 0.0, 0.0],
-            )
-        }
-
-        #[target_feature(enable = $feat)]
-        fn q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-            blocks32::<_, false>(
-                w,
-                a,
-                34,
-                |b, y| {
-                    let lo = vreinterpretq_s8_u8(ld_u8(&b[2..18]));
-                    let hi = vreinterpretq_s8_u8(ld_u8(&b[18..34]));
-                    dot32(lo, hi, &y.qs)
-                },
-                |b, y| [f16_at(b, 0), h2f(y.d), 0.0, 0.0],
-            )
-        }
-
-        #[target_feature(enable = $feat)]
-        fn iq4_nl(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-            let grid = ld_s8(&IQ4NL_GRID);
-            blocks32::<_, false>(
-                w,
-                a,
-                18,
-                |b, y| {
-                    let (lo, hi) = nibbles(&b[2..18]);
-                    dot32(vqtbl1q_s8(grid, lo), vqtbl1q_s8(grid, hi), &y.qs)
-                },
-                |b, y| [f16_at(b, 0), h2f(y.d), 0.0, 0.0],
-            )
-        }
+        q8_family!(q4_0, 18, unpack_q4_0);
+        q8_family!(q5_0, 22, unpack_q5_0);
+        q8_family!(q8_0, 34, unpack_q8_0);
+        q8_family!(iq4_nl, 18, unpack_iq4_nl);
 
         #[target_feature(enable = $feat)]
         fn q4_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
@@ -650,7 +651,13 @@ macro_rules! kernels {
 /// Plain Advanced SIMD.
 mod plain {
     use super::*;
-    kernels!("neon", dot_mull, TABLE, "The NEON table: every type.");
+    kernels!(
+        "neon",
+        dot_mull,
+        TABLE,
+        crate::kernels::RowsTable::NONE,
+        "The NEON table: every type, one dot product per token."
+    );
 }
 
 /// Advanced SIMD with `sdot`.
@@ -660,8 +667,120 @@ mod dot {
         "neon,dotprod",
         dot_sdot,
         TABLE_DOT,
-        "The NEON + dotprod table: every type."
+        ROWS,
+        "The NEON + dotprod table: every type; several-row products of the Q8_0 family."
     );
+
+    /// The several-row products: the Q8_0 family over regrouped activations.
+    const ROWS: RowsTable = RowsTable {
+        q4_0: Some(r_q4_0),
+        q5_0: Some(r_q5_0),
+        q8_0: Some(r_q8_0),
+        iq4_nl: Some(r_iq4_nl),
+        ..RowsTable::NONE
+    };
+
+    /// Declares a safe entry point for a several-row kernel.
+    macro_rules! rows_entry {
+        ($name:ident, $ts:literal, $unpack:ident) => {
+            fn $name(w: &[u8], a: Q8Rows<'_>, out: &mut [f32]) {
+                // SAFETY: reachable only through `TABLE_DOT`, which `Kernels::new`
+                // hands out after probing NEON and the dot-product extension.
+                unsafe { rows_grouped(w, $ts, |b| $unpack(b), a.groups, out) }
+            }
+        };
+    }
+
+    rows_entry!(r_q4_0, 18, unpack_q4_0);
+    rows_entry!(r_q5_0, 22, unpack_q5_0);
+    rows_entry!(r_q8_0, 34, unpack_q8_0);
+    rows_entry!(r_iq4_nl, 18, unpack_iq4_nl);
+
+    // The activations come regrouped (`Q8_GROUP_BYTES`): per eight blocks,
+    // eight 32-byte registers whose four-byte lane `l` holds four quants of
+    // block `l`, so the first sixteen bytes of each are blocks 0–3 and the
+    // last sixteen blocks 4–7. The weights of four blocks are transposed the
+    // same way once per group, and eight `sdot` (signed × signed, no offset)
+    // leave each block's exact integer sum in its own lane: lane `l` of the
+    // first half is block `8g + l`, scaled and added to partial `l`, and of
+    // the second half partial `4 + l`, as in the single product.
+
+    /// Activation rows whose partials are kept together.
+    const TOKENS: usize = 8;
+
+    /// Four registers of four 32-bit lanes transposed: lane `l` of result
+    /// `k` is lane `k` of `v[l]`.
+    #[inline]
+    #[target_feature(enable = "neon")]
+    fn transpose4(v: [int8x16_t; 4]) -> [int8x16_t; 4] {
+        let [a, b, c, d] = v.map(|x| vreinterpretq_s32_s8(x));
+        let (ab0, ab1) = (vtrn1q_s32(a, b), vtrn2q_s32(a, b));
+        let (cd0, cd1) = (vtrn1q_s32(c, d), vtrn2q_s32(c, d));
+        let q = |x: int32x4_t| vreinterpretq_s64_s32(x);
+        [
+            vtrn1q_s64(q(ab0), q(cd0)),
+            vtrn1q_s64(q(ab1), q(cd1)),
+            vtrn2q_s64(q(ab0), q(cd0)),
+            vtrn2q_s64(q(ab1), q(cd1)),
+        ]
+        .map(|x| vreinterpretq_s8_s64(x))
+    }
+
+    /// One weight row of 32-weight blocks of `ts` bytes against
+    /// `out.len()` regrouped Q8_0 activation rows `groups`, each in the
+    /// canonical order of the single product. A row's last group is padded
+    /// with zero blocks on both sides: their terms are `+0`, which leaves a
+    /// partial unchanged.
+    #[inline]
+    #[target_feature(enable = "neon,dotprod")]
+    fn rows_grouped(
+        w: &[u8],
+        ts: usize,
+        unpack: impl Fn(&[u8]) -> (int8x16_t, int8x16_t),
+        groups: &[u8],
+        out: &mut [f32],
+    ) {
+        let nb = w.len() / ts;
+        let ng = nb.div_ceil(8);
+        let (records, _) = groups.as_chunks::<Q8_GROUP_BYTES>();
+        assert!(records.len() == out.len() * ng, "grouped rows lengths");
+        let zero = vdupq_n_s8(0);
+        for (out, records) in out.chunks_mut(TOKENS).zip(records.chunks(TOKENS * ng)) {
+            let mut acc = [[vdupq_n_f32(0.0); 2]; TOKENS];
+            for (g, b0) in (0..nb).step_by(8).enumerate() {
+                let mut q = [(zero, zero); 8];
+                let mut dws = [0f32; 8];
+                for (l, b) in w[b0 * ts..].chunks_exact(ts).take(8).enumerate() {
+                    q[l] = unpack(b);
+                    dws[l] = f16_at(b, 0);
+                }
+                // wt[h][k]: lane `l` = weights 4k..4k+4 of block 4h + l.
+                let wt: [[int8x16_t; 8]; 2] = std::array::from_fn(|h| {
+                    let lo = transpose4(std::array::from_fn(|l| q[4 * h + l].0));
+                    let hi = transpose4(std::array::from_fn(|l| q[4 * h + l].1));
+                    [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+                });
+                let dw = [ld_f32(&dws[..4]), ld_f32(&dws[4..])];
+                for (acc, r) in acc.iter_mut().zip(records[g..].iter().step_by(ng)) {
+                    for (h, acc) in acc.iter_mut().enumerate() {
+                        let mut s = vdupq_n_s32(0);
+                        for (k, &wk) in wt[h].iter().enumerate() {
+                            let y = vreinterpretq_s8_u8(ld_u8(&r[32 * k + 16 * h..]));
+                            s = dot_sdot(s, wk, y);
+                        }
+                        let da = ld_f32_bytes(&r[288 + 16 * h..]);
+                        let t = vmulq_f32(vmulq_f32(dw[h], da), vcvtq_f32_s32(s));
+                        *acc = vaddq_f32(*acc, t);
+                    }
+                }
+            }
+            for (o, [a0, a1]) in out.iter_mut().zip(acc) {
+                let [p0, p1, p2, p3] = lanes(a0);
+                let [p4, p5, p6, p7] = lanes(a1);
+                *o = Blocks::new([p0, p1, p2, p3, p4, p5, p6, p7]).sum();
+            }
+        }
+    }
 }
 
 pub(crate) use dot::TABLE_DOT;
