@@ -299,7 +299,7 @@ pub struct Activations {
     kind: Option<VecDotType>,
     cols: usize,
     rows: usize,
-    /// Kind F32: the values. Kind F16 (x86-64): `halves` widened back to
+    /// Kind F32: the values. Kind F16 (x86-64, aarch64): `halves` widened back to
     /// `f32` (exact), for the several-row F16 products.
     f32s: Vec<f32>,
     halves: Vec<u16>,
@@ -363,8 +363,9 @@ impl Activations {
                 self.halves.resize(x.len(), 0);
                 attn::narrow_f16(x, &mut self.halves);
                 self.f32s.clear();
-                // Only the x86 F16 row products read the widened values.
-                if cfg!(target_arch = "x86_64") {
+                // Only the x86 and aarch64 F16 row products read the widened
+                // values.
+                if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
                     self.f32s.resize(x.len(), 0.0);
                     attn::widen_f16(&self.halves, &mut self.f32s);
                 }
@@ -415,8 +416,8 @@ impl Activations {
         Ok(())
     }
 
-    /// The f16 values held, widened to `f32` (kind F16 on x86-64; empty
-    /// otherwise).
+    /// The f16 values held, widened to `f32` (kind F16 on x86-64 and
+    /// aarch64; empty otherwise).
     pub(crate) fn widened(&self) -> &[f32] {
         if self.kind == Some(VecDotType::F16) {
             &self.f32s

@@ -281,6 +281,87 @@ fn unpack_iq4_nl(b: &[u8]) -> (int8x16_t, int8x16_t) {
     (vqtbl1q_s8(grid, lo), vqtbl1q_s8(grid, hi))
 }
 
+// ---- F16 weight rows against widened activations ----
+//
+// One weight row against three tokens per pass: each token's 32 canonical
+// partials are eight vectors (24 of the 32 registers), and the weights of
+// each four columns are widened once (`fcvtl`) for the three tokens. The
+// products of f16 values are exact in f32, so the fused multiply-add has the
+// bits of the scalar multiply then add.
+
+/// Tokens per pass of the F16 several-row product.
+const F16_TOKENS: usize = 3;
+
+/// [`RowsF16F32`](crate::kernels::RowsF16F32) for both NEON tables.
+fn r_f16w_f32(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
+    // SAFETY: reachable only through a NEON table, which `Kernels::new` hands
+    // out after probing NEON.
+    unsafe { f16_rows(w, cols, a, out, stride) }
+}
+
+#[target_feature(enable = "neon")]
+fn f16_rows(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
+    let tokens = a.len() / cols;
+    for (r, w) in w.chunks_exact(2 * cols).enumerate() {
+        let out = &mut out[r * stride..][..tokens];
+        for (t0, out) in (0..tokens)
+            .step_by(F16_TOKENS)
+            .zip(out.chunks_mut(F16_TOKENS))
+        {
+            let a = &a[t0 * cols..(t0 + out.len()) * cols];
+            match out.len() {
+                3 => f16_group::<3>(w, a, cols, out),
+                2 => f16_group::<2>(w, a, cols, out),
+                _ => f16_group::<1>(w, a, cols, out),
+            }
+        }
+    }
+}
+
+/// One F16 weight row (`w`, `cols` weights) against `M` activation rows
+/// (`a`, `M × cols` floats), into `out[..M]`.
+#[inline]
+#[target_feature(enable = "neon")]
+fn f16_group<const M: usize>(w: &[u8], a: &[f32], cols: usize, out: &mut [f32]) {
+    let mut acc = [[vdupq_n_f32(0.0); 8]; M];
+    // Thirty-two columns: vector `k` of each token takes columns `4k..4k + 4`.
+    let step = |acc: &mut [[float32x4_t; 8]; M], ws: &[u8; 64], rows: [&[f32; 32]; M]| {
+        for k in 0..8 {
+            let x = cvt_f16(&ws[8 * k..]);
+            for (acc, row) in acc.iter_mut().zip(rows) {
+                acc[k] = madd_exact(acc[k], x, ld_f32(&row[4 * k..]));
+            }
+        }
+    };
+    let (steps, _) = w[..2 * cols].as_chunks::<64>();
+    let rows: [&[[f32; 32]]; M] = std::array::from_fn(|j| a[j * cols..][..cols].as_chunks().0);
+    for (c, ws) in steps.iter().enumerate() {
+        step(&mut acc, ws, std::array::from_fn(|j| &rows[j][c]));
+    }
+    // The last `cols mod 32` columns as one more step padded with zeros: a
+    // padded term is `+0`, which leaves a partial unchanged (a partial
+    // starts at `+0`, so is never `-0`), and each real term goes to its
+    // partial `i mod 32` as in the scalar order.
+    let full = steps.len() * 32;
+    if full < cols {
+        let mut ws = [0u8; 64];
+        ws[..2 * (cols - full)].copy_from_slice(&w[2 * full..2 * cols]);
+        let tail: [[f32; 32]; M] = std::array::from_fn(|j| {
+            let mut t = [0f32; 32];
+            t[..cols - full].copy_from_slice(&a[j * cols + full..(j + 1) * cols]);
+            t
+        });
+        step(&mut acc, &ws, std::array::from_fn(|j| &tail[j]));
+    }
+    for (o, acc) in out.iter_mut().zip(acc) {
+        let mut p = [0f32; FLOAT_PARTIALS];
+        for (p, acc) in p.chunks_exact_mut(4).zip(acc) {
+            p.copy_from_slice(&lanes(acc));
+        }
+        *o = FloatSum::new(p).sum();
+    }
+}
+
 macro_rules! kernels {
     ($feat:literal, $dot:ident, $table:ident, $rows:expr, $doc:literal) => {
         /// Declares a safe entry point for a `#[target_feature]` kernel.
@@ -655,8 +736,11 @@ mod plain {
         "neon",
         dot_mull,
         TABLE,
-        crate::kernels::RowsTable::NONE,
-        "The NEON table: every type, one dot product per token."
+        crate::kernels::RowsTable {
+            f16_f32: Some(r_f16w_f32),
+            ..crate::kernels::RowsTable::NONE
+        },
+        "The NEON table: every type; several-row products of F16."
     );
 }
 
@@ -668,11 +752,13 @@ mod dot {
         dot_sdot,
         TABLE_DOT,
         ROWS,
-        "The NEON + dotprod table: every type; several-row products of the Q8_0 family."
+        "The NEON + dotprod table: every type; several-row products of F16 and the Q8_0 family."
     );
 
-    /// The several-row products: the Q8_0 family over regrouped activations.
+    /// The several-row products: F16, and the Q8_0 family over regrouped
+    /// activations.
     const ROWS: RowsTable = RowsTable {
+        f16_f32: Some(r_f16w_f32),
         q4_0: Some(r_q4_0),
         q5_0: Some(r_q5_0),
         q8_0: Some(r_q8_0),
