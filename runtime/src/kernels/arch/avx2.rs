@@ -1159,42 +1159,38 @@ fn f16w_rows_f32(w: &[u8], a: &[f32], out: &mut [f32]) {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn f16w_group<const M: usize>(w: &[u8], a: &[f32], cols: usize, out: &mut [f32]) {
     let mut acc = [[_mm256_setzero_ps(); 4]; M];
-    // Whole 32-column steps as fixed-size chunks (no bounds checks inside).
+    // Thirty-two columns: accumulator `k` of each token takes columns
+    // `8k..8k + 8` (fixed-size chunks: no bounds checks inside).
+    let step = |acc: &mut [[__m256; 4]; M], ws: &[u8; 64], rows: [&[f32; 32]; M]| {
+        for k in 0..4 {
+            let x = cvt_h(&ws[16 * k..16 * k + 16]);
+            for (acc, row) in acc.iter_mut().zip(rows) {
+                acc[k] = madd_exact(acc[k], x, ldps(&row[8 * k..8 * k + 8]));
+            }
+        }
+    };
     let (steps, _) = w[..2 * cols].as_chunks::<64>();
     let rows: [&[[f32; 32]]; M] = std::array::from_fn(|j| a[j * cols..][..cols].as_chunks().0);
     for (c, ws) in steps.iter().enumerate() {
-        for k in 0..4 {
-            let x = cvt_h(&ws[16 * k..16 * k + 16]);
-            for (acc, row) in acc.iter_mut().zip(&rows) {
-                acc[k] = madd_exact(acc[k], x, ldps(&row[c][8 * k..8 * k + 8]));
-            }
-        }
+        step(&mut acc, ws, std::array::from_fn(|j| &rows[j][c]));
     }
-    let mut i = steps.len() * 32;
-    let mut k = 0;
-    while i + 8 <= cols {
-        let x = cvt_h(&w[2 * i..][..16]);
-        for (j, acc) in acc.iter_mut().enumerate() {
-            let y = ldps(&a[j * cols + i..][..8]);
-            acc[k] = madd_exact(acc[k], x, y);
-        }
-        i += 8;
-        k += 1;
+    // The last `cols mod 32` columns as one more step padded with zeros: a
+    // padded term is `+0`, which leaves a partial unchanged (a partial
+    // starts at `+0`, so is never `-0`), and each real term goes to its
+    // partial `i mod 32` as in the scalar order.
+    let full = steps.len() * 32;
+    if full < cols {
+        let mut ws = [0u8; 64];
+        ws[..2 * (cols - full)].copy_from_slice(&w[2 * full..2 * cols]);
+        let tail: [[f32; 32]; M] = std::array::from_fn(|j| {
+            let mut t = [0f32; 32];
+            t[..cols - full].copy_from_slice(&a[j * cols + full..(j + 1) * cols]);
+            t
+        });
+        step(&mut acc, &ws, std::array::from_fn(|j| &tail[j]));
     }
-    for (j, (o, acc)) in out[..M].iter_mut().zip(acc).enumerate() {
-        if i == cols {
-            *o = fold32_ps(acc);
-            continue;
-        }
-        let mut p = [0f32; FLOAT_PARTIALS];
-        for (p, acc) in p.chunks_exact_mut(8).zip(acc) {
-            p.copy_from_slice(&lanes_ps(acc));
-        }
-        let mut s = FloatSum::new(p);
-        for t in i..cols {
-            s.add(t, f16_at(w, 2 * t) * a[j * cols + t]);
-        }
-        *o = s.sum();
+    for (o, acc) in out[..M].iter_mut().zip(acc) {
+        *o = fold32_ps(acc);
     }
 }
 
