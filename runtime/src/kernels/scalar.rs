@@ -257,6 +257,32 @@ impl FloatSum {
     }
 }
 
+/// Columns `full..cols` (`full` a multiple of 32, `cols - full < 32`) of an
+/// F16 weight row `w` and of the `M` activation rows of `a` (`M × cols`
+/// floats), padded with zeros to one 32-column step of the SIMD F16 products.
+/// A padded term is `+0`, which leaves a partial unchanged (a partial starts
+/// at `+0`, so is never `-0`), and each real term goes to its partial
+/// `i mod 32`, as in the canonical order.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(crate) fn f16_tail_step<const M: usize>(
+    w: &[u8],
+    a: &[f32],
+    cols: usize,
+    full: usize,
+) -> ([u8; 64], [[f32; 32]; M]) {
+    let mut ws = [0u8; 64];
+    ws[..2 * (cols - full)].copy_from_slice(&w[2 * full..2 * cols]);
+    let tail = std::array::from_fn(|j| {
+        let mut t = [0f32; 32];
+        t[..cols - full].copy_from_slice(&a[j * cols + full..(j + 1) * cols]);
+        t
+    });
+    (ws, tail)
+}
+
 /// `Σ prod(i)` for `i < n` in the canonical float order.
 #[inline]
 fn float_dot(n: usize, prod: impl Fn(usize) -> f32) -> f32 {

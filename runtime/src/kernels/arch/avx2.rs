@@ -17,7 +17,8 @@
 use std::arch::x86_64::*;
 
 use super::super::scalar::{
-    Blocks, FLOAT_PARTIALS, FloatSum, iq4xs_scales, k4_scales, q3k_scales, term, term_kmin,
+    Blocks, FLOAT_PARTIALS, FloatSum, f16_tail_step, iq4xs_scales, k4_scales, q3k_scales, term,
+    term_kmin,
 };
 use crate::blocks::IQ4NL_GRID;
 use crate::kernels::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, Q8Rows, RowsTable};
@@ -1174,19 +1175,10 @@ fn f16w_group<const M: usize>(w: &[u8], a: &[f32], cols: usize, out: &mut [f32])
     for (c, ws) in steps.iter().enumerate() {
         step(&mut acc, ws, std::array::from_fn(|j| &rows[j][c]));
     }
-    // The last `cols mod 32` columns as one more step padded with zeros: a
-    // padded term is `+0`, which leaves a partial unchanged (a partial
-    // starts at `+0`, so is never `-0`), and each real term goes to its
-    // partial `i mod 32` as in the scalar order.
+    // The last `cols mod 32` columns: one more step, padded with zeros.
     let full = steps.len() * 32;
     if full < cols {
-        let mut ws = [0u8; 64];
-        ws[..2 * (cols - full)].copy_from_slice(&w[2 * full..2 * cols]);
-        let tail: [[f32; 32]; M] = std::array::from_fn(|j| {
-            let mut t = [0f32; 32];
-            t[..cols - full].copy_from_slice(&a[j * cols + full..(j + 1) * cols]);
-            t
-        });
+        let (ws, tail) = f16_tail_step::<M>(w, a, cols, full);
         step(&mut acc, &ws, std::array::from_fn(|j| &tail[j]));
     }
     for (o, acc) in out[..M].iter_mut().zip(acc) {
