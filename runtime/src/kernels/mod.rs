@@ -311,6 +311,9 @@ pub struct Activations {
     q8_0_groups: Vec<u8>,
     q8_1: Vec<BlockQ8_1>,
     q8k: Vec<BlockQ8K>,
+    /// `q8k` regrouped for the AVX-512 several-row Q4_K product (batches
+    /// on CPUs with AVX-512 only; see [`Q8K_GROUP_BYTES`]).
+    q8k_groups: Vec<u8>,
 }
 
 impl Activations {
@@ -411,6 +414,21 @@ impl Activations {
                 for_each_chunk(pool, &mut self.q8k, CHUNK / 8, |c, y| {
                     quantize_row_q8_k(&x[c * (CHUNK / 8) * bs..][..y.len() * bs], y);
                 });
+                self.q8k_groups.clear();
+                // Only the AVX-512 several-row Q4_K product reads the regrouped rows.
+                if self.rows > 1 && cfg!(target_arch = "x86_64") && arch::has_avx512() {
+                    let nbr = cols / QK_K;
+                    let record = nbr.div_ceil(8) * Q8K_GROUP_BYTES;
+                    self.q8k_groups.resize(self.rows * record, 0);
+                    let blocks = &self.q8k;
+                    // Four tokens per task.
+                    for_each_chunk(pool, &mut self.q8k_groups, 4 * record, |c, g| {
+                        for (i, g) in g.chunks_exact_mut(record).enumerate() {
+                            let row = (4 * c + i) * nbr..(4 * c + i + 1) * nbr;
+                            group_q8_k(&blocks[row], g);
+                        }
+                    });
+                }
             }
         }
         Ok(())
@@ -584,6 +602,52 @@ fn group_q8_0(blocks: &[BlockQ8_0], d: &[f32], out: &mut [u8]) {
     }
 }
 
+/// Bytes per group of eight Q8_K blocks of one activation row in the
+/// regrouped layout of the AVX-512 several-row Q4_K product: 64 registers of
+/// 32 bytes, register `k` holding quants `4k..4k + 4` of block `l` in bytes
+/// `4l..4l + 4`; then four registers whose lane `l` holds block `l`'s sums of
+/// quants `64i..64i + 32` and `64i + 32..64i + 64` (`i16` each, for the eight
+/// sub-block minimums); then the eight scales (`f32`). Little-endian; a row's last group is
+/// padded with zero blocks. As in [`Q8_GROUP_BYTES`], a 32-bit lane holds one
+/// block, so the integer sums of eight super-blocks come out in eight lanes and
+/// their float terms in the canonical order (block `b` to partial `b % 8`)
+/// need no horizontal additions.
+pub(crate) const Q8K_GROUP_BYTES: usize = 2208;
+
+/// Regroups one Q8_K activation row into `out` (`blocks.len().div_ceil(8)`
+/// groups of [`Q8K_GROUP_BYTES`]).
+fn group_q8_k(blocks: &[BlockQ8K], out: &mut [u8]) {
+    for (g, bs) in out.chunks_exact_mut(Q8K_GROUP_BYTES).zip(blocks.chunks(8)) {
+        g.fill(0);
+        for (l, b) in bs.iter().enumerate() {
+            for (k, q) in b.qs.chunks_exact(4).enumerate() {
+                for (o, &q) in g[32 * k + 4 * l..][..4].iter_mut().zip(q) {
+                    *o = q as u8;
+                }
+            }
+            let put = |g: &mut [u8], at: usize, pair: [i16; 2]| {
+                g[at..at + 2].copy_from_slice(&pair[0].to_le_bytes());
+                g[at + 2..at + 4].copy_from_slice(&pair[1].to_le_bytes());
+            };
+            // Sums of 32 quants of at most 128 in magnitude fit an i16.
+            for (i, s) in b.bsums.chunks_exact(4).enumerate() {
+                put(g, 2048 + 32 * i + 4 * l, [s[0] + s[1], s[2] + s[3]]);
+            }
+            g[2176 + 4 * l..][..4].copy_from_slice(&b.d.to_le_bytes());
+        }
+    }
+}
+
+/// Consecutive Q8_K activation rows for a several-row product: `blocks` (a
+/// multiple of the weight row's block count) and `groups`, the same rows
+/// regrouped (see [`Q8K_GROUP_BYTES`]; empty unless the CPU has AVX-512).
+#[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) struct Q8KRows<'a> {
+    pub(crate) blocks: &'a [BlockQ8K],
+    pub(crate) groups: &'a [u8],
+}
+
 /// Consecutive Q8_0 activation rows for a several-row product: `blocks` (a
 /// multiple of the weight row's block count), their scales as `f32` in `d`,
 /// and `groups`, the same rows regrouped (see [`Q8_GROUP_BYTES`]).
@@ -613,7 +677,7 @@ pub(crate) type RowsF16F32 = fn(&[u8], usize, &[f32], &mut [f32], usize);
 
 /// One K-quant weight row against several consecutive Q8_K activation rows:
 /// `(w, a, out)` with `a` holding `out.len()` rows of `w`'s block count.
-pub(crate) type RowsK = fn(&[u8], &[BlockQ8K], &mut [f32]);
+pub(crate) type RowsK = fn(&[u8], Q8KRows<'_>, &mut [f32]);
 
 /// The several-row products a backend has (`None`: one dot product per row).
 #[derive(Clone, Copy)]
@@ -816,7 +880,17 @@ impl Kernels {
         match kernel {
             Some(Kernel::K(f)) => {
                 let nb = acts.cols / QK_K;
-                f(w, &acts.q8k[tokens.start * nb..tokens.end * nb], out);
+                let record = nb.div_ceil(8) * Q8K_GROUP_BYTES;
+                let groups = if acts.q8k_groups.is_empty() {
+                    &[][..]
+                } else {
+                    &acts.q8k_groups[tokens.start * record..tokens.end * record]
+                };
+                let a = Q8KRows {
+                    blocks: &acts.q8k[tokens.start * nb..tokens.end * nb],
+                    groups,
+                };
+                f(w, a, out);
             }
             Some(Kernel::Q8(f)) => {
                 let nb = acts.cols / QK8_0;

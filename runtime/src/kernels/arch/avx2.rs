@@ -21,7 +21,7 @@ use super::super::scalar::{
     term_kmin,
 };
 use crate::blocks::IQ4NL_GRID;
-use crate::kernels::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, Q8Rows, RowsTable};
+use crate::kernels::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, Q8KRows, Q8Rows, RowsTable};
 
 /// Declares a safe entry point for a `#[target_feature]` kernel.
 macro_rules! entry {
@@ -65,14 +65,14 @@ macro_rules! rows_entry {
 
 rows_entry!(r_q4_0, q4_0_rows);
 
-fn r_q4_k(w: &[u8], a: &[BlockQ8K], out: &mut [f32]) {
+pub(super) fn r_q4_k(w: &[u8], a: Q8KRows<'_>, out: &mut [f32]) {
     // SAFETY: as for `entry!`.
-    unsafe { q4_k_rows(w, a, out) }
+    unsafe { q4_k_rows(w, a.blocks, out) }
 }
 
-fn r_q6_k(w: &[u8], a: &[BlockQ8K], out: &mut [f32]) {
+pub(super) fn r_q6_k(w: &[u8], a: Q8KRows<'_>, out: &mut [f32]) {
     // SAFETY: as for `entry!`.
-    unsafe { q6_k_rows(w, a, out) }
+    unsafe { q6_k_rows(w, a.blocks, out) }
 }
 
 fn r_f16w_f32(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {

@@ -2,8 +2,10 @@
 //! `vpdpbusd`); the single-row Q4_0/Q5_0/Q8_0/IQ4_NL dots (AVX2's row loop
 //! with each block's sum as one 256-bit `vpdpbusd`); the several-row
 //! products of that family over activations regrouped eight blocks at a time
-//! (`rows_grouped`); and F16 weights against widened activations in tiles of
-//! three rows × four tokens (`f16_rows`, 512-bit). Every other entry is the
+//! (`rows_grouped`); the several-row Q4_K product over Q8_K activations
+//! regrouped the same way (`q4_k_rows_grouped`); and F16 weights against
+//! widened activations in tiles of three rows × four tokens (`f16_rows`,
+//! 512-bit). Every other entry is the
 //! AVX2 kernel, which these CPUs run too. Q4_0 and Q8_0 with two blocks per
 //! 512-bit register measured 2× slower than AVX2 on the reference machine (a
 //! virtualised Xeon) and were dropped; at decode the float and 6-bit types are
@@ -22,7 +24,9 @@ use super::avx2::{
     self, halves, ld256, ldps, le16, tree8_ps, unpack_iq4_nl, unpack_q4_0, unpack_q5_0, unpack_q8_0,
 };
 use crate::kernels::scalar::k4_scales;
-use crate::kernels::{BlockQ8_0, BlockQ8K, DotTable, Q8_GROUP_BYTES, Q8Rows, RowsTable};
+use crate::kernels::{
+    BlockQ8_0, BlockQ8K, DotTable, Q8_GROUP_BYTES, Q8K_GROUP_BYTES, Q8KRows, Q8Rows, RowsTable,
+};
 
 macro_rules! entry {
     ($name:ident, $kernel:ident, $w:ty, $a:ty) => {
@@ -56,6 +60,14 @@ rows_entry!(r_q5_0, 22, unpack_q5_0);
 rows_entry!(r_q8_0, 34, unpack_q8_0);
 rows_entry!(r_iq4_nl, 18, unpack_iq4_nl);
 
+fn r_q4_k(w: &[u8], a: Q8KRows<'_>, out: &mut [f32]) {
+    if a.groups.is_empty() {
+        return avx2::r_q4_k(w, a, out);
+    }
+    // SAFETY: as for `entry!`.
+    unsafe { q4_k_rows_grouped(w, a.groups, out) }
+}
+
 fn r_f16w_f32(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
     // SAFETY: as for `entry!`.
     unsafe { f16_rows(w, cols, a, out, stride) }
@@ -71,6 +83,7 @@ pub(crate) static TABLE: DotTable = DotTable {
     iq4_nl: e_iq4_nl,
     rows: RowsTable {
         f16_f32: Some(r_f16w_f32),
+        q4_k: Some(r_q4_k),
         q4_0: Some(r_q4_0),
         q5_0: Some(r_q5_0),
         q8_0: Some(r_q8_0),
@@ -172,6 +185,128 @@ fn rows_grouped(
                 let isum = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), ysum);
                 let da = ldps(&r[288..]);
                 let t = _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum));
+                *acc = _mm256_add_ps(*acc, t);
+            }
+        }
+        for (o, acc) in out.iter_mut().zip(acc) {
+            *o = tree8_ps(acc);
+        }
+    }
+}
+
+// ---- several activation rows per weight row (Q4_K) ----
+//
+// The Q8_K activations come regrouped (`Q8K_GROUP_BYTES`): per eight
+// super-blocks, 64 registers whose lane `l` holds four quants of block `l`.
+// Each 32-byte chunk of eight weight super-blocks is transposed the same way
+// once per pass (one `transpose_dwords`: its low nibbles are quants
+// `64c + 4k'..` and its high nibbles quants `64c + 32 + 4k'..`), so
+// `vpdpbusd` (unsigned weights, signed activations) leaves each super-block's
+// sub-block sums in its own lane; the scales multiply lane by lane and the
+// minimums come from the stored sub-block sums (`vpdpwssd`). Lane `l` is then
+// super-block `8g + l`'s exact integer sums, and its float term goes to
+// partial `l` with the scalar operations, so the bits are the single
+// product's (the AVX2 kernels reduce lanes for every super-block and token).
+
+/// Activation rows per pass of the several-row Q4_K product (each weight
+/// group is unpacked once per pass).
+const K_TOKENS: usize = 16;
+
+/// Zero weights for the padding lanes of a row's last group.
+const ZERO_BLOCK: [u8; 144] = [0; 144];
+
+/// The little-endian 32-bit word at `b[at..at + 4]`.
+#[inline]
+fn le32(b: &[u8], at: usize) -> i32 {
+    i32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// Bits `shift..shift + width` of each lane.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn bits(v: __m256i, shift: i32, width: u32) -> __m256i {
+    let v = _mm256_srl_epi32(v, _mm_cvtsi32_si128(shift));
+    _mm256_and_si256(v, _mm256_set1_epi32((1 << width) - 1))
+}
+
+/// One Q4_K weight row against `out.len()` regrouped Q8_K activation rows
+/// `groups`, each in the canonical order of the single product.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q4_k_rows_grouped(w: &[u8], groups: &[u8], out: &mut [f32]) {
+    const TS: usize = 144;
+    let nb = w.len() / TS;
+    let ng = nb.div_ceil(8);
+    let (records, _) = groups.as_chunks::<Q8K_GROUP_BYTES>();
+    assert!(records.len() == out.len() * ng, "grouped K rows lengths");
+    let m4 = _mm256_set1_epi8(0xf);
+    for (out, records) in out.chunks_mut(K_TOKENS).zip(records.chunks(K_TOKENS * ng)) {
+        let mut acc = [_mm256_setzero_ps(); K_TOKENS];
+        for (g, b0) in (0..nb).step_by(8).enumerate() {
+            let blk: [&[u8]; 8] = std::array::from_fn(|l| match w.get((b0 + l) * TS..) {
+                Some(b) if b0 + l < nb => &b[..TS],
+                _ => &ZERO_BLOCK[..TS],
+            });
+            // Scales and minimums, lane `l` from block `l` (ggml's
+            // `get_scale_min_k4` on three words of twelve bytes).
+            let [q0, q1, q2] = [4, 8, 12].map(|at| {
+                let v = blk.map(|b| le32(b, at));
+                _mm256_setr_epi32(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7])
+            });
+            let sc: [__m256i; 8] = std::array::from_fn(|j| {
+                let i = 8 * (j as i32 % 4);
+                if j < 4 {
+                    bits(q0, i, 6)
+                } else {
+                    _mm256_or_si256(bits(q2, i, 4), _mm256_slli_epi32::<4>(bits(q0, i + 6, 2)))
+                }
+            });
+            let mins: [__m256i; 8] = std::array::from_fn(|j| {
+                let i = 8 * (j as i32 % 4);
+                if j < 4 {
+                    bits(q1, i, 6)
+                } else {
+                    _mm256_or_si256(
+                        bits(q2, i + 4, 4),
+                        _mm256_slli_epi32::<4>(bits(q1, i + 6, 2)),
+                    )
+                }
+            });
+            // Minimums paired as the stored 32-quant sums are: (m[2i], m[2i + 1]).
+            let mp: [__m256i; 4] = std::array::from_fn(|i| {
+                _mm256_or_si256(mins[2 * i], _mm256_slli_epi32::<16>(mins[2 * i + 1]))
+            });
+            let dw = halves(blk.map(|b| le16(b, 0)));
+            let mw = halves(blk.map(|b| le16(b, 2)));
+            let mut isum = [_mm256_setzero_si256(); K_TOKENS];
+            for c in 0..4 {
+                let t = transpose_dwords(blk.map(|b| ld256(&b[16 + 32 * c..])));
+                let lo = t.map(|v| _mm256_and_si256(v, m4));
+                let hi = t.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
+                for (isum, r) in isum.iter_mut().zip(records[g..].iter().step_by(ng)) {
+                    let y = &r[512 * c..512 * c + 512];
+                    let (mut s0, mut s1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                    for k in 0..8 {
+                        s0 = _mm256_dpbusd_epi32(s0, lo[k], ld256(&y[32 * k..]));
+                        s1 = _mm256_dpbusd_epi32(s1, hi[k], ld256(&y[256 + 32 * k..]));
+                    }
+                    let s = _mm256_add_epi32(
+                        _mm256_mullo_epi32(s0, sc[2 * c]),
+                        _mm256_mullo_epi32(s1, sc[2 * c + 1]),
+                    );
+                    *isum = _mm256_add_epi32(*isum, s);
+                }
+            }
+            let rows = acc.iter_mut().zip(&isum);
+            for ((acc, &isum), r) in rows.zip(records[g..].iter().step_by(ng)) {
+                let mut summs = _mm256_setzero_si256();
+                for (i, &mp) in mp.iter().enumerate() {
+                    summs = _mm256_dpwssd_epi32(summs, mp, ld256(&r[2048 + 32 * i..]));
+                }
+                let da = ldps(&r[2176..]);
+                let t = _mm256_sub_ps(
+                    _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum)),
+                    _mm256_mul_ps(_mm256_mul_ps(mw, da), _mm256_cvtepi32_ps(summs)),
+                );
                 *acc = _mm256_add_ps(*acc, t);
             }
         }
