@@ -11,7 +11,7 @@
 //! scalar parts. Block layouts: [`crate::blocks`].
 
 use super::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, QK_K, QK8_0, RowsTable};
-use crate::blocks::{IQ4NL_GRID, bf16_to_f32, f16_to_f32, f32_to_f16, scale_min_k4};
+use crate::blocks::{IQ4NL_GRID, bf16_to_f32, f16_to_f32, f32_to_f16};
 
 /// Quantizes `x` to Q8_0 blocks: `d = max|x| / 127`, `q = round(x / d)`
 /// (half away from zero, like C's `roundf`), as `quantize_row_q8_0_ref`.
@@ -483,14 +483,23 @@ pub(crate) fn dot_q3_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
     }))
 }
 
-/// The 8 scales and 8 minimums of a Q4_K/Q5_K block.
+/// The 8 scales and 8 minimums of a Q4_K/Q5_K block: [`scale_min_k4`](crate::blocks::scale_min_k4) for
+/// `j = 0..8`, four bytes at a time on the three little-endian words of the
+/// twelve scale bytes (a per-byte loop was a third of the single-row Q4_K
+/// product's instructions).
 pub(crate) fn k4_scales(p: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let p: [u8; 12] = std::array::from_fn(|i| p[i]);
-    let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
-    for j in 0..8 {
-        (sc[j], m[j]) = scale_min_k4(j, &p);
-    }
-    (sc, m)
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const TOP2: u32 = 0x0303_0303;
+    let word = |i: usize| u32::from_le_bytes([p[4 * i], p[4 * i + 1], p[4 * i + 2], p[4 * i + 3]]);
+    let (w0, w1, w2) = (word(0), word(1), word(2));
+    // j < 4: the low six bits of bytes j (scales) and 4 + j (minimums);
+    // j ≥ 4: four bits of byte 4 + j (low nibble: scale, high: minimum) under
+    // the top two bits of byte j - 4 (scale) or j (minimum).
+    let sc_hi = (w2 & LOW4) | (((w0 >> 6) & TOP2) << 4);
+    let m_hi = ((w2 >> 4) & LOW4) | (((w1 >> 6) & TOP2) << 4);
+    let join = |lo: u32, hi: u32| (u64::from(lo) | (u64::from(hi) << 32)).to_le_bytes();
+    (join(w0 & LOW6, sc_hi), join(w1 & LOW6, m_hi))
 }
 
 pub(crate) fn dot_q4_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
@@ -624,6 +633,40 @@ mod tests {
                 unsafe { q8_0_block_avx2(&x, &mut got) };
                 assert_eq!(got, want, "case {case}: {x:?}");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod k4_tests {
+    use super::*;
+    use crate::blocks::scale_min_k4;
+
+    #[test]
+    fn k4_scales_unpack_like_get_scale_min_k4() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut inputs = vec![[0u8; 12], [0xff; 12], [0x55; 12], [0xaa; 12]];
+        for _ in 0..10_000 {
+            inputs.push(std::array::from_fn(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed as u8
+            }));
+        }
+        // Every byte value in every position.
+        for at in 0..12 {
+            for v in 0..=255u8 {
+                let mut p = [0u8; 12];
+                p[at] = v;
+                inputs.push(p);
+            }
+        }
+        for p in inputs {
+            let want: [(u8, u8); 8] = std::array::from_fn(|j| scale_min_k4(j, &p));
+            let (sc, m) = k4_scales(&p);
+            let got: [(u8, u8); 8] = std::array::from_fn(|j| (sc[j], m[j]));
+            assert_eq!(got, want, "scale bytes {p:02x?}");
         }
     }
 }
