@@ -416,6 +416,9 @@ fn f16_tile<const R: usize, const T: usize>(
     };
     let full = cols / 32 * 32;
     for c in (0..full).step_by(32) {
+        for r in 0..R {
+            avx2::prefetch_ahead(&w[2 * (r * cols + c)..], 64);
+        }
         step(&mut acc, 0, c, !0);
         step(&mut acc, 1, c + 16, !0);
     }
