@@ -1005,6 +1005,7 @@ fn rows256<const MIN: bool, P>(
         let mut acc = [Blocks::default(); K_GROUP];
         for i in 0..nb {
             let b = &w[i * ts..][..ts];
+            prefetch_ahead(b, ts);
             let p = prep(b);
             let [dw, mw] = scales(b).map(|h| h2f(h));
             for (j, acc) in acc.iter_mut().enumerate().take(m) {

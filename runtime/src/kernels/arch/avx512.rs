@@ -169,6 +169,7 @@ fn rows_grouped(
         for (g, b0) in (0..nb).step_by(8).enumerate() {
             let mut q = [_mm256_setzero_si256(); 8];
             let mut dws = [0u16; 8];
+            avx2::prefetch_ahead(&w[b0 * ts..], 8 * ts);
             for (l, b) in w[b0 * ts..].chunks_exact(ts).take(8).enumerate() {
                 q[l] = unpack(b);
                 dws[l] = le16(b, 0);
@@ -242,6 +243,7 @@ fn q4_k_rows_grouped(w: &[u8], groups: &[u8], out: &mut [f32]) {
     for (out, records) in out.chunks_mut(K_TOKENS).zip(records.chunks(K_TOKENS * ng)) {
         let mut acc = [_mm256_setzero_ps(); K_TOKENS];
         for (g, b0) in (0..nb).step_by(8).enumerate() {
+            avx2::prefetch_ahead(&w[b0 * TS..], 8 * TS);
             let blk: [&[u8]; 8] = std::array::from_fn(|l| match w.get((b0 + l) * TS..) {
                 Some(b) if b0 + l < nb => &b[..TS],
                 _ => &ZERO_BLOCK[..TS],
