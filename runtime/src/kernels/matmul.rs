@@ -62,7 +62,7 @@ impl<'a> QMatrix<'a> {
     }
 
     /// The bytes of rows `r..r + n`.
-    fn row_span(&self, r: usize, n: usize) -> &'a [u8] {
+    pub(crate) fn row_span(&self, r: usize, n: usize) -> &'a [u8] {
         &self.data[r * self.row_bytes..(r + n) * self.row_bytes]
     }
 
@@ -253,15 +253,7 @@ fn run(
                 rows_f32(w.row_span(r0, nr), w.cols, tile, &mut ys[t0..], t_n);
                 continue;
             }
-            for i in 0..nr {
-                kernels.dot_rows(
-                    w.ty,
-                    w.row(r0 + i),
-                    acts,
-                    t0,
-                    &mut ys[i * t_n + t0..i * t_n + t1],
-                );
-            }
+            kernels.dot_rows(w, r0..r0 + nr, acts, t0..t1, &mut ys[t0..], t_n);
         }
     });
     // Transpose in parallel, a band of tokens per task, sixteen rows at a

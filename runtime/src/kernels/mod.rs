@@ -659,13 +659,17 @@ pub(crate) struct Q8Rows<'a> {
     pub(crate) blocks: &'a [BlockQ8_0],
     pub(crate) d: &'a [f32],
     pub(crate) groups: &'a [u8],
+    /// The number of activation rows.
+    pub(crate) tokens: usize,
 }
 
-/// One weight row against several consecutive Q8_0 activation rows at once:
-/// `(w, a, out)` with `a` holding `out.len()` rows. `out[t]` gets the bits of
-/// the single dot product with row `t`: the rows share the weights'
-/// unpacking, not their arithmetic.
-pub(crate) type RowsQ8 = fn(&[u8], Q8Rows<'_>, &mut [f32]);
+/// Weight rows against several consecutive Q8_0 activation rows at once:
+/// `(w, rows, a, out, stride)` with `w` holding `rows` whole weight rows and
+/// `a` `a.tokens` activation rows. `out[r·stride + t]` gets the bits of the
+/// single dot product of weight row `r` with activation row `t`: the rows
+/// share the weights' unpacking and the activations' loads, not their
+/// arithmetic.
+pub(crate) type RowsQ8 = fn(&[u8], usize, Q8Rows<'_>, &mut [f32], usize);
 
 /// F16 weight rows against several consecutive activation rows widened from
 /// f16 to `f32` ([`attn::widen_f16`], exact): `(w, cols, a, out, stride)`
@@ -844,18 +848,19 @@ impl Kernels {
         self.table.rows.f16_f32
     }
 
-    /// `out[i]` = the dot product of weight row `w` (type `ty`) with
-    /// activation row `t0 + i` of `acts`, for every `i`: the same bits as
-    /// [`Kernels::dot_checked`] row by row, through the backend's several-row
-    /// product where it has one. Panics (never misbehaves) if the type,
-    /// activation kind or lengths do not fit.
+    /// `out[i·stride + j]` = the dot product of weight row `rows.start + i`
+    /// of `w` with activation row `tokens.start + j` of `acts`: the same bits
+    /// as [`Kernels::dot_checked`] one by one, through the backend's
+    /// several-row product where it has one. Panics (never misbehaves) if the
+    /// type, activation kind or lengths do not fit.
     pub(crate) fn dot_rows(
         &self,
-        ty: GgmlType,
-        w: &[u8],
+        w: &QMatrix<'_>,
+        rows: std::ops::Range<usize>,
         acts: &Activations,
-        t0: usize,
+        tokens: std::ops::Range<usize>,
         out: &mut [f32],
+        stride: usize,
     ) {
         use GgmlType as T;
         use VecDotType as V;
@@ -865,7 +870,7 @@ impl Kernels {
             Q8(RowsQ8),
         }
         let r = &self.table.rows;
-        let kernel = match (ty, acts.kind) {
+        let kernel = match (w.ty(), acts.kind) {
             (T::Q4_K, Some(V::Q8K)) => r.q4_k.map(Kernel::K),
             (T::Q6_K, Some(V::Q8K)) => r.q6_k.map(Kernel::K),
             // (A single row is not regrouped.)
@@ -876,7 +881,7 @@ impl Kernels {
             (T::IQ4_NL, Some(V::Q8_0)) => r.iq4_nl.map(Kernel::Q8),
             _ => None,
         };
-        let tokens = t0..t0 + out.len();
+        let n = tokens.len();
         match kernel {
             Some(Kernel::K(f)) => {
                 let nb = acts.cols / QK_K;
@@ -890,7 +895,9 @@ impl Kernels {
                     blocks: &acts.q8k[tokens.start * nb..tokens.end * nb],
                     groups,
                 };
-                f(w, a, out);
+                for (i, r) in rows.enumerate() {
+                    f(w.row(r), a, &mut out[i * stride..i * stride + n]);
+                }
             }
             Some(Kernel::Q8(f)) => {
                 let nb = acts.cols / QK8_0;
@@ -900,12 +907,22 @@ impl Kernels {
                     blocks: &acts.q8_0[span.clone()],
                     d: &acts.q8_0_d[span],
                     groups: &acts.q8_0_groups[tokens.start * record..tokens.end * record],
+                    tokens: n,
                 };
-                f(w, a, out);
+                f(
+                    w.row_span(rows.start, rows.len()),
+                    rows.len(),
+                    a,
+                    out,
+                    stride,
+                );
             }
             None => {
-                for (o, t) in out.iter_mut().zip(tokens) {
-                    *o = self.dot_checked(ty, w, acts.row(t));
+                for (i, r) in rows.enumerate() {
+                    let out = &mut out[i * stride..i * stride + n];
+                    for (o, t) in out.iter_mut().zip(tokens.clone()) {
+                        *o = self.dot_checked(w.ty(), w.row(r), acts.row(t));
+                    }
                 }
             }
         }

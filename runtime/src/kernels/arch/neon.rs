@@ -760,10 +760,17 @@ mod dot {
     /// Declares a safe entry point for a several-row kernel.
     macro_rules! rows_entry {
         ($name:ident, $ts:literal, $unpack:ident) => {
-            fn $name(w: &[u8], a: Q8Rows<'_>, out: &mut [f32]) {
-                // SAFETY: reachable only through `TABLE_DOT`, which `Kernels::new`
-                // hands out after probing NEON and the dot-product extension.
-                unsafe { rows_grouped(w, $ts, |b| $unpack(b), a.groups, out) }
+            fn $name(w: &[u8], rows: usize, a: Q8Rows<'_>, out: &mut [f32], stride: usize) {
+                for (r, w) in w
+                    .chunks_exact((w.len() / rows.max(1)).max(1))
+                    .take(rows)
+                    .enumerate()
+                {
+                    let out = &mut out[r * stride..r * stride + a.tokens];
+                    // SAFETY: reachable only through `TABLE_DOT`, which `Kernels::new`
+                    // hands out after probing NEON and the dot-product extension.
+                    unsafe { rows_grouped(w, $ts, |b| $unpack(b), a.groups, out) }
+                }
             }
         };
     }
