@@ -57,15 +57,9 @@ entry!(e_dot_f16_f16, dot_f16_f16, &[u16], &[u16]);
 macro_rules! rows_entry {
     ($name:ident, $kernel:ident) => {
         fn $name(w: &[u8], rows: usize, a: Q8Rows<'_>, out: &mut [f32], stride: usize) {
-            for (r, w) in w
-                .chunks_exact((w.len() / rows.max(1)).max(1))
-                .take(rows)
-                .enumerate()
-            {
-                let out = &mut out[r * stride..r * stride + a.tokens];
-                // SAFETY: as for `entry!`.
-                unsafe { $kernel(w, a.blocks, a.d, out) }
-            }
+            // SAFETY: as for `entry!`.
+            let row = |w: &[u8], out: &mut [f32]| unsafe { $kernel(w, a.blocks, a.d, out) };
+            super::each_row(w, rows, out, stride, a.tokens, row);
         }
     };
 }

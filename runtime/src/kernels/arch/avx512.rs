@@ -192,19 +192,10 @@ fn rows_grouped(
     let ng = nb.div_ceil(8);
     let (records, _) = groups.as_chunks::<Q8_GROUP_BYTES>();
     assert!(records.len() == out.len() * ng, "grouped rows lengths");
-    let shift = _mm256_set1_epi8(0x80u8 as i8);
     for (out, records) in out.chunks_mut(TOKENS).zip(records.chunks(TOKENS * ng)) {
         let mut acc = [_mm256_setzero_ps(); TOKENS];
         for (g, b0) in (0..nb).step_by(8).enumerate() {
-            let mut q = [_mm256_setzero_si256(); 8];
-            let mut dws = [0u16; 8];
-            avx2::prefetch_ahead(&w[b0 * ts..], 8 * ts);
-            for (l, b) in w[b0 * ts..].chunks_exact(ts).take(8).enumerate() {
-                q[l] = unpack(b);
-                dws[l] = le16(b, 0);
-            }
-            let wt = transpose_dwords(q).map(|v| _mm256_xor_si256(v, shift));
-            let dw = halves(dws);
+            let (wt, dw) = weight_group(w, b0, ts, &unpack);
             for (acc, r) in acc.iter_mut().zip(records[g..].iter().step_by(ng)) {
                 let (mut s0, mut s1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
                 for k in (0..8).step_by(2) {
@@ -222,6 +213,31 @@ fn rows_grouped(
             *o = tree8_ps(acc);
         }
     }
+}
+
+/// Blocks `b0..b0 + 8` of a weight row (zero blocks past its end), transposed
+/// as the regrouped activations are and shifted to unsigned bytes (w + 128),
+/// and their scales.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn weight_group(
+    w: &[u8],
+    b0: usize,
+    ts: usize,
+    unpack: &impl Fn(&[u8]) -> __m256i,
+) -> ([__m256i; 8], __m256) {
+    let mut q = [_mm256_setzero_si256(); 8];
+    let mut dws = [0u16; 8];
+    avx2::prefetch_ahead(&w[b0 * ts..], 8 * ts);
+    for (l, b) in w[b0 * ts..].chunks_exact(ts).take(8).enumerate() {
+        q[l] = unpack(b);
+        dws[l] = le16(b, 0);
+    }
+    let shift = _mm256_set1_epi8(0x80u8 as i8);
+    (
+        transpose_dwords(q).map(|v| _mm256_xor_si256(v, shift)),
+        halves(dws),
+    )
 }
 
 /// [`rows_grouped`] for two weight rows at once, in the two 256-bit halves
@@ -247,26 +263,13 @@ fn rows_grouped_pair(
         w[1].len() == w[0].len() && out_b.len() == out_a.len() && records.len() == out_a.len() * ng,
         "grouped row pair lengths"
     );
-    let shift = _mm256_set1_epi8(0x80u8 as i8);
     let bcast = |s: &[u8]| _mm512_broadcast_i64x4(ld256(s));
     let chunks = out_a.chunks_mut(TOKENS).zip(out_b.chunks_mut(TOKENS));
     for ((out_a, out_b), records) in chunks.zip(records.chunks(TOKENS * ng)) {
         let mut acc = [_mm512_setzero_ps(); TOKENS];
         for (g, b0) in (0..nb).step_by(8).enumerate() {
-            let half = |w: &[u8]| {
-                let mut q = [_mm256_setzero_si256(); 8];
-                let mut dws = [0u16; 8];
-                avx2::prefetch_ahead(&w[b0 * ts..], 8 * ts);
-                for (l, b) in w[b0 * ts..].chunks_exact(ts).take(8).enumerate() {
-                    q[l] = unpack(b);
-                    dws[l] = le16(b, 0);
-                }
-                (
-                    transpose_dwords(q).map(|v| _mm256_xor_si256(v, shift)),
-                    halves(dws),
-                )
-            };
-            let ((qa, da), (qb, db)) = (half(w[0]), half(w[1]));
+            let (qa, da) = weight_group(w[0], b0, ts, &unpack);
+            let (qb, db) = weight_group(w[1], b0, ts, &unpack);
             let wt: [__m512i; 8] = std::array::from_fn(|k| join(qa[k], qb[k]));
             let dw = _mm512_castsi512_ps(join(_mm256_castps_si256(da), _mm256_castps_si256(db)));
             for (acc, r) in acc.iter_mut().zip(records[g..].iter().step_by(ng)) {

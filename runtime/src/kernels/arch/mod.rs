@@ -16,6 +16,27 @@ mod avx512;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
+/// `f(row, out)` for each of the `rows` whole weight rows in `w`, with that
+/// row's outputs `out[r·stride..r·stride + tokens]` (a several-row product of
+/// one weight row at a time).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+fn each_row(
+    w: &[u8],
+    rows: usize,
+    out: &mut [f32],
+    stride: usize,
+    tokens: usize,
+    mut f: impl FnMut(&[u8], &mut [f32]),
+) {
+    let row_bytes = (w.len() / rows.max(1)).max(1);
+    for (r, w) in w.chunks_exact(row_bytes).take(rows).enumerate() {
+        f(w, &mut out[r * stride..r * stride + tokens]);
+    }
+}
+
 /// AVX2 with FMA and F16C (probed once; attention and `exp` ask per call).
 pub(crate) fn has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]

@@ -761,16 +761,12 @@ mod dot {
     macro_rules! rows_entry {
         ($name:ident, $ts:literal, $unpack:ident) => {
             fn $name(w: &[u8], rows: usize, a: Q8Rows<'_>, out: &mut [f32], stride: usize) {
-                for (r, w) in w
-                    .chunks_exact((w.len() / rows.max(1)).max(1))
-                    .take(rows)
-                    .enumerate()
-                {
-                    let out = &mut out[r * stride..r * stride + a.tokens];
-                    // SAFETY: reachable only through `TABLE_DOT`, which `Kernels::new`
-                    // hands out after probing NEON and the dot-product extension.
-                    unsafe { rows_grouped(w, $ts, |b| $unpack(b), a.groups, out) }
-                }
+                // SAFETY: reachable only through `TABLE_DOT`, which `Kernels::new`
+                // hands out after probing NEON and the dot-product extension.
+                let row = |w: &[u8], out: &mut [f32]| unsafe {
+                    rows_grouped(w, $ts, |b| $unpack(b), a.groups, out)
+                };
+                super::super::each_row(w, rows, out, stride, a.tokens, row);
             }
         };
     }
