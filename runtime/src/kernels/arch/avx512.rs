@@ -5,11 +5,11 @@
 //! (`rows_grouped`); the several-row Q4_K product over Q8_K activations
 //! regrouped the same way (`q4_k_rows_grouped`); and F16 weights against
 //! widened activations in tiles of three rows × four tokens (`f16_rows`,
-//! 512-bit). Every other entry is the
-//! AVX2 kernel, which these CPUs run too. Q4_0 and Q8_0 with two blocks per
-//! 512-bit register measured 2× slower than AVX2 on the reference machine (a
-//! virtualised Xeon) and were dropped; at decode the float and 6-bit types are
-//! bound by memory already.
+//! 512-bit). The several-row Q8_0-family products take two weight rows at a
+//! time, one per 256-bit half of a 512-bit register (`rows_grouped_pair`).
+//! Every other entry is the AVX2 kernel, which these CPUs run too. Single-row
+//! Q4_0 and Q8_0 with two blocks per 512-bit register measured 2× slower than
+//! AVX2 on the reference machine (a virtualised Xeon) and were dropped.
 //!
 //! Q4_K's float accumulation: AVX2's canonical-order row loop (`blocks256`), fed
 //! with the 512-bit integer sums folded (exactly) to 256 bits, so the results
@@ -353,25 +353,22 @@ fn q4_k_rows_grouped(w: &[u8], groups: &[u8], out: &mut [f32]) {
                 let v = blk.map(|b| le32(b, at));
                 _mm256_setr_epi32(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7])
             });
-            let sc: [__m256i; 8] = std::array::from_fn(|j| {
+            // Entry `j` of the scales (`q = q0`, `low = 0`) or minimums (`q1`, `4`):
+            // six bits of byte `j` for `j < 4`, else four bits of byte `4 + j`
+            // under the top two of byte `j - 4` of `q`.
+            let six = |j: usize, q: __m256i, low: i32| {
                 let i = 8 * (j as i32 % 4);
                 if j < 4 {
-                    bits(q0, i, 6)
-                } else {
-                    _mm256_or_si256(bits(q2, i, 4), _mm256_slli_epi32::<4>(bits(q0, i + 6, 2)))
-                }
-            });
-            let mins: [__m256i; 8] = std::array::from_fn(|j| {
-                let i = 8 * (j as i32 % 4);
-                if j < 4 {
-                    bits(q1, i, 6)
+                    bits(q, i, 6)
                 } else {
                     _mm256_or_si256(
-                        bits(q2, i + 4, 4),
-                        _mm256_slli_epi32::<4>(bits(q1, i + 6, 2)),
+                        bits(q2, i + low, 4),
+                        _mm256_slli_epi32::<4>(bits(q, i + 6, 2)),
                     )
                 }
-            });
+            };
+            let sc: [__m256i; 8] = std::array::from_fn(|j| six(j, q0, 0));
+            let mins: [__m256i; 8] = std::array::from_fn(|j| six(j, q1, 4));
             // Minimums paired as the stored 32-quant sums are: (m[2i], m[2i + 1]).
             let mp: [__m256i; 4] = std::array::from_fn(|i| {
                 _mm256_or_si256(mins[2 * i], _mm256_slli_epi32::<16>(mins[2 * i + 1]))
