@@ -82,7 +82,8 @@ fn smollm2_q4_1_logits_match_transformers() {
 fn decoding_token_by_token_equals_the_batch() {
     let gguf = GgufModel::open(&fixtures().join("tiny-zh/reference/tiny-zh-f16.gguf")).unwrap();
     let model = Model::new(&gguf, 64).unwrap();
-    let ids = [1319u32, 3933, 1385, 1304, 85, 293, 1005];
+    // Forty-two tokens: more than one tile of keys (32) in the batch's attention.
+    let ids: Vec<u32> = [1319u32, 3933, 1385, 1304, 85, 293, 1005].repeat(6);
     let batch = model.forward(&mut model.session(), &ids).unwrap();
     let mut session = model.session();
     let n = model.config.n_vocab;
@@ -101,7 +102,7 @@ fn decoding_token_by_token_equals_the_batch() {
     assert_eq!(differ, None, "first logit that differs");
     // Past the context, and a token past the vocabulary: errors, not panics.
     let small = Model::new(&gguf, 4).unwrap();
-    assert!(small.forward(&mut small.session(), &ids).is_err());
+    assert!(small.forward(&mut small.session(), &ids[..7]).is_err());
     assert!(model.forward(&mut model.session(), &[n as u32]).is_err());
 }
 

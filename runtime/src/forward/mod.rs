@@ -1391,68 +1391,94 @@ impl<'a> Model<'a> {
             },
             None => Kv::Cache(k, v),
         };
-        // One work item per (token, head): each writes its own slice of `out` with
-        // the same arithmetic on any thread, so the result does not depend on threads.
-        // Each sums into its own small buffer first: `out` is fresh zero pages,
-        // which reading before writing would fault in twice (the second time
-        // with a TLB flush on every core).
+        // One work item per (token, head), or for a batch per (token, KV
+        // head) with the query heads that share it: each writes its own slice
+        // of `out` with the same arithmetic on any thread, so the result does
+        // not depend on threads. Each sums into its own small buffer first:
+        // `out` is fresh zero pages, which reading before writing would fault
+        // in twice (the second time with a TLB flush on every core).
+        let group = c.n_head / c.n_head_kv;
+        let heads = if dense.is_some() { group } else { 1 };
+        let per = c.n_head / heads;
         let work = |i: usize, oh: &mut [f32]| {
-            let (t, head) = (i / c.n_head, i % c.n_head);
-            let mut acc = vec![0f32; hd];
+            let (t, first) = (i / per, i % per * heads);
+            let mut acc = vec![0f32; heads * hd];
             self.attend(
-                &q[t * qd + head * hd..][..hd],
-                head,
+                &q[t * qd + first * hd..][..heads * hd],
+                first,
                 &view,
                 n_past + t + 1,
                 &mut acc,
             );
             oh.copy_from_slice(&acc);
         };
-        for_each_chunk(self.pool.as_deref(), &mut out, hd, work);
+        for_each_chunk(self.pool.as_deref(), &mut out, heads * hd, work);
         out
     }
 
-    /// One query head over the first `n_kv` cached positions, into `out`.
+    /// The query heads `first..` (`q.len() / head_dim` of them, all reading
+    /// one KV head) over the first `n_kv` cached positions, into `out`.
     ///
     /// Each score is the sequential sum `((q0·k0 + q1·k1) + q2·k2) + …` (from
     /// `-0.0`, as `Iterator::sum`), and the output the sequential sum over
-    /// positions of `(s_j / Σs) · v_j`, whichever layout the cache is read from,
-    /// so a batch and token-by-token decoding give the same bits.
-    fn attend(&self, q: &[f32], head: usize, kv: &Kv, n_kv: usize, out: &mut [f32]) {
+    /// positions of `(s_j / Σs) · v_j`, whichever layout the cache is read from
+    /// and however many heads are taken together, so a batch and
+    /// token-by-token decoding give the same bits.
+    fn attend(&self, q: &[f32], first: usize, kv: &Kv, n_kv: usize, out: &mut [f32]) {
         let c = &self.config;
         let (kvd, hd) = (c.n_head_kv * c.head_dim, c.head_dim);
-        let kv_head = head / (c.n_head / c.n_head_kv);
+        let kv_head = first / (c.n_head / c.n_head_kv);
         let scale = 1.0 / (hd as f32).sqrt();
         let round = c.kv_type == KvType::F16;
         let qh: Vec<f32> = q
             .iter()
             .map(|&s| if round { f16_to_f32(f32_to_f16(s)) } else { s })
             .collect();
-        let mut scores = Vec::with_capacity(n_kv.next_multiple_of(KEY_TILE));
         match kv {
             Kv::Cache(k, v) => {
                 let mut buf = vec![0f32; hd];
-                for j in 0..n_kv {
-                    k.read(j * kvd + kv_head * hd, &mut buf);
-                    let dot: f32 = qh.iter().zip(&buf).map(|(a, b)| a * b).sum();
-                    scores.push(dot * scale);
-                }
-                let sum = softmax_numerators(&mut scores);
-                for (j, s) in scores.iter().enumerate() {
-                    v.read(j * kvd + kv_head * hd, &mut buf);
-                    attn::axpy(out, s / sum, &buf);
+                let mut scores = Vec::with_capacity(n_kv);
+                for (qh, out) in qh.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
+                    scores.clear();
+                    for j in 0..n_kv {
+                        k.read(j * kvd + kv_head * hd, &mut buf);
+                        let dot: f32 = qh.iter().zip(&buf).map(|(a, b)| a * b).sum();
+                        scores.push(dot * scale);
+                    }
+                    let sum = softmax_numerators(&mut scores);
+                    for (j, s) in scores.iter().enumerate() {
+                        v.read(j * kvd + kv_head * hd, &mut buf);
+                        attn::axpy(out, s / sum, &buf);
+                    }
                 }
             }
             Kv::Dense { kt, stride, v } => {
                 let kt = &kt[kv_head * hd * stride..][..hd * stride];
-                for j0 in (0..n_kv).step_by(KEY_TILE) {
-                    let acc = attn::key_tile(&qh, &kt[j0..], *stride);
-                    let m = KEY_TILE.min(n_kv - j0);
-                    scores.extend(acc[..m].iter().map(|&dot| dot * scale));
-                }
-                let sum = softmax_numerators(&mut scores);
                 let v = &v[kv_head * v.len() / c.n_head_kv..];
-                attn::weighted_rows(out, &scores, sum, v);
+                let mut tiles = [[0f32; KEY_TILE]; attn::HEADS];
+                let mut scores = Vec::new();
+                for (qh, out) in qh
+                    .chunks(attn::HEADS * hd)
+                    .zip(out.chunks_mut(attn::HEADS * hd))
+                {
+                    let heads = qh.len() / hd;
+                    scores.clear();
+                    scores.resize(heads * n_kv, 0.0);
+                    for j0 in (0..n_kv).step_by(KEY_TILE) {
+                        attn::key_tiles(qh, hd, &kt[j0..], *stride, &mut tiles[..heads]);
+                        let m = KEY_TILE.min(n_kv - j0);
+                        for (row, tile) in scores.chunks_exact_mut(n_kv).zip(&tiles) {
+                            for (s, &dot) in row[j0..j0 + m].iter_mut().zip(tile) {
+                                *s = dot * scale;
+                            }
+                        }
+                    }
+                    let mut sums = [0f32; attn::HEADS];
+                    for (sum, row) in sums.iter_mut().zip(scores.chunks_exact_mut(n_kv)) {
+                        *sum = softmax_numerators(row);
+                    }
+                    attn::weighted_rows(out, &scores, &sums[..heads], v);
+                }
             }
         }
     }

@@ -10,45 +10,92 @@ use super::{arch::has_avx512, has_avx2};
 /// Keys scored together: one independent sequential sum per key.
 pub(crate) const KEY_TILE: usize = 32;
 
-/// `out[l] = Σ_d q[d] · kt[d·stride + l]` for the [`KEY_TILE`] keys `l`, each
-/// summed in increasing `d` from `-0.0` (as `Iterator::sum`), with separate
-/// multiplies and adds. `kt` holds the keys transposed (`q.len()` dims of
-/// `stride` positions, starting at the first key of the tile).
-pub(crate) fn key_tile(q: &[f32], kt: &[f32], stride: usize) -> [f32; KEY_TILE] {
+/// Query heads handled together by [`key_tiles`] and [`weighted_rows`]: the
+/// heads of one group share their keys and values (grouped-query attention),
+/// so each key or value is loaded once for all of them, and their sums are
+/// independent chains the CPU overlaps.
+pub(crate) const HEADS: usize = 4;
+
+/// For each of the `n = q.len() / hd ≤ HEADS` queries `h` (rows of `q`) and
+/// the [`KEY_TILE`] keys `l`: `out[h][l] = Σ_d q[h][d] · kt[d·stride + l]`,
+/// each summed in increasing `d` from `-0.0` (as `Iterator::sum`), with
+/// separate multiplies and adds. `kt` holds the keys transposed (`hd` dims of
+/// `stride` positions, starting at the first key of the tile). Panics if
+/// `n > HEADS` or `kt` is short.
+pub(crate) fn key_tiles(
+    q: &[f32],
+    hd: usize,
+    kt: &[f32],
+    stride: usize,
+    out: &mut [[f32; KEY_TILE]],
+) {
+    macro_rules! by_heads {
+        ($f:ident) => {
+            match out.len() {
+                1 => $f::<1>(q, hd, kt, stride, out),
+                2 => $f::<2>(q, hd, kt, stride, out),
+                3 => $f::<3>(q, hd, kt, stride, out),
+                4 => $f::<4>(q, hd, kt, stride, out),
+                n => panic!("key_tiles: {n} heads (at most {HEADS})"),
+            }
+        };
+    }
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
         // SAFETY: AVX-512 was probed just above.
-        return unsafe { key_tile_avx512(q, kt, stride) };
+        return unsafe { by_heads!(key_tiles_avx512) };
     } else if has_avx2() {
         // SAFETY: AVX2 was probed just above.
-        return unsafe { key_tile_avx2(q, kt, stride) };
+        return unsafe { by_heads!(key_tiles_avx2) };
     }
-    key_tile_generic(q, kt, stride)
+    by_heads!(key_tiles_generic)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn key_tile_avx2(q: &[f32], kt: &[f32], stride: usize) -> [f32; KEY_TILE] {
-    key_tile_generic(q, kt, stride)
+fn key_tiles_avx2<const N: usize>(
+    q: &[f32],
+    hd: usize,
+    kt: &[f32],
+    stride: usize,
+    out: &mut [[f32; KEY_TILE]],
+) {
+    key_tiles_generic::<N>(q, hd, kt, stride, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[clippy::msrv = "1.89"]
 #[target_feature(enable = "avx512f")]
-fn key_tile_avx512(q: &[f32], kt: &[f32], stride: usize) -> [f32; KEY_TILE] {
-    key_tile_generic(q, kt, stride)
+fn key_tiles_avx512<const N: usize>(
+    q: &[f32],
+    hd: usize,
+    kt: &[f32],
+    stride: usize,
+    out: &mut [[f32; KEY_TILE]],
+) {
+    key_tiles_generic::<N>(q, hd, kt, stride, out)
 }
 
 #[inline(always)]
-fn key_tile_generic(q: &[f32], kt: &[f32], stride: usize) -> [f32; KEY_TILE] {
-    let mut acc = [-0.0f32; KEY_TILE];
-    for (d, &qd) in q.iter().enumerate() {
+fn key_tiles_generic<const N: usize>(
+    q: &[f32],
+    hd: usize,
+    kt: &[f32],
+    stride: usize,
+    out: &mut [[f32; KEY_TILE]],
+) {
+    let q: [&[f32]; N] = std::array::from_fn(|h| &q[h * hd..][..hd]);
+    let mut acc = [[-0.0f32; KEY_TILE]; N];
+    for d in 0..hd {
         let keys = &kt[d * stride..][..KEY_TILE];
-        for (a, &k) in acc.iter_mut().zip(keys) {
-            *a += qd * k;
+        for (acc, q) in acc.iter_mut().zip(&q) {
+            let qd = q[d];
+            for (a, &k) in acc.iter_mut().zip(keys) {
+                *a += qd * k;
+            }
         }
     }
-    acc
+    out[..N].copy_from_slice(&acc);
 }
 
 /// `out[i] = out[i] + p · x[i]` for every `i`.
@@ -74,63 +121,94 @@ fn axpy_generic(out: &mut [f32], p: f32, x: &[f32]) {
     }
 }
 
-/// For each score `s` and row of `out.len()` values of `v` in turn,
-/// `out ← out + (s / sum) · row`: [`axpy`] per position, in one call.
-pub(crate) fn weighted_rows(out: &mut [f32], scores: &[f32], sum: f32, v: &[f32]) {
+/// For each of the `sums.len() ≤ HEADS` heads `h` (rows of `hd = v.len() /
+/// positions` values in `out`, rows of `positions = scores.len() /
+/// sums.len()` in `scores`) and each position `j` in turn: `out[h] ← out[h] +
+/// (scores[h][j] / sums[h]) · v[j]`, [`axpy`]'s arithmetic position by
+/// position. Panics if there are more than `HEADS` heads or the lengths
+/// disagree.
+pub(crate) fn weighted_rows(out: &mut [f32], scores: &[f32], sums: &[f32], v: &[f32]) {
+    macro_rules! by_heads {
+        ($f:ident) => {
+            match sums.len() {
+                1 => $f::<1>(out, scores, sums, v),
+                2 => $f::<2>(out, scores, sums, v),
+                3 => $f::<3>(out, scores, sums, v),
+                4 => $f::<4>(out, scores, sums, v),
+                n => panic!("weighted_rows: {n} heads (at most {HEADS})"),
+            }
+        };
+    }
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
         // SAFETY: AVX-512 was probed just above.
-        return unsafe { weighted_rows_avx512(out, scores, sum, v) };
+        return unsafe { by_heads!(weighted_rows_avx512) };
     } else if has_avx2() {
         // SAFETY: AVX2 was probed just above.
-        return unsafe { weighted_rows_avx2(out, scores, sum, v) };
+        return unsafe { by_heads!(weighted_rows_avx2) };
     }
-    weighted_rows_generic(out, scores, sum, v)
+    by_heads!(weighted_rows_generic)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn weighted_rows_avx2(out: &mut [f32], scores: &[f32], sum: f32, v: &[f32]) {
-    weighted_rows_generic(out, scores, sum, v)
+fn weighted_rows_avx2<const N: usize>(out: &mut [f32], scores: &[f32], sums: &[f32], v: &[f32]) {
+    weighted_rows_generic::<N>(out, scores, sums, v)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[clippy::msrv = "1.89"]
 #[target_feature(enable = "avx512f")]
-fn weighted_rows_avx512(out: &mut [f32], scores: &[f32], sum: f32, v: &[f32]) {
-    weighted_rows_generic(out, scores, sum, v)
+fn weighted_rows_avx512<const N: usize>(out: &mut [f32], scores: &[f32], sums: &[f32], v: &[f32]) {
+    weighted_rows_generic::<N>(out, scores, sums, v)
 }
 
 #[inline(always)]
-fn weighted_rows_generic(out: &mut [f32], scores: &[f32], sum: f32, v: &[f32]) {
-    let hd = out.len();
+fn weighted_rows_generic<const N: usize>(out: &mut [f32], scores: &[f32], sums: &[f32], v: &[f32]) {
+    let (hd, n) = (out.len() / N, scores.len() / N);
+    assert!(
+        sums.len() == N && out.len() == N * hd && scores.len() == N * n && v.len() >= n * hd,
+        "weighted_rows lengths"
+    );
     if hd == 0 {
         return;
     }
-    // Sixty-four dimensions at a time in a fixed-size accumulator, which the
-    // compiler keeps in registers over all positions (each element still
-    // sums the positions in order).
-    let mut c = 0;
-    for oc in out.chunks_mut(64) {
-        if let Ok(oc) = <&mut [f32; 64]>::try_from(&mut *oc) {
-            let mut acc = *oc;
-            for (s, row) in scores.iter().zip(v.chunks_exact(hd)) {
-                let p = s / sum;
-                // (Always 64 values: `c + 64 <= hd`.)
+    let scores: [&[f32]; N] = std::array::from_fn(|h| &scores[h * n..][..n]);
+    // Sixty-four dimensions of every head at a time in fixed-size
+    // accumulators, which the compiler keeps in registers over all positions
+    // (each element still sums the positions in order).
+    for c in (0..hd).step_by(64) {
+        if c + 64 <= hd {
+            let mut acc: [[f32; 64]; N] = std::array::from_fn(|h| {
+                let mut a = [0f32; 64];
+                a.copy_from_slice(&out[h * hd + c..][..64]);
+                a
+            });
+            for (j, row) in v.chunks_exact(hd).take(n).enumerate() {
                 let Some(row) = row[c..].first_chunk::<64>() else {
                     continue;
                 };
-                for (a, x) in acc.iter_mut().zip(row) {
-                    *a += p * x;
+                for h in 0..N {
+                    let p = scores[h][j] / sums[h];
+                    for (a, x) in acc[h].iter_mut().zip(row) {
+                        *a += p * x;
+                    }
                 }
             }
-            *oc = acc;
+            for (h, acc) in acc.iter().enumerate() {
+                out[h * hd + c..][..64].copy_from_slice(acc);
+            }
         } else {
-            for (s, row) in scores.iter().zip(v.chunks_exact(hd)) {
-                axpy_generic(oc, s / sum, &row[c..]);
+            for h in 0..N {
+                for (j, row) in v.chunks_exact(hd).take(n).enumerate() {
+                    axpy_generic(
+                        &mut out[h * hd + c..(h + 1) * hd],
+                        scores[h][j] / sums[h],
+                        &row[c..],
+                    );
+                }
             }
         }
-        c += 64;
     }
 }
 
@@ -202,6 +280,86 @@ fn narrow_f16_f16c(src: &[f32], dst: &mut [u16]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Deterministic values of mixed sign and magnitude (with exact zeros).
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(2_654_435_761).max(1);
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                if x % 11 == 0 {
+                    0.0
+                } else {
+                    (x % 20_001) as f32 / 1000.0 - 10.0
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn key_tiles_sum_each_head_and_key_in_order() {
+        for hd in [1, 7, 64, 80, 128] {
+            let stride = 3 * KEY_TILE;
+            let kt = values(hd * stride, hd as u32);
+            let q = values(HEADS * hd, 7 + hd as u32);
+            for heads in 1..=HEADS {
+                for j0 in [0, KEY_TILE, 2 * KEY_TILE] {
+                    let mut got = [[f32::NAN; KEY_TILE]; HEADS];
+                    key_tiles(&q[..heads * hd], hd, &kt[j0..], stride, &mut got[..heads]);
+                    for (h, got) in got[..heads].iter().enumerate() {
+                        for (l, &g) in got.iter().enumerate() {
+                            let want: f32 = (0..hd)
+                                .map(|d| q[h * hd + d] * kt[d * stride + j0 + l])
+                                .sum();
+                            assert_eq!(
+                                g.to_bits(),
+                                want.to_bits(),
+                                "hd {hd} heads {heads} h {h} key {}",
+                                j0 + l
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn weighted_rows_sum_each_head_over_positions_in_order() {
+        for hd in [1, 7, 64, 80, 128] {
+            for n in [1, 5, 33] {
+                // Extra rows past `n` in `v` are not read.
+                let v = values((n + 2) * hd, n as u32);
+                for heads in 1..=HEADS {
+                    let scores = values(heads * n, 3 + hd as u32)
+                        .iter()
+                        .map(|s| s.abs())
+                        .collect::<Vec<_>>();
+                    let sums: Vec<f32> = (0..heads).map(|h| 1.5 + h as f32).collect();
+                    let start = values(heads * hd, 5);
+                    let mut got = start.clone();
+                    weighted_rows(&mut got, &scores, &sums, &v);
+                    for h in 0..heads {
+                        let mut want = start[h * hd..(h + 1) * hd].to_vec();
+                        for j in 0..n {
+                            let p = scores[h * n + j] / sums[h];
+                            for (w, x) in want.iter_mut().zip(&v[j * hd..]) {
+                                *w += p * x;
+                            }
+                        }
+                        let got = &got[h * hd..(h + 1) * hd];
+                        let differ = got
+                            .iter()
+                            .zip(&want)
+                            .position(|(a, b)| a.to_bits() != b.to_bits());
+                        assert_eq!(differ, None, "hd {hd} n {n} heads {heads} h {h}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn narrow_f16_matches_the_scalar_conversion() {
