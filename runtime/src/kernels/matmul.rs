@@ -76,15 +76,17 @@ impl<'a> QMatrix<'a> {
 /// before moving on (keeps both the rows and the tile in L2).
 const TOKEN_TILE: usize = 16;
 
+/// Weight rows per work item of a batch at most.
+const MAX_CHUNK: usize = 64;
+
 /// A reusable matrix-multiply context: the kernels, a persistent thread pool
-/// and the buffers for quantized activations and transposed outputs, kept
-/// between calls so decoding allocates nothing once warm.
+/// and the buffers of quantized activations, kept between calls so decoding
+/// allocates nothing once warm.
 pub struct Matmul {
     kernels: Kernels,
     threads: usize,
     pool: Option<Arc<Pool>>,
     acts: Activations,
-    scratch: Vec<f32>,
 }
 
 impl std::fmt::Debug for Matmul {
@@ -111,7 +113,6 @@ impl Matmul {
             threads,
             pool,
             acts: Activations::new(),
-            scratch: Vec::new(),
         }
     }
 
@@ -138,14 +139,14 @@ impl Matmul {
         let kind = VecDotType::of(w.ty).ok_or(KernelError::UnsupportedType(w.ty))?;
         self.acts
             .quantize_on(self.pool.as_deref(), kind, x, w.cols)?;
-        let Matmul {
-            kernels,
-            pool,
-            acts,
-            scratch,
-            threads,
-        } = self;
-        run(*kernels, pool.as_deref(), *threads, w, acts, y, scratch)
+        run(
+            self.kernels,
+            self.pool.as_deref(),
+            self.threads,
+            w,
+            &self.acts,
+            y,
+        )
     }
 
     /// [`Matmul::matmul`] with activations already quantized (several
@@ -157,14 +158,7 @@ impl Matmul {
         acts: &Activations,
         y: &mut [f32],
     ) -> Result<(), KernelError> {
-        let Matmul {
-            kernels,
-            pool,
-            scratch,
-            threads,
-            ..
-        } = self;
-        run(*kernels, pool.as_deref(), *threads, w, acts, y, scratch)
+        run(self.kernels, self.pool.as_deref(), self.threads, w, acts, y)
     }
 }
 
@@ -187,7 +181,6 @@ fn run(
     w: &QMatrix<'_>,
     acts: &Activations,
     y: &mut [f32],
-    scratch: &mut Vec<f32>,
 ) -> Result<(), KernelError> {
     let want = VecDotType::of(w.ty).ok_or(KernelError::UnsupportedType(w.ty))?;
     let t_n = acts.rows();
@@ -219,7 +212,7 @@ fn run(
     let chunk = w
         .rows
         .div_ceil(threads * 4)
-        .clamp(1, if t_n > 1 { 64 } else { usize::MAX });
+        .clamp(1, if t_n > 1 { MAX_CHUNK } else { usize::MAX });
     let dot = |r: usize, t: usize| kernels.dot_checked(w.ty, w.row(r), acts.row(t));
     // F16 weights: the activations widened to `f32` once (converting them for
     // every row bound the product), tiles of rows × tokens.
@@ -239,38 +232,76 @@ fn run(
         });
         return Ok(());
     }
-    // Several tokens: compute into `rows × t` so each work item owns a contiguous
-    // range, each weight row read once per tile of tokens; then transpose.
-    scratch.clear();
-    scratch.resize(w.rows * t_n, 0.0);
-    for_each_chunk(pool, scratch, chunk * t_n, |c, ys| {
+    // Several tokens: each work item computes its rows for a tile of tokens
+    // at a time into `tile` (each weight row read once per tile), then copies
+    // them transposed into `y` while they are in L1 (through a `rows × t`
+    // scratch and a transposing pass, 10 % of an F16 pp512 went to page
+    // faults and to reading the scratch back).
+    let rows = w.rows;
+    let out = Disjoint::new(y);
+    let n_chunks = rows.div_ceil(chunk);
+    let run_chunk = |c: usize| {
         let r0 = c * chunk;
-        let nr = ys.len() / t_n;
+        let nr = chunk.min(rows - r0);
+        let mut tile = [0f32; MAX_CHUNK * TOKEN_TILE];
+        let mut tr = [0f32; MAX_CHUNK * TOKEN_TILE];
         for t0 in (0..t_n).step_by(TOKEN_TILE) {
             let t1 = (t0 + TOKEN_TILE).min(t_n);
+            let nt = t1 - t0;
             if let Some(rows_f32) = widened {
-                let tile = &wide[t0 * w.cols..t1 * w.cols];
-                rows_f32(w.row_span(r0, nr), w.cols, tile, &mut ys[t0..], t_n);
-                continue;
+                let a = &wide[t0 * w.cols..t1 * w.cols];
+                rows_f32(w.row_span(r0, nr), w.cols, a, &mut tile, TOKEN_TILE);
+            } else {
+                kernels.dot_rows(w, r0..r0 + nr, acts, t0..t1, &mut tile, TOKEN_TILE);
             }
-            kernels.dot_rows(w, r0..r0 + nr, acts, t0..t1, &mut ys[t0..], t_n);
-        }
-    });
-    // Transpose in parallel, a band of tokens per task, sixteen rows at a
-    // time (a token at a time, the reads `t_n` floats apart all fell in a few
-    // cache sets: 8 % of a Q8_0 pp512 in `perf`).
-    let band = t_n.div_ceil(threads * 2).max(1);
-    let rows = w.rows;
-    for_each_chunk(pool, y, band * rows, |c, ys| {
-        let t0 = c * band;
-        for r0 in (0..rows).step_by(16) {
-            let r1 = (r0 + 16).min(rows);
-            for (i, out) in ys.chunks_exact_mut(rows).enumerate() {
-                for (r, o) in (r0..r1).zip(&mut out[r0..r1]) {
-                    *o = scratch[r * t_n + t0 + i];
-                }
+            let tr = &mut tr[..nt * nr];
+            super::arch::transpose(&tile, TOKEN_TILE, nr, nt, tr);
+            for (t, v) in tr.chunks_exact(nr).enumerate() {
+                // SAFETY: outputs of rows `r0..r0 + nr` belong to this work
+                // item alone (the pool runs each item once).
+                unsafe { out.write((t0 + t) * rows + r0, v) };
             }
         }
-    });
+    };
+    match pool {
+        Some(p) => p.run(n_chunks, &run_chunk),
+        None => (0..n_chunks).for_each(run_chunk),
+    }
     Ok(())
+}
+
+/// An output matrix shared by the work items of one product, each of which
+/// writes only its own rows' outputs (columns of the token-major result).
+struct Disjoint<'a> {
+    ptr: *mut f32,
+    len: usize,
+    _y: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: `write` is the only access, and its callers write disjoint ranges.
+unsafe impl Sync for Disjoint<'_> {}
+
+impl<'a> Disjoint<'a> {
+    fn new(y: &'a mut [f32]) -> Self {
+        Disjoint {
+            ptr: y.as_mut_ptr(),
+            len: y.len(),
+            _y: std::marker::PhantomData,
+        }
+    }
+
+    /// Copies `v` to `at..at + v.len()`. Panics if that is out of bounds.
+    ///
+    /// # Safety
+    /// No other thread accesses `at..at + v.len()` during the call.
+    unsafe fn write(&self, at: usize, v: &[f32]) {
+        assert!(
+            at.checked_add(v.len()).is_some_and(|end| end <= self.len),
+            "output range"
+        );
+        // SAFETY: in bounds (checked above); the caller guarantees no other
+        // thread touches the range; `v` is not part of `y` (it borrows
+        // other memory while `y` is mutably borrowed by `self`).
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr.add(at), v.len()) };
+    }
 }

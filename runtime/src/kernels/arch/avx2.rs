@@ -364,6 +364,70 @@ pub(super) fn prefetch_ahead(w: &[u8], len: usize) {
     }
 }
 
+/// [`super::transpose`]: 8 × 8 blocks (rows interleaved by pairs of lanes,
+/// then by pairs of pairs, then the 128-bit halves exchanged), the edges one
+/// value at a time.
+#[target_feature(enable = "avx2")]
+pub(super) fn transpose(src: &[f32], stride: usize, rows: usize, cols: usize, dst: &mut [f32]) {
+    assert!(
+        rows == 0
+            || cols == 0
+            || (src.len() >= (rows - 1) * stride + cols && dst.len() >= rows * cols),
+        "transpose lengths"
+    );
+    let (rows8, cols8) = (rows / 8 * 8, cols / 8 * 8);
+    for r0 in (0..rows8).step_by(8) {
+        for c0 in (0..cols8).step_by(8) {
+            // SAFETY: rows `r0..r0 + 8` of `src`, columns `c0..c0 + 8`, are
+            // in bounds (`r0 + 8 ≤ rows`, `c0 + 8 ≤ cols`, checked lengths).
+            let r: [__m256; 8] = std::array::from_fn(|i| unsafe {
+                _mm256_loadu_ps(src.as_ptr().add((r0 + i) * stride + c0))
+            });
+            for (j, v) in transpose8(r).into_iter().enumerate() {
+                // SAFETY: row `c0 + j` of `dst`, columns `r0..r0 + 8`, likewise.
+                unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add((c0 + j) * rows + r0), v) };
+            }
+        }
+    }
+    super::transpose_edges(src, stride, rows, cols, dst, rows8, cols8);
+}
+
+/// Eight rows of eight floats transposed: lane `i` of result `j` is lane `j`
+/// of `r[i]`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    // t[2k], t[2k + 1]: rows 2k and 2k + 1 interleaved (low, high lanes of each half).
+    let t: [__m256; 8] = std::array::from_fn(|i| {
+        let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
+        if i % 2 == 0 {
+            _mm256_unpacklo_ps(a, b)
+        } else {
+            _mm256_unpackhi_ps(a, b)
+        }
+    });
+    // u[4h + k]: columns k and k + 4 (one per 128-bit half) of rows 4h..4h + 4.
+    let u: [__m256; 8] = std::array::from_fn(|i| {
+        let (h, k) = (i / 4 * 4, i % 4);
+        let (a, b) = (t[h + k / 2], t[h + k / 2 + 2]);
+        if k % 2 == 0 {
+            _mm256_shuffle_ps::<0x44>(a, b)
+        } else {
+            _mm256_shuffle_ps::<0xee>(a, b)
+        }
+    });
+    [
+        _mm256_permute2f128_ps::<0x20>(u[0], u[4]),
+        _mm256_permute2f128_ps::<0x20>(u[1], u[5]),
+        _mm256_permute2f128_ps::<0x20>(u[2], u[6]),
+        _mm256_permute2f128_ps::<0x20>(u[3], u[7]),
+        _mm256_permute2f128_ps::<0x31>(u[0], u[4]),
+        _mm256_permute2f128_ps::<0x31>(u[1], u[5]),
+        _mm256_permute2f128_ps::<0x31>(u[2], u[6]),
+        _mm256_permute2f128_ps::<0x31>(u[3], u[7]),
+    ]
+}
+
 pub(super) fn le16(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }

@@ -37,6 +37,44 @@ fn each_row(
     }
 }
 
+/// `dst[c·rows + r] = src[r·stride + c]` for `r < rows`, `c < cols`: a
+/// `rows × cols` block of a matrix with rows `stride` apart, transposed into
+/// `dst` (8 × 8 blocks in registers with AVX2). Panics if a slice is short.
+pub(crate) fn transpose(src: &[f32], stride: usize, rows: usize, cols: usize, dst: &mut [f32]) {
+    assert!(
+        rows == 0
+            || cols == 0
+            || (src.len() >= (rows - 1) * stride + cols && dst.len() >= rows * cols),
+        "transpose lengths"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 was probed just above.
+        return unsafe { avx2::transpose(src, stride, rows, cols, dst) };
+    }
+    transpose_edges(src, stride, rows, cols, dst, 0, 0);
+}
+
+/// [`transpose`] of the values outside the first `rows8` rows × `cols8`
+/// columns (the part done in 8 × 8 blocks).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn transpose_edges(
+    src: &[f32],
+    stride: usize,
+    rows: usize,
+    cols: usize,
+    dst: &mut [f32],
+    rows8: usize,
+    cols8: usize,
+) {
+    for r in 0..rows {
+        let from = if r < rows8 { cols8 } else { 0 };
+        for c in from..cols {
+            dst[c * rows + r] = src[r * stride + c];
+        }
+    }
+}
+
 /// AVX2 with FMA and F16C (probed once; attention and `exp` ask per call).
 pub(crate) fn has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -102,5 +140,31 @@ pub(crate) fn table(backend: Backend) -> Option<&'static DotTable> {
         #[cfg(target_arch = "aarch64")]
         Backend::NeonDot => Some(&neon::TABLE_DOT),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn transpose_moves_every_value_of_a_strided_block() {
+        for rows in [0, 1, 7, 8, 9, 16, 23, 64] {
+            for cols in [0, 1, 5, 8, 13, 16, 17] {
+                let stride = cols + 3;
+                let src: Vec<f32> = (0..rows * stride).map(|i| i as f32).collect();
+                let mut dst = vec![f32::NAN; rows * cols + 2];
+                super::transpose(&src, stride, rows, cols, &mut dst);
+                for r in 0..rows {
+                    for c in 0..cols {
+                        assert_eq!(
+                            dst[c * rows + r],
+                            src[r * stride + c],
+                            "{rows}×{cols} at {r},{c}"
+                        );
+                    }
+                }
+                // Nothing written past the block.
+                assert!(dst[rows * cols..].iter().all(|v| v.is_nan()));
+            }
+        }
     }
 }
