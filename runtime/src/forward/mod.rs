@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::GgmlType;
-use crate::blocks::{DEQUANTIZABLE, dequantize_row, f16_to_f32, f32_to_f16};
+use crate::blocks::{DEQUANTIZABLE, dequantize_row};
 use crate::gguf::{GgufModel, Metadata};
 use crate::kernels::attn::{self, KEY_TILE};
 use crate::kernels::{KernelError, Kernels, Matmul, Pool, QMatrix, for_each_chunk};
@@ -248,6 +248,14 @@ impl Spare {
     /// `n` zeros, in the kept buffer that fits best (the largest, grown, when
     /// none holds `n`).
     fn take(&self, n: usize) -> Vec<f32> {
+        let mut v = self.take_dirty(n);
+        v.fill(0.0);
+        v
+    }
+
+    /// [`Spare::take`] without the zeros: `n` values left from earlier use,
+    /// for a caller that writes every one.
+    fn take_dirty(&self, n: usize) -> Vec<f32> {
         let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let fits = (0..kept.len())
             .filter(|&i| kept[i].capacity() >= n)
@@ -258,7 +266,6 @@ impl Spare {
             .map(|i| kept.swap_remove(i))
             .unwrap_or_default();
         drop(kept);
-        v.clear();
         v.resize(n, 0.0);
         v
     }
@@ -418,7 +425,7 @@ enum Kv<'c> {
 }
 
 /// The first `n` positions of `cache` as `f32`, head by head: `[head][pos][dim]`,
-/// written over `out` (`n` times the KV width).
+/// written over every value of `out` (`n` times the KV width).
 fn by_head(cache: &Cache, n: usize, c: &Config, mut out: Vec<f32>) -> Vec<f32> {
     let (heads, hd) = (c.n_head_kv, c.head_dim);
     let kvd = heads * hd;
@@ -1028,7 +1035,8 @@ impl<'a> Model<'a> {
         if let Some(d) = data {
             w.data = d;
         }
-        let mut y = self.spare.take(t_n * m.rows);
+        // Every output is written below (or the buffer dropped on an error).
+        let mut y = self.spare.take_dirty(t_n * m.rows);
         if self.exact {
             let mut row = vec![0f32; m.cols];
             for r in 0..m.rows {
@@ -1181,16 +1189,16 @@ impl<'a> Model<'a> {
         self.norm(x, &layer.attn_norm, h);
         let attn = self.attention_block(layer, h, tables, session, l)?;
         let ffn = if let Some(ffn_norm) = &layer.ffn_norm {
-            add(x, &attn);
+            self.add(x, &attn);
             self.norm(x, ffn_norm, h);
             let ffn = self.ffn(&layer.ffn, h, t_n)?;
-            add(x, &ffn);
+            self.add(x, &ffn);
             ffn
         } else {
             // Parallel block: attention and FFN both read the attention norm.
             let ffn = self.ffn(&layer.ffn, h, t_n)?;
-            add(x, &attn);
-            add(x, &ffn);
+            self.add(x, &attn);
+            self.add(x, &ffn);
             ffn
         };
         self.spare.give(attn);
@@ -1361,11 +1369,24 @@ impl<'a> Model<'a> {
     }
 
     fn norm(&self, x: &[f32], norm: &Norm, out: &mut [f32]) {
-        if self.config.arch.layer_norm() {
-            layer_norm(x, &norm.weight, norm.bias.as_deref(), self.config.eps, out);
-        } else {
-            rms_norm(x, &norm.weight, self.config.eps, out);
-        }
+        // Row by row, rows split over the pool.
+        let n = norm.weight.len();
+        let rows = (NORM_VALUES / n.max(1)).max(1);
+        for_each_chunk(self.pool.as_deref(), out, rows * n, |c, out| {
+            let x = &x[c * rows * n..][..out.len()];
+            if self.config.arch.layer_norm() {
+                layer_norm(x, &norm.weight, norm.bias.as_deref(), self.config.eps, out);
+            } else {
+                rms_norm(x, &norm.weight, self.config.eps, out);
+            }
+        });
+    }
+
+    /// `x ← x + y`, element by element over the pool.
+    fn add(&self, x: &mut [f32], y: &[f32]) {
+        for_each_chunk(self.pool.as_deref(), x, NORM_VALUES, |c, x| {
+            add(x, &y[c * NORM_VALUES..]);
+        });
     }
 
     /// Per-head norm of `t_n` rows of `heads` heads.
@@ -1437,7 +1458,8 @@ impl<'a> Model<'a> {
     fn attention(&self, q: &[f32], k: &Cache, v: &Cache, n_past: usize, t_n: usize) -> Vec<f32> {
         let c = &self.config;
         let (qd, kvd, hd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.head_dim);
-        let mut out = self.spare.take(t_n * qd);
+        // Every value is written by one work item below.
+        let mut out = self.spare.take_dirty(t_n * qd);
         // For a batch, decode the cache to f32 once, by KV head, instead of
         // once per query (same values, so the same result).
         let n_kv = n_past + t_n;
@@ -1449,7 +1471,7 @@ impl<'a> Model<'a> {
                     c,
                     self.spare.take(kvd * n_kv.next_multiple_of(KEY_TILE)),
                 ),
-                by_head(v, n_kv, c, self.spare.take(kvd * n_kv)),
+                by_head(v, n_kv, c, self.spare.take_dirty(kvd * n_kv)),
             )
         });
         let view = match &dense {
@@ -1503,10 +1525,12 @@ impl<'a> Model<'a> {
         let kv_head = first / (c.n_head / c.n_head_kv);
         let scale = 1.0 / (hd as f32).sqrt();
         let round = c.kv_type == KvType::F16;
-        let qh: Vec<f32> = q
-            .iter()
-            .map(|&s| if round { f16_to_f32(f32_to_f16(s)) } else { s })
-            .collect();
+        let mut qh = q.to_vec();
+        if round {
+            let mut halves = vec![0u16; q.len()];
+            attn::narrow_f16(q, &mut halves);
+            attn::widen_f16(&halves, &mut qh);
+        }
         match kv {
             Kv::Cache(k, v) => {
                 let mut buf = vec![0f32; hd];
@@ -1628,6 +1652,10 @@ impl<'a> Model<'a> {
         Ok(out)
     }
 }
+
+/// Values per task of the element-wise loops over a batch (norms, residual
+/// adds): large enough that a task outlasts its hand-off.
+const NORM_VALUES: usize = 16384;
 
 fn add(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {

@@ -362,15 +362,23 @@ impl Activations {
                 self.f32s.extend_from_slice(x);
             }
             VecDotType::F16 => {
-                self.halves.clear();
+                // Value by value over the pool (every value is written: the
+                // buffers are resized, not cleared).
+                const VALUES: usize = 8192;
                 self.halves.resize(x.len(), 0);
-                attn::narrow_f16(x, &mut self.halves);
-                self.f32s.clear();
+                for_each_chunk(pool, &mut self.halves, VALUES, |c, h| {
+                    attn::narrow_f16(&x[c * VALUES..][..h.len()], h);
+                });
                 // Only the x86 and aarch64 F16 row products read the widened
                 // values.
                 if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
                     self.f32s.resize(x.len(), 0.0);
-                    attn::widen_f16(&self.halves, &mut self.f32s);
+                    let halves = &self.halves;
+                    for_each_chunk(pool, &mut self.f32s, VALUES, |c, f| {
+                        attn::widen_f16(&halves[c * VALUES..][..f.len()], f);
+                    });
+                } else {
+                    self.f32s.clear();
                 }
             }
             VecDotType::BF16 => {
