@@ -653,7 +653,7 @@ macro_rules! rows32_kernels {
             } else {
                 scalar_from = full;
             }
-            for (j, (o, acc)) in out[..M].iter_mut().zip(acc).enumerate() {
+            for (j, (o, acc)) in out[..M].iter_mut().zip(acc.iter().copied()).enumerate() {
                 if scalar_from == nb {
                     *o = tree8_ps(acc);
                     continue;
@@ -1159,7 +1159,7 @@ macro_rules! float_dot {
             k += 1;
         }
         let mut p = [0f32; FLOAT_PARTIALS];
-        for (p, acc) in p.chunks_exact_mut(8).zip(acc) {
+        for (p, acc) in p.chunks_exact_mut(8).zip(acc.iter().copied()) {
             p.copy_from_slice(&lanes_ps(acc));
         }
         let mut s = FloatSum::new(p);
@@ -1272,7 +1272,7 @@ fn f16w_group<const M: usize>(w: &[u8], a: &[f32], cols: usize, out: &mut [f32])
         let (ws, tail) = f16_tail_step::<M>(w, a, cols, full);
         step(&mut acc, &ws, std::array::from_fn(|j| &tail[j]));
     }
-    for (o, acc) in out[..M].iter_mut().zip(acc) {
+    for (o, acc) in out[..M].iter_mut().zip(acc.iter().copied()) {
         *o = fold32_ps(acc);
     }
 }

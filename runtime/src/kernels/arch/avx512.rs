@@ -209,7 +209,7 @@ fn rows_grouped(
                 *acc = _mm256_add_ps(*acc, t);
             }
         }
-        for (o, acc) in out.iter_mut().zip(acc) {
+        for (o, acc) in out.iter_mut().zip(acc.iter().copied()) {
             *o = tree8_ps(acc);
         }
     }
@@ -285,7 +285,11 @@ fn rows_grouped_pair(
                 *acc = _mm512_add_ps(*acc, t);
             }
         }
-        for ((oa, ob), acc) in out_a.iter_mut().zip(out_b.iter_mut()).zip(acc) {
+        for ((oa, ob), acc) in out_a
+            .iter_mut()
+            .zip(out_b.iter_mut())
+            .zip(acc.iter().copied())
+        {
             *oa = tree8_ps(_mm512_castps512_ps256(acc));
             *ob = tree8_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
                 _mm512_castps_pd(acc),
@@ -408,7 +412,7 @@ fn q4_k_rows_grouped(w: &[u8], groups: &[u8], out: &mut [f32]) {
                 *acc = _mm256_add_ps(*acc, t);
             }
         }
-        for (o, acc) in out.iter_mut().zip(acc) {
+        for (o, acc) in out.iter_mut().zip(acc.iter().copied()) {
             *o = tree8_ps(acc);
         }
     }

@@ -344,9 +344,9 @@ fn f16_group<const M: usize>(w: &[u8], a: &[f32], cols: usize, out: &mut [f32]) 
         let (ws, tail) = f16_tail_step::<M>(w, a, cols, full);
         step(&mut acc, &ws, std::array::from_fn(|j| &tail[j]));
     }
-    for (o, acc) in out.iter_mut().zip(acc) {
+    for (o, acc) in out.iter_mut().zip(acc.iter().copied()) {
         let mut p = [0f32; FLOAT_PARTIALS];
-        for (p, acc) in p.chunks_exact_mut(4).zip(acc) {
+        for (p, acc) in p.chunks_exact_mut(4).zip(acc.iter().copied()) {
             p.copy_from_slice(&lanes(acc));
         }
         *o = FloatSum::new(p).sum();
@@ -661,7 +661,7 @@ macro_rules! kernels {
                     k += 1;
                 }
                 let mut p = [0f32; FLOAT_PARTIALS];
-                for (p, acc) in p.chunks_exact_mut(4).zip(acc) {
+                for (p, acc) in p.chunks_exact_mut(4).zip(acc.iter().copied()) {
                     p.copy_from_slice(&lanes(acc));
                 }
                 let mut s = FloatSum::new(p);
@@ -854,7 +854,7 @@ mod dot {
                     }
                 }
             }
-            for (o, [a0, a1]) in out.iter_mut().zip(acc) {
+            for (o, [a0, a1]) in out.iter_mut().zip(acc.iter().copied()) {
                 let [p0, p1, p2, p3] = lanes(a0);
                 let [p4, p5, p6, p7] = lanes(a1);
                 *o = Blocks::new([p0, p1, p2, p3, p4, p5, p6, p7]).sum();
