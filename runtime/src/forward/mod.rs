@@ -459,13 +459,13 @@ fn by_head_transposed(cache: &Cache, n: usize, c: &Config, mut out: Vec<f32>) ->
     (out, stride)
 }
 
-/// `s ← exp(s − max s)` for every score; returns their sequential sum.
+/// `s ← exp_fast(s − max s)` for every score; returns their sequential sum.
 fn softmax_numerators(scores: &mut [f32]) -> f32 {
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     for s in scores.iter_mut() {
         *s -= max;
     }
-    math::exp_in_place(scores);
+    math::exp_fast_in_place(scores);
     let mut sum = 0f32;
     for s in scores.iter() {
         sum += *s;
@@ -1092,7 +1092,7 @@ impl<'a> Model<'a> {
         const CHUNK: usize = 4096;
         for_each_chunk(self.pool.as_deref(), &mut g, CHUNK, |c, gs| {
             let mut e: Vec<f32> = gs.iter().map(|g| -g).collect();
-            math::exp_in_place(&mut e);
+            math::exp_fast_in_place(&mut e);
             for ((g, u), e) in gs.iter_mut().zip(&u[c * CHUNK..]).zip(&e) {
                 *g = *g / (1.0 + e) * u;
             }

@@ -92,6 +92,8 @@
 mod arch;
 pub(crate) mod attn;
 
+#[cfg(target_arch = "aarch64")]
+pub(crate) use arch::has_neon;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use arch::{has_avx2, has_avx512};
 mod matmul;
