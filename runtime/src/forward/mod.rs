@@ -270,6 +270,12 @@ impl Spare {
         v
     }
 
+    /// Lets every kept buffer go (after a forward pass: what a prompt needed
+    /// is not held through the decoding that follows).
+    fn clear(&self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
     /// Keeps `v` for a later [`Spare::take`] (or drops the smallest buffer).
     fn give(&self, v: Vec<f32>) {
         let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -1163,6 +1169,9 @@ impl<'a> Model<'a> {
             self.layer_step(l, &mut x, &mut h, &tables, session)?;
         }
         session.n_past += t_n;
+        // The layers shared the spare buffers; the next call (one decoded
+        // token, typically) needs far smaller ones.
+        self.spare.clear();
         let first = first.min(t_n);
         let rows = t_n - first;
         let mut out = vec![0f32; rows * e];
