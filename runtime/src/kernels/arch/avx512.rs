@@ -19,6 +19,7 @@
 //! declares 1.85; the SIMD kernels as a whole need 1.89).
 
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 use super::avx2::{
     self, halves, ld256, ldps, le16, tree8_ps, unpack_iq4_nl, unpack_q4_0, unpack_q5_0, unpack_q8_0,
@@ -427,11 +428,26 @@ fn q4_k_rows_grouped(w: &[u8], groups: &[u8], out: &mut [f32]) {
 // (columns `32s..32s+16` and `32s+16..32s+32`). The products of f16 values
 // are exact in f32, so the fused multiply-add has the bits of the scalar
 // multiply then add. (AVX2's 16 registers hold one row × three tokens.)
+// A tile of four tokens ends with its sums in vector registers, eight at a
+// time (`fold_rows4`): one at a time, the horizontal additions took a
+// quarter of the kernel at SmolLM2's 576 columns. Rows of at most
+// `F16_WIDEN_COLS` are widened once per block of three rows when more than
+// one tile of tokens reads them (a third of the µops of a step were
+// conversions); wider rows convert per use, as the widened rows would push
+// the activations out of L1 (slower at 1536 columns and more).
 
 /// Weight rows per tile.
 const F16_ROWS: usize = 3;
 /// Tokens per tile.
 const F16_TOKENS: usize = 4;
+
+/// Widest rows whose block of three is widened to `f32` once (12 KiB on
+/// the stack).
+const F16_WIDEN_COLS: usize = 1024;
+
+/// A 64-byte aligned block of widened weight rows.
+#[repr(C, align(64))]
+struct WideRows([f32; F16_ROWS * F16_WIDEN_COLS]);
 
 /// [`RowsF16F32`](crate::kernels::RowsF16F32): every weight row of `w`
 /// against every activation row of `a`, tile by tile.
@@ -442,17 +458,35 @@ fn f16_rows(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
         rows == 0 || tokens == 0 || out.len() >= (rows - 1) * stride + tokens,
         "f16 rows lengths"
     );
+    let widen = tokens > F16_TOKENS && cols <= F16_WIDEN_COLS;
+    // Not zeroed: stores that decoding, which never widens, would pay.
+    let mut wide = std::mem::MaybeUninit::<WideRows>::uninit();
     for r0 in (0..rows).step_by(F16_ROWS) {
         let nr = (rows - r0).min(F16_ROWS);
         let w = &w[2 * cols * r0..2 * cols * (r0 + nr)];
+        let src = if widen {
+            // SAFETY: `WideRows` is an array of floats, which any bytes are
+            // (read only after `widen_f16` wrote them).
+            let buf = unsafe {
+                &mut *wide
+                    .as_mut_ptr()
+                    .cast::<[MaybeUninit<f32>; F16_ROWS * F16_WIDEN_COLS]>()
+            };
+            Rows::F32(widen_f16(w, &mut buf[..nr * cols]))
+        } else {
+            Rows::F16(w)
+        };
         for t0 in (0..tokens).step_by(F16_TOKENS) {
             let nt = (tokens - t0).min(F16_TOKENS);
             let a = &a[cols * t0..cols * (t0 + nt)];
             let out = &mut out[r0 * stride + t0..];
             macro_rules! tiles {
                 ($(($r:literal, $t:literal)),*) => {
-                    match (nr, nt) {
-                        $(($r, $t) => f16_tile::<$r, $t>(w, cols, a, out, stride),)*
+                    match (nr, nt, src) {
+                        $(
+                            ($r, $t, Rows::F16(w)) => f16_tile::<$r, $t, false>(w, &[], cols, a, out, stride),
+                            ($r, $t, Rows::F32(w)) => f16_tile::<$r, $t, true>(&[], w, cols, a, out, stride),
+                        )*
                         _ => unreachable!("tile sizes are bounded by F16_ROWS and F16_TOKENS"),
                     }
                 };
@@ -475,22 +509,53 @@ fn f16_rows(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
     }
 }
 
-/// `R` weight rows (`w`, `R × cols` f16) against `T` activation rows (`a`,
-/// `T × cols` floats): `out[r·stride + t]`.
+/// `w`'s f16 values widened into `out` (exact), which is then all written.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-fn f16_tile<const R: usize, const T: usize>(
+fn widen_f16<'o>(w: &[u8], out: &'o mut [MaybeUninit<f32>]) -> &'o [f32] {
+    assert_eq!(w.len(), 2 * out.len(), "f16 widening lengths");
+    let n = out.len();
+    let p = out.as_mut_ptr().cast::<f32>();
+    for i in 0..n / 16 {
+        let h = ld256(&w[32 * i..]);
+        // SAFETY: floats `16i..16i + 16 ≤ n` of `out`; unaligned store.
+        unsafe { _mm512_storeu_ps(p.add(16 * i), _mm512_cvtph_ps(h)) };
+    }
+    for i in n / 16 * 16..n {
+        // SAFETY: float `i < n` of `out`.
+        unsafe { p.add(i).write(avx2::f16_at(w, 2 * i)) };
+    }
+    // SAFETY: all `n` floats were written above.
+    unsafe { std::slice::from_raw_parts(p, n) }
+}
+
+/// The weight rows of a tile: f16 (converted per use) or already widened.
+#[derive(Clone, Copy)]
+enum Rows<'a> {
+    F16(&'a [u8]),
+    F32(&'a [f32]),
+}
+
+/// `R` weight rows (`w`, `R × cols` f16; `wide` the same widened when
+/// `WIDE`) against `T` activation rows (`a`, `T × cols` floats):
+/// `out[r·stride + t]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+fn f16_tile<const R: usize, const T: usize, const WIDE: bool>(
     w: &[u8],
+    wide: &[f32],
     cols: usize,
     a: &[f32],
     out: &mut [f32],
     stride: usize,
 ) {
+    let w_len = if WIDE { wide.len() } else { w.len() / 2 };
     assert!(
-        w.len() == 2 * cols * R && a.len() == cols * T && out.len() > (R - 1) * stride + T - 1,
+        w_len == cols * R && a.len() == cols * T && out.len() > (R - 1) * stride + T - 1,
         "f16 tile lengths"
     );
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let (wp, widep) = (w.as_ptr(), wide.as_ptr());
+    let ap = a.as_ptr();
     // acc[t][r][h]: token t, row r, columns 16h..16h+16 of each 32 (`h` is
     // a constant at every use, so the accumulators stay in registers).
     let mut acc = [[[_mm512_setzero_ps(); 2]; R]; T];
@@ -500,13 +565,17 @@ fn f16_tile<const R: usize, const T: usize>(
     let step = |acc: &mut [[[__m512; 2]; R]; T], h: usize, c: usize, m: __mmask16| {
         // SAFETY: lanes whose mask bit is clear are not read (and cannot
         // fault); callers pass `c < cols` and clear the lanes of columns
-        // `cols..`, so the others are in row `r` (bytes from `2·(r·cols +
-        // c)`), in bounds (lengths checked above); unaligned loads.
+        // `cols..`, so the others are in row `r` (values from `r·cols + c`),
+        // in bounds (lengths checked above); unaligned loads.
         let x: [__m512; R] = std::array::from_fn(|r| unsafe {
-            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
-                m,
-                wp.add(2 * (r * cols + c)).cast(),
-            ))
+            if WIDE {
+                _mm512_maskz_loadu_ps(m, widep.add(r * cols + c))
+            } else {
+                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                    m,
+                    wp.add(2 * (r * cols + c)).cast(),
+                ))
+            }
         });
         for (t, acc) in acc.iter_mut().enumerate() {
             // SAFETY: as above, for token `t` (floats from `t·cols + c`).
@@ -518,8 +587,10 @@ fn f16_tile<const R: usize, const T: usize>(
     };
     let full = cols / 32 * 32;
     for c in (0..full).step_by(32) {
-        for r in 0..R {
-            avx2::prefetch_ahead(&w[2 * (r * cols + c)..], 64);
+        if !WIDE {
+            for r in 0..R {
+                avx2::prefetch_ahead(&w[2 * (r * cols + c)..], 64);
+            }
         }
         step(&mut acc, 0, c, !0);
         step(&mut acc, 1, c + 16, !0);
@@ -531,6 +602,30 @@ fn f16_tile<const R: usize, const T: usize>(
     if full + 16 < cols {
         step(&mut acc, 1, full + 16, lanes(full + 16));
     }
+    if T % 4 == 0 {
+        // Four tokens of a row are a group; two groups at a time (the last
+        // with itself when their number is odd), in vector registers.
+        let groups = R * T / 4;
+        let group = |g: usize| -> [[__m512; 2]; 4] {
+            let (r, t0) = (g / (T / 4), g % (T / 4) * 4);
+            std::array::from_fn(|i| acc[t0 + i][r])
+        };
+        for g in (0..groups).step_by(2) {
+            let h = (g + 1).min(groups - 1);
+            let sums = fold_rows4(group(g), group(h));
+            let halves = [
+                _mm512_castps512_ps128(sums),
+                _mm512_extractf32x4_ps::<2>(sums),
+            ];
+            for (g, v) in [g, h].into_iter().zip(halves) {
+                let at = g / (T / 4) * stride + g % (T / 4) * 4;
+                let o = &mut out[at..at + 4];
+                // SAFETY: four writable floats; unaligned store.
+                unsafe { _mm_storeu_ps(o.as_mut_ptr(), v) };
+            }
+        }
+        return;
+    }
     for (t, acc) in acc.iter().enumerate() {
         for (r, acc) in acc.iter().enumerate() {
             // Partials 0..8, 8..16, 16..24, 24..32.
@@ -541,6 +636,44 @@ fn f16_tile<const R: usize, const T: usize>(
             out[r * stride + t] = avx2::fold32_ps([p0[0], p0[1], p1[0], p1[1]]);
         }
     }
+}
+
+/// The sums of two rows × four tokens from their accumulators (`a[t]`,
+/// `b[t]`: columns `16h..16h + 16` of each 32 in `[h]`) by the additions of
+/// [`avx2::fold32_ps`], eight outputs at a time: `a`'s tokens in lanes
+/// 0..4, `b`'s in lanes 8..12.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn fold_rows4(a: [[__m512; 2]; 4], b: [[__m512; 2]; 4]) -> __m512 {
+    // Low 256 bits a's, high b's: (p[k] + p[k+8]) + (p[k+16] + p[k+24]).
+    let mut q = [_mm512_setzero_ps(); 4];
+    for t in 0..4 {
+        let (x, y) = (a[t], b[t]);
+        let s0 = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x44>(x[0], y[0]),
+            _mm512_shuffle_f32x4::<0xEE>(x[0], y[0]),
+        );
+        let s1 = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x44>(x[1], y[1]),
+            _mm512_shuffle_f32x4::<0xEE>(x[1], y[1]),
+        );
+        q[t] = _mm512_add_ps(s0, s1);
+    }
+    // Block 0: a's (q0+q1)+(q2+q3) for tokens 0..4; block 1 its
+    // (q4+q5)+(q6+q7); blocks 2 and 3 the same of b.
+    let u = hadd(hadd(q[0], q[1]), hadd(q[2], q[3]));
+    // Block 0: block 0 + block 1 (a), block 2: block 2 + block 3 (b).
+    _mm512_add_ps(u, _mm512_shuffle_f32x4::<0x31>(u, u))
+}
+
+/// Neighbouring lanes added within 128-bit blocks: `[x0+x1, x2+x3, y0+y1, y2+y3]`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn hadd(x: __m512, y: __m512) -> __m512 {
+    _mm512_add_ps(
+        _mm512_shuffle_ps::<0x88>(x, y),
+        _mm512_shuffle_ps::<0xDD>(x, y),
+    )
 }
 
 /// Eight registers of eight 32-bit lanes transposed: lane `l` of result `k`
