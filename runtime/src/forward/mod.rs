@@ -1467,6 +1467,20 @@ impl<'a> Model<'a> {
     fn attention(&self, q: &[f32], k: &Cache, v: &Cache, n_past: usize, t_n: usize) -> Vec<f32> {
         let c = &self.config;
         let (qd, kvd, hd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.head_dim);
+        // An f16 cache: the queries rounded to f16 as well, as ggml converts
+        // them for its f16 products (once here, not per work item).
+        let rounded = (c.kv_type == KvType::F16).then(|| {
+            const VALUES: usize = 4096;
+            let mut r = self.spare.take_dirty(q.len());
+            for_each_chunk(self.pool.as_deref(), &mut r, VALUES, |i, r| {
+                let mut halves = [0u16; VALUES];
+                let halves = &mut halves[..r.len()];
+                attn::narrow_f16(&q[i * VALUES..][..r.len()], halves);
+                attn::widen_f16(halves, r);
+            });
+            r
+        });
+        let q = rounded.as_deref().unwrap_or(q);
         // Every value is written by one work item below.
         let mut out = self.spare.take_dirty(t_n * qd);
         // For a batch, decode the cache to f32 once, by KV head, instead of
@@ -1517,11 +1531,15 @@ impl<'a> Model<'a> {
             self.spare.give(kt);
             self.spare.give(v);
         }
+        if let Some(r) = rounded {
+            self.spare.give(r);
+        }
         out
     }
 
     /// The query heads `first..` (`q.len() / head_dim` of them, all reading
-    /// one KV head) over the first `n_kv` cached positions, into `out`.
+    /// one KV head) over the first `n_kv` cached positions, into `out` (`q`
+    /// already rounded to f16 for an f16 cache).
     ///
     /// Each score is the sequential sum `((q0·k0 + q1·k1) + q2·k2) + …` (from
     /// `-0.0`, as `Iterator::sum`), and the output the sequential sum over
@@ -1533,18 +1551,11 @@ impl<'a> Model<'a> {
         let (kvd, hd) = (c.n_head_kv * c.head_dim, c.head_dim);
         let kv_head = first / (c.n_head / c.n_head_kv);
         let scale = 1.0 / (hd as f32).sqrt();
-        let round = c.kv_type == KvType::F16;
-        let mut qh = q.to_vec();
-        if round {
-            let mut halves = vec![0u16; q.len()];
-            attn::narrow_f16(q, &mut halves);
-            attn::widen_f16(&halves, &mut qh);
-        }
         match kv {
             Kv::Cache(k, v) => {
                 let mut buf = vec![0f32; hd];
                 let mut scores = Vec::with_capacity(n_kv);
-                for (qh, out) in qh.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
+                for (qh, out) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
                     scores.clear();
                     for j in 0..n_kv {
                         k.read(j * kvd + kv_head * hd, &mut buf);
@@ -1563,7 +1574,7 @@ impl<'a> Model<'a> {
                 let v = &v[kv_head * v.len() / c.n_head_kv..];
                 let mut tiles = [[0f32; KEY_TILE]; attn::HEADS];
                 let mut scores = Vec::new();
-                for (qh, out) in qh
+                for (qh, out) in q
                     .chunks(attn::HEADS * hd)
                     .zip(out.chunks_mut(attn::HEADS * hd))
                 {
