@@ -209,10 +209,11 @@ fn run(
         return Ok(());
     }
     // Work items of `chunk` rows; several per thread so uneven progress evens out.
-    let chunk = w
-        .rows
-        .div_ceil(threads * 4)
-        .clamp(1, if t_n > 1 { MAX_CHUNK } else { usize::MAX });
+    let chunk = if t_n > 1 {
+        batch_chunk(w.rows, threads)
+    } else {
+        w.rows.div_ceil(threads * 4).max(1)
+    };
     let dot = |r: usize, t: usize| kernels.dot_checked(w.ty, w.row(r), acts.row(t));
     // F16 weights: the activations widened to `f32` once (converting them for
     // every row bound the product), tiles of rows × tokens.
@@ -270,6 +271,25 @@ fn run(
     Ok(())
 }
 
+/// Rows per work item of a batch: at most [`MAX_CHUNK`] and a quarter of a
+/// thread's share, chosen so the rounds of work items over `threads` cover
+/// the fewest rows; ties go to a multiple of six (the several-row kernels
+/// take rows by twos and threes), then to the larger chunk. 576 rows on
+/// two threads as nine items of 64 kept one thread idle a ninth of the time;
+/// twelve of 48 split evenly.
+fn batch_chunk(rows: usize, threads: usize) -> usize {
+    let most = rows.div_ceil(threads * 4).clamp(1, MAX_CHUNK);
+    if most < 6 {
+        return most;
+    }
+    let cost = |c: usize| rows.div_ceil(c).div_ceil(threads) * c;
+    (6..=most)
+        .step_by(6)
+        .chain([most])
+        .min_by_key(|&c| (cost(c), c % 6 != 0, std::cmp::Reverse(c)))
+        .unwrap_or(most)
+}
+
 /// An output matrix shared by the work items of one product, each of which
 /// writes only its own rows' outputs (columns of the token-major result).
 struct Disjoint<'a> {
@@ -303,5 +323,34 @@ impl<'a> Disjoint<'a> {
         // thread touches the range; `v` is not part of `y` (it borrows
         // other memory while `y` is mutably borrowed by `self`).
         unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr.add(at), v.len()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_chunks_split_rows_evenly_over_threads() {
+        // SmolLM2's matrices on two threads: whole rounds of equal items.
+        assert_eq!(batch_chunk(576, 2), 48);
+        assert_eq!(batch_chunk(192, 2), 24);
+        assert_eq!(batch_chunk(1536, 2), 48);
+        for threads in 1..=8 {
+            for rows in 1..=700 {
+                let c = batch_chunk(rows, threads);
+                assert!(
+                    (1..=MAX_CHUNK).contains(&c),
+                    "{rows} rows, {threads} threads: {c}"
+                );
+                // Never more rounds than the old quarter-share chunk needed.
+                let old = rows.div_ceil(threads * 4).clamp(1, MAX_CHUNK);
+                let rounds = |c: usize| rows.div_ceil(c).div_ceil(threads);
+                assert!(
+                    rounds(c) * c <= rounds(old) * old,
+                    "{rows} rows, {threads} threads"
+                );
+            }
+        }
     }
 }
