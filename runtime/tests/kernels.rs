@@ -706,3 +706,57 @@ fn shapes_and_backends_are_checked() {
         std::arch::is_x86_feature_detected!("avx2")
     );
 }
+
+/// Matrices reading one input share its quantized activations: the same
+/// outputs as products of their own, also when the next matrix needs
+/// another kind (quantized again), when another product came in between,
+/// and when the input's shape changed.
+#[test]
+fn shared_inputs_give_the_products_of_their_own() {
+    let mut rng = Rng(0x005a_4ed1);
+    let (rows, cols, t_n) = (21, 512, 5);
+    let x = random_acts(&mut rng, t_n * cols);
+    let other = random_acts(&mut rng, t_n * cols);
+    let types = [
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4_K,
+        GgmlType::F16,
+        GgmlType::Q6_K,
+    ];
+    let weights: Vec<Vec<u8>> = types
+        .iter()
+        .map(|&ty| random_row(&mut rng, ty, rows * cols))
+        .collect();
+    for b in Backend::supported() {
+        let kernels = Kernels::new(b).unwrap();
+        let mut own = Matmul::new(kernels, 2);
+        let mut mm = Matmul::new(kernels, 2);
+        let mut shared = None;
+        for (i, (&ty, w)) in types.iter().zip(&weights).enumerate() {
+            let m = QMatrix::new(ty, w, rows, cols).unwrap();
+            let mut want = vec![0f32; t_n * rows];
+            own.matmul(&m, &x, &mut want).unwrap();
+            if i == 2 {
+                // A product of another input in between: the name is stale.
+                let mut y = vec![0f32; t_n * rows];
+                mm.matmul(&m, &other, &mut y).unwrap();
+            }
+            for _ in 0..2 {
+                let mut got = vec![f32::NAN; t_n * rows];
+                mm.matmul_sharing(&m, &x, &mut got, &mut shared).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{b:?} {ty} (matrix {i})");
+            }
+            assert!(shared.is_some());
+        }
+        // Fewer tokens under the same name: quantized again.
+        let m = QMatrix::new(types[0], &weights[0], rows, cols).unwrap();
+        let mut want = vec![0f32; 2 * rows];
+        own.matmul(&m, &x[..2 * cols], &mut want).unwrap();
+        let mut got = vec![f32::NAN; 2 * rows];
+        mm.matmul_sharing(&m, &x[..2 * cols], &mut got, &mut shared)
+            .unwrap();
+        assert_eq!(got, want, "{b:?} after a change of shape");
+    }
+}

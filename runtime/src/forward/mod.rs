@@ -1003,6 +1003,18 @@ impl<'a> Model<'a> {
 
     /// `y = W·x` for `t_n` tokens: `x` is `t_n × cols`, the result `t_n × rows`.
     fn matmul(&self, m: &Matrix, x: &[f32], t_n: usize) -> Result<Vec<f32>, ForwardError> {
+        self.matmul_sharing(m, x, t_n, &mut None)
+    }
+
+    /// [`Model::matmul`] of one of several matrices that read the same `x`
+    /// in turn ([`Matmul::matmul_sharing`]: `shared` starts as `None`).
+    fn matmul_sharing(
+        &self,
+        m: &Matrix,
+        x: &[f32],
+        t_n: usize,
+        shared: &mut Option<u64>,
+    ) -> Result<Vec<f32>, ForwardError> {
         if let Some(o) = &self.observer {
             o.matmul_input(m.name, m.expert, x, t_n);
         }
@@ -1015,7 +1027,7 @@ impl<'a> Model<'a> {
             not_replaced.then_some((s, pos, whole))
         });
         let Some((s, pos, whole)) = streamed else {
-            return self.product(m, None, x, t_n);
+            return self.product(m, None, x, t_n, shared);
         };
         let loaded = s.reader.acquire(pos);
         // `m` is the whole tensor or one expert's rows of it.
@@ -1023,7 +1035,7 @@ impl<'a> Model<'a> {
             .checked_sub(whole.as_ptr() as usize)
             .and_then(|off| loaded.bytes()?.get(off..off + m.data.len()));
         // A failed read leaves the mapping to read.
-        let y = self.product(m, own, x, t_n);
+        let y = self.product(m, own, x, t_n, shared);
         s.reader.release(pos, loaded);
         y
     }
@@ -1036,6 +1048,7 @@ impl<'a> Model<'a> {
         data: Option<&[u8]>,
         x: &[f32],
         t_n: usize,
+        shared: &mut Option<u64>,
     ) -> Result<Vec<f32>, ForwardError> {
         let mut w = self.weights(m);
         if let Some(d) = data {
@@ -1060,7 +1073,7 @@ impl<'a> Model<'a> {
             return Ok(y);
         }
         let q = QMatrix::new(w.ty, w.data, m.rows, m.cols)?;
-        self.lock().matmul(&q, x, &mut y)?;
+        self.lock().matmul_sharing(&q, x, &mut y, shared)?;
         Ok(y)
     }
 
@@ -1092,8 +1105,9 @@ impl<'a> Model<'a> {
         h: &[f32],
         t_n: usize,
     ) -> Result<Vec<f32>, ForwardError> {
-        let mut g = self.matmul(gate, h, t_n)?;
-        let u = self.matmul(up, h, t_n)?;
+        let mut shared = None;
+        let mut g = self.matmul_sharing(gate, h, t_n, &mut shared)?;
+        let u = self.matmul_sharing(up, h, t_n, &mut shared)?;
         // Element by element, so any split over threads gives the same bits.
         const CHUNK: usize = 4096;
         for_each_chunk(self.pool.as_deref(), &mut g, CHUNK, |c, gs| {
@@ -1431,9 +1445,10 @@ impl<'a> Model<'a> {
         let c = &self.config;
         let t_n = tables.len();
         let (qd, kvd, hd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.head_dim);
-        let mut q = self.matmul(&layer.wq, h, t_n)?;
-        let mut k = self.matmul(&layer.wk, h, t_n)?;
-        let mut v = self.matmul(&layer.wv, h, t_n)?;
+        let mut shared = None;
+        let mut q = self.matmul_sharing(&layer.wq, h, t_n, &mut shared)?;
+        let mut k = self.matmul_sharing(&layer.wk, h, t_n, &mut shared)?;
+        let mut v = self.matmul_sharing(&layer.wv, h, t_n, &mut shared)?;
         add_bias(&mut q, layer.bq.as_deref());
         add_bias(&mut k, layer.bk.as_deref());
         add_bias(&mut v, layer.bv.as_deref());

@@ -87,6 +87,8 @@ pub struct Matmul {
     threads: usize,
     pool: Option<Arc<Pool>>,
     acts: Activations,
+    /// Counts the inputs quantized into `acts`, naming the one held.
+    input: u64,
 }
 
 impl std::fmt::Debug for Matmul {
@@ -113,6 +115,7 @@ impl Matmul {
             threads,
             pool,
             acts: Activations::new(),
+            input: 0,
         }
     }
 
@@ -136,9 +139,35 @@ impl Matmul {
     /// `x` is `t × cols`, `y` is `t × rows`, both row-major. The activations
     /// are quantized to the weight type's vec_dot type first, as ggml does.
     pub fn matmul(&mut self, w: &QMatrix<'_>, x: &[f32], y: &mut [f32]) -> Result<(), KernelError> {
+        self.matmul_sharing(w, x, y, &mut None)
+    }
+
+    /// [`Matmul::matmul`] for matrices that read one input in turn (Q, K,
+    /// V; gate, up): `shared` starts as `None` and is passed, with the same
+    /// `x`, to each of them. While the activations quantized for the first
+    /// are still held and of the kind the next needs, they are not quantized
+    /// again (same bytes, one pass over `x` fewer).
+    pub fn matmul_sharing(
+        &mut self,
+        w: &QMatrix<'_>,
+        x: &[f32],
+        y: &mut [f32],
+        shared: &mut Option<u64>,
+    ) -> Result<(), KernelError> {
         let kind = VecDotType::of(w.ty).ok_or(KernelError::UnsupportedType(w.ty))?;
-        self.acts
-            .quantize_on(self.pool.as_deref(), kind, x, w.cols)?;
+        let held = *shared == Some(self.input)
+            && self.acts.kind() == Some(kind)
+            && self.acts.cols() == w.cols
+            && self.acts.rows() * w.cols == x.len();
+        if !held {
+            // Counted first: a failed quantization must not leave a name
+            // that matches what is (partly) held.
+            self.input += 1;
+            *shared = None;
+            self.acts
+                .quantize_on(self.pool.as_deref(), kind, x, w.cols)?;
+            *shared = Some(self.input);
+        }
         run(
             self.kernels,
             self.pool.as_deref(),
