@@ -758,5 +758,15 @@ fn shared_inputs_give_the_products_of_their_own() {
         mm.matmul_sharing(&m, &x[..2 * cols], &mut got, &mut shared)
             .unwrap();
         assert_eq!(got, want, "{b:?} after a change of shape");
+        // A name from another context never matches: `b2` holds `other`,
+        // quantized as its first input as `a`'s first input was `x`.
+        let (mut a, mut b2) = (Matmul::new(kernels, 2), Matmul::new(kernels, 2));
+        let mut name = None;
+        let mut fresh = vec![0f32; t_n * rows];
+        a.matmul_sharing(&m, &x, &mut fresh, &mut name).unwrap();
+        b2.matmul(&m, &other, &mut vec![0f32; t_n * rows]).unwrap();
+        let mut got = vec![f32::NAN; t_n * rows];
+        b2.matmul_sharing(&m, &x, &mut got, &mut name).unwrap();
+        assert_eq!(got, fresh, "{b:?} with another context's name");
     }
 }

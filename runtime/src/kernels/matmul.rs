@@ -3,6 +3,7 @@
 //! persistent thread pool; each output is one [`Kernels`] dot product.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::pool::{Pool, for_each_chunk};
 use super::{Activations, KernelError, Kernels, VecDotType};
@@ -87,7 +88,8 @@ pub struct Matmul {
     threads: usize,
     pool: Option<Arc<Pool>>,
     acts: Activations,
-    /// Counts the inputs quantized into `acts`, naming the one held.
+    /// The name of the input quantized into `acts` (unique in the process,
+    /// so a name from another context never matches).
     input: u64,
 }
 
@@ -160,9 +162,10 @@ impl Matmul {
             && self.acts.cols() == w.cols
             && self.acts.rows() * w.cols == x.len();
         if !held {
-            // Counted first: a failed quantization must not leave a name
+            // Named first: a failed quantization must not leave a name
             // that matches what is (partly) held.
-            self.input += 1;
+            static INPUTS: AtomicU64 = AtomicU64::new(1);
+            self.input = INPUTS.fetch_add(1, Ordering::Relaxed);
             *shared = None;
             self.acts
                 .quantize_on(self.pool.as_deref(), kind, x, w.cols)?;
