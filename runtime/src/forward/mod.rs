@@ -1609,7 +1609,7 @@ impl<'a> Model<'a> {
                     for (sum, row) in sums.iter_mut().zip(scores.chunks_exact_mut(n_kv)) {
                         *sum = softmax_numerators(row);
                     }
-                    attn::weighted_rows(out, &scores, &sums[..heads], v);
+                    attn::weighted_rows(out, &mut scores, &sums[..heads], v);
                 }
             }
         }

@@ -30,12 +30,12 @@ pub(crate) fn key_tiles(
     out: &mut [[f32; KEY_TILE]],
 ) {
     macro_rules! by_heads {
-        ($f:ident) => {
+        ($f:ident, $keys:literal) => {
             match out.len() {
-                1 => $f::<1>(q, hd, kt, stride, out),
-                2 => $f::<2>(q, hd, kt, stride, out),
-                3 => $f::<3>(q, hd, kt, stride, out),
-                4 => $f::<4>(q, hd, kt, stride, out),
+                1 => $f::<1, $keys>(q, hd, kt, stride, out),
+                2 => $f::<2, $keys>(q, hd, kt, stride, out),
+                3 => $f::<3, $keys>(q, hd, kt, stride, out),
+                4 => $f::<4, $keys>(q, hd, kt, stride, out),
                 n => panic!("key_tiles: {n} heads (at most {HEADS})"),
             }
         };
@@ -43,59 +43,67 @@ pub(crate) fn key_tiles(
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
         // SAFETY: AVX-512 was probed just above.
-        return unsafe { by_heads!(key_tiles_avx512) };
+        return unsafe { by_heads!(key_tiles_avx512, 32) };
     } else if has_avx2() {
         // SAFETY: AVX2 was probed just above.
-        return unsafe { by_heads!(key_tiles_avx2) };
+        return unsafe { by_heads!(key_tiles_avx2, 16) };
     }
-    by_heads!(key_tiles_generic)
+    by_heads!(key_tiles_generic, 16)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn key_tiles_avx2<const N: usize>(
+fn key_tiles_avx2<const N: usize, const P: usize>(
     q: &[f32],
     hd: usize,
     kt: &[f32],
     stride: usize,
     out: &mut [[f32; KEY_TILE]],
 ) {
-    key_tiles_generic::<N>(q, hd, kt, stride, out)
+    key_tiles_generic::<N, P>(q, hd, kt, stride, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[clippy::msrv = "1.89"]
 #[target_feature(enable = "avx512f")]
-fn key_tiles_avx512<const N: usize>(
+fn key_tiles_avx512<const N: usize, const P: usize>(
     q: &[f32],
     hd: usize,
     kt: &[f32],
     stride: usize,
     out: &mut [[f32; KEY_TILE]],
 ) {
-    key_tiles_generic::<N>(q, hd, kt, stride, out)
+    key_tiles_generic::<N, P>(q, hd, kt, stride, out)
 }
 
+/// [`key_tiles`] for `N` heads, `P` keys of the tile at a time: the `N × P`
+/// sums stay in registers over all dimensions (32 keys × 3 heads are twelve
+/// AVX2 registers, which with the keys and the query spilled to the stack).
 #[inline(always)]
-fn key_tiles_generic<const N: usize>(
+fn key_tiles_generic<const N: usize, const P: usize>(
     q: &[f32],
     hd: usize,
     kt: &[f32],
     stride: usize,
     out: &mut [[f32; KEY_TILE]],
 ) {
+    const { assert!(KEY_TILE % P == 0) };
     let q: [&[f32]; N] = std::array::from_fn(|h| &q[h * hd..][..hd]);
-    let mut acc = [[-0.0f32; KEY_TILE]; N];
-    for d in 0..hd {
-        let keys = &kt[d * stride..][..KEY_TILE];
-        for (acc, q) in acc.iter_mut().zip(&q) {
-            let qd = q[d];
-            for (a, &k) in acc.iter_mut().zip(keys) {
-                *a += qd * k;
+    for l0 in (0..KEY_TILE).step_by(P) {
+        let mut acc = [[-0.0f32; P]; N];
+        for d in 0..hd {
+            let keys = &kt[d * stride + l0..][..P];
+            for (acc, q) in acc.iter_mut().zip(&q) {
+                let qd = q[d];
+                for (a, &k) in acc.iter_mut().zip(keys) {
+                    *a += qd * k;
+                }
             }
         }
+        for (out, acc) in out.iter_mut().zip(&acc) {
+            out[l0..l0 + P].copy_from_slice(acc);
+        }
     }
-    out[..N].copy_from_slice(&acc);
 }
 
 /// `out[i] = out[i] + p · x[i]` for every `i`.
@@ -125,16 +133,24 @@ fn axpy_generic(out: &mut [f32], p: f32, x: &[f32]) {
 /// positions` values in `out`, rows of `positions = scores.len() /
 /// sums.len()` in `scores`) and each position `j` in turn: `out[h] ← out[h] +
 /// (scores[h][j] / sums[h]) · v[j]`, [`axpy`]'s arithmetic position by
-/// position. Panics if there are more than `HEADS` heads or the lengths
-/// disagree.
-pub(crate) fn weighted_rows(out: &mut [f32], scores: &[f32], sums: &[f32], v: &[f32]) {
+/// position; `scores` is left divided by the sums (each quotient computed
+/// once, not once per pass over the dimensions). Panics if there are more
+/// than `HEADS` heads or the lengths disagree.
+pub(crate) fn weighted_rows(out: &mut [f32], scores: &mut [f32], sums: &[f32], v: &[f32]) {
+    if let Some(n) = scores.len().checked_div(sums.len()) {
+        for (row, &sum) in scores.chunks_exact_mut(n.max(1)).zip(sums) {
+            for s in row {
+                *s /= sum;
+            }
+        }
+    }
     macro_rules! by_heads {
-        ($f:ident) => {
+        ($f:ident, $dims:literal) => {
             match sums.len() {
-                1 => $f::<1>(out, scores, sums, v),
-                2 => $f::<2>(out, scores, sums, v),
-                3 => $f::<3>(out, scores, sums, v),
-                4 => $f::<4>(out, scores, sums, v),
+                1 => $f::<1, $dims>(out, scores, v),
+                2 => $f::<2, $dims>(out, scores, v),
+                3 => $f::<3, $dims>(out, scores, v),
+                4 => $f::<4, $dims>(out, scores, v),
                 n => panic!("weighted_rows: {n} heads (at most {HEADS})"),
             }
         };
@@ -142,70 +158,74 @@ pub(crate) fn weighted_rows(out: &mut [f32], scores: &[f32], sums: &[f32], v: &[
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
         // SAFETY: AVX-512 was probed just above.
-        return unsafe { by_heads!(weighted_rows_avx512) };
+        return unsafe { by_heads!(weighted_rows_avx512, 64) };
     } else if has_avx2() {
         // SAFETY: AVX2 was probed just above.
-        return unsafe { by_heads!(weighted_rows_avx2) };
+        return unsafe { by_heads!(weighted_rows_avx2, 16) };
     }
-    by_heads!(weighted_rows_generic)
+    by_heads!(weighted_rows_generic, 32)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn weighted_rows_avx2<const N: usize>(out: &mut [f32], scores: &[f32], sums: &[f32], v: &[f32]) {
-    weighted_rows_generic::<N>(out, scores, sums, v)
+fn weighted_rows_avx2<const N: usize, const W: usize>(out: &mut [f32], probs: &[f32], v: &[f32]) {
+    weighted_rows_generic::<N, W>(out, probs, v)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[clippy::msrv = "1.89"]
 #[target_feature(enable = "avx512f")]
-fn weighted_rows_avx512<const N: usize>(out: &mut [f32], scores: &[f32], sums: &[f32], v: &[f32]) {
-    weighted_rows_generic::<N>(out, scores, sums, v)
+fn weighted_rows_avx512<const N: usize, const W: usize>(out: &mut [f32], probs: &[f32], v: &[f32]) {
+    weighted_rows_generic::<N, W>(out, probs, v)
 }
 
+/// [`weighted_rows`] for `N` heads (`probs`: the scores divided by their
+/// sums), `W` dimensions at a time.
 #[inline(always)]
-fn weighted_rows_generic<const N: usize>(out: &mut [f32], scores: &[f32], sums: &[f32], v: &[f32]) {
-    let (hd, n) = (out.len() / N, scores.len() / N);
+fn weighted_rows_generic<const N: usize, const W: usize>(
+    out: &mut [f32],
+    probs: &[f32],
+    v: &[f32],
+) {
+    let (hd, n) = (out.len() / N, probs.len() / N);
     assert!(
-        sums.len() == N && out.len() == N * hd && scores.len() == N * n && v.len() >= n * hd,
+        out.len() == N * hd && probs.len() == N * n && v.len() >= n * hd,
         "weighted_rows lengths"
     );
     if hd == 0 {
         return;
     }
-    let scores: [&[f32]; N] = std::array::from_fn(|h| &scores[h * n..][..n]);
-    // Sixty-four dimensions of every head at a time in fixed-size
-    // accumulators, which the compiler keeps in registers over all positions
-    // (each element still sums the positions in order).
-    for c in (0..hd).step_by(64) {
-        if c + 64 <= hd {
-            let mut acc: [[f32; 64]; N] = std::array::from_fn(|h| {
-                let mut a = [0f32; 64];
-                a.copy_from_slice(&out[h * hd + c..][..64]);
+    let probs: [&[f32]; N] = std::array::from_fn(|h| &probs[h * n..][..n]);
+    // `W` dimensions of every head at a time in fixed-size accumulators,
+    // which the compiler keeps in registers over all positions (each element
+    // still sums the positions in order): 64 for AVX-512's 32 registers, 16
+    // for AVX2's 16 (64 × 3 heads spilled every sum to the stack, and so did
+    // 32 with the value rows and the weights in registers).
+    for c in (0..hd).step_by(W) {
+        if c + W <= hd {
+            let mut acc: [[f32; W]; N] = std::array::from_fn(|h| {
+                let mut a = [0f32; W];
+                a.copy_from_slice(&out[h * hd + c..][..W]);
                 a
             });
             for (j, row) in v.chunks_exact(hd).take(n).enumerate() {
-                let Some(row) = row[c..].first_chunk::<64>() else {
+                let Some(row) = row[c..].first_chunk::<W>() else {
                     continue;
                 };
                 for h in 0..N {
-                    let p = scores[h][j] / sums[h];
+                    let p = probs[h][j];
                     for (a, x) in acc[h].iter_mut().zip(row) {
                         *a += p * x;
                     }
                 }
             }
             for (h, acc) in acc.iter().enumerate() {
-                out[h * hd + c..][..64].copy_from_slice(acc);
+                out[h * hd + c..][..W].copy_from_slice(acc);
             }
         } else {
             for h in 0..N {
                 for (j, row) in v.chunks_exact(hd).take(n).enumerate() {
-                    axpy_generic(
-                        &mut out[h * hd + c..(h + 1) * hd],
-                        scores[h][j] / sums[h],
-                        &row[c..],
-                    );
+                    axpy_generic(&mut out[h * hd + c..(h + 1) * hd], probs[h][j], &row[c..]);
                 }
             }
         }
@@ -340,7 +360,8 @@ mod tests {
                     let sums: Vec<f32> = (0..heads).map(|h| 1.5 + h as f32).collect();
                     let start = values(heads * hd, 5);
                     let mut got = start.clone();
-                    weighted_rows(&mut got, &scores, &sums, &v);
+                    let mut divided = scores.clone();
+                    weighted_rows(&mut got, &mut divided, &sums, &v);
                     for h in 0..heads {
                         let mut want = start[h * hd..(h + 1) * hd].to_vec();
                         for j in 0..n {

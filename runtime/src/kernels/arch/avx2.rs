@@ -78,6 +78,11 @@ pub(super) fn r_q6_k(w: &[u8], a: Q8KRows<'_>, out: &mut [f32]) {
 
 fn r_f16w_f32(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
     let tokens = a.len() / cols;
+    if tokens >= 2 {
+        // SAFETY: as for `entry!`.
+        unsafe { f16_rows(w, cols, a, out, stride) };
+        return;
+    }
     for (r, w) in w.chunks_exact(2 * cols).enumerate() {
         // SAFETY: as for `entry!`.
         unsafe { f16w_rows_f32(w, a, &mut out[r * stride..][..tokens]) }
@@ -223,16 +228,36 @@ pub(super) fn hsum_epi32(v: __m256i) -> i32 {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn transpose_sum(v: &[__m256i; 8]) -> __m256i {
-    let h01 = _mm256_hadd_epi32(v[0], v[1]);
-    let h23 = _mm256_hadd_epi32(v[2], v[3]);
-    let h45 = _mm256_hadd_epi32(v[4], v[5]);
-    let h67 = _mm256_hadd_epi32(v[6], v[7]);
+    let h01 = zip_add32(v[0], v[1]);
+    let h23 = zip_add32(v[2], v[3]);
+    let h45 = zip_add32(v[4], v[5]);
+    let h67 = zip_add32(v[6], v[7]);
     // Per 128-bit half: [v0, v1, v2, v3] (and [v4, …, v7]) summed over that half.
-    let h0123 = _mm256_hadd_epi32(h01, h23);
-    let h4567 = _mm256_hadd_epi32(h45, h67);
+    let h0123 = zip_add64(h01, h23);
+    let h4567 = zip_add64(h45, h67);
     let lo = _mm256_permute2x128_si256::<0x20>(h0123, h4567);
     let hi = _mm256_permute2x128_si256::<0x31>(h0123, h4567);
     _mm256_add_epi32(lo, hi)
+}
+
+/// The first step of [`transpose_sum`] for `x`, `y`: in each 128-bit half,
+/// `[x0+x2, y0+y2, x1+x3, y1+y3]`. Integer sums are exact in any order; two
+/// unpacks and an add are three single-µop instructions in place of
+/// `vphaddd`, which is several µops and bound the Q8_0 family's products on
+/// Zen 3 (docs/BENCHMARKS.md).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn zip_add32(x: __m256i, y: __m256i) -> __m256i {
+    _mm256_add_epi32(_mm256_unpacklo_epi32(x, y), _mm256_unpackhi_epi32(x, y))
+}
+
+/// The second step, of two [`zip_add32`] results `x` (from `a`, `b`) and `y`
+/// (from `c`, `d`): in each 128-bit half, `[a, b, c, d]` each summed over
+/// that half.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn zip_add64(x: __m256i, y: __m256i) -> __m256i {
+    _mm256_add_epi32(_mm256_unpacklo_epi64(x, y), _mm256_unpackhi_epi64(x, y))
 }
 
 /// Eight f16 values to `f32` (exact).
@@ -569,7 +594,7 @@ macro_rules! rows32_kernels {
             let mut h = [_mm256_setzero_si256(); M];
             for (j, h) in h.iter_mut().enumerate() {
                 let y = &a[j * nb + at..][..2];
-                *h = _mm256_hadd_epi32($dot(p0, ld256(&y[0].qs)), $dot(p1, ld256(&y[1].qs)));
+                *h = zip_add32($dot(p0, ld256(&y[0].qs)), $dot(p1, ld256(&y[1].qs)));
             }
             h
         }
@@ -587,27 +612,29 @@ macro_rules! rows32_kernels {
             unpack: impl Fn(&[u8]) -> __m256i,
             out: &mut [f32],
         ) {
-            let pair = |b0: usize, k: usize| {
-                let (q0, q1) = (
-                    unpack(&w[(b0 + k) * ts..][..ts]),
-                    unpack(&w[(b0 + k + 1) * ts..][..ts]),
-                );
-                pair_sums::<M>(q0, q1, a, nb, b0 + k)
-            };
+            // A macro, not a closure: closures in `target_feature` functions
+            // were left out of line (a call per pair of blocks, the sums
+            // returned through memory).
+            macro_rules! pair {
+                ($b0:expr, $k:expr) => {{
+                    let b = $b0 + $k;
+                    let (q0, q1) = (unpack(&w[b * ts..][..ts]), unpack(&w[(b + 1) * ts..][..ts]));
+                    pair_sums::<M>(q0, q1, a, nb, b)
+                }};
+            }
             let mut acc = [_mm256_setzero_ps(); M];
             let full = nb / 8 * 8;
             for b0 in (0..full).step_by(8) {
-                let (h01, h23) = (pair(b0, 0), pair(b0, 2));
-                let h0123: [__m256i; M] =
-                    std::array::from_fn(|j| _mm256_hadd_epi32(h01[j], h23[j]));
-                let (h45, h67) = (pair(b0, 4), pair(b0, 6));
+                let (h01, h23) = (pair!(b0, 0), pair!(b0, 2));
+                let h0123: [__m256i; M] = std::array::from_fn(|j| zip_add64(h01[j], h23[j]));
+                let (h45, h67) = (pair!(b0, 4), pair!(b0, 6));
                 let mut dws = [0u16; 8];
                 for (k, d) in dws.iter_mut().enumerate() {
                     *d = le16(w, (b0 + k) * ts);
                 }
                 let dw = halves(dws);
                 for (j, acc) in acc.iter_mut().enumerate() {
-                    let h4567 = _mm256_hadd_epi32(h45[j], h67[j]);
+                    let h4567 = zip_add64(h45[j], h67[j]);
                     let lo = _mm256_permute2x128_si256::<0x20>(h0123[j], h4567);
                     let hi = _mm256_permute2x128_si256::<0x31>(h0123[j], h4567);
                     let isum = _mm256_add_epi32(lo, hi);
@@ -641,8 +668,8 @@ macro_rules! rows32_kernels {
                             zero
                         }
                     };
-                    let h0123 = _mm256_hadd_epi32(h(0), h(2));
-                    let h4567 = _mm256_hadd_epi32(h(4), zero);
+                    let h0123 = zip_add64(h(0), h(2));
+                    let h4567 = zip_add64(h(4), zero);
                     let lo = _mm256_permute2x128_si256::<0x20>(h0123, h4567);
                     let hi = _mm256_permute2x128_si256::<0x31>(h0123, h4567);
                     let isum = _mm256_add_epi32(lo, hi);
@@ -1275,6 +1302,147 @@ fn f16w_group<const M: usize>(w: &[u8], a: &[f32], cols: usize, out: &mut [f32])
     for (o, acc) in out[..M].iter_mut().zip(acc.iter().copied()) {
         *o = fold32_ps(acc);
     }
+}
+
+// F16 weights × several tokens in tiles of `F16_ROWS` rows × `F16_TOKENS`
+// tokens. The canonical order keeps 32 partials per (row, token) pair, four
+// vectors of eight, and sixteen registers hold only three pairs' worth
+// (`f16w_group`: one conversion of the weights and three loads of
+// activations per three multiply-adds). Partial vector `k` takes columns
+// `32s + 8k..32s + 8k + 8` alone, so the columns are swept four times, once
+// per `k`, with one accumulator per pair: each step converts `F16_ROWS`
+// weight vectors and loads `F16_TOKENS` activation vectors for twelve
+// multiply-adds, and the pairs' four vectors are folded as `fold32_ps`
+// folds them. A tile's rows and activations (3 × 2 and 4 × 4 bytes a
+// column) stay in L1 over the four sweeps; tokens are the outer loop, so the
+// tile of activations is reused by every block of rows.
+
+/// Weight rows per tile.
+const F16_ROWS: usize = 2;
+/// Tokens per tile.
+const F16_TOKENS: usize = 4;
+
+/// [`RowsF16F32`](crate::kernels::RowsF16F32) for two tokens or more.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16_rows(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
+    let (rows, tokens) = (w.len() / (2 * cols), a.len() / cols);
+    assert!(
+        rows == 0 || tokens == 0 || out.len() >= (rows - 1) * stride + tokens,
+        "f16 rows lengths"
+    );
+    for t0 in (0..tokens).step_by(F16_TOKENS) {
+        let nt = (tokens - t0).min(F16_TOKENS);
+        let a = &a[cols * t0..cols * (t0 + nt)];
+        for r0 in (0..rows).step_by(F16_ROWS) {
+            let nr = (rows - r0).min(F16_ROWS);
+            let w = &w[2 * cols * r0..2 * cols * (r0 + nr)];
+            let out = &mut out[r0 * stride + t0..];
+            macro_rules! tiles {
+                ($(($r:literal, $t:literal)),*) => {
+                    match (nr, nt) {
+                        $(($r, $t) => f16_tile::<$r, $t>(w, cols, a, out, stride),)*
+                        _ => unreachable!("tile sizes are bounded by F16_ROWS and F16_TOKENS"),
+                    }
+                };
+            }
+            tiles!(
+                (2, 4),
+                (2, 3),
+                (2, 2),
+                (2, 1),
+                (1, 4),
+                (1, 3),
+                (1, 2),
+                (1, 1)
+            );
+        }
+    }
+}
+
+/// `R` weight rows (`w`, `R × cols` f16) against `T` activation rows (`a`,
+/// `T × cols` floats): `out[r·stride + t]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16_tile<const R: usize, const T: usize>(
+    w: &[u8],
+    cols: usize,
+    a: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) {
+    assert!(
+        w.len() == 2 * cols * R && a.len() == cols * T && out.len() > (R - 1) * stride + T - 1,
+        "f16 tile lengths"
+    );
+    // `(p0 + p1)` and `p2` of each pair between the sweeps.
+    let mut low = [[_mm256_setzero_ps(); R]; T];
+    let mut p2 = [[_mm256_setzero_ps(); R]; T];
+    for k in 0..4 {
+        let p = f16_sweep::<R, T>(w, cols, a, 8 * k);
+        for t in 0..T {
+            for r in 0..R {
+                match k {
+                    0 => low[t][r] = p[t][r],
+                    1 => low[t][r] = _mm256_add_ps(low[t][r], p[t][r]),
+                    2 => p2[t][r] = p[t][r],
+                    _ => {
+                        let v = _mm256_add_ps(low[t][r], _mm256_add_ps(p2[t][r], p[t][r]));
+                        out[r * stride + t] = tree8_ps(v);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One partial vector of every pair of a tile: the sums over columns
+/// `32s + first..32s + first + 8` (`first` is 0, 8, 16 or 24), the columns
+/// past `cols` as zeros (adding `+0` leaves a partial unchanged: it starts
+/// at `+0`, so is never `-0`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16_sweep<const R: usize, const T: usize>(
+    w: &[u8],
+    cols: usize,
+    a: &[f32],
+    first: usize,
+) -> [[__m256; R]; T] {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let mut acc = [[_mm256_setzero_ps(); R]; T];
+    let full = cols / 32 * 32;
+    let mut c = first;
+    while c < full {
+        // SAFETY: columns `c..c + 8 ≤ full ≤ cols` of rows `r < R` and tokens
+        // `t < T`, in bounds (lengths checked by the caller); unaligned loads.
+        let x: [__m256; R] = std::array::from_fn(|r| unsafe {
+            _mm256_cvtph_ps(_mm_loadu_si128(wp.add(2 * (r * cols + c)).cast()))
+        });
+        for (t, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: as above.
+            let y = unsafe { _mm256_loadu_ps(ap.add(t * cols + c)) };
+            for (acc, &x) in acc.iter_mut().zip(&x) {
+                *acc = _mm256_fmadd_ps(x, y, *acc);
+            }
+        }
+        c += 32;
+    }
+    if c < cols {
+        let n = cols - c;
+        let x: [__m256; R] = std::array::from_fn(|r| {
+            let mut h = [0u16; 8];
+            for (i, h) in h.iter_mut().take(n).enumerate() {
+                *h = le16(w, 2 * (r * cols + c + i));
+            }
+            halves(h)
+        });
+        for (t, acc) in acc.iter_mut().enumerate() {
+            let y = ldps_first(&a[t * cols + c..(t + 1) * cols]);
+            for (acc, &x) in acc.iter_mut().zip(&x) {
+                *acc = _mm256_fmadd_ps(x, y, *acc);
+            }
+        }
+    }
+    acc
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
