@@ -698,16 +698,10 @@ pub(crate) struct Q8KRows<'a> {
     pub(crate) groups: &'a [u8],
 }
 
-/// Consecutive Q8_0 activation rows for a several-row product: `blocks` (a
-/// multiple of the weight row's block count), their scales as `f32` in `d`,
-/// and `groups`, the same rows regrouped (see [`Q8_GROUP_BYTES`]).
+/// Consecutive Q8_0 activation rows for a several-row product, regrouped
+/// (see [`Q8_GROUP_BYTES`]).
 #[derive(Clone, Copy)]
-// `blocks` and `d` are read by the AVX2 kernels only (AVX-512 and NEON read
-// `groups`).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct Q8Rows<'a> {
-    pub(crate) blocks: &'a [BlockQ8_0],
-    pub(crate) d: &'a [f32],
     pub(crate) groups: &'a [u8],
     /// The number of activation rows.
     pub(crate) tokens: usize,
@@ -951,11 +945,8 @@ impl Kernels {
             }
             Some(Kernel::Q8(f)) => {
                 let nb = acts.cols / QK8_0;
-                let span = tokens.start * nb..tokens.end * nb;
                 let record = nb.div_ceil(8) * Q8_GROUP_BYTES;
                 let a = Q8Rows {
-                    blocks: &acts.q8_0[span.clone()],
-                    d: &acts.q8_0_d[span],
                     groups: &acts.q8_0_groups.bytes()[tokens.start * record..tokens.end * record],
                     tokens: n,
                 };

@@ -21,7 +21,9 @@ use super::super::scalar::{
     term_kmin,
 };
 use crate::blocks::IQ4NL_GRID;
-use crate::kernels::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, Q8KRows, Q8Rows, RowsTable};
+use crate::kernels::{
+    BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, Q8_GROUP_BYTES, Q8KRows, Q8Rows, RowsTable,
+};
 
 /// Declares a safe entry point for a `#[target_feature]` kernel.
 macro_rules! entry {
@@ -53,18 +55,24 @@ entry!(e_dot_f32, dot_f32, &[f32], &[f32]);
 entry!(e_dot_f16_f32, dot_f16_f32, &[u16], &[f32]);
 entry!(e_dot_f16_f16, dot_f16_f16, &[u16], &[u16]);
 
-/// Declares a safe entry point for a several-row `#[target_feature]` kernel.
+/// Declares a safe entry point for a several-row kernel: [`rows_grouped`]
+/// for blocks of `$ts` bytes unpacked by `$unpack`, `$shift` as there.
 macro_rules! rows_entry {
-    ($name:ident, $kernel:ident) => {
+    ($name:ident, $ts:literal, $unpack:ident, $shift:literal) => {
         fn $name(w: &[u8], rows: usize, a: Q8Rows<'_>, out: &mut [f32], stride: usize) {
             // SAFETY: as for `entry!`.
-            let row = |w: &[u8], out: &mut [f32]| unsafe { $kernel(w, a.blocks, a.d, out) };
+            let row = |w: &[u8], out: &mut [f32]| unsafe {
+                rows_grouped::<$shift>(w, $ts, |b| $unpack(b), a.groups, out)
+            };
             super::each_row(w, rows, out, stride, a.tokens, row);
         }
     };
 }
 
-rows_entry!(r_q4_0, q4_0_rows);
+rows_entry!(r_q4_0, 18, unpack_q4_0, 3);
+rows_entry!(r_q5_0, 22, unpack_q5_0, 4);
+rows_entry!(r_q8_0, 34, unpack_q8_0, 0);
+rows_entry!(r_iq4_nl, 18, unpack_iq4_nl, 0);
 
 pub(super) fn r_q4_k(w: &[u8], a: Q8KRows<'_>, out: &mut [f32]) {
     // SAFETY: as for `entry!`.
@@ -88,10 +96,6 @@ fn r_f16w_f32(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) 
         unsafe { f16w_rows_f32(w, a, &mut out[r * stride..][..tokens]) }
     }
 }
-
-rows_entry!(r_q5_0, q5_0_rows);
-rows_entry!(r_q8_0, q8_0_rows);
-rows_entry!(r_iq4_nl, iq4_nl_rows);
 
 /// The AVX2 table: every type.
 pub(crate) static TABLE: DotTable = DotTable {
@@ -520,221 +524,135 @@ fn iq4_nl(w: &[u8], a: &[BlockQ8_0]) -> f32 {
 }
 
 // ---- several activation rows per weight row (Q8_0 family) ----
+//
+// The activations come regrouped (`Q8_GROUP_BYTES`): per eight blocks, eight
+// registers whose 32-bit lane `l` holds four quants of block `l`, then the
+// blocks' quant sums and scales. Each group of eight weight blocks is
+// transposed the same way (`transpose_dwords`) once per pass of
+// `GROUP_TOKENS` tokens, so `vpmaddubsw` and `vpmaddwd` leave each block's
+// integer sum in its own lane: lane `l` is block `8g + l`, scaled and added
+// to partial `l` as in the single product, with no horizontal additions (one
+// block per register, these took more µops than the products on Zen 3).
+// `vpmaddubsw` wants unsigned weights: the narrow types (Q4_0, Q5_0) are
+// offset by `2^SHIFT` (8, 16) and `2^SHIFT · Σy` taken off through the stored
+// sums; Q8_0 and IQ4_NL multiply `|w|` by `y` with `w`'s sign (`vpsignb`).
 
-/// The several-row Q8_0-family kernels ([`rows32`] and its helpers) for one
-/// instruction set: `$feat` its target features, `$prep` turns a block's
-/// signed weights into what `$dot` takes, `$dot` gives the block's integer
-/// sum against 32 signed activation bytes in eight `i32` lanes. Expanded once,
-/// for AVX2 (AVX-512 VNNI has its own several-row kernel over regrouped
-/// activations, `avx512::rows_grouped`).
-macro_rules! rows32_kernels {
-    ($feat:literal, $prep:path, $dot:path) => {
-        /// One weight row of 32-weight blocks of `ts` bytes against `out.len()`
-        /// consecutive Q8_0 activation rows (`a`, with `f32` scales `ad`), each in
-        /// the canonical order of [`blocks32`]: every eight blocks, a row's integer
-        /// sums are transposed into one vector, scaled and added to its eight
-        /// partials; the last `nb % 8` blocks go one by one through the scalar term.
-        /// `unpack` gives a block's 32 weights as signed bytes; it runs once per
-        /// block for every `G` activation rows (more for the costlier unpacking;
-        /// too many and the sums no longer fit in registers).
-        #[inline]
-        #[target_feature(enable = $feat)]
-        fn rows32<const G: usize>(
-            w: &[u8],
-            a: &[BlockQ8_0],
-            ad: &[f32],
-            ts: usize,
-            unpack: impl Fn(&[u8]) -> __m256i + Copy,
-            out: &mut [f32],
-        ) {
-            let n = out.len();
-            let nb = w.len() / ts;
-            assert!(a.len() == n * nb && ad.len() == n * nb, "rows32 lengths");
-            let mut t0 = 0;
-            while t0 < n {
-                if n - t0 >= G {
-                    rows32_group::<G>(
-                        w,
-                        &a[t0 * nb..],
-                        &ad[t0 * nb..],
-                        nb,
-                        ts,
-                        unpack,
-                        &mut out[t0..],
-                    );
-                    t0 += G;
+/// Activation rows per pass (each weight group is transposed once per pass).
+const GROUP_TOKENS: usize = 16;
+
+/// One weight row of 32-weight blocks of `ts` bytes (`unpack` gives a
+/// block's weights as signed bytes; with `SHIFT > 0` they must lie in
+/// `-2^SHIFT..2^SHIFT`) against `out.len()` regrouped Q8_0 activation rows
+/// `groups`, each in the canonical order of the single product. A row's
+/// last group is padded with zero blocks on both sides: their terms are
+/// `+0`, which leaves a partial unchanged.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn rows_grouped<const SHIFT: i32>(
+    w: &[u8],
+    ts: usize,
+    unpack: impl Fn(&[u8]) -> __m256i,
+    groups: &[u8],
+    out: &mut [f32],
+) {
+    let nb = w.len() / ts;
+    let ng = nb.div_ceil(8);
+    let (records, _) = groups.as_chunks::<Q8_GROUP_BYTES>();
+    assert!(records.len() == out.len() * ng, "grouped rows lengths");
+    let ones = _mm256_set1_epi16(1);
+    for (out, records) in out
+        .chunks_mut(GROUP_TOKENS)
+        .zip(records.chunks(GROUP_TOKENS * ng))
+    {
+        let mut acc = [_mm256_setzero_ps(); GROUP_TOKENS];
+        for (g, b0) in (0..nb).step_by(8).enumerate() {
+            let (q, dw) = weight_group(w, b0, ts, &unpack);
+            // Unsigned weights for `vpmaddubsw`: offset, or magnitudes.
+            let u = q.map(|q| {
+                if SHIFT > 0 {
+                    _mm256_add_epi8(q, _mm256_set1_epi8(1 << SHIFT))
                 } else {
-                    rows32_group::<1>(
-                        w,
-                        &a[t0 * nb..],
-                        &ad[t0 * nb..],
-                        nb,
-                        ts,
-                        unpack,
-                        &mut out[t0..],
-                    );
-                    t0 += 1;
+                    _mm256_sign_epi8(q, q)
                 }
+            });
+            for (acc, r) in acc.iter_mut().zip(records[g..].iter().step_by(ng)) {
+                let mut s = [_mm256_setzero_si256(); 2];
+                for k in 0..8 {
+                    let mut y = ld256(&r[32 * k..]);
+                    if SHIFT == 0 {
+                        y = _mm256_sign_epi8(y, q[k]);
+                    }
+                    // Pairs of products: |2 · 128 · 127| and 2 · 31 · 127
+                    // fit an i16 (no saturation).
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u[k], y), ones);
+                    s[k % 2] = _mm256_add_epi32(s[k % 2], p);
+                }
+                let mut isum = _mm256_add_epi32(s[0], s[1]);
+                if SHIFT > 0 {
+                    isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<SHIFT>(ld256(&r[256..])));
+                }
+                let da = ldps(&r[288..]);
+                let t = _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum));
+                *acc = _mm256_add_ps(*acc, t);
             }
         }
-
-        /// The integer sums (through `$prep` and `$dot`) of two consecutive blocks
-        /// (weights `q0`, `q1` as signed bytes) against block `at` and `at + 1` of each of `M` activation rows `nb`
-        /// blocks apart, pairwise added as the first step of [`transpose_sum`].
-        #[inline]
-        #[target_feature(enable = $feat)]
-        fn pair_sums<const M: usize>(
-            q0: __m256i,
-            q1: __m256i,
-            a: &[BlockQ8_0],
-            nb: usize,
-            at: usize,
-        ) -> [__m256i; M] {
-            let (p0, p1) = ($prep(q0), $prep(q1));
-            let mut h = [_mm256_setzero_si256(); M];
-            for (j, h) in h.iter_mut().enumerate() {
-                let y = &a[j * nb + at..][..2];
-                *h = zip_add32($dot(p0, ld256(&y[0].qs)), $dot(p1, ld256(&y[1].qs)));
-            }
-            h
+        for (o, acc) in out.iter_mut().zip(acc) {
+            *o = tree8_ps(acc);
         }
-
-        /// [`rows32`] for `M` activation rows (`a`, `ad` from the first of them;
-        /// rows `nb` blocks apart), into `out[..M]`.
-        #[inline]
-        #[target_feature(enable = $feat)]
-        fn rows32_group<const M: usize>(
-            w: &[u8],
-            a: &[BlockQ8_0],
-            ad: &[f32],
-            nb: usize,
-            ts: usize,
-            unpack: impl Fn(&[u8]) -> __m256i,
-            out: &mut [f32],
-        ) {
-            // A macro, not a closure: closures in `target_feature` functions
-            // were left out of line (a call per pair of blocks, the sums
-            // returned through memory).
-            macro_rules! pair {
-                ($b0:expr, $k:expr) => {{
-                    let b = $b0 + $k;
-                    let (q0, q1) = (unpack(&w[b * ts..][..ts]), unpack(&w[(b + 1) * ts..][..ts]));
-                    pair_sums::<M>(q0, q1, a, nb, b)
-                }};
-            }
-            let mut acc = [_mm256_setzero_ps(); M];
-            let full = nb / 8 * 8;
-            for b0 in (0..full).step_by(8) {
-                let (h01, h23) = (pair!(b0, 0), pair!(b0, 2));
-                let h0123: [__m256i; M] = std::array::from_fn(|j| zip_add64(h01[j], h23[j]));
-                let (h45, h67) = (pair!(b0, 4), pair!(b0, 6));
-                let mut dws = [0u16; 8];
-                for (k, d) in dws.iter_mut().enumerate() {
-                    *d = le16(w, (b0 + k) * ts);
-                }
-                let dw = halves(dws);
-                for (j, acc) in acc.iter_mut().enumerate() {
-                    let h4567 = zip_add64(h45[j], h67[j]);
-                    let lo = _mm256_permute2x128_si256::<0x20>(h0123[j], h4567);
-                    let hi = _mm256_permute2x128_si256::<0x31>(h0123[j], h4567);
-                    let isum = _mm256_add_epi32(lo, hi);
-                    let da = ldps(&ad[j * nb + b0..][..8]);
-                    let t = _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum));
-                    *acc = _mm256_add_ps(*acc, t);
-                }
-            }
-            // An even tail (2, 4 or 6 blocks: SmolLM2's 576 columns are 18) as one
-            // more group with zero sums for the missing blocks, whose lanes are kept
-            // out of the partials; an odd one block by block.
-            let tail = nb - full;
-            let mut scalar_from = nb;
-            if tail % 2 == 0 && tail > 0 {
-                let mut q = [_mm256_setzero_si256(); 6];
-                let mut dws = [0u16; 8];
-                for k in 0..tail {
-                    let b = &w[(full + k) * ts..][..ts];
-                    q[k] = unpack(b);
-                    dws[k] = le16(b, 0);
-                }
-                let dw = halves(dws);
-                let keep = _mm256_castsi256_ps(first_lanes(tail));
-                let zero = _mm256_setzero_si256();
-                for (j, acc) in acc.iter_mut().enumerate() {
-                    let a = &a[j * nb..];
-                    let h = |k: usize| {
-                        if k < tail {
-                            pair_sums::<1>(q[k], q[k + 1], a, nb, full + k)[0]
-                        } else {
-                            zero
-                        }
-                    };
-                    let h0123 = zip_add64(h(0), h(2));
-                    let h4567 = zip_add64(h(4), zero);
-                    let lo = _mm256_permute2x128_si256::<0x20>(h0123, h4567);
-                    let hi = _mm256_permute2x128_si256::<0x31>(h0123, h4567);
-                    let isum = _mm256_add_epi32(lo, hi);
-                    let da = ldps_first(&ad[j * nb + full..][..tail]);
-                    let t = _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum));
-                    *acc = _mm256_blendv_ps(*acc, _mm256_add_ps(*acc, t), keep);
-                }
-            } else {
-                scalar_from = full;
-            }
-            for (j, (o, acc)) in out[..M].iter_mut().zip(acc.iter().copied()).enumerate() {
-                if scalar_from == nb {
-                    *o = tree8_ps(acc);
-                    continue;
-                }
-                let mut sum = Blocks::new(lanes_ps(acc));
-                for i in scalar_from..nb {
-                    let b = &w[i * ts..][..ts];
-                    let v = $dot($prep(unpack(b)), ld256(&a[j * nb + i].qs));
-                    sum.add(i, term(h2f(le16(b, 0)), ad[j * nb + i], hsum_epi32(v)));
-                }
-                *o = sum.sum();
-            }
-        }
-
-        // Activation rows per weight block: eight for the nibble types, four for
-        // Q8_0, whose unpacking is a load (measured on SmolLM2).
-        #[target_feature(enable = $feat)]
-        fn q4_0_rows(w: &[u8], a: &[BlockQ8_0], ad: &[f32], out: &mut [f32]) {
-            rows32::<8>(w, a, ad, 18, |b| unpack_q4_0(b), out)
-        }
-
-        #[target_feature(enable = $feat)]
-        fn q5_0_rows(w: &[u8], a: &[BlockQ8_0], ad: &[f32], out: &mut [f32]) {
-            rows32::<8>(w, a, ad, 22, |b| unpack_q5_0(b), out)
-        }
-
-        #[target_feature(enable = $feat)]
-        fn q8_0_rows(w: &[u8], a: &[BlockQ8_0], ad: &[f32], out: &mut [f32]) {
-            rows32::<4>(w, a, ad, 34, |b| unpack_q8_0(b), out)
-        }
-
-        #[target_feature(enable = $feat)]
-        fn iq4_nl_rows(w: &[u8], a: &[BlockQ8_0], ad: &[f32], out: &mut [f32]) {
-            rows32::<8>(w, a, ad, 18, |b| unpack_iq4_nl(b), out)
-        }
-    };
+    }
 }
 
-rows32_kernels!("avx2,f16c", sign_prep, sign_dot);
-
-/// AVX2's block product, prepared once per weight block: `|w|` and `w`.
+/// Blocks `b0..b0 + 8` of a weight row (zero blocks past its end) as signed
+/// bytes, transposed as the regrouped activations are, and their scales.
 #[inline]
-#[target_feature(enable = "avx2")]
-fn sign_prep(q: __m256i) -> (__m256i, __m256i) {
-    (_mm256_sign_epi8(q, q), q)
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn weight_group(
+    w: &[u8],
+    b0: usize,
+    ts: usize,
+    unpack: &impl Fn(&[u8]) -> __m256i,
+) -> ([__m256i; 8], __m256) {
+    let mut q = [_mm256_setzero_si256(); 8];
+    let mut dws = [0u16; 8];
+    prefetch_ahead(&w[b0 * ts..], 8 * ts);
+    for (l, b) in w[b0 * ts..].chunks_exact(ts).take(8).enumerate() {
+        q[l] = unpack(b);
+        dws[l] = le16(b, 0);
+    }
+    (transpose_dwords(q), halves(dws))
 }
 
-/// `Σ w·y` over each four bytes (exact): `|w| · sign(y, w)` through
-/// `vpmaddubsw` (no saturation: |y| ≤ 127) and `vpmaddwd` against 1.
+/// Eight registers of eight 32-bit lanes transposed: lane `l` of result `k`
+/// is lane `k` of `v[l]`.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn sign_dot((abs, q): (__m256i, __m256i), y: __m256i) -> __m256i {
-    let p = _mm256_maddubs_epi16(abs, _mm256_sign_epi8(y, q));
-    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+pub(super) fn transpose_dwords(v: [__m256i; 8]) -> [__m256i; 8] {
+    // Within each 128-bit half: neighbours interleaved by 32 bits, then by 64.
+    let t: [__m256i; 8] = std::array::from_fn(|i| {
+        let (a, b) = (v[i / 2 * 2], v[i / 2 * 2 + 1]);
+        if i % 2 == 0 {
+            _mm256_unpacklo_epi32(a, b)
+        } else {
+            _mm256_unpackhi_epi32(a, b)
+        }
+    });
+    // u[j] (j < 4): lanes j and j + 4 of v[0..4]; u[4 + j]: the same of v[4..8].
+    let u: [__m256i; 8] = std::array::from_fn(|i| {
+        let (h, j) = (i / 4 * 4, i % 4);
+        let (a, b) = (t[h + j / 2], t[h + j / 2 + 2]);
+        if j % 2 == 0 {
+            _mm256_unpacklo_epi64(a, b)
+        } else {
+            _mm256_unpackhi_epi64(a, b)
+        }
+    });
+    std::array::from_fn(|k| {
+        if k < 4 {
+            _mm256_permute2x128_si256::<0x20>(u[k], u[k + 4])
+        } else {
+            _mm256_permute2x128_si256::<0x31>(u[k - 4], u[k])
+        }
+    })
 }
 
 /// A Q4_0 block's weights as signed bytes.

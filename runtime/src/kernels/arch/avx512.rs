@@ -22,7 +22,8 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use super::avx2::{
-    self, halves, ld256, ldps, le16, tree8_ps, unpack_iq4_nl, unpack_q4_0, unpack_q5_0, unpack_q8_0,
+    self, halves, ld256, ldps, le16, transpose_dwords, tree8_ps, unpack_iq4_nl, unpack_q4_0,
+    unpack_q5_0, unpack_q8_0,
 };
 use crate::kernels::scalar::k4_scales;
 use crate::kernels::{
@@ -227,18 +228,9 @@ fn weight_group(
     ts: usize,
     unpack: &impl Fn(&[u8]) -> __m256i,
 ) -> ([__m256i; 8], __m256) {
-    let mut q = [_mm256_setzero_si256(); 8];
-    let mut dws = [0u16; 8];
-    avx2::prefetch_ahead(&w[b0 * ts..], 8 * ts);
-    for (l, b) in w[b0 * ts..].chunks_exact(ts).take(8).enumerate() {
-        q[l] = unpack(b);
-        dws[l] = le16(b, 0);
-    }
+    let (q, dw) = avx2::weight_group(w, b0, ts, unpack);
     let shift = _mm256_set1_epi8(0x80u8 as i8);
-    (
-        transpose_dwords(q).map(|v| _mm256_xor_si256(v, shift)),
-        halves(dws),
-    )
+    (q.map(|v| _mm256_xor_si256(v, shift)), dw)
 }
 
 /// [`rows_grouped`] for two weight rows at once, in the two 256-bit halves
@@ -674,39 +666,6 @@ fn hadd(x: __m512, y: __m512) -> __m512 {
         _mm512_shuffle_ps::<0x88>(x, y),
         _mm512_shuffle_ps::<0xDD>(x, y),
     )
-}
-
-/// Eight registers of eight 32-bit lanes transposed: lane `l` of result `k`
-/// is lane `k` of `v[l]`.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn transpose_dwords(v: [__m256i; 8]) -> [__m256i; 8] {
-    // Within each 128-bit half: neighbours interleaved by 32 bits, then by 64.
-    let t: [__m256i; 8] = std::array::from_fn(|i| {
-        let (a, b) = (v[i / 2 * 2], v[i / 2 * 2 + 1]);
-        if i % 2 == 0 {
-            _mm256_unpacklo_epi32(a, b)
-        } else {
-            _mm256_unpackhi_epi32(a, b)
-        }
-    });
-    // u[j] (j < 4): lanes j and j + 4 of v[0..4]; u[4 + j]: the same of v[4..8].
-    let u: [__m256i; 8] = std::array::from_fn(|i| {
-        let (h, j) = (i / 4 * 4, i % 4);
-        let (a, b) = (t[h + j / 2], t[h + j / 2 + 2]);
-        if j % 2 == 0 {
-            _mm256_unpacklo_epi64(a, b)
-        } else {
-            _mm256_unpackhi_epi64(a, b)
-        }
-    });
-    std::array::from_fn(|k| {
-        if k < 4 {
-            _mm256_permute2x128_si256::<0x20>(u[k], u[k + 4])
-        } else {
-            _mm256_permute2x128_si256::<0x31>(u[k - 4], u[k])
-        }
-    })
 }
 
 #[inline]
