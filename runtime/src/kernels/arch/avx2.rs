@@ -247,8 +247,8 @@ fn transpose_sum(v: &[__m256i; 8]) -> __m256i {
 /// The first step of [`transpose_sum`] for `x`, `y`: in each 128-bit half,
 /// `[x0+x2, y0+y2, x1+x3, y1+y3]`. Integer sums are exact in any order; two
 /// unpacks and an add are three single-µop instructions in place of
-/// `vphaddd`, which is several µops and bound the Q8_0 family's products on
-/// Zen 3 (docs/BENCHMARKS.md).
+/// `vphaddd`, which is several µops and bound the Q8_0 family's one-token
+/// products on Zen 3 (docs/BENCHMARKS.md).
 #[inline]
 #[target_feature(enable = "avx2")]
 fn zip_add32(x: __m256i, y: __m256i) -> __m256i {
@@ -1170,24 +1170,16 @@ fn f16w(w: &[u8], a: &[u16]) -> f32 {
     )
 }
 
-/// F16 weights against several activation rows widened from f16 to `f32`
-/// (exactly, so the products are f16 × f16 and exact), three rows at a time
-/// sharing each conversion of the weights; each row keeps the 32 partials
-/// and order of [`f16w`] (fused multiply-adds: the products are exact).
+/// F16 weights against activation rows widened from f16 to `f32` (exactly,
+/// so the products are f16 × f16 and exact), one row at a time (two tokens
+/// or more go to [`f16_rows`]); each row keeps the 32 partials and order of
+/// [`f16w`] (fused multiply-adds: the products are exact).
 #[target_feature(enable = "avx2,fma,f16c")]
 fn f16w_rows_f32(w: &[u8], a: &[f32], out: &mut [f32]) {
     let cols = w.len() / 2;
     assert_eq!(a.len(), out.len() * cols, "f16w_rows lengths");
-    let mut t0 = 0;
-    while t0 < out.len() {
-        let (a, out) = (&a[t0 * cols..], &mut out[t0..]);
-        if out.len() >= 3 {
-            f16w_group::<3>(w, a, cols, out);
-            t0 += 3;
-        } else {
-            f16w_group::<1>(w, a, cols, out);
-            t0 += 1;
-        }
+    for (t, o) in out.chunks_exact_mut(1).enumerate() {
+        f16w_group::<1>(w, &a[t * cols..], cols, o);
     }
 }
 
@@ -1225,8 +1217,8 @@ fn f16w_group<const M: usize>(w: &[u8], a: &[f32], cols: usize, out: &mut [f32])
 // F16 weights × several tokens in tiles of `F16_ROWS` rows × `F16_TOKENS`
 // tokens. The canonical order keeps 32 partials per (row, token) pair, four
 // vectors of eight, and sixteen registers hold only three pairs' worth
-// (`f16w_group`: one conversion of the weights and three loads of
-// activations per three multiply-adds). Partial vector `k` takes columns
+// (one conversion of the weights and three loads of activations per three
+// multiply-adds). Partial vector `k` takes columns
 // `32s + 8k..32s + 8k + 8` alone, so the columns are swept four times, once
 // per `k`, with one accumulator per pair: each step converts `F16_ROWS`
 // weight vectors and loads `F16_TOKENS` activation vectors for twelve

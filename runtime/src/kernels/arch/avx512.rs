@@ -170,8 +170,8 @@ q8_family_dot!(iq4_nl, 18, unpack_iq4_nl);
 // `Σ (w + 128)·y` in its own lane; `128·Σy` (stored with the activations)
 // comes off exactly. No horizontal additions: lane `l` is then block
 // `8g + l`'s integer sum, scaled and added to partial `l` as in the single
-// product. (The AVX2 kernels, one block per register, reduce lanes with
-// `vphaddd` for every block and token.)
+// product. (`avx2::rows_grouped` walks the same records with `vpmaddubsw`
+// in place of `vpdpbusd`.)
 
 /// Activation rows whose partials are kept together.
 const TOKENS: usize = 16;
