@@ -20,7 +20,7 @@ gen="${GEN:-32}"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cargo build --release --quiet -p memwall
 mw="$PWD/target/release/memwall"
-lb="$LLAMA_CPP/build/bin/llama-bench"
+lb="$LLAMA_CPP/${LLAMA_BUILD:-build}/bin/llama-bench"  # LLAMA_BUILD: see bench/runtime.sh
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/memwall-wall.XXXXXX")"
 cg=""
 cleanup() { [ -n "$cg" ] && rmdir "$cg" 2> /dev/null; rm -rf "$tmp"; }

@@ -4,6 +4,11 @@
 #
 #   LLAMA_CPP=/path/to/llama.cpp bench/runtime.sh [THREADS] [PROMPT] [GEN]
 #
+# LLAMA_BUILD names the cmake build directory under LLAMA_CPP (default `build`): on a CPU
+# whose AMX tiles the VM does not enable, a GGML_NATIVE build dies with SIGILL in its AMX
+# matmul, and a build with the AVX-512 flags spelled out and GGML_AMX_*=OFF is the one to use
+# (docs/BENCHMARKS.md).
+#
 # ROUNDS=n (default 1) repeats the side-by-side runs n times, llama-bench and memwall
 # alternating, and ends with the median ratio of each test: on a noisy machine (a shared VM)
 # the speed moves 10-20 % within minutes, and alternating keeps both sides in the same weather.
@@ -23,7 +28,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cargo build --release --quiet -p memwall
 fixtures/fetch.sh > /dev/null
 mw="$PWD/target/release/memwall"
-lb="$LLAMA_CPP/build/bin/llama-bench"
+lb="$LLAMA_CPP/${LLAMA_BUILD:-build}/bin/llama-bench"
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/memwall-bench.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 "$mw" export fixtures/cache/SmolLM2-135M-Instruct.Q4_1.gguf "$tmp/smol" > /dev/null
