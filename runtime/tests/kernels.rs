@@ -611,6 +611,78 @@ fn batched_matmul_matches_scalar_for_every_tail() {
     }
 }
 
+/// The integer sums at their extremes: every weight quant at the top or the
+/// bottom of its range against activations that all quantize to +127 or
+/// −127, so each lane of a block's integer sum is as large as the format
+/// allows (kernels that keep byte-pair sums in 16 bits before widening
+/// them must not wrap or saturate). Several tokens, so the several-row
+/// products run too, on every backend and against the scalar `vec_dot`.
+#[test]
+fn extreme_quants_sum_exactly_in_every_product() {
+    let scalar = Kernels::new(Backend::Scalar).unwrap();
+    for b in Backend::supported() {
+        let mut mm = Matmul::new(Kernels::new(b).unwrap(), 2);
+        for ty in DEQUANTIZABLE {
+            if ty.block_size() == 1 {
+                continue; // float weights have no integer sums
+            }
+            let kind = VecDotType::of(ty).unwrap();
+            let (bs, ts) = (ty.block_size() as usize, ty.type_size() as usize);
+            let cols = bs.max(32) * 17;
+            // Rows: every byte but the scales 0xff, 0x00, 0x7f, 0x80, or 0xff and
+            // 0x00 alternating (top and bottom nibbles, high bits, Q8_0's ends,
+            // IQ4_NL's grid ends); scales 0.5.
+            let fills: [fn(usize) -> u8; 5] = [
+                |_| 0xff,
+                |_| 0x00,
+                |_| 0x7f,
+                |_| 0x80,
+                |i| [0xff, 0x00][i % 2],
+            ];
+            let mut w = Vec::new();
+            for fill in fills {
+                let mut row: Vec<u8> = (0..cols / bs * ts).map(|i| fill(i % ts)).collect();
+                for blk in row.chunks_exact_mut(ts) {
+                    for &o in scale_fields(ty) {
+                        blk[o..o + 2].copy_from_slice(&f32_to_f16(0.5).to_le_bytes());
+                    }
+                }
+                w.extend(row);
+            }
+            let rows = fills.len();
+            let m = QMatrix::new(ty, &w, rows, cols).unwrap();
+            // Tokens: all +1, all −1, alternating signs by element and by pair.
+            let tokens: [fn(usize) -> f32; 4] = [
+                |_| 1.0,
+                |_| -1.0,
+                |i| if i % 2 == 0 { 1.0 } else { -1.0 },
+                |i| if i / 2 % 2 == 0 { 1.0 } else { -1.0 },
+            ];
+            let mut x = Vec::new();
+            for _ in 0..5 {
+                for f in tokens {
+                    x.extend((0..cols).map(f));
+                }
+            }
+            let t_n = x.len() / cols;
+            let mut acts = Activations::new();
+            acts.quantize(kind, &x, cols).unwrap();
+            let mut y = vec![f32::NAN; t_n * rows];
+            mm.matmul(&m, &x, &mut y).unwrap();
+            for t in 0..t_n {
+                for r in 0..rows {
+                    let want = scalar.vec_dot(ty, m.row(r), acts.row(t)).unwrap();
+                    assert!(
+                        same_bits(y[t * rows + r], want),
+                        "{b:?} {ty}: row {r} token {t}: {:e} vs scalar {want:e}",
+                        y[t * rows + r]
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// F16 products run in tiles of several weight rows × several tokens: every
 /// remainder of rows and tokens per task, and every column tail of the
 /// 16- and 32-column steps, against the scalar dot products.

@@ -560,6 +560,18 @@ fn rows_grouped<const SHIFT: i32>(
     let (records, _) = groups.as_chunks::<Q8_GROUP_BYTES>();
     assert!(records.len() == out.len() * ng, "grouped rows lengths");
     let ones = _mm256_set1_epi16(1);
+    // Byte-pair sums `vpmaddubsw` leaves in one i16 before widening: a pair
+    // is at most 2 · (2^(SHIFT+1) − 1) · 127 in magnitude (|w| ≤ 128 when
+    // SHIFT is 0), so Q4_0 sums all eight registers of a group in 16 bits,
+    // Q5_0 four, Q8_0 and IQ4_NL one (`vpmaddwd` after every product).
+    const { assert!(SHIFT == 0 || SHIFT == 3 || SHIFT == 4) };
+    let terms16: usize = const {
+        match SHIFT {
+            3 => 8,
+            4 => 4,
+            _ => 1,
+        }
+    };
     for (out, records) in out
         .chunks_mut(GROUP_TOKENS)
         .zip(records.chunks(GROUP_TOKENS * ng))
@@ -577,15 +589,21 @@ fn rows_grouped<const SHIFT: i32>(
             });
             for (acc, r) in acc.iter_mut().zip(records[g..].iter().step_by(ng)) {
                 let mut s = [_mm256_setzero_si256(); 2];
-                for k in 0..8 {
-                    let mut y = ld256(&r[32 * k..]);
-                    if SHIFT == 0 {
-                        y = _mm256_sign_epi8(y, q[k]);
-                    }
+                for k0 in (0..8).step_by(terms16) {
                     // Pairs of products: |2 · 128 · 127| and 2 · 31 · 127
-                    // fit an i16 (no saturation).
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u[k], y), ones);
-                    s[k % 2] = _mm256_add_epi32(s[k % 2], p);
+                    // fit an i16 (no saturation), and so do `terms16`
+                    // of the narrow types' pairs.
+                    let mut p16 = _mm256_setzero_si256();
+                    for k in k0..k0 + terms16 {
+                        let mut y = ld256(&r[32 * k..]);
+                        if SHIFT == 0 {
+                            y = _mm256_sign_epi8(y, q[k]);
+                        }
+                        let p = _mm256_maddubs_epi16(u[k], y);
+                        p16 = if k == k0 { p } else { _mm256_add_epi16(p16, p) };
+                    }
+                    let p = _mm256_madd_epi16(p16, ones);
+                    s[k0 / terms16 % 2] = _mm256_add_epi32(s[k0 / terms16 % 2], p);
                 }
                 let mut isum = _mm256_add_epi32(s[0], s[1]);
                 if SHIFT > 0 {
