@@ -268,10 +268,14 @@ fn zip_add64(x: __m256i, y: __m256i) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 pub(super) fn halves(h: [u16; 8]) -> __m256 {
-    let h = h.map(|v| v as i16);
-    _mm256_cvtph_ps(_mm_set_epi16(
-        h[7], h[6], h[5], h[4], h[3], h[2], h[1], h[0],
-    ))
+    // Packed into two 64-bit words in general registers first: eight
+    // `vpinsrw` (two µops each, one on the shuffle port) were a large share
+    // of the one-token Q4_0/Q5_0 products.
+    let word = |h: &[u16]| {
+        let w = h.iter().rev().fold(0u64, |w, &v| w << 16 | u64::from(v));
+        w as i64
+    };
+    _mm256_cvtph_ps(_mm_set_epi64x(word(&h[4..]), word(&h[..4])))
 }
 
 /// Σ x·y in 32-bit lanes for signed bytes, |y| ≤ 127 (x may be −128).
