@@ -224,6 +224,83 @@ fn streaming_mode_changes_memory_not_results() {
     assert!(!out.status.success());
 }
 
+/// `MEMWALL_KERNELS` pins the dot products and caps attention, `exp` and the
+/// activation quantizers at the same instruction set: every backend this CPU
+/// runs gives the same perplexity bits and greedy text (prompt batches and
+/// decoding), and `bench` names the backend it ran. Backends this CPU lacks
+/// are refused with an error.
+#[test]
+fn every_kernel_backend_gives_the_same_results() {
+    let with = |kernels: &str, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_memwall"))
+            .args(args)
+            .env("MEMWALL_KERNELS", kernels)
+            .current_dir(repo())
+            .output()
+            .unwrap()
+    };
+    let ppl_args = [
+        "perplexity",
+        "-m",
+        TINY,
+        "-f",
+        "fixtures/perplexity/heldout-24k.txt",
+        "-c",
+        "64",
+        "--chunks",
+        "2",
+        "--json",
+    ];
+    let run_args = [
+        "run",
+        "-m",
+        TINY,
+        "-p",
+        "北京是",
+        "-n",
+        "12",
+        "--temp",
+        "0",
+        "--json",
+    ];
+    let bench_args = [
+        "bench", "-m", TINY, "-p", "8", "-n", "2", "-t", "1", "-r", "1", "--json",
+    ];
+    let mut seen = Vec::new();
+    for kernels in ["scalar", "avx2", "avx512", "neon", "neon-dot"] {
+        let bench = with(kernels, &bench_args);
+        if !bench.status.success() {
+            let err = String::from_utf8_lossy(&bench.stderr);
+            assert!(
+                err.contains("not supported by this CPU"),
+                "{kernels}: {err}"
+            );
+            continue;
+        }
+        let bench: Value = serde_json::from_slice(&bench.stdout).unwrap();
+        assert_eq!(bench["kernels"], kernels);
+        let json = |args: &[&str]| -> Value {
+            let out = with(kernels, args);
+            assert!(
+                out.status.success(),
+                "{kernels}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            serde_json::from_slice(&out.stdout).unwrap()
+        };
+        let ppl = json(&ppl_args)["ppl"].as_f64().unwrap();
+        let text = json(&run_args)["text"].as_str().unwrap().to_owned();
+        seen.push((kernels, ppl.to_bits(), text));
+    }
+    assert!(
+        seen.len() >= 2,
+        "scalar and at least one SIMD backend: {seen:?}"
+    );
+    for (kernels, ppl, text) in &seen[1..] {
+        assert_eq!((ppl, text), (&seen[0].1, &seen[0].2), "{kernels} vs scalar");
+    }
+}
+
 #[test]
 fn bench_sweeps_and_recommends() {
     let v: Value = serde_json::from_str(&stdout_of(&[

@@ -75,13 +75,39 @@ fn transpose_edges(
     }
 }
 
-/// AVX2 with FMA and F16C (probed once; attention and `exp` ask per call).
+/// Whether `MEMWALL_KERNELS` names a backend below `level` (0 scalar, 1
+/// AVX2 or NEON, 2 AVX-512 or NEON with `sdot`): then the probes report
+/// no more than that backend's features, so attention, `exp` and the
+/// activation quantizers run as on a CPU that has only those, and
+/// `MEMWALL_KERNELS=avx2` on an AVX-512 machine measures an AVX2-only CPU
+/// (every path gives the same bits; only speed changes). A name that is no
+/// backend caps nothing ([`super::Kernels::from_env`] refuses it).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+fn capped_below(level: u8) -> bool {
+    static CAP: std::sync::OnceLock<Option<u8>> = std::sync::OnceLock::new();
+    let cap = CAP.get_or_init(|| {
+        let name = std::env::var("MEMWALL_KERNELS").ok()?;
+        Some(match Backend::parse(&name).ok()? {
+            Backend::Scalar => 0,
+            Backend::Avx2 | Backend::Neon => 1,
+            Backend::Avx512 | Backend::NeonDot => 2,
+        })
+    });
+    cap.is_some_and(|cap| cap < level)
+}
+
+/// AVX2 with FMA and F16C (probed once; attention and `exp` ask per call),
+/// unless `MEMWALL_KERNELS=scalar` ([`capped_below`]).
 pub(crate) fn has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static PROBE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *PROBE.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx2")
+            !capped_below(1)
+                && std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
                 && std::arch::is_x86_feature_detected!("f16c")
         })
@@ -90,13 +116,15 @@ pub(crate) fn has_avx2() -> bool {
     false
 }
 
-/// AVX-512 F, BW, VL and VNNI, on top of [`has_avx2`] (probed once).
+/// AVX-512 F, BW, VL and VNNI, on top of [`has_avx2`] (probed once),
+/// unless `MEMWALL_KERNELS` names a narrower backend.
 pub(crate) fn has_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static PROBE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *PROBE.get_or_init(|| {
             has_avx2()
+                && !capped_below(2)
                 && std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("avx512vl")
@@ -107,11 +135,12 @@ pub(crate) fn has_avx512() -> bool {
     false
 }
 
-/// Advanced SIMD (always present on aarch64).
+/// Advanced SIMD (always present on aarch64), unless
+/// `MEMWALL_KERNELS=scalar`.
 pub(crate) fn has_neon() -> bool {
     #[cfg(target_arch = "aarch64")]
     {
-        std::arch::is_aarch64_feature_detected!("neon")
+        !capped_below(1) && std::arch::is_aarch64_feature_detected!("neon")
     }
     #[cfg(not(target_arch = "aarch64"))]
     false
@@ -121,7 +150,7 @@ pub(crate) fn has_neon() -> bool {
 pub(crate) fn has_neon_dot() -> bool {
     #[cfg(target_arch = "aarch64")]
     {
-        has_neon() && std::arch::is_aarch64_feature_detected!("dotprod")
+        has_neon() && !capped_below(2) && std::arch::is_aarch64_feature_detected!("dotprod")
     }
     #[cfg(not(target_arch = "aarch64"))]
     false
