@@ -694,10 +694,23 @@ fn f16_tiles_match_scalar_for_every_remainder() {
     for b in Backend::supported() {
         for threads in [1, 2] {
             let mut mm = Matmul::new(Kernels::new(b).unwrap(), threads);
-            for cols in [1, 7, 16, 17, 31, 32, 33, 48, 63, 69, 576] {
+            // Narrow rows with every remainder of rows and tokens; rows at
+            // and past the widest that AVX-512 widens once (1024 columns),
+            // with and without a column tail, against token counts that
+            // widen (more than four) and that take more than one call of 16.
+            let narrow = [1, 7, 16, 17, 31, 32, 33, 48, 63, 69, 576].map(|c| {
+                (
+                    c,
+                    &[1, 4, 12, 13, 20, 28][..],
+                    &[1, 2, 3, 4, 5, 7, 8, 9, 17][..],
+                )
+            });
+            let wide =
+                [1024, 1025, 1056, 1536, 2081].map(|c| (c, &[4, 13][..], &[3, 5, 16, 33][..]));
+            for (cols, rows_n, tokens_n) in narrow.into_iter().chain(wide) {
                 // One thread: tasks of rows.div_ceil(4) rows (1, 3, 4, 5, 7).
-                for rows in [1, 4, 12, 13, 20, 28] {
-                    for t_n in [1, 2, 3, 4, 5, 7, 8, 9, 17] {
+                for &rows in rows_n {
+                    for &t_n in tokens_n {
                         let w = random_row(&mut rng, ty, rows * cols);
                         let mut x = random_acts(&mut rng, (t_n * cols).next_multiple_of(32));
                         x.truncate(t_n * cols);
