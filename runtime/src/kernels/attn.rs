@@ -246,6 +246,42 @@ pub(crate) fn widen_f16(src: &[u16], dst: &mut [f32]) {
     }
 }
 
+/// [`widen_f16`] of little-endian f16 bytes (F16 weights as stored): `dst[i]`
+/// = value `i` of `src`, exactly.
+pub(crate) fn widen_f16_le(src: &[u8], dst: &mut [f32]) {
+    assert_eq!(src.len(), 2 * dst.len(), "widen_f16_le lengths");
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and F16C were probed just above (`has_avx2`).
+        return unsafe { widen_f16_le_f16c(src, dst) };
+    }
+    for (d, h) in dst.iter_mut().zip(src.chunks_exact(2)) {
+        *d = crate::blocks::f16_to_f32(u16::from_le_bytes([h[0], h[1]]));
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+fn widen_f16_le_f16c(src: &[u8], dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let mut d = dst.chunks_exact_mut(8);
+    let mut s = src.chunks_exact(16);
+    for (d, s) in (&mut d).zip(&mut s) {
+        // SAFETY: `s` has 16 readable bytes and `d` 32 writable ones.
+        unsafe {
+            let h = _mm_loadu_si128(s.as_ptr().cast());
+            _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(h));
+        }
+    }
+    for (d, h) in d
+        .into_remainder()
+        .iter_mut()
+        .zip(s.remainder().chunks_exact(2))
+    {
+        *d = crate::blocks::f16_to_f32(u16::from_le_bytes([h[0], h[1]]));
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
 fn widen_f16_f16c(src: &[u16], dst: &mut [f32]) {

@@ -723,6 +723,12 @@ pub(crate) type RowsQ8 = fn(&[u8], usize, Q8Rows<'_>, &mut [f32], usize);
 /// all the rows of a task). `cols` is not 0.
 pub(crate) type RowsF16F32 = fn(&[u8], usize, &[f32], &mut [f32], usize);
 
+/// [`RowsF16F32`] with the weight rows already widened to `f32` (each value
+/// exactly an f16, [`attn::widen_f16_le`]): `(w, cols, a, out, stride)` with
+/// `w` holding whole rows of `cols` floats; the same bits. Matmul widens a
+/// task's rows once when more than one tile of tokens reads them.
+pub(crate) type RowsWideF16 = fn(&[f32], usize, &[f32], &mut [f32], usize);
+
 /// One K-quant weight row against several consecutive Q8_K activation rows:
 /// `(w, a, out)` with `a` holding `out.len()` rows of `w`'s block count.
 pub(crate) type RowsK = fn(&[u8], Q8KRows<'_>, &mut [f32]);
@@ -731,6 +737,7 @@ pub(crate) type RowsK = fn(&[u8], Q8KRows<'_>, &mut [f32]);
 #[derive(Clone, Copy)]
 pub(crate) struct RowsTable {
     pub(crate) f16_f32: Option<RowsF16F32>,
+    pub(crate) f16_wide: Option<RowsWideF16>,
     pub(crate) q4_k: Option<RowsK>,
     pub(crate) q6_k: Option<RowsK>,
     pub(crate) q4_0: Option<RowsQ8>,
@@ -743,6 +750,7 @@ impl RowsTable {
     /// No several-row products.
     pub(crate) const NONE: RowsTable = RowsTable {
         f16_f32: None,
+        f16_wide: None,
         q4_k: None,
         q6_k: None,
         q4_0: None,
@@ -890,6 +898,12 @@ impl Kernels {
     /// `f32` (see [`RowsF16F32`]).
     pub(crate) fn f16_rows_f32(&self) -> Option<RowsF16F32> {
         self.table.rows.f16_f32
+    }
+
+    /// The backend's F16 several-row product over weights and activations
+    /// both widened to `f32` (see [`RowsWideF16`]).
+    pub(crate) fn f16_wide_rows(&self) -> Option<RowsWideF16> {
+        self.table.rows.f16_wide
     }
 
     /// `out[i·stride + j]` = the dot product of weight row `rows.start + i`

@@ -97,6 +97,11 @@ fn r_f16w_f32(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) 
     }
 }
 
+fn r_f16_wide(w: &[f32], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
+    // SAFETY: as for `entry!`.
+    unsafe { f16_rows_any::<true>(&[], w, cols, a, out, stride) };
+}
+
 /// The AVX2 table: every type.
 pub(crate) static TABLE: DotTable = DotTable {
     f32: e_f32w,
@@ -119,6 +124,7 @@ pub(crate) static TABLE: DotTable = DotTable {
     dot_f16_f16: e_dot_f16_f16,
     rows: RowsTable {
         f16_f32: Some(r_f16w_f32),
+        f16_wide: Some(r_f16_wide),
         q4_k: Some(r_q4_k),
         q6_k: Some(r_q6_k),
         q4_0: Some(r_q4_0),
@@ -1243,11 +1249,12 @@ fn f16w_group<const M: usize>(w: &[u8], a: &[f32], cols: usize, out: &mut [f32])
 // multiply-adds). Partial vector `k` takes columns
 // `32s + 8k..32s + 8k + 8` alone, so the columns are swept four times, once
 // per `k`, with one accumulator per pair: each step converts `F16_ROWS`
-// weight vectors and loads `F16_TOKENS` activation vectors for twelve
+// weight vectors (or loads them, when matmul widened the rows once for all
+// its tiles of tokens) and loads `F16_TOKENS` activation vectors for eight
 // multiply-adds, and the pairs' four vectors are folded as `fold32_ps`
-// folds them. A tile's rows and activations (3 × 2 and 4 × 4 bytes a
-// column) stay in L1 over the four sweeps; tokens are the outer loop, so the
-// tile of activations is reused by every block of rows.
+// folds them. A tile's rows and activations (2 × 2 or 2 × 4, and 4 × 4
+// bytes a column) stay in L1 over the four sweeps; tokens are the outer
+// loop, so the tile of activations is reused by every block of rows.
 
 /// Weight rows per tile.
 const F16_ROWS: usize = 2;
@@ -1257,7 +1264,27 @@ const F16_TOKENS: usize = 4;
 /// [`RowsF16F32`](crate::kernels::RowsF16F32) for two tokens or more.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn f16_rows(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
-    let (rows, tokens) = (w.len() / (2 * cols), a.len() / cols);
+    f16_rows_any::<false>(w, &[], cols, a, out, stride);
+}
+
+/// The weight rows of `w` (f16) or, when `WIDE`, of `wide` (widened to
+/// `f32`), against every activation row of `a`, tile by tile.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16_rows_any<const WIDE: bool>(
+    w: &[u8],
+    wide: &[f32],
+    cols: usize,
+    a: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let rows = if WIDE {
+        wide.len() / cols
+    } else {
+        w.len() / (2 * cols)
+    };
+    let tokens = a.len() / cols;
     assert!(
         rows == 0 || tokens == 0 || out.len() >= (rows - 1) * stride + tokens,
         "f16 rows lengths"
@@ -1267,12 +1294,16 @@ fn f16_rows(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
         let a = &a[cols * t0..cols * (t0 + nt)];
         for r0 in (0..rows).step_by(F16_ROWS) {
             let nr = (rows - r0).min(F16_ROWS);
-            let w = &w[2 * cols * r0..2 * cols * (r0 + nr)];
+            let (w, wide) = if WIDE {
+                (&w[..0], &wide[cols * r0..cols * (r0 + nr)])
+            } else {
+                (&w[2 * cols * r0..2 * cols * (r0 + nr)], &wide[..0])
+            };
             let out = &mut out[r0 * stride + t0..];
             macro_rules! tiles {
                 ($(($r:literal, $t:literal)),*) => {
                     match (nr, nt) {
-                        $(($r, $t) => f16_tile::<$r, $t>(w, cols, a, out, stride),)*
+                        $(($r, $t) => f16_tile::<$r, $t, WIDE>(w, wide, cols, a, out, stride),)*
                         _ => unreachable!("tile sizes are bounded by F16_ROWS and F16_TOKENS"),
                     }
                 };
@@ -1291,26 +1322,29 @@ fn f16_rows(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
     }
 }
 
-/// `R` weight rows (`w`, `R × cols` f16) against `T` activation rows (`a`,
-/// `T × cols` floats): `out[r·stride + t]`.
+/// `R` weight rows (`w`, `R × cols` f16; or `wide`, the same widened, when
+/// `WIDE`) against `T` activation rows (`a`, `T × cols` floats):
+/// `out[r·stride + t]`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn f16_tile<const R: usize, const T: usize>(
+fn f16_tile<const R: usize, const T: usize, const WIDE: bool>(
     w: &[u8],
+    wide: &[f32],
     cols: usize,
     a: &[f32],
     out: &mut [f32],
     stride: usize,
 ) {
+    let w_len = if WIDE { wide.len() } else { w.len() / 2 };
     assert!(
-        w.len() == 2 * cols * R && a.len() == cols * T && out.len() > (R - 1) * stride + T - 1,
+        w_len == cols * R && a.len() == cols * T && out.len() > (R - 1) * stride + T - 1,
         "f16 tile lengths"
     );
     // `(p0 + p1)` and `p2` of each pair between the sweeps.
     let mut low = [[_mm256_setzero_ps(); R]; T];
     let mut p2 = [[_mm256_setzero_ps(); R]; T];
     for k in 0..4 {
-        let p = f16_sweep::<R, T>(w, cols, a, 8 * k);
+        let p = f16_sweep::<R, T, WIDE>(w, wide, cols, a, 8 * k);
         for t in 0..T {
             for r in 0..R {
                 match k {
@@ -1333,13 +1367,14 @@ fn f16_tile<const R: usize, const T: usize>(
 /// at `+0`, so is never `-0`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn f16_sweep<const R: usize, const T: usize>(
+fn f16_sweep<const R: usize, const T: usize, const WIDE: bool>(
     w: &[u8],
+    wide: &[f32],
     cols: usize,
     a: &[f32],
     first: usize,
 ) -> [[__m256; R]; T] {
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let (wp, widep, ap) = (w.as_ptr(), wide.as_ptr(), a.as_ptr());
     let mut acc = [[_mm256_setzero_ps(); R]; T];
     let full = cols / 32 * 32;
     let mut c = first;
@@ -1347,7 +1382,11 @@ fn f16_sweep<const R: usize, const T: usize>(
         // SAFETY: columns `c..c + 8 ≤ full ≤ cols` of rows `r < R` and tokens
         // `t < T`, in bounds (lengths checked by the caller); unaligned loads.
         let x: [__m256; R] = std::array::from_fn(|r| unsafe {
-            _mm256_cvtph_ps(_mm_loadu_si128(wp.add(2 * (r * cols + c)).cast()))
+            if WIDE {
+                _mm256_loadu_ps(widep.add(r * cols + c))
+            } else {
+                _mm256_cvtph_ps(_mm_loadu_si128(wp.add(2 * (r * cols + c)).cast()))
+            }
         });
         for (t, acc) in acc.iter_mut().enumerate() {
             // SAFETY: as above.
@@ -1361,6 +1400,9 @@ fn f16_sweep<const R: usize, const T: usize>(
     if c < cols {
         let n = cols - c;
         let x: [__m256; R] = std::array::from_fn(|r| {
+            if WIDE {
+                return ldps_first(&wide[r * cols + c..(r + 1) * cols]);
+            }
             let mut h = [0u16; 8];
             for (i, h) in h.iter_mut().take(n).enumerate() {
                 *h = le16(w, 2 * (r * cols + c + i));

@@ -104,6 +104,11 @@ fn r_f16w_f32(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) 
     unsafe { f16_rows(w, cols, a, out, stride) }
 }
 
+fn r_f16_wide(w: &[f32], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
+    // SAFETY: as for `entry!`.
+    unsafe { f16_rows_wide(w, cols, a, out, stride) }
+}
+
 /// The AVX-512 table: its own Q4_K and several-row Q8_0-family products,
 /// AVX2 for the rest.
 pub(crate) static TABLE: DotTable = DotTable {
@@ -114,6 +119,7 @@ pub(crate) static TABLE: DotTable = DotTable {
     iq4_nl: e_iq4_nl,
     rows: RowsTable {
         f16_f32: Some(r_f16w_f32),
+        f16_wide: Some(r_f16_wide),
         q4_k: Some(r_q4_k),
         q4_0: Some(r_q4_0),
         q5_0: Some(r_q5_0),
@@ -468,36 +474,61 @@ fn f16_rows(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
         } else {
             Rows::F16(w)
         };
-        for t0 in (0..tokens).step_by(F16_TOKENS) {
-            let nt = (tokens - t0).min(F16_TOKENS);
-            let a = &a[cols * t0..cols * (t0 + nt)];
-            let out = &mut out[r0 * stride + t0..];
-            macro_rules! tiles {
-                ($(($r:literal, $t:literal)),*) => {
-                    match (nr, nt, src) {
-                        $(
-                            ($r, $t, Rows::F16(w)) => f16_tile::<$r, $t, false>(w, &[], cols, a, out, stride),
-                            ($r, $t, Rows::F32(w)) => f16_tile::<$r, $t, true>(&[], w, cols, a, out, stride),
-                        )*
-                        _ => unreachable!("tile sizes are bounded by F16_ROWS and F16_TOKENS"),
-                    }
-                };
-            }
-            tiles!(
-                (3, 4),
-                (3, 3),
-                (3, 2),
-                (3, 1),
-                (2, 4),
-                (2, 3),
-                (2, 2),
-                (2, 1),
-                (1, 4),
-                (1, 3),
-                (1, 2),
-                (1, 1)
-            );
+        f16_block(src, nr, cols, a, &mut out[r0 * stride..], stride);
+    }
+}
+
+/// [`RowsWideF16`](crate::kernels::RowsWideF16): [`f16_rows`] over weight
+/// rows the caller widened.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+fn f16_rows_wide(w: &[f32], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
+    let (rows, tokens) = (w.len() / cols, a.len() / cols);
+    assert!(
+        rows == 0 || tokens == 0 || out.len() >= (rows - 1) * stride + tokens,
+        "f16 rows lengths"
+    );
+    for r0 in (0..rows).step_by(F16_ROWS) {
+        let nr = (rows - r0).min(F16_ROWS);
+        let src = Rows::F32(&w[cols * r0..cols * (r0 + nr)]);
+        f16_block(src, nr, cols, a, &mut out[r0 * stride..], stride);
+    }
+}
+
+/// The `nr` weight rows of `src` against every activation row of `a`, tile
+/// by tile of tokens: `out[r·stride + t]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+fn f16_block(src: Rows<'_>, nr: usize, cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
+    let tokens = a.len() / cols;
+    for t0 in (0..tokens).step_by(F16_TOKENS) {
+        let nt = (tokens - t0).min(F16_TOKENS);
+        let a = &a[cols * t0..cols * (t0 + nt)];
+        let out = &mut out[t0..];
+        macro_rules! tiles {
+            ($(($r:literal, $t:literal)),*) => {
+                match (nr, nt, src) {
+                    $(
+                        ($r, $t, Rows::F16(w)) => f16_tile::<$r, $t, false>(w, &[], cols, a, out, stride),
+                        ($r, $t, Rows::F32(w)) => f16_tile::<$r, $t, true>(&[], w, cols, a, out, stride),
+                    )*
+                    _ => unreachable!("tile sizes are bounded by F16_ROWS and F16_TOKENS"),
+                }
+            };
         }
+        tiles!(
+            (3, 4),
+            (3, 3),
+            (3, 2),
+            (3, 1),
+            (2, 4),
+            (2, 3),
+            (2, 2),
+            (2, 1),
+            (1, 4),
+            (1, 3),
+            (1, 2),
+            (1, 1)
+        );
     }
 }
 
