@@ -238,8 +238,11 @@ pub(crate) fn widen_f16(src: &[u16], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "widen_f16 lengths");
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
+        // SAFETY: the bytes of `src` (any bytes are `u8`s; x86-64 is
+        // little-endian, so they are the values' little-endian bytes).
+        let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), 2 * src.len()) };
         // SAFETY: AVX2 and F16C were probed just above (`has_avx2`).
-        return unsafe { widen_f16_f16c(src, dst) };
+        return unsafe { widen_f16_le_f16c(bytes, dst) };
     }
     for (d, &h) in dst.iter_mut().zip(src) {
         *d = crate::blocks::f16_to_f32(h);
@@ -279,24 +282,6 @@ fn widen_f16_le_f16c(src: &[u8], dst: &mut [f32]) {
         .zip(s.remainder().chunks_exact(2))
     {
         *d = crate::blocks::f16_to_f32(u16::from_le_bytes([h[0], h[1]]));
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-fn widen_f16_f16c(src: &[u16], dst: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let mut d = dst.chunks_exact_mut(8);
-    let mut s = src.chunks_exact(8);
-    for (d, s) in (&mut d).zip(&mut s) {
-        // SAFETY: `s` has 16 readable bytes and `d` 32 writable ones.
-        unsafe {
-            let h = _mm_loadu_si128(s.as_ptr().cast());
-            _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(h));
-        }
-    }
-    for (d, &h) in d.into_remainder().iter_mut().zip(s.remainder()) {
-        *d = crate::blocks::f16_to_f32(h);
     }
 }
 
@@ -460,14 +445,21 @@ mod tests {
     fn widen_f16_is_exact_on_every_half() {
         // Every f16 bit pattern, at every offset from the vector width.
         let src: Vec<u16> = (0..=u16::MAX).chain(0..5).collect();
-        let mut dst = vec![0f32; src.len()];
-        widen_f16(&src, &mut dst);
-        for (&h, &f) in src.iter().zip(&dst) {
-            let want = crate::blocks::f16_to_f32(h);
-            assert!(
-                f.to_bits() == want.to_bits() || (f.is_nan() && want.is_nan()),
-                "{h:#06x}: {f:e} vs {want:e}"
-            );
+        let bytes: Vec<u8> = src.iter().flat_map(|h| h.to_le_bytes()).collect();
+        for from_bytes in [false, true] {
+            let mut dst = vec![0f32; src.len()];
+            if from_bytes {
+                widen_f16_le(&bytes, &mut dst);
+            } else {
+                widen_f16(&src, &mut dst);
+            }
+            for (&h, &f) in src.iter().zip(&dst) {
+                let want = crate::blocks::f16_to_f32(h);
+                assert!(
+                    f.to_bits() == want.to_bits() || (f.is_nan() && want.is_nan()),
+                    "{h:#06x} (bytes: {from_bytes}): {f:e} vs {want:e}"
+                );
+            }
         }
     }
 }
