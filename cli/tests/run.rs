@@ -12,6 +12,34 @@ use serde_json::Value;
 
 const TINY: &str = "fixtures/tiny-zh/reference/tiny-zh-f16.gguf";
 
+/// Sixteen greedy tokens of tiny-zh after 北京是, as JSON.
+const TINY_GREEDY: [&str; 10] = [
+    "run",
+    "-m",
+    TINY,
+    "-p",
+    "北京是",
+    "-n",
+    "16",
+    "--temp",
+    "0",
+    "--json",
+];
+
+/// `memwall perplexity` of tiny-zh on three 64-token chunks of held-out text, as JSON.
+const TINY_PPL: [&str; 10] = [
+    "perplexity",
+    "-m",
+    TINY,
+    "-f",
+    "fixtures/perplexity/heldout-24k.txt",
+    "-c",
+    "64",
+    "--chunks",
+    "3",
+    "--json",
+];
+
 fn recorded(model: &str, case: &str) -> Vec<u64> {
     let text = std::fs::read_to_string(repo().join("fixtures/chat/transformers.json")).unwrap();
     let v: Value = serde_json::from_str(&text).unwrap();
@@ -183,18 +211,7 @@ fn greedy_smollm2_continues_as_llama_completion() {
 fn streaming_mode_changes_memory_not_results() {
     // Pin 2 MiB of tiny-zh (the output head does not fit; so layers stream), read ahead 1.
     let run = |extra: &[&str]| -> Value {
-        let mut args = vec![
-            "run",
-            "-m",
-            TINY,
-            "-p",
-            "北京是",
-            "-n",
-            "16",
-            "--temp",
-            "0",
-            "--json",
-        ];
+        let mut args = TINY_GREEDY.to_vec();
         args.extend_from_slice(extra);
         serde_json::from_str(&stdout_of(&args)).unwrap()
     };
@@ -202,18 +219,7 @@ fn streaming_mode_changes_memory_not_results() {
     let streamed = run(&["--resident", "2", "--prefetch", "1"]);
     assert_eq!(plain["text"], streamed["text"]);
     let ppl = |extra: &[&str]| -> f64 {
-        let mut args = vec![
-            "perplexity",
-            "-m",
-            TINY,
-            "-f",
-            "fixtures/perplexity/heldout-24k.txt",
-            "-c",
-            "64",
-            "--chunks",
-            "3",
-            "--json",
-        ];
+        let mut args = TINY_PPL.to_vec();
         args.extend_from_slice(extra);
         let v: Value = serde_json::from_str(&stdout_of(&args)).unwrap();
         v["ppl"].as_f64().unwrap()
@@ -239,30 +245,6 @@ fn every_kernel_backend_gives_the_same_results() {
             .output()
             .unwrap()
     };
-    let ppl_args = [
-        "perplexity",
-        "-m",
-        TINY,
-        "-f",
-        "fixtures/perplexity/heldout-24k.txt",
-        "-c",
-        "64",
-        "--chunks",
-        "2",
-        "--json",
-    ];
-    let run_args = [
-        "run",
-        "-m",
-        TINY,
-        "-p",
-        "北京是",
-        "-n",
-        "12",
-        "--temp",
-        "0",
-        "--json",
-    ];
     let bench_args = [
         "bench", "-m", TINY, "-p", "8", "-n", "2", "-t", "1", "-r", "1", "--json",
     ];
@@ -288,8 +270,8 @@ fn every_kernel_backend_gives_the_same_results() {
             );
             serde_json::from_slice(&out.stdout).unwrap()
         };
-        let ppl = json(&ppl_args)["ppl"].as_f64().unwrap();
-        let text = json(&run_args)["text"].as_str().unwrap().to_owned();
+        let ppl = json(&TINY_PPL)["ppl"].as_f64().unwrap();
+        let text = json(&TINY_GREEDY)["text"].as_str().unwrap().to_owned();
         seen.push((kernels, ppl.to_bits(), text));
     }
     assert!(

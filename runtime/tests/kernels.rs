@@ -426,6 +426,29 @@ fn same_bits(got: f32, want: f32) -> bool {
     got.to_bits() == want.to_bits()
 }
 
+/// `mm`'s product of `m` with the token rows `x`, every output the same
+/// bits as the scalar `vec_dot` of its row and token (`what` names the case).
+fn assert_matmul_is_scalar(mm: &mut Matmul, m: &QMatrix<'_>, x: &[f32], what: &str) {
+    let scalar = Kernels::new(Backend::Scalar).unwrap();
+    let (rows, cols) = (m.rows(), m.cols());
+    let t_n = x.len() / cols;
+    let mut acts = Activations::new();
+    acts.quantize(VecDotType::of(m.ty()).unwrap(), x, cols)
+        .unwrap();
+    let mut y = vec![f32::NAN; t_n * rows];
+    mm.matmul(m, x, &mut y).unwrap();
+    for t in 0..t_n {
+        for r in 0..rows {
+            let want = scalar.vec_dot(m.ty(), m.row(r), acts.row(t)).unwrap();
+            let got = y[t * rows + r];
+            assert!(
+                same_bits(got, want),
+                "{what}, {rows}×{cols}, {t_n} tokens: row {r} token {t}: {got:e} vs scalar {want:e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn simd_backends_match_scalar_bit_for_bit() {
     let scalar = Kernels::new(Backend::Scalar).unwrap();
@@ -571,12 +594,10 @@ fn matmul_is_the_same_on_every_backend_and_thread_count() {
 /// sizes, against the scalar dot products.
 #[test]
 fn batched_matmul_matches_scalar_for_every_tail() {
-    let scalar = Kernels::new(Backend::Scalar).unwrap();
     let mut rng = Rng(0x5eed_0b10c5);
     for b in Backend::supported() {
         let mut mm = Matmul::new(Kernels::new(b).unwrap(), 2);
         for ty in DEQUANTIZABLE {
-            let kind = VecDotType::of(ty).unwrap();
             let bs = ty.block_size().max(32) as usize;
             for nb in (1..=19).chain([24, 26, 31]) {
                 // Float types: every tail of the 32-element steps and of 8-element vectors.
@@ -591,20 +612,7 @@ fn batched_matmul_matches_scalar_for_every_tail() {
                     let mut x = random_acts(&mut rng, (t_n * cols).next_multiple_of(32));
                     x.truncate(t_n * cols);
                     let m = QMatrix::new(ty, &w, rows, cols).unwrap();
-                    let mut acts = Activations::new();
-                    acts.quantize(kind, &x, cols).unwrap();
-                    let mut y = vec![f32::NAN; t_n * rows];
-                    mm.matmul(&m, &x, &mut y).unwrap();
-                    for t in 0..t_n {
-                        for r in 0..rows {
-                            let want = scalar.vec_dot(ty, m.row(r), acts.row(t)).unwrap();
-                            assert!(
-                                same_bits(y[t * rows + r], want),
-                                "{b:?} {ty} {cols} columns, {t_n} tokens: row {r} token {t}: {:e} vs scalar {want:e}",
-                                y[t * rows + r]
-                            );
-                        }
-                    }
+                    assert_matmul_is_scalar(&mut mm, &m, &x, &format!("{b:?} {ty}"));
                 }
             }
         }
@@ -619,14 +627,12 @@ fn batched_matmul_matches_scalar_for_every_tail() {
 /// products run too, on every backend and against the scalar `vec_dot`.
 #[test]
 fn extreme_quants_sum_exactly_in_every_product() {
-    let scalar = Kernels::new(Backend::Scalar).unwrap();
     for b in Backend::supported() {
         let mut mm = Matmul::new(Kernels::new(b).unwrap(), 2);
         for ty in DEQUANTIZABLE {
             if ty.block_size() == 1 {
                 continue; // float weights have no integer sums
             }
-            let kind = VecDotType::of(ty).unwrap();
             let (bs, ts) = (ty.block_size() as usize, ty.type_size() as usize);
             let cols = bs.max(32) * 17;
             // Rows: every byte but the scales 0xff, 0x00, 0x7f, 0x80, or 0xff and
@@ -664,21 +670,7 @@ fn extreme_quants_sum_exactly_in_every_product() {
                     x.extend((0..cols).map(f));
                 }
             }
-            let t_n = x.len() / cols;
-            let mut acts = Activations::new();
-            acts.quantize(kind, &x, cols).unwrap();
-            let mut y = vec![f32::NAN; t_n * rows];
-            mm.matmul(&m, &x, &mut y).unwrap();
-            for t in 0..t_n {
-                for r in 0..rows {
-                    let want = scalar.vec_dot(ty, m.row(r), acts.row(t)).unwrap();
-                    assert!(
-                        same_bits(y[t * rows + r], want),
-                        "{b:?} {ty}: row {r} token {t}: {:e} vs scalar {want:e}",
-                        y[t * rows + r]
-                    );
-                }
-            }
+            assert_matmul_is_scalar(&mut mm, &m, &x, &format!("{b:?} {ty}"));
         }
     }
 }
@@ -688,7 +680,6 @@ fn extreme_quants_sum_exactly_in_every_product() {
 /// 16- and 32-column steps, against the scalar dot products.
 #[test]
 fn f16_tiles_match_scalar_for_every_remainder() {
-    let scalar = Kernels::new(Backend::Scalar).unwrap();
     let mut rng = Rng(0xf16_7113);
     let ty = GgmlType::F16;
     for b in Backend::supported() {
@@ -715,21 +706,12 @@ fn f16_tiles_match_scalar_for_every_remainder() {
                         let mut x = random_acts(&mut rng, (t_n * cols).next_multiple_of(32));
                         x.truncate(t_n * cols);
                         let m = QMatrix::new(ty, &w, rows, cols).unwrap();
-                        let mut acts = Activations::new();
-                        acts.quantize(VecDotType::F16, &x, cols).unwrap();
-                        let mut y = vec![f32::NAN; t_n * rows];
-                        mm.matmul(&m, &x, &mut y).unwrap();
-                        for t in 0..t_n {
-                            for r in 0..rows {
-                                let want = scalar.vec_dot(ty, m.row(r), acts.row(t)).unwrap();
-                                let got = y[t * rows + r];
-                                assert!(
-                                    same_bits(got, want),
-                                    "{b:?} {threads} threads, {rows}×{cols}, {t_n} tokens: \
-                                     row {r} token {t}: {got:e} vs scalar {want:e}"
-                                );
-                            }
-                        }
+                        assert_matmul_is_scalar(
+                            &mut mm,
+                            &m,
+                            &x,
+                            &format!("{b:?} {threads} threads"),
+                        );
                     }
                 }
             }

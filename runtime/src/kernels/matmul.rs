@@ -309,13 +309,14 @@ fn run(
         let nr = chunk.min(rows - r0);
         let mut tile = [0f32; MAX_CHUNK * TOKEN_TILE];
         let mut tr = [0f32; MAX_CHUNK * TOKEN_TILE];
-        let mut tiles = |wide_w: Option<&[f32]>| {
+        // `pre`: the wide kernel and this item's rows widened for it.
+        let mut tiles = |pre: Option<(super::RowsWideF16, &[f32])>| {
             for t0 in (0..t_n).step_by(TOKEN_TILE) {
                 let t1 = (t0 + TOKEN_TILE).min(t_n);
                 let nt = t1 - t0;
                 // The widened activations of the tile (F16 weights only).
                 let a = || &wide[t0 * w.cols..t1 * w.cols];
-                match (wide_rows.zip(wide_w), widened) {
+                match (pre, widened) {
                     (Some((rows_wide, ww)), _) => {
                         rows_wide(ww, w.cols, a(), &mut tile, TOKEN_TILE);
                     }
@@ -335,14 +336,13 @@ fn run(
                 }
             }
         };
-        if wide_rows.is_some() {
-            WIDE_ROWS.with_borrow_mut(|buf| {
+        match wide_rows {
+            Some(rows_wide) => WIDE_ROWS.with_borrow_mut(|buf| {
                 let ww = buf.get(nr * w.cols);
                 super::attn::widen_f16_le(w.row_span(r0, nr), ww);
-                tiles(Some(ww));
-            });
-        } else {
-            tiles(None);
+                tiles(Some((rows_wide, ww)));
+            }),
+            None => tiles(None),
         }
     };
     match pool {
