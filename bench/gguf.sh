@@ -19,7 +19,7 @@ file=fixtures/cache/SmolLM2-135M-Instruct.Q4_1.gguf
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/memwall-bench.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 
-cargo build --release --quiet -p memwall-runtime --example gguf_bench
+cargo build --release --quiet -p memwall-format --example gguf_bench
 mw=target/release/examples/gguf_bench
 cc -O2 -I"$LLAMA_CPP/ggml/include" bench/gguf_open.c -o "$tmp/gguf_open" \
   -L"$LLAMA_CPP/build/bin" -lggml-base -Wl,-rpath,"$LLAMA_CPP/build/bin"

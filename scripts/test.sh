@@ -34,7 +34,7 @@ scripts/setup-aarch64.sh
 RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc \
 CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
 CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu max -L /usr/aarch64-linux-gnu -E LD_LIBRARY_PATH=/usr/aarch64-linux-gnu/lib" \
-  /usr/bin/cargo test --locked --target aarch64-unknown-linux-gnu -p memwall-runtime --release \
+  /usr/bin/cargo test --locked --target aarch64-unknown-linux-gnu -p memwall-format -p memwall-runtime --release \
   --target-dir target/aarch64
 
 step "phone build (aarch64 memwall under qemu)"

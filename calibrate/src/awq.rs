@@ -21,9 +21,9 @@
 //! importance-weighted error, which is what the clipping search does for
 //! AutoAWQ's plain min/max groups.
 
+use memwall_format::GgmlType;
+use memwall_format::blocks::dequantize_row;
 use memwall_quantize::{IMATRIX_ENCODABLE, quantize_row_imatrix};
-use memwall_runtime::GgmlType;
-use memwall_runtime::blocks::dequantize_row;
 use rayon::prelude::*;
 
 use crate::CalibrateError;

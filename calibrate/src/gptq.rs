@@ -20,8 +20,8 @@
 //! calibration token reached (`H[i][i] = 0`) are set to 1 on the diagonal,
 //! as in the reference.
 
+use memwall_format::GgmlType;
 use memwall_quantize::{IMATRIX_ENCODABLE, quantize_row_imatrix};
-use memwall_runtime::GgmlType;
 use rayon::prelude::*;
 
 use crate::CalibrateError;
@@ -157,7 +157,7 @@ pub fn quantize(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memwall_runtime::blocks::dequantize_row;
+    use memwall_format::blocks::dequantize_row;
 
     use crate::test_values as lcg;
 

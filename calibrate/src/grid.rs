@@ -10,8 +10,8 @@
 //! shared by a sub-block. The layouts are ggml's (`ggml-common.h`), and the
 //! tests check every type against the runtime's decoder.
 
-use memwall_runtime::GgmlType;
-use memwall_runtime::blocks::{IQ4NL_GRID, f16_to_f32, scale_min_k4};
+use memwall_format::GgmlType;
+use memwall_format::blocks::{IQ4NL_GRID, f16_to_f32, scale_min_k4};
 
 /// The types whose levels GPTQ can choose. Others are encoded without error
 /// feedback (importance-weighted rounding, as llama-quantize does).
@@ -345,7 +345,7 @@ fn q3k_scales(s: &[u8]) -> [i8; 16] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memwall_runtime::blocks::dequantize_row;
+    use memwall_format::blocks::dequantize_row;
 
     fn row(n: usize, seed: u32) -> Vec<f32> {
         crate::test_values(n, seed)
@@ -379,7 +379,7 @@ mod tests {
                 let mut copy = block.to_vec();
                 copy.iter_mut().enumerate().for_each(|(i, b)| {
                     // Scramble the level bits; packing must restore them.
-                    if !memwall_runtime::blocks::scale_fields(ty).contains(&i) {
+                    if !memwall_format::blocks::scale_fields(ty).contains(&i) {
                         *b ^= 0x5A;
                     }
                 });
@@ -395,13 +395,13 @@ mod tests {
     #[test]
     fn nearest_level_rounds_and_clamps() {
         let mut b = vec![0u8; 34];
-        b[0..2].copy_from_slice(&memwall_runtime::blocks::f32_to_f16(0.5).to_le_bytes());
+        b[0..2].copy_from_slice(&memwall_format::blocks::f32_to_f16(0.5).to_le_bytes());
         let g = Grid::read(GgmlType::Q8_0, &b).unwrap();
         assert_eq!(g.nearest(0, 1.26), 3);
         assert_eq!(g.nearest(0, -1000.0), -128);
         assert_eq!(g.nearest(0, 1000.0), 127);
         let mut b = vec![0u8; 18];
-        b[0..2].copy_from_slice(&memwall_runtime::blocks::f32_to_f16(0.01).to_le_bytes());
+        b[0..2].copy_from_slice(&memwall_format::blocks::f32_to_f16(0.01).to_le_bytes());
         let g = Grid::read(GgmlType::IQ4_NL, &b).unwrap();
         // IQ4NL_GRID[10] = 25: 0.25 is nearest.
         assert_eq!(g.nearest(3, 0.26), 10);

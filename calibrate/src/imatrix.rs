@@ -21,13 +21,13 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use memwall_format::GgmlType;
+use memwall_format::atomic::AtomicFile;
+use memwall_format::gguf::{Array, GgufWriter, Metadata, TensorSpec};
+use memwall_format::progress::Progress;
 use memwall_quantize::imatrix::Imatrix;
-use memwall_runtime::GgmlType;
-use memwall_runtime::atomic::AtomicFile;
 use memwall_runtime::eval::{self, Perplexity};
 use memwall_runtime::forward::{Model, Observer};
-use memwall_runtime::gguf::{Array, GgufWriter, Metadata, TensorSpec};
-use memwall_runtime::progress::Progress;
 
 use crate::CalibrateError;
 
@@ -222,7 +222,7 @@ pub fn from_samples(
     progress.start(
         "imatrix",
         samples.len() as u64,
-        memwall_runtime::progress::Unit::Items,
+        memwall_format::progress::Unit::Items,
     );
     let mut result = Ok(());
     for s in samples {

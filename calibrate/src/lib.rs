@@ -49,7 +49,7 @@ pub enum CalibrateError {
     Eval(#[from] memwall_runtime::eval::EvalError),
     /// Writing an output failed.
     #[error(transparent)]
-    Gguf(#[from] memwall_runtime::gguf::GgufError),
+    Gguf(#[from] memwall_format::gguf::GgufError),
     /// A file could not be read or written.
     #[error("{path}: {error}")]
     Io {

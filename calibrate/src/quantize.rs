@@ -30,14 +30,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use memwall_format::GgmlType;
+use memwall_format::blocks::dequantize_row;
+use memwall_format::gguf::{GgufModel, GgufWriter, TensorSpec, Value};
+use memwall_format::progress::{Progress, Unit};
 use memwall_quantize::imatrix::Imatrix;
 use memwall_quantize::job::{self, ImatrixInput, Options};
 use memwall_quantize::{IMATRIX_ENCODABLE, quantize_row_imatrix};
-use memwall_runtime::GgmlType;
-use memwall_runtime::blocks::dequantize_row;
 use memwall_runtime::forward::{Arch, Model, Observer};
-use memwall_runtime::gguf::{GgufModel, GgufWriter, TensorSpec, Value};
-use memwall_runtime::progress::{Progress, Unit};
 use rayon::prelude::*;
 
 use crate::CalibrateError;
@@ -273,7 +273,7 @@ struct Spill {
     index: HashMap<String, (u64, u64)>,
     /// Lists the scratch file for the signal handlers (after `file`: unlisted
     /// once closed and removed).
-    _listed: memwall_runtime::cleanup::Registration,
+    _listed: memwall_format::cleanup::Registration,
 }
 
 impl Spill {
@@ -281,7 +281,7 @@ impl Spill {
         let mut name = out.file_name().unwrap_or_default().to_os_string();
         name.push(".calibrating");
         let path = out.with_file_name(name);
-        let listed = memwall_runtime::cleanup::register_file(&path);
+        let listed = memwall_format::cleanup::register_file(&path);
         let file = File::options()
             .create(true)
             .truncate(true)
@@ -750,7 +750,7 @@ pub fn run(
         .first()
         .cloned()
         .ok_or_else(|| CalibrateError::Input("the plan has no output file".into()))?;
-    let set = |meta: &mut memwall_runtime::gguf::Metadata, k: &str, v: Value| {
+    let set = |meta: &mut memwall_format::gguf::Metadata, k: &str, v: Value| {
         meta.set(format!("memwall.calibration.{k}"), v);
     };
     set(&mut meta, "method", settings.method.name().into());

@@ -156,7 +156,7 @@ pub fn svg(chart: &Scatter) -> Result<String> {
 pub fn png(chart: &Scatter, path: &Path) -> Result<()> {
     // The encoder picks the format from the extension, so the scratch name ends in .png.
     let scratch = path.with_extension("partial.png");
-    let _listed = memwall_runtime::cleanup::register_file(&scratch);
+    let _listed = memwall_format::cleanup::register_file(&scratch);
     let result = (|| -> Result<()> {
         {
             let root = BitMapBackend::new(&scratch, (WIDTH, HEIGHT)).into_drawing_area();

@@ -403,7 +403,7 @@ mod tests {
 #[cfg(test)]
 mod transformers {
     use super::*;
-    use memwall_runtime::gguf::GgufModel;
+    use memwall_format::gguf::GgufModel;
     use memwall_runtime::tokenizer::Tokenizer;
 
     /// Renders the recorded conversations with the template from each model's

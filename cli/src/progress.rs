@@ -3,7 +3,7 @@
 //! stderr is not a terminal or in `--json` mode; warnings go to stderr above it.
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use memwall_runtime::progress::{Progress, Unit};
+use memwall_format::progress::{Progress, Unit};
 
 /// A progress bar on stderr.
 pub struct Bar {

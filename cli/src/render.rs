@@ -1,6 +1,6 @@
 //! Formatting helpers shared by the commands' text output.
 
-use memwall_runtime::gguf::{Array, Value};
+use memwall_format::gguf::{Array, Value};
 use serde_json::json;
 
 /// Array elements shown before "… N more" when not in `--full` mode.

@@ -4,7 +4,7 @@
 //!
 //! Destructors do not run in a signal handler, so the unfinished outputs
 //! (`<out>.partial` files and folders, scratch files) are listed in
-//! [`memwall_runtime::cleanup`] while they exist and removed here before the
+//! [`memwall_format::cleanup`] while they exist and removed here before the
 //! process exits. A handler makes only async-signal-safe calls (`write`,
 //! `open`, `read`, `unlink`, `_exit`…): no allocation, no lock, no `std::io`.
 //!
@@ -21,7 +21,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use memwall_runtime::cleanup::remove_registered;
+use memwall_format::cleanup::remove_registered;
 
 /// Whether standard error is a terminal (a progress bar may be on its line).
 static STDERR_TTY: AtomicBool = AtomicBool::new(false);

@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::repo;
+use memwall_format::gguf::parse;
 use memwall_quantize::imatrix::Imatrix;
-use memwall_runtime::gguf::parse;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use common::{memwall, repo, stdout_of};
 use memwall_calibrate::dataset::{Dataset, DatasetError};
-use memwall_runtime::gguf::GgufModel;
+use memwall_format::gguf::GgufModel;
 use memwall_runtime::tokenizer::Tokenizer;
 use serde_json::Value;
 

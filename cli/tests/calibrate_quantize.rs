@@ -14,8 +14,8 @@ use std::path::Path;
 use std::process::Command;
 
 use common::{repo, stdout_of};
-use memwall_runtime::GgmlType;
-use memwall_runtime::gguf::{Value, parse};
+use memwall_format::GgmlType;
+use memwall_format::gguf::{Value, parse};
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 

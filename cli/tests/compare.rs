@@ -9,8 +9,8 @@ use std::process::Output;
 use std::time::SystemTime;
 
 use common::{memwall, repo};
+use memwall_format::gguf::GgufModel;
 use memwall_quantize::fit::{Device, KvType, Shape, Weights, decode_speed, gguf_tensors};
-use memwall_runtime::gguf::GgufModel;
 use serde_json::Value;
 
 const BASE: &str = "fixtures/tiny-zh/reference/tiny-zh-f16.gguf";

@@ -107,8 +107,8 @@ fn repo_ids_are_found_in_the_hugging_face_cache() {
     );
     // The same tensors as the committed conversion; the metadata differs only in
     // general.name (the snapshot folder's name, as llama.cpp would name it).
-    let ours = memwall_runtime::gguf::GgufFile::open(&out).unwrap();
-    let theirs = memwall_runtime::gguf::GgufFile::open(
+    let ours = memwall_format::gguf::GgufFile::open(&out).unwrap();
+    let theirs = memwall_format::gguf::GgufFile::open(
         &common::repo().join("fixtures/tiny-zh/reference/tiny-zh-f16.gguf"),
     )
     .unwrap();

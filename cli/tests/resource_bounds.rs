@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::repo;
-use memwall_runtime::gguf::{GgufFile, GgufWriter, Metadata, TensorSpec, Value};
+use memwall_format::gguf::{GgufFile, GgufWriter, Metadata, TensorSpec, Value};
 
 const TINY: &str = "fixtures/tiny-zh/reference/tiny-zh-f16.gguf";
 const TEXT: &str = "fixtures/perplexity/heldout-24k.txt";

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{memwall, repo, stdout_of};
-use memwall_runtime::gguf::{GgufFile, GgufWriter, TensorSpec};
+use memwall_format::gguf::{GgufFile, GgufWriter, TensorSpec};
 use serde_json::Value;
 
 const F16: &str = "fixtures/tiny-zh/reference/tiny-zh-f16.gguf";

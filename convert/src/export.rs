@@ -12,10 +12,10 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use memwall_runtime::blocks::{DEQUANTIZABLE, dequantize_row, f32_to_bf16, f32_to_f16};
-use memwall_runtime::direct::DirectWriter;
-use memwall_runtime::gguf::{Array, GgufError, GgufModel, Metadata, TensorInfo};
-use memwall_runtime::progress::{Progress, Unit};
+use memwall_format::blocks::{DEQUANTIZABLE, dequantize_row, f32_to_bf16, f32_to_f16};
+use memwall_format::direct::DirectWriter;
+use memwall_format::gguf::{Array, GgufError, GgufModel, Metadata, TensorInfo};
+use memwall_format::progress::{Progress, Unit};
 use rayon::prelude::*;
 use serde_json::{Map, Value as Json, json};
 
@@ -961,7 +961,7 @@ pub fn export(
     }
     let partial = partial_dir(out);
     // Removed by the signal handlers too (a Ctrl-C half way), until renamed.
-    let _listed = memwall_runtime::cleanup::register_dir(&partial);
+    let _listed = memwall_format::cleanup::register_dir(&partial);
     if partial.exists() {
         fs::remove_dir_all(&partial).map_err(io_error(&partial))?;
     }

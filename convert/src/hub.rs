@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use hf_hub::api::sync::ApiBuilder;
 use hf_hub::{Cache, Repo, RepoType};
-use memwall_runtime::progress::{Progress, Unit};
+use memwall_format::progress::{Progress, Unit};
 
 /// Whether `spec` looks like a repo id rather than a path.
 pub fn is_repo_id(spec: &str) -> bool {

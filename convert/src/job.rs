@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use memwall_runtime::gguf::{GgufWriter, Metadata, TensorSpec, Value, split_path};
-use memwall_runtime::progress::{Progress, Unit};
+use memwall_format::gguf::{GgufWriter, Metadata, TensorSpec, Value, split_path};
+use memwall_format::progress::{Progress, Unit};
 
 use crate::arch::Arch;
 use crate::checkpoint::Checkpoint;
@@ -24,7 +24,7 @@ pub enum ConvertError {
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
     /// Writing the output failed.
     #[error(transparent)]
-    Gguf(#[from] memwall_runtime::gguf::GgufError),
+    Gguf(#[from] memwall_format::gguf::GgufError),
     /// The checkpoint cannot be converted as it is.
     #[error("{}: {message}", dir.display())]
     Model {
@@ -163,7 +163,7 @@ fn general_keys(
         if let Some(list) = list {
             meta.set(
                 key,
-                Value::Array(memwall_runtime::gguf::Array::String(list.clone())),
+                Value::Array(memwall_format::gguf::Array::String(list.clone())),
             );
         }
     }
@@ -468,7 +468,7 @@ pub fn convert(
     }
     for (file, path) in files.into_iter().zip(&paths) {
         file.commit().map_err(|error| {
-            ConvertError::Gguf(memwall_runtime::gguf::GgufError::Io {
+            ConvertError::Gguf(memwall_format::gguf::GgufError::Io {
                 path: path.clone(),
                 error,
             })

@@ -5,7 +5,7 @@
 //!
 //! Not yet here: the `general.*` naming keys and the tokenizer.
 
-use memwall_runtime::gguf::{Metadata, Value};
+use memwall_format::gguf::{Metadata, Value};
 
 use crate::arch::Arch;
 use crate::tensors::OutType;

@@ -6,8 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use memwall_runtime::GgmlType;
-use memwall_runtime::blocks::{bf16_to_f32, f16_to_f32, f32_to_bf16};
+use memwall_format::GgmlType;
+use memwall_format::blocks::{bf16_to_f32, f16_to_f32, f32_to_bf16};
 
 use crate::arch::{Arch, SKIPPED_SUFFIXES, block_of, gguf_name};
 use crate::checkpoint::{Checkpoint, SourceTensor, SourceType};
@@ -538,7 +538,7 @@ mod tests {
         // F16C (or FP16) through `half` and ggml-style scalar rounding agree on every
         // non-NaN value: normal, subnormal, halfway cases, overflow to infinity.
         use half::slice::HalfFloatSliceExt;
-        use memwall_runtime::blocks::f32_to_f16;
+        use memwall_format::blocks::f32_to_f16;
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
         let mut xs: Vec<f32> = (0..1_000_000)
             .map(|_| {

@@ -12,7 +12,7 @@
 
 use std::path::Path;
 
-use memwall_runtime::gguf::{Array, Metadata, Value};
+use memwall_format::gguf::{Array, Metadata, Value};
 use serde_json::Value as Json;
 
 /// GGUF token types (`llama_token_type`).

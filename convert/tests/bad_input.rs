@@ -164,12 +164,12 @@ fn unknown_architectures_and_tensors_are_listed() {
 #[test]
 fn weights_that_do_not_match_the_config_are_listed() {
     use memwall_convert::job::{Options as Convert, convert};
-    use memwall_runtime::progress::Silent;
+    use memwall_format::progress::Silent;
     let dir = tempfile::tempdir().unwrap();
     let ckpt = synth(dir.path(), "tiny-qwen3", u64::MAX);
     let out = dir.path().join("out.gguf");
     let encode =
-        |_: memwall_runtime::GgmlType, _: &[f32], _: &mut [u8]| -> Result<(), String> { Ok(()) };
+        |_: memwall_format::GgmlType, _: &[f32], _: &mut [u8]| -> Result<(), String> { Ok(()) };
     let options = Convert {
         outtype: OutType::F16,
         pre: Some("gpt-2".into()),
@@ -314,7 +314,7 @@ fn fuzz_f32_overflow_in_config_is_refused() {
     let err = |key: &str, value: serde_json::Value| {
         let mut config = base.clone();
         config[key] = value;
-        let mut meta = memwall_runtime::gguf::Metadata::new();
+        let mut meta = memwall_format::gguf::Metadata::new();
         hparams(&mut meta, &config, arch, OutType::F16).unwrap_err()
     };
     assert_eq!(

@@ -19,8 +19,8 @@ use memwall_convert::export::{ExportDtype, ExportOptions, export, partial_dir};
 use memwall_convert::job::{Options as Convert, convert};
 use memwall_convert::tensors::OutType;
 use memwall_fixtures::synth::{Options, preset, write_checkpoint};
-use memwall_runtime::gguf::GgufFile;
-use memwall_runtime::progress::Silent;
+use memwall_format::gguf::GgufFile;
+use memwall_format::progress::Silent;
 use serde_json::Value;
 
 fn options(outtype: OutType, pre: Option<&str>) -> Convert<'static> {

@@ -12,9 +12,9 @@ use common::{fixtures, quantize, sha};
 use memwall_convert::job::{Options as Convert, convert};
 use memwall_convert::tensors::OutType;
 use memwall_fixtures::synth::{Options, preset, write_checkpoint};
+use memwall_format::gguf::GgufModel;
+use memwall_format::progress::Silent;
 use memwall_runtime::forward::Model;
-use memwall_runtime::gguf::GgufModel;
-use memwall_runtime::progress::Silent;
 use serde_json::Value;
 
 #[test]

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use memwall_convert::hub::download;
 use memwall_convert::job::{Options, convert};
 use memwall_convert::tensors::OutType;
-use memwall_runtime::progress::Silent;
+use memwall_format::progress::Silent;
 use sha2::{Digest, Sha256};
 
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
@@ -180,11 +180,11 @@ fn downloads_into_the_cache_and_converts_like_the_folder() {
     };
     let out = cache.path().join("a.gguf");
     convert(&snapshot, &out, &options, &Silent).unwrap();
-    let theirs = memwall_runtime::gguf::GgufFile::open(
+    let theirs = memwall_format::gguf::GgufFile::open(
         &fixtures().join("tiny-zh/reference/tiny-zh-f16.gguf"),
     )
     .unwrap();
-    let ours = memwall_runtime::gguf::GgufFile::open(&out).unwrap();
+    let ours = memwall_format::gguf::GgufFile::open(&out).unwrap();
     for t in theirs.tensors() {
         let o = ours.tensor(&t.name).unwrap();
         assert_eq!(ours.tensor_data(o), theirs.tensor_data(t), "{}", t.name);

@@ -15,7 +15,7 @@ use memwall_convert::checkpoint::Checkpoint;
 use memwall_convert::naming::{naming, parameter_counts};
 use memwall_convert::tensors::{OutType, encode, plan, rows};
 use memwall_fixtures::synth::{Options, preset, write_checkpoint};
-use memwall_runtime::gguf::GgufFile;
+use memwall_format::gguf::GgufFile;
 use serde_json::Value;
 
 fn class(ckpt: &Checkpoint) -> &'static Arch {
@@ -150,8 +150,8 @@ fn is_model_key(k: &str) -> bool {
 }
 
 /// The keys between `general.size_label` and the tokenizer, as (key, type, value text).
-fn model_keys(meta: &memwall_runtime::gguf::Metadata) -> Vec<(String, String, String)> {
-    use memwall_runtime::gguf::Value as V;
+fn model_keys(meta: &memwall_format::gguf::Metadata) -> Vec<(String, String, String)> {
+    use memwall_format::gguf::Value as V;
     meta.iter()
         .filter(|(k, _)| is_model_key(k))
         .map(|(k, v)| {
@@ -188,7 +188,7 @@ fn recorded_keys(metadata: &Value) -> Vec<(String, String, String)> {
 #[test]
 fn hyper_parameter_keys_equal_llama_cpp() {
     use memwall_convert::metadata::hparams;
-    use memwall_runtime::gguf::Metadata;
+    use memwall_format::gguf::Metadata;
     // tiny-zh, against the committed conversion.
     let ckpt = Checkpoint::open(&fixtures().join("tiny-zh")).unwrap();
     let mut meta = Metadata::new();
@@ -222,8 +222,8 @@ fn hyper_parameter_keys_equal_llama_cpp() {
 }
 
 /// Tokenizer keys as (key, type, value or SHA-256 of the JSON of long arrays).
-fn tokenizer_keys(meta: &memwall_runtime::gguf::Metadata) -> Vec<(String, String)> {
-    use memwall_runtime::gguf::{Array as A, Value as V};
+fn tokenizer_keys(meta: &memwall_format::gguf::Metadata) -> Vec<(String, String)> {
+    use memwall_format::gguf::{Array as A, Value as V};
     let json_sha = |v: serde_json::Value| {
         // Python's json.dumps(ensure_ascii=False): ", " between elements.
         let items: Vec<String> = v
@@ -285,7 +285,7 @@ fn recorded_tokenizer_keys(metadata: &Value) -> Vec<(String, String)> {
 #[test]
 fn tokenizer_keys_equal_llama_cpp() {
     use memwall_convert::vocab::{load_bpe, write_vocab};
-    use memwall_runtime::gguf::Metadata;
+    use memwall_format::gguf::Metadata;
     // tiny-zh against its committed conversion (pre-tokenizer named: gpt-2).
     let dir = fixtures().join("tiny-zh");
     let ckpt = Checkpoint::open(&dir).unwrap();
@@ -324,7 +324,7 @@ fn tokenizer_keys_equal_llama_cpp() {
 #[test]
 fn whole_files_equal_llama_cpp() {
     use memwall_convert::job::{Options as Convert, convert};
-    use memwall_runtime::progress::Silent;
+    use memwall_format::progress::Silent;
     let out_dir = tempfile::tempdir().unwrap();
     // tiny-zh: the committed conversion, byte for byte.
     let out = out_dir.path().join("tiny-zh.gguf");
@@ -373,7 +373,7 @@ fn whole_files_equal_llama_cpp() {
 #[test]
 fn split_output_equals_llama_cpps_parts() {
     use memwall_convert::job::{Options as Convert, convert, parse_split_size};
-    use memwall_runtime::progress::Silent;
+    use memwall_format::progress::Silent;
     let text =
         std::fs::read_to_string(fixtures().join("tiny-zh/reference/llamacpp-split.json")).unwrap();
     let reference: Value = serde_json::from_str(&text).unwrap();
@@ -404,7 +404,7 @@ fn split_output_equals_llama_cpps_parts() {
         );
     }
     // And the split model opens as one, with every tensor of the unsplit conversion.
-    let model = memwall_runtime::gguf::GgufModel::open(&written[0]).unwrap();
+    let model = memwall_format::gguf::GgufModel::open(&written[0]).unwrap();
     assert_eq!(model.tensor_count(), 39);
     assert_eq!(parse_split_size("2G").unwrap(), 2_000_000_000);
     assert!(parse_split_size("2T").is_err() && parse_split_size("x").is_err());
@@ -414,7 +414,7 @@ fn split_output_equals_llama_cpps_parts() {
 fn llama3_rope_factors_equal_pytorchs_and_the_file_llama_cpps() {
     use memwall_convert::job::{Options as Convert, convert};
     use memwall_convert::tensors::llama3_rope_factors;
-    use memwall_runtime::progress::Silent;
+    use memwall_format::progress::Silent;
     // The factors, bit for bit, for Llama 3.1's and 3.2's rope parameters (recorded from torch).
     let text = std::fs::read_to_string(fixtures().join("synth/rope_freqs.json")).unwrap();
     let recorded: Value = serde_json::from_str(&text).unwrap();
@@ -483,7 +483,7 @@ fn recorded_llama() -> Value {
 #[test]
 fn post_processor_templates_with_bos_equal_llama_cpp() {
     use memwall_convert::job::{Options as Convert, convert};
-    use memwall_runtime::progress::Silent;
+    use memwall_format::progress::Silent;
     let want: Value = serde_json::from_str(
         &std::fs::read_to_string(fixtures().join("synth/template-bos.json")).unwrap(),
     )
@@ -563,7 +563,7 @@ fn arch_keys(arch: &str, edit: impl FnOnce(&mut Value)) -> Vec<(String, String, 
     edit(&mut config);
     with_defaults(&mut config);
     let class = Arch::for_class(config["architectures"][0].as_str().unwrap()).unwrap();
-    let mut meta = memwall_runtime::gguf::Metadata::new();
+    let mut meta = memwall_format::gguf::Metadata::new();
     hparams(&mut meta, &config, class, OutType::F16).unwrap();
     let prefix = format!("{}.", class.gguf);
     model_keys(&meta)
@@ -588,7 +588,7 @@ fn missing_config_keys_take_transformers_defaults_like_llama_cpp() {
 }
 
 /// The metadata `memwall convert --outtype f16` plans for the checkpoint in `dir`.
-fn prepared_f16(dir: &Path) -> memwall_runtime::gguf::Metadata {
+fn prepared_f16(dir: &Path) -> memwall_format::gguf::Metadata {
     use memwall_convert::job::{Options as Convert, prepare};
     let ckpt = Checkpoint::open(dir).unwrap();
     let o = Convert {
@@ -603,7 +603,7 @@ fn prepared_f16(dir: &Path) -> memwall_runtime::gguf::Metadata {
 
 #[test]
 fn model_card_keys_equal_llama_cpp() {
-    use memwall_runtime::gguf::{Array as A, Value as V};
+    use memwall_format::gguf::{Array as A, Value as V};
     let text = std::fs::read_to_string(fixtures().join("synth/model-cards.json")).unwrap();
     let reference: Value = serde_json::from_str(&text).unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -643,7 +643,7 @@ fn model_card_keys_equal_llama_cpp() {
 
 #[test]
 fn named_chat_templates_equal_llama_cpp() {
-    use memwall_runtime::gguf::{Array as A, Value as V};
+    use memwall_format::gguf::{Array as A, Value as V};
     let text = std::fs::read_to_string(fixtures().join("synth/chat-templates.json")).unwrap();
     let reference: Value = serde_json::from_str(&text).unwrap();
     let dir = tempfile::tempdir().unwrap();

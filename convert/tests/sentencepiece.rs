@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use memwall_convert::job::{Options as Convert, convert};
 use memwall_convert::tensors::OutType;
 use memwall_fixtures::synth::{Options, preset, write_checkpoint};
-use memwall_runtime::gguf::{Array, GgufFile, Value};
-use memwall_runtime::progress::Silent;
+use memwall_format::gguf::{Array, GgufFile, Value};
+use memwall_format::progress::Silent;
 use serde_json::Value as Json;
 
 fn recorded() -> Json {

@@ -15,8 +15,8 @@ use memwall_calibrate::dataset::{
     self, BadKind, ChatMessage, ChatRenderer, Dataset, DatasetError, Options, Render, SourceSpec,
     TokenizerInfo,
 };
-use memwall_runtime::gguf::GgufModel;
-use memwall_runtime::progress::Silent;
+use memwall_format::gguf::GgufModel;
+use memwall_format::progress::Silent;
 use memwall_runtime::tokenizer::Tokenizer;
 
 fn tiny_zh() -> &'static (Tokenizer, TokenizerInfo) {

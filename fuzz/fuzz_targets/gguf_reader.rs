@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use memwall_runtime::gguf::{GgufFile, copy_gguf, parse};
+use memwall_format::gguf::{GgufFile, copy_gguf, parse};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(file) = GgufFile::from_vec("fuzz".as_ref(), data.to_vec()) else { return };

@@ -10,7 +10,7 @@
 use std::collections::HashSet;
 
 use libfuzzer_sys::fuzz_target;
-use memwall_runtime::gguf::{GgufModel, LoadMode, keys, parse, split_path};
+use memwall_format::gguf::{GgufModel, LoadMode, keys, parse, split_path};
 
 const SEPARATOR: &[u8] = b"FUZZSPLIT";
 

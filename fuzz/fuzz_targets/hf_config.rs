@@ -14,7 +14,7 @@ use memwall_convert::hf_config::with_defaults;
 use memwall_convert::metadata::hparams;
 use memwall_convert::tensors::OutType;
 use memwall_quantize::fit::{Choice, KvType, Load, Runtime, Shape, footprint};
-use memwall_runtime::gguf::{Metadata, Value};
+use memwall_format::gguf::{Metadata, Value};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(mut config) = serde_json::from_slice::<serde_json::Value>(data) else {

@@ -13,7 +13,7 @@ use libfuzzer_sys::fuzz_target;
 use memwall_quantize::fit::{Choice, Shape};
 use memwall_quantize::job::{self, Options};
 use memwall_quantize::recipe::Recipe;
-use memwall_runtime::gguf::{GgufModel, GgufWriter, LoadMode, Metadata, TensorSpec};
+use memwall_format::gguf::{GgufModel, GgufWriter, LoadMode, Metadata, TensorSpec};
 
 /// Rows of 256 (K-quant blocks fit) and of 96 (they do not: fallbacks).
 fn llama() -> Shape {

@@ -12,7 +12,7 @@
 use libfuzzer_sys::fuzz_target;
 use memwall_convert::sentencepiece::{parse, write};
 use memwall_convert::vocab::{load_sentencepiece, token_type, write_vocab};
-use memwall_runtime::gguf::Metadata;
+use memwall_format::gguf::Metadata;
 use memwall_runtime::tokenizer::Tokenizer;
 
 const TEXTS: &[&str] = &[

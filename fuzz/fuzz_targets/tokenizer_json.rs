@@ -13,7 +13,7 @@
 use libfuzzer_sys::fuzz_target;
 use memwall_convert::arch::Arch;
 use memwall_convert::vocab::{load_bpe, token_type, write_vocab};
-use memwall_runtime::gguf::Metadata;
+use memwall_format::gguf::Metadata;
 use memwall_runtime::tokenizer::Tokenizer;
 
 /// No " ," / " '" pairs: llama.cpp's space clean-up would rightly change them.

@@ -10,8 +10,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use memwall_runtime::GgmlType;
-use memwall_runtime::gguf::{GGUF_MAGIC, parse};
+use memwall_format::GgmlType;
+use memwall_format::gguf::{GGUF_MAGIC, parse};
 
 /// Why an importance matrix could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -117,7 +117,7 @@ impl Imatrix {
         if header.tensors.is_empty() {
             return Err("no data: the file has no tensors".into());
         }
-        let data_at = |t: &memwall_runtime::gguf::TensorInfo| -> Result<Vec<f32>, String> {
+        let data_at = |t: &memwall_format::gguf::TensorInfo| -> Result<Vec<f32>, String> {
             if t.ty != GgmlType::F32 {
                 return Err(format!(
                     "tensor {} is {}; imatrix tensors must be F32",

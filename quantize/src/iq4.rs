@@ -2,7 +2,7 @@
 //! `quantize_row_iq4_nl_impl` as `llama-quantize` calls it (`quantize_iq4_nl` /
 //! `quantize_iq4_xs`, 7 scale trials each way), in `f32` in ggml's order.
 
-use memwall_runtime::blocks::{IQ4NL_GRID, f32_to_f16};
+use memwall_format::blocks::{IQ4NL_GRID, f32_to_f16};
 
 use crate::kquants::{GROUP_MAX_EPS, nearest_int};
 use crate::lanes;

@@ -13,14 +13,14 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use memwall_runtime::GgmlType;
-use memwall_runtime::atomic::AtomicFile;
-use memwall_runtime::blocks::{dequantize_row, validate_row};
-use memwall_runtime::ggml_type::FileTypeInfo;
-use memwall_runtime::gguf::{
+use memwall_format::GgmlType;
+use memwall_format::atomic::AtomicFile;
+use memwall_format::blocks::{dequantize_row, validate_row};
+use memwall_format::ggml_type::FileTypeInfo;
+use memwall_format::gguf::{
     GgufError, GgufModel, GgufWriter, Metadata, TensorSpec, keys, split_path,
 };
-use memwall_runtime::progress::{Progress, Unit};
+use memwall_format::progress::{Progress, Unit};
 use rayon::prelude::*;
 
 use crate::imatrix::Imatrix;
@@ -282,7 +282,7 @@ pub fn plan(model: &GgufModel, input: &Path, options: &Options) -> Result<Plan, 
     };
 
     // llama.cpp's order: by layer then name; with --keep-split, by file then offset.
-    let mut order: Vec<(usize, &memwall_runtime::gguf::TensorInfo)> = model.tensors().collect();
+    let mut order: Vec<(usize, &memwall_format::gguf::TensorInfo)> = model.tensors().collect();
     if options.keep_split {
         order.sort_by_key(|&(f, t)| (f, t.offset));
     } else {
@@ -419,7 +419,7 @@ fn output_metadata(
     n_files: usize,
 ) -> Result<Vec<Metadata>, JobError> {
     let mut meta = model.metadata().clone();
-    let put = |meta: &mut Metadata, key: &str, value: memwall_runtime::gguf::Value| {
+    let put = |meta: &mut Metadata, key: &str, value: memwall_format::gguf::Value| {
         meta.remove(key);
         meta.set(key, value);
     };
@@ -469,14 +469,14 @@ fn output_metadata(
     let mut files = vec![meta];
     files.extend((1..n_files).map(|_| Metadata::new()));
     for (i, m) in files.iter_mut().enumerate() {
-        m.set(keys::SPLIT_NO, memwall_runtime::gguf::Value::U16(i as u16));
+        m.set(keys::SPLIT_NO, memwall_format::gguf::Value::U16(i as u16));
         m.set(
             keys::SPLIT_COUNT,
-            memwall_runtime::gguf::Value::U16(n_files as u16),
+            memwall_format::gguf::Value::U16(n_files as u16),
         );
         m.set(
             keys::SPLIT_TENSORS_COUNT,
-            memwall_runtime::gguf::Value::I32(total),
+            memwall_format::gguf::Value::I32(total),
         );
     }
     Ok(files)
@@ -518,7 +518,7 @@ pub fn run(
                 ),
             });
         }
-        if !memwall_runtime::blocks::DEQUANTIZABLE.contains(&t.source) {
+        if !memwall_format::blocks::DEQUANTIZABLE.contains(&t.source) {
             return Err(JobError::Tensor {
                 tensor: t.name.clone(),
                 message: format!("memwall cannot decode {} input yet", t.source),

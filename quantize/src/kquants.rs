@@ -5,7 +5,7 @@
 //! ggml's order (ggml-base is built without FMA contraction), integers convert
 //! as C's casts do, so the bytes are identical.
 
-use memwall_runtime::blocks::{f16_to_f32, f32_to_f16, scale_min_k4};
+use memwall_format::blocks::{f16_to_f32, f32_to_f16, scale_min_k4};
 
 use crate::lanes;
 use crate::legacy::signed_max;

@@ -2,9 +2,9 @@
 //! `quantize_row_q{4,5}_{0,1}_ref` and `quantize_row_q8_0_ref`
 //! (`ggml/src/ggml-quants.c`). Float operations are done in `f32` in ggml's
 //! order, and float-to-integer conversions truncate as C's casts do, so the
-//! output bytes are identical. Layouts: `memwall_runtime::blocks`.
+//! output bytes are identical. Layouts: `memwall_format::blocks`.
 
-use memwall_runtime::blocks::f32_to_f16;
+use memwall_format::blocks::f32_to_f16;
 
 use crate::kquants::{make_qkx2_quants, make_qx_quants};
 

@@ -9,7 +9,7 @@
 //!
 //! ```
 //! use memwall_quantize::quantize_row;
-//! use memwall_runtime::{GgmlType, blocks::dequantize_row};
+//! use memwall_format::{GgmlType, blocks::dequantize_row};
 //!
 //! let x: Vec<f32> = (0..64).map(|i| (i as f32 - 32.0) / 8.0).collect();
 //! let mut q = vec![0u8; 2 * 34];
@@ -36,8 +36,8 @@ pub mod recipe;
 pub mod rules;
 mod weights;
 
-use memwall_runtime::GgmlType;
-use memwall_runtime::blocks::{f32_to_bf16, f32_to_f16};
+use memwall_format::GgmlType;
+use memwall_format::blocks::{f32_to_bf16, f32_to_f16};
 
 /// Why a row could not be quantized.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -66,7 +66,7 @@ pub enum QuantizeError {
 }
 
 /// Types [`quantize_row`] encodes: every type the runtime decodes.
-pub const ENCODABLE: [GgmlType; 15] = memwall_runtime::blocks::DEQUANTIZABLE;
+pub const ENCODABLE: [GgmlType; 15] = memwall_format::blocks::DEQUANTIZABLE;
 
 /// Encodes `src` as blocks of `ty` into `dst`, byte for byte as ggml's
 /// reference quantizer does.

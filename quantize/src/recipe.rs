@@ -27,8 +27,8 @@
 
 use std::fmt::Write as _;
 
-use memwall_runtime::GgmlType;
-use memwall_runtime::ggml_type::{FileTypeInfo, file_type_by_name};
+use memwall_format::GgmlType;
+use memwall_format::ggml_type::{FileTypeInfo, file_type_by_name};
 
 use crate::rules::Override;
 

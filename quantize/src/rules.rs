@@ -9,9 +9,9 @@
 //! Branches for file types memwall cannot encode (IQ1–IQ3, TQ, MXFP4) are kept
 //! so that `--dry-run` plans them the way llama.cpp would.
 
-use memwall_runtime::GgmlType;
-use memwall_runtime::ggml_type::FileTypeInfo;
-use memwall_runtime::gguf::Metadata;
+use memwall_format::GgmlType;
+use memwall_format::ggml_type::FileTypeInfo;
+use memwall_format::gguf::Metadata;
 
 /// The broad role of a tensor, from its name (`tensor_get_category`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

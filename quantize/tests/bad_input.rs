@@ -3,13 +3,13 @@
 
 use std::path::{Path, PathBuf};
 
+use memwall_format::GgmlType;
+use memwall_format::ggml_type::file_type_by_name;
+use memwall_format::gguf::{GgufModel, GgufWriter, Metadata, TensorSpec};
+use memwall_format::progress::Silent;
 use memwall_quantize::imatrix::Imatrix;
 use memwall_quantize::job::{self, ImatrixInput, JobError, Options};
 use memwall_quantize::rules::Reason;
-use memwall_runtime::GgmlType;
-use memwall_runtime::ggml_type::file_type_by_name;
-use memwall_runtime::gguf::{GgufModel, GgufWriter, Metadata, TensorSpec};
-use memwall_runtime::progress::Silent;
 
 /// A one-layer llama-like model with one 256×4 F32 weight `blk.0.ffn_up.weight`
 /// holding `values` (1024 of them) and a norm.
@@ -294,7 +294,7 @@ fn gguf_imatrix(path: &Path, sums_dims: Vec<u64>, sums: &[f32], count: f32) {
     meta.set("general.type", "imatrix");
     meta.set(
         "imatrix.datasets",
-        memwall_runtime::gguf::Array::String(vec!["wiki.txt".into()]),
+        memwall_format::gguf::Array::String(vec!["wiki.txt".into()]),
     );
     meta.set("imatrix.chunk_count", 1u32);
     meta.set("imatrix.chunk_size", 512u32);
@@ -392,7 +392,7 @@ fn fuzz_gguf_imatrix_without_entries_is_refused() {
     let mut meta = Metadata::new();
     meta.set(
         "imatrix.datasets",
-        memwall_runtime::gguf::Array::String(vec![]),
+        memwall_format::gguf::Array::String(vec![]),
     );
     meta.set("imatrix.chunk_count", 1u32);
     meta.set("imatrix.chunk_size", 512u32);

@@ -4,9 +4,9 @@
 
 use std::path::Path;
 
+use memwall_format::GgmlType;
+use memwall_format::blocks::{dequantize_row, f16_to_f32};
 use memwall_quantize::{ENCODABLE, quantize_row};
-use memwall_runtime::GgmlType;
-use memwall_runtime::blocks::{dequantize_row, f16_to_f32};
 use proptest::prelude::*;
 use safetensors::SafeTensors;
 
@@ -189,8 +189,8 @@ fn whole_tensors_match_llama_quantize_hashes() {
 /// `llama-quantize --imatrix` produced, for every type with a weighted encoder.
 #[test]
 fn imatrix_quantization_matches_llama_quantize_hashes() {
+    use memwall_format::gguf::GgufFile;
     use memwall_quantize::{IMATRIX_ENCODABLE, quantize_row_imatrix};
-    use memwall_runtime::gguf::GgufFile;
     use sha2::{Digest, Sha256};
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tiny-zh/reference");
     let imatrix = GgufFile::open(&root.join("imatrix.gguf")).unwrap();

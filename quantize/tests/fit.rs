@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use memwall_fixtures::synth::{self, Arch};
+use memwall_format::gguf::GgufModel;
 use memwall_quantize::fit::{Choice, Shape, TensorShape, gguf_tensors};
-use memwall_runtime::gguf::GgufModel;
 
 fn repo() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
@@ -89,7 +89,7 @@ fn tiny_zh_config_matches_its_gguf_and_so_do_the_planned_bytes() {
         &gguf,
         Path::new("tiny-zh-f16.gguf"),
         &memwall_quantize::job::Options::new(
-            memwall_runtime::ggml_type::file_type_by_name("Q4_K_M").unwrap(),
+            memwall_format::ggml_type::file_type_by_name("Q4_K_M").unwrap(),
         ),
     )
     .unwrap();

@@ -6,11 +6,11 @@
 
 use std::path::{Path, PathBuf};
 
+use memwall_format::ggml_type::file_type_by_name;
+use memwall_format::gguf::GgufModel;
+use memwall_format::progress::Silent;
 use memwall_quantize::imatrix::Imatrix;
 use memwall_quantize::job::{self, ImatrixInput, Options};
-use memwall_runtime::ggml_type::file_type_by_name;
-use memwall_runtime::gguf::GgufModel;
-use memwall_runtime::progress::Silent;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -42,7 +42,7 @@ fn quantize(model: &GgufModel, input: &Path, options: &Options, out: &Path) -> V
 /// Compares with one recorded llama-quantize output: per tensor first (type
 /// and hash, for a useful message), then the whole file.
 fn check(label: &str, bytes: &[u8], expected: &Value) {
-    let file = memwall_runtime::gguf::parse(bytes).unwrap();
+    let file = memwall_format::gguf::parse(bytes).unwrap();
     let tensors = expected["tensors"].as_object().unwrap();
     assert_eq!(file.tensors.len(), tensors.len(), "{label}: tensor count");
     let mut wrong = Vec::new();
@@ -169,7 +169,7 @@ fn legacy_dat_imatrix_gives_llama_quantizes_tensors() {
             data: data.clone(),
         });
         let bytes = quantize(&model, &path, &options, &dir.path().join("out.gguf"));
-        let file = memwall_runtime::gguf::parse(&bytes).unwrap();
+        let file = memwall_format::gguf::parse(&bytes).unwrap();
         for t in &file.tensors {
             let want = &expected[&t.name];
             let got = &bytes[(file.data_offset + t.offset) as usize..][..t.size as usize];

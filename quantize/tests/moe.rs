@@ -8,11 +8,11 @@
 use std::path::Path;
 
 use memwall_fixtures::moe_gguf::{SHAPES, write_imatrix, write_model};
+use memwall_format::ggml_type::file_type_by_name;
+use memwall_format::gguf::GgufModel;
+use memwall_format::progress::Silent;
 use memwall_quantize::imatrix::Imatrix;
 use memwall_quantize::job::{self, ImatrixInput, Options};
-use memwall_runtime::ggml_type::file_type_by_name;
-use memwall_runtime::gguf::GgufModel;
-use memwall_runtime::progress::Silent;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -21,7 +21,7 @@ fn sha(bytes: &[u8]) -> String {
 }
 
 fn check_tensors(label: &str, bytes: &[u8], expected: &Value) {
-    let file = memwall_runtime::gguf::parse(bytes).unwrap();
+    let file = memwall_format::gguf::parse(bytes).unwrap();
     let expected = expected.as_object().unwrap();
     assert_eq!(file.tensors.len(), expected.len(), "{label}");
     for t in &file.tensors {

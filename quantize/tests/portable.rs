@@ -5,11 +5,11 @@
 
 use std::path::{Path, PathBuf};
 
+use memwall_format::ggml_type::file_type_by_name;
+use memwall_format::gguf::GgufModel;
+use memwall_format::progress::Silent;
 use memwall_quantize::imatrix::Imatrix;
 use memwall_quantize::job::{self, ImatrixInput, Options};
-use memwall_runtime::ggml_type::file_type_by_name;
-use memwall_runtime::gguf::GgufModel;
-use memwall_runtime::progress::Silent;
 use sha2::{Digest, Sha256};
 
 fn tiny_zh() -> PathBuf {

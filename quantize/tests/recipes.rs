@@ -4,11 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
+use memwall_format::GgmlType;
+use memwall_format::gguf::{GgufFile, GgufModel};
+use memwall_format::progress::Silent;
 use memwall_quantize::job::{self, Options};
 use memwall_quantize::recipe::{PRESETS, Recipe};
-use memwall_runtime::GgmlType;
-use memwall_runtime::gguf::{GgufFile, GgufModel};
-use memwall_runtime::progress::Silent;
 use sha2::{Digest, Sha256};
 
 fn tiny_zh() -> PathBuf {

@@ -11,12 +11,12 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use memwall_format::GgmlType;
+use memwall_format::blocks::{dequantize_row, f32_to_f16};
+use memwall_format::ggml_type::file_type_by_name;
+use memwall_format::gguf::{GgufFile, GgufModel};
+use memwall_format::progress::Silent;
 use memwall_quantize::job::{self, Options};
-use memwall_runtime::GgmlType;
-use memwall_runtime::blocks::{dequantize_row, f32_to_f16};
-use memwall_runtime::ggml_type::file_type_by_name;
-use memwall_runtime::gguf::{GgufFile, GgufModel};
-use memwall_runtime::progress::Silent;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 

@@ -9,8 +9,8 @@
 
 use std::time::{Duration, Instant};
 
-use memwall_runtime::GgmlType;
-use memwall_runtime::blocks::{DEQUANTIZABLE, f32_to_f16};
+use memwall_format::GgmlType;
+use memwall_format::blocks::{DEQUANTIZABLE, f32_to_f16};
 use memwall_runtime::kernels::{Backend, Kernels, Matmul, QMatrix};
 
 fn main() {

@@ -9,8 +9,8 @@
 
 use std::path::{Path, PathBuf};
 
+use memwall_format::gguf::GgufModel;
 use memwall_runtime::forward::Model;
-use memwall_runtime::gguf::GgufModel;
 use serde_json::Value;
 
 fn fixtures() -> PathBuf {

@@ -21,8 +21,8 @@
 //! into two parts that may cancel), they allow `|Δ| ≤ 1e-5 · B` (plus 1e-30
 //! absolute).
 
-use memwall_runtime::GgmlType;
-use memwall_runtime::blocks::{
+use memwall_format::GgmlType;
+use memwall_format::blocks::{
     DEQUANTIZABLE, bf16_to_f32, dequantize_row, f16_to_f32, f32_to_f16, scale_fields, scale_min_k4,
 };
 use memwall_runtime::kernels::{
@@ -261,7 +261,7 @@ fn random_row(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
             .flat_map(|_| f32_to_f16(rng.f(2.0)).to_le_bytes())
             .collect(),
         GgmlType::BF16 => (0..n)
-            .flat_map(|_| memwall_runtime::blocks::f32_to_bf16(rng.f(2.0)).to_le_bytes())
+            .flat_map(|_| memwall_format::blocks::f32_to_bf16(rng.f(2.0)).to_le_bytes())
             .collect(),
         _ => {
             let mut w: Vec<u8> = (0..n / bs * ts).map(|_| rng.next() as u8).collect();
@@ -522,10 +522,10 @@ fn tiny_products_round_the_same_everywhere() {
             let small: Vec<f32> = (0..n).map(|_| rng.f(1.0) * 3e-21).collect();
             let w: Vec<u8> = small
                 .iter()
-                .flat_map(|&v| memwall_runtime::blocks::f32_to_bf16(v).to_le_bytes())
+                .flat_map(|&v| memwall_format::blocks::f32_to_bf16(v).to_le_bytes())
                 .collect();
             let acts: Vec<u16> = (0..n)
-                .map(|i| memwall_runtime::blocks::f32_to_bf16(small[(i * 7) % n] * 0.7))
+                .map(|i| memwall_format::blocks::f32_to_bf16(small[(i * 7) % n] * 0.7))
                 .collect();
             let want = scalar
                 .vec_dot(GgmlType::BF16, &w, ActRow::BF16(&acts))

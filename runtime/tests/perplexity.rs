@@ -8,13 +8,13 @@
 
 use std::path::{Path, PathBuf};
 
+use memwall_format::ggml_type::file_type_by_name;
+use memwall_format::gguf::GgufModel;
+use memwall_format::progress::Silent;
 use memwall_quantize::job::{self, Options};
 use memwall_runtime::eval::{self, Options as Eval};
 use memwall_runtime::forward::Model;
-use memwall_runtime::ggml_type::file_type_by_name;
-use memwall_runtime::gguf::GgufModel;
 use memwall_runtime::kernels::{Backend, Kernels};
-use memwall_runtime::progress::Silent;
 use memwall_runtime::tokenizer::Tokenizer;
 
 fn fixtures() -> PathBuf {

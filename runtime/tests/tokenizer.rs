@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use memwall_runtime::gguf::{Array, GgufFile, Metadata, MetadataError, Value};
+use memwall_format::gguf::{Array, GgufFile, Metadata, MetadataError, Value};
 use memwall_runtime::tokenizer::{Tokenizer, TokenizerError};
 use proptest::prelude::*;
 use serde_json::Value as Json;

@@ -19,7 +19,7 @@ use std::fs::File;
 use std::io::{self, BufReader, Read, Write};
 use std::path::Path;
 
-use memwall_runtime::gguf::Metadata;
+use memwall_format::gguf::Metadata;
 use memwall_runtime::tokenizer::Tokenizer;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};

@@ -15,7 +15,8 @@
 //!
 //! ```no_run
 //! use memwall_calibrate::dataset::{self, Options, SourceSpec, TokenizerInfo};
-//! use memwall_runtime::{gguf::GgufModel, progress::Silent, tokenizer::Tokenizer};
+//! use memwall_format::{gguf::GgufModel, progress::Silent};
+//! use memwall_runtime::tokenizer::Tokenizer;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let model = GgufModel::open("model.gguf".as_ref())?;
 //! let tokenizer = Tokenizer::from_gguf(model.metadata())?;
@@ -42,8 +43,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use memwall_runtime::atomic::AtomicFile;
-use memwall_runtime::progress::{Progress, Unit};
+use memwall_format::atomic::AtomicFile;
+use memwall_format::progress::{Progress, Unit};
 use memwall_runtime::tokenizer::Tokenizer;
 use rayon::prelude::*;
 use serde_json::{Value, json};

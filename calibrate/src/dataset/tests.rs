@@ -3,8 +3,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use memwall_runtime::gguf::GgufModel;
-use memwall_runtime::progress::Silent;
+use memwall_format::gguf::GgufModel;
+use memwall_format::progress::Silent;
 
 use super::*;
 
@@ -23,7 +23,7 @@ fn tiny_zh() -> (Tokenizer, TokenizerInfo) {
 
 /// tiny-zh's tokenizer with one token's text changed: same size, other ids.
 fn tiny_zh_altered() -> Tokenizer {
-    use memwall_runtime::gguf::Array;
+    use memwall_format::gguf::Array;
     let model = GgufModel::open(&fixture("tiny-zh/reference/tiny-zh-f16.gguf")).unwrap();
     let mut meta = model.metadata().clone();
     let mut tokens = meta

@@ -42,7 +42,7 @@ pub struct Args {
     pub json: bool,
 }
 
-fn quantize(ty: memwall_runtime::GgmlType, x: &[f32], y: &mut [u8]) -> Result<(), String> {
+fn quantize(ty: memwall_format::GgmlType, x: &[f32], y: &mut [u8]) -> Result<(), String> {
     memwall_quantize::quantize_row(ty, x, y).map_err(|e| e.to_string())
 }
 

@@ -294,7 +294,7 @@ fn write(path: PathBuf, bytes: &[u8]) -> Result<()> {
             .with_context(|| format!("{}: cannot create", parent.display()))?;
     }
     // Atomically: a full disk leaves no torn copy among the demo's inputs.
-    let mut f = memwall_runtime::atomic::AtomicFile::create(&path)
+    let mut f = memwall_format::atomic::AtomicFile::create(&path)
         .with_context(|| format!("{}: cannot write", path.display()))?;
     std::io::Write::write_all(&mut f, bytes)
         .and_then(|()| f.commit())

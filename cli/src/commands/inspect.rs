@@ -5,9 +5,9 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use memwall_runtime::ggml_type::{GgmlType, file_type};
-use memwall_runtime::gguf::{GgufModel, describe_type, keys};
-use memwall_runtime::model_info::{HyperParams, TokenizerInfo};
+use memwall_format::ggml_type::{GgmlType, file_type};
+use memwall_format::gguf::{GgufModel, describe_type, keys};
+use memwall_format::model_info::{HyperParams, TokenizerInfo};
 use serde_json::json;
 
 use crate::render::{float_text, human_bytes, human_count, quote, value_json, value_text};

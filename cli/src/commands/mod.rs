@@ -17,8 +17,9 @@ pub mod validate;
 
 use memwall_convert::export::ExportError;
 use memwall_convert::job::ConvertError;
+use memwall_format::gguf::{GgufError, GgufModel, LoadMode};
 use memwall_quantize::job::JobError;
-use memwall_runtime::gguf::{GgufError, GgufModel, LoadMode, available_memory};
+use memwall_runtime::residency::{available_memory, lock_model};
 
 /// A next step for the user, for errors where there is an obvious one.
 pub fn hint(err: &anyhow::Error) -> Option<&'static str> {
@@ -249,7 +250,7 @@ impl LoadArgs {
                     crate::render::human_bytes(free)
                 );
             }
-            gguf.lock_memory().map_err(|e| {
+            lock_model(&gguf).map_err(|e| {
                 anyhow::anyhow!(
                     "{}: --mlock failed ({e}); raise the limit with `ulimit -l unlimited` or drop --mlock",
                     path.display()

@@ -22,9 +22,9 @@ use std::process::{Command, Output, Stdio};
 use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
-use memwall_runtime::gguf::GgufModel;
-use memwall_runtime::model_info::HyperParams;
-use memwall_runtime::progress::{Progress, Unit};
+use memwall_format::gguf::GgufModel;
+use memwall_format::model_info::HyperParams;
+use memwall_format::progress::{Progress, Unit};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -991,7 +991,7 @@ fn sh_quote(s: &str) -> String {
 struct TempChunk(
     PathBuf,
     #[allow(dead_code, reason = "held for its Drop, which unlists the path")]
-    memwall_runtime::cleanup::Registration,
+    memwall_format::cleanup::Registration,
 );
 
 impl TempChunk {
@@ -1001,7 +1001,7 @@ impl TempChunk {
         let dir = std::env::temp_dir();
         super::remove_stale_scratch(&dir, "memwall-push-", ".chunk");
         let path = dir.join(format!("memwall-push-{}.chunk", std::process::id()));
-        let listed = memwall_runtime::cleanup::register_file(&path);
+        let listed = memwall_format::cleanup::register_file(&path);
         TempChunk(path, listed)
     }
 

@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use memwall_format::ggml_type::{FILE_TYPES, FileTypeInfo, file_type_by_name};
+use memwall_format::gguf::GgufModel;
 use memwall_quantize::imatrix::Imatrix;
 use memwall_quantize::job::{self, ImatrixInput, ImatrixUse, Options, Plan};
 use memwall_quantize::recipe::{self, PRESETS, Recipe};
 use memwall_quantize::rules::Reason;
-use memwall_runtime::ggml_type::{FILE_TYPES, FileTypeInfo, file_type_by_name};
-use memwall_runtime::gguf::GgufModel;
 use serde_json::json;
 
 use crate::progress::Bar;
@@ -85,7 +85,7 @@ pub(crate) fn parse_ftype(name: &str) -> Option<&'static FileTypeInfo> {
     file_type_by_name(name)
 }
 
-fn parse_type(name: &str, flag: &str) -> Result<memwall_runtime::GgmlType> {
+fn parse_type(name: &str, flag: &str) -> Result<memwall_format::GgmlType> {
     recipe::parse_type(name).map_err(|e| anyhow::anyhow!("{flag}: {e}"))
 }
 

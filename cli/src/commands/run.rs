@@ -362,7 +362,7 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 /// The model's chat template, or ChatML with a warning.
-fn chat_template(gguf: &memwall_runtime::gguf::GgufModel, quiet: bool) -> Result<ChatTemplate> {
+fn chat_template(gguf: &memwall_format::gguf::GgufModel, quiet: bool) -> Result<ChatTemplate> {
     match gguf
         .metadata()
         .get_str("tokenizer.chat_template")

@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use memwall_format::gguf::GgufModel;
+use memwall_format::validate::scan_tensors;
 use memwall_runtime::eval::{self, LogitsReader, LogitsWriter, Options};
 use memwall_runtime::forward::Model;
-use memwall_runtime::gguf::GgufModel;
 use memwall_runtime::tokenizer::Tokenizer;
-use memwall_runtime::validate::scan_tensors;
 use serde_json::{Value, json};
 
 use crate::progress::Bar;

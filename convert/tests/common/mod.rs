@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use memwall_runtime::GgmlType;
+use memwall_format::GgmlType;
 use sha2::{Digest, Sha256};
 
 /// The repository's `fixtures/` folder.

@@ -22,7 +22,7 @@
 //! Q4_K = 6.0                  # stream from RAM (used above cache_mb)
 //! ```
 
-use memwall_runtime::GgmlType;
+use memwall_format::GgmlType;
 
 use crate::recipe::parse_type;
 

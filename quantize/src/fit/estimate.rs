@@ -13,7 +13,7 @@
 //! device's compute rate, plus the part of the faster one the kernels do not
 //! overlap (`overlap_loss`), plus reading from flash whatever is not resident.
 
-use memwall_runtime::GgmlType;
+use memwall_format::GgmlType;
 
 use super::{Device, Shape, Weights};
 

@@ -26,8 +26,8 @@ pub use estimate::{
     Footprint, KvType, Load, Runtime, Speed, Token, decode_speed, footprint, token_speed,
 };
 
-use memwall_runtime::GgmlType;
-use memwall_runtime::ggml_type::{FileTypeInfo, file_type_by_name};
+use memwall_format::GgmlType;
+use memwall_format::ggml_type::{FileTypeInfo, file_type_by_name};
 
 use crate::recipe::Recipe;
 use crate::rules::{Category, MixOptions, Mixer, ModelFacts, llama_order};
@@ -118,8 +118,8 @@ impl Shape {
     }
 
     /// Reads the shape from GGUF metadata and the tensor list.
-    pub fn from_gguf(model: &memwall_runtime::gguf::GgufModel) -> Result<Shape, String> {
-        use memwall_runtime::model_info::HyperParams;
+    pub fn from_gguf(model: &memwall_format::gguf::GgufModel) -> Result<Shape, String> {
+        use memwall_format::model_info::HyperParams;
         let meta = model.metadata();
         let hp = HyperParams::try_from(meta).map_err(|e| e.to_string())?;
         let arch = hp.architecture.clone();
@@ -388,7 +388,7 @@ impl Shape {
 }
 
 /// The tensors of a GGUF file, in llama.cpp's order.
-pub fn gguf_tensors(model: &memwall_runtime::gguf::GgufModel) -> Vec<TensorShape> {
+pub fn gguf_tensors(model: &memwall_format::gguf::GgufModel) -> Vec<TensorShape> {
     let mut out: Vec<TensorShape> = model
         .tensors()
         .map(|(_, t)| TensorShape {

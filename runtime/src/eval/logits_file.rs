@@ -17,7 +17,7 @@ use memmap2::Mmap;
 
 use super::EvalError;
 use super::stats::nearest_int;
-use crate::atomic::AtomicFile;
+use memwall_format::atomic::AtomicFile;
 
 const MAGIC: &[u8; 8] = b"_logits_";
 const HEADER: usize = 8 + 4 + 4 + 4;

@@ -18,7 +18,7 @@ pub use logits_file::{LogitsReader, LogitsWriter};
 pub use stats::{KldStats, Summary};
 
 use crate::forward::{ForwardError, Model};
-use crate::progress::{Progress, Unit};
+use memwall_format::progress::{Progress, Unit};
 
 /// Why an evaluation failed.
 #[derive(Debug, thiserror::Error)]

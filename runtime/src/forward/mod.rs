@@ -16,7 +16,7 @@
 //! holds `f16`, as llama.cpp's default cache does; queries are rounded to
 //! `f16` for the `Q·K` products like ggml's F16 dot products.
 //!
-//! [`blocks::dequantize_row`]: crate::blocks::dequantize_row
+//! [`blocks::dequantize_row`]: memwall_format::blocks::dequantize_row
 
 pub(crate) mod math;
 mod rope;
@@ -27,12 +27,12 @@ pub use rope::{Rope, Yarn};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::GgmlType;
-use crate::blocks::{DEQUANTIZABLE, dequantize_row};
-use crate::gguf::{GgufModel, Metadata};
 use crate::kernels::attn::{self, KEY_TILE};
 use crate::kernels::{KernelError, Kernels, Matmul, Pool, QMatrix, for_each_chunk};
-use crate::model_info::HyperParams;
+use memwall_format::GgmlType;
+use memwall_format::blocks::{DEQUANTIZABLE, dequantize_row};
+use memwall_format::gguf::{GgufModel, Metadata};
+use memwall_format::model_info::HyperParams;
 
 /// Why a model cannot be run.
 #[derive(Debug, thiserror::Error)]
@@ -882,7 +882,7 @@ impl<'a> Model<'a> {
         let mut extents = Vec::new();
         for (m, pin) in order.iter().zip(&pinned) {
             if *pin {
-                self.gguf.lock_range(m.data).map_err(|e| {
+                crate::residency::lock_range(self.gguf, m.data).map_err(|e| {
                     ForwardError::Metadata(format!(
                         "locking {} of weights in RAM failed ({e}); lower --resident or raise `ulimit -l`",
                         report.pinned_bytes + m.data.len() as u64

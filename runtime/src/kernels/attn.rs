@@ -245,7 +245,7 @@ pub(crate) fn widen_f16(src: &[u16], dst: &mut [f32]) {
         return unsafe { widen_f16_le_f16c(bytes, dst) };
     }
     for (d, &h) in dst.iter_mut().zip(src) {
-        *d = crate::blocks::f16_to_f32(h);
+        *d = memwall_format::blocks::f16_to_f32(h);
     }
 }
 
@@ -259,7 +259,7 @@ pub(crate) fn widen_f16_le(src: &[u8], dst: &mut [f32]) {
         return unsafe { widen_f16_le_f16c(src, dst) };
     }
     for (d, h) in dst.iter_mut().zip(src.chunks_exact(2)) {
-        *d = crate::blocks::f16_to_f32(u16::from_le_bytes([h[0], h[1]]));
+        *d = memwall_format::blocks::f16_to_f32(u16::from_le_bytes([h[0], h[1]]));
     }
 }
 
@@ -281,7 +281,7 @@ fn widen_f16_le_f16c(src: &[u8], dst: &mut [f32]) {
         .iter_mut()
         .zip(s.remainder().chunks_exact(2))
     {
-        *d = crate::blocks::f16_to_f32(u16::from_le_bytes([h[0], h[1]]));
+        *d = memwall_format::blocks::f16_to_f32(u16::from_le_bytes([h[0], h[1]]));
     }
 }
 
@@ -296,7 +296,7 @@ pub(crate) fn narrow_f16(src: &[f32], dst: &mut [u16]) {
         return unsafe { narrow_f16_f16c(src, dst) };
     }
     for (d, &v) in dst.iter_mut().zip(src) {
-        *d = crate::blocks::f32_to_f16(v);
+        *d = memwall_format::blocks::f32_to_f16(v);
     }
 }
 
@@ -314,7 +314,7 @@ fn narrow_f16_f16c(src: &[f32], dst: &mut [u16]) {
         }
     }
     for (d, &v) in d.into_remainder().iter_mut().zip(s.remainder()) {
-        *d = crate::blocks::f32_to_f16(v);
+        *d = memwall_format::blocks::f32_to_f16(v);
     }
 }
 
@@ -405,7 +405,7 @@ mod tests {
 
     #[test]
     fn narrow_f16_matches_the_scalar_conversion() {
-        use crate::blocks::{f16_to_f32, f32_to_f16};
+        use memwall_format::blocks::{f16_to_f32, f32_to_f16};
         // Every f16 value, the midpoints between neighbours (ties round to
         // even), one f32 either side of them, a sweep of all bit patterns
         // (NaN payloads, subnormals, overflow) and the edges.
@@ -454,7 +454,7 @@ mod tests {
                 widen_f16(&src, &mut dst);
             }
             for (&h, &f) in src.iter().zip(&dst) {
-                let want = crate::blocks::f16_to_f32(h);
+                let want = memwall_format::blocks::f16_to_f32(h);
                 assert!(
                     f.to_bits() == want.to_bits() || (f.is_nan() && want.is_nan()),
                     "{h:#06x} (bytes: {from_bytes}): {f:e} vs {want:e}"

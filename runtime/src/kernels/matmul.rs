@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::pool::{Pool, for_each_chunk};
 use super::{Activations, KernelError, Kernels, VecDotType};
-use crate::GgmlType;
+use memwall_format::GgmlType;
 
 /// A weight matrix as stored in a GGUF tensor: `rows` rows of `cols` weights
 /// of type `ty`, row-major (ggml's `ne[0] = cols`, `ne[1] = rows`).

@@ -71,7 +71,7 @@
 //! and sign may differ between CPUs.
 //!
 //! ```
-//! use memwall_runtime::GgmlType;
+//! use memwall_format::GgmlType;
 //! use memwall_runtime::kernels::{Kernels, Matmul, QMatrix};
 //!
 //! // A 2×32 Q8_0 matrix: each row is one block (f16 scale 1.0, quants 0..32).
@@ -102,7 +102,7 @@ mod scalar;
 
 use std::sync::OnceLock;
 
-use crate::GgmlType;
+use memwall_format::GgmlType;
 
 pub use matmul::{Matmul, QMatrix, matmul};
 pub use pool::{Pool, for_each_chunk};
@@ -223,7 +223,7 @@ pub enum VecDotType {
 
 impl VecDotType {
     /// The vec_dot type of weight type `ty`, or `None` if memwall has no dot
-    /// product for it (the types outside [`crate::blocks::DEQUANTIZABLE`]).
+    /// product for it (the types outside [`memwall_format::blocks::DEQUANTIZABLE`]).
     pub fn of(ty: GgmlType) -> Option<VecDotType> {
         use GgmlType as T;
         Some(match ty {
@@ -426,7 +426,7 @@ impl Activations {
             VecDotType::BF16 => {
                 self.halves.clear();
                 self.halves
-                    .extend(x.iter().map(|&v| crate::blocks::f32_to_bf16(v)));
+                    .extend(x.iter().map(|&v| memwall_format::blocks::f32_to_bf16(v)));
             }
             VecDotType::Q8_0 => {
                 self.q8_0.resize(nb, BlockQ8_0::default());
@@ -434,8 +434,11 @@ impl Activations {
                     quantize_row_q8_0(&x[c * CHUNK * bs..][..y.len() * bs], y);
                 });
                 self.q8_0_d.clear();
-                self.q8_0_d
-                    .extend(self.q8_0.iter().map(|b| crate::blocks::f16_to_f32(b.d)));
+                self.q8_0_d.extend(
+                    self.q8_0
+                        .iter()
+                        .map(|b| memwall_format::blocks::f16_to_f32(b.d)),
+                );
                 self.q8_0_groups.clear();
                 // Only the x86 and aarch64 several-row kernels read the
                 // regrouped rows.

@@ -8,10 +8,10 @@
 //! ([`term`], [`term_min`], [`term_kmin`]), accumulated in the canonical order
 //! of the module docs of [`crate::kernels`] ([`Blocks`], [`tree8`]); the float
 //! types use [`FloatSum`]. The SIMD kernels call the same helpers for their
-//! scalar parts. Block layouts: [`crate::blocks`].
+//! scalar parts. Block layouts: [`memwall_format::blocks`].
 
 use super::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, QK_K, QK8_0, RowsTable};
-use crate::blocks::{IQ4NL_GRID, bf16_to_f32, f16_to_f32, f32_to_f16};
+use memwall_format::blocks::{IQ4NL_GRID, bf16_to_f32, f16_to_f32, f32_to_f16};
 
 /// Quantizes `x` to Q8_0 blocks: `d = max|x| / 127`, `q = round(x / d)`
 /// (half away from zero, like C's `roundf`), as `quantize_row_q8_0_ref`.
@@ -483,7 +483,7 @@ pub(crate) fn dot_q3_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
     }))
 }
 
-/// The 8 scales and 8 minimums of a Q4_K/Q5_K block: [`scale_min_k4`](crate::blocks::scale_min_k4) for
+/// The 8 scales and 8 minimums of a Q4_K/Q5_K block: [`scale_min_k4`](memwall_format::blocks::scale_min_k4) for
 /// `j = 0..8`, four bytes at a time on the three little-endian words of the
 /// twelve scale bytes (a per-byte loop was a third of the single-row Q4_K
 /// product's instructions).
@@ -640,7 +640,7 @@ mod tests {
 #[cfg(test)]
 mod k4_tests {
     use super::*;
-    use crate::blocks::scale_min_k4;
+    use memwall_format::blocks::scale_min_k4;
 
     #[test]
     fn k4_scales_unpack_like_get_scale_min_k4() {

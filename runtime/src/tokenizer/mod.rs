@@ -7,7 +7,7 @@
 //! first (control tokens only with `parse_special`), as llama.cpp does.
 //!
 //! ```no_run
-//! use memwall_runtime::gguf::GgufFile;
+//! use memwall_format::gguf::GgufFile;
 //! use memwall_runtime::tokenizer::Tokenizer;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let file = GgufFile::open("model.gguf".as_ref())?;
@@ -29,13 +29,13 @@ mod unicode_table;
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::gguf::{Array, Metadata, MetadataError, describe_type};
-use crate::model_info::tokenizer_keys as keys;
+use memwall_format::gguf::{Array, Metadata, MetadataError, describe_type};
+use memwall_format::model_info::tokenizer_keys as keys;
 use pretok::Step;
 pub use stream::StreamDecoder;
 use unicode::Flags;
 
-/// Metadata keys read here besides those in [`crate::model_info::tokenizer_keys`].
+/// Metadata keys read here besides those in [`memwall_format::model_info::tokenizer_keys`].
 pub mod extra_keys {
     /// Whether SentencePiece text gets a leading space (bool).
     pub const ADD_SPACE_PREFIX: &str = "tokenizer.ggml.add_space_prefix";

@@ -6,7 +6,7 @@ use anyhow::{Context, Result, bail};
 use memwall_calibrate::dataset::{
     self, ChatMessage, ChatRenderer, Options, Render, Report, SourceSpec, TokenizerInfo,
 };
-use memwall_runtime::gguf::GgufModel;
+use memwall_format::gguf::GgufModel;
 use memwall_runtime::tokenizer::Tokenizer;
 
 use crate::chat::{ChatTemplate, Message};

@@ -19,11 +19,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Instant, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
+use memwall_format::atomic::AtomicFile;
+use memwall_format::gguf::GgufModel;
+use memwall_format::progress::Progress;
 use memwall_quantize::fit::Choice;
 use memwall_quantize::job;
-use memwall_runtime::atomic::AtomicFile;
-use memwall_runtime::gguf::GgufModel;
-use memwall_runtime::progress::Progress;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 

@@ -8,12 +8,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use memwall_calibrate::dataset::Dataset;
+use memwall_format::gguf::GgufModel;
+use memwall_format::progress::{Progress, Unit};
 use memwall_quantize::fit::{Device, KvType, Shape, Weights, decode_speed, gguf_tensors};
 use memwall_runtime::eval::{self, KldStats, LogitsReader, LogitsWriter, Perplexity};
 use memwall_runtime::forward::Model;
-use memwall_runtime::gguf::GgufModel;
 use memwall_runtime::kernels::Kernels;
-use memwall_runtime::progress::{Progress, Unit};
 use memwall_runtime::tokenizer::Tokenizer;
 
 use super::{Input, Options};
@@ -317,7 +317,7 @@ impl Progress for Tagged<'_> {
 pub(super) struct Scratch(
     pub PathBuf,
     #[allow(dead_code, reason = "held for its Drop, which unlists the path")]
-    memwall_runtime::cleanup::Registration,
+    memwall_format::cleanup::Registration,
 );
 
 impl Scratch {
@@ -327,7 +327,7 @@ impl Scratch {
         let prefix = format!(".{stem}-base-");
         super::super::remove_stale_scratch(dir, &prefix, ".logits");
         let path = dir.join(format!("{prefix}{}.logits", std::process::id()));
-        let listed = memwall_runtime::cleanup::register_file(&path);
+        let listed = memwall_format::cleanup::register_file(&path);
         Scratch(path, listed)
     }
 }
@@ -335,7 +335,7 @@ impl Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
-        let _ = std::fs::remove_file(memwall_runtime::atomic::AtomicFile::partial_path_for(
+        let _ = std::fs::remove_file(memwall_format::atomic::AtomicFile::partial_path_for(
             &self.0,
         ));
     }

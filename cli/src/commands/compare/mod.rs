@@ -22,12 +22,12 @@ mod report;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use memwall_format::ggml_type::file_type;
+use memwall_format::gguf::GgufModel;
+use memwall_format::progress::Progress;
 use memwall_quantize::fit::{Choice, Device};
 use memwall_quantize::recipe::PRESETS;
 use memwall_runtime::eval::LogitsReader;
-use memwall_runtime::ggml_type::file_type;
-use memwall_runtime::gguf::GgufModel;
-use memwall_runtime::progress::Progress;
 
 pub use cache::Made;
 pub use report::{Outputs, render_table, write_outputs};

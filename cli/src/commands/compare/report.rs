@@ -5,7 +5,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use memwall_runtime::atomic::AtomicFile;
+use memwall_format::atomic::AtomicFile;
 use serde_json::{Value, json};
 
 use super::{Made, Origin, Report, Row};

@@ -8,8 +8,8 @@ use std::io::{Read, Seek, Write};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use memwall_format::GgmlType;
 use memwall_quantize::fit::Device;
-use memwall_runtime::GgmlType;
 use memwall_runtime::kernels::Kernels;
 use memwall_runtime::kernels::{Matmul, QMatrix};
 
@@ -87,7 +87,7 @@ pub fn run(args: &Args) -> Result<()> {
     device.dispatch = forward_dispatch(threads, &device)?.max(device.dispatch);
     let text = device.to_toml();
     if let Some(path) = &args.save {
-        let mut f = memwall_runtime::atomic::AtomicFile::create(path)
+        let mut f = memwall_format::atomic::AtomicFile::create(path)
             .with_context(|| format!("{}: cannot write", path.display()))?;
         f.write_all(text.as_bytes())
             .and_then(|()| f.commit())
@@ -208,9 +208,9 @@ fn dispatch_cost(threads: usize) -> Result<f64> {
 /// 64 tokens decoded one at a time, the difference to the prediction spread
 /// over the step's units (products and attention heads).
 fn forward_dispatch(threads: usize, device: &Device) -> Result<f64> {
+    use memwall_format::gguf::GgufModel;
     use memwall_quantize::fit::{KvType, Shape, Weights, decode_speed, gguf_tensors};
     use memwall_runtime::forward::Model;
-    use memwall_runtime::gguf::GgufModel;
     let dir = std::env::temp_dir().join(format!("memwall-measure-{}", std::process::id()));
     let result = (|| -> Result<f64> {
         let ckpt = dir.join("tiny-zh");

@@ -8,12 +8,12 @@ mod measure;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use memwall_format::GgmlType;
+use memwall_format::gguf::GgufModel;
 use memwall_quantize::fit::{
     self, Choice, Device, Footprint, KvType, Load, Runtime, Shape, Speed, Token, Weights,
 };
 use memwall_quantize::recipe::Recipe;
-use memwall_runtime::GgmlType;
-use memwall_runtime::gguf::GgufModel;
 use serde_json::json;
 
 use crate::render::human_bytes;
@@ -689,7 +689,7 @@ fn write_recipe(row: &Row, path: &Path) -> Result<()> {
     };
     use std::io::Write as _;
     let write = || -> std::io::Result<()> {
-        let mut f = memwall_runtime::atomic::AtomicFile::create(path)?;
+        let mut f = memwall_format::atomic::AtomicFile::create(path)?;
         f.write_all(recipe.to_toml().as_bytes())?;
         f.commit()
     };

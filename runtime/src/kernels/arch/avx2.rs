@@ -20,10 +20,10 @@ use super::super::scalar::{
     Blocks, FLOAT_PARTIALS, FloatSum, f16_tail_step, iq4xs_scales, k4_scales, q3k_scales, term,
     term_kmin,
 };
-use crate::blocks::IQ4NL_GRID;
 use crate::kernels::{
     BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, Q8_GROUP_BYTES, Q8KRows, Q8Rows, RowsTable,
 };
+use memwall_format::blocks::IQ4NL_GRID;
 
 /// Declares a safe entry point for a `#[target_feature]` kernel.
 macro_rules! entry {

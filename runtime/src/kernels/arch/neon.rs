@@ -19,8 +19,8 @@ use super::super::scalar::{
     Blocks, FLOAT_PARTIALS, FloatSum, f16_tail_step, iq4xs_scales, k4_scales, q3k_scales, term,
     term_kmin, term_min,
 };
-use crate::blocks::IQ4NL_GRID;
 use crate::kernels::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, Q8_GROUP_BYTES, Q8Rows, RowsTable};
+use memwall_format::blocks::IQ4NL_GRID;
 
 // ---- loads (the only pointer use; each checks its length) ----
 
@@ -97,11 +97,11 @@ fn u16s(s: &[u16]) -> &[u8] {
 }
 
 fn f16_at(b: &[u8], at: usize) -> f32 {
-    crate::blocks::f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+    memwall_format::blocks::f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
 fn h2f(h: u16) -> f32 {
-    crate::blocks::f16_to_f32(h)
+    memwall_format::blocks::f16_to_f32(h)
 }
 
 /// Σ a·b of 16 signed bytes into four 32-bit lanes, with `smull`/`sadalp`.

@@ -8,11 +8,11 @@ mod common;
 use std::path::Path;
 
 use common::{fixture, smollm2};
-use memwall_runtime::GgmlType;
-use memwall_runtime::gguf::{
+use memwall_format::GgmlType;
+use memwall_format::gguf::{
     GgufFile, GgufModel, GgufWriter, LoadMode, TensorSpec, Value, copy_gguf, describe_type, keys,
 };
-use memwall_runtime::model_info::{HyperParams, TokenizerInfo};
+use memwall_format::model_info::{HyperParams, TokenizerInfo};
 use serde_json::Value as Json;
 
 const LLAMACPP_FILES: [&str; 5] = [

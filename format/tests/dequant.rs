@@ -6,8 +6,8 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use memwall_runtime::GgmlType;
-use memwall_runtime::blocks::{DEQUANTIZABLE, dequantize_row};
+use memwall_format::GgmlType;
+use memwall_format::blocks::{DEQUANTIZABLE, dequantize_row};
 
 /// A minimal safetensors reader: name → (dtype, shape, bytes).
 fn read_safetensors(bytes: &[u8]) -> BTreeMap<String, (String, Vec<usize>, Vec<u8>)> {

@@ -6,7 +6,7 @@
 //! alignment, then the tensor data, each tensor padded to the alignment.
 //!
 //! ```no_run
-//! use memwall_runtime::gguf::GgufFile;
+//! use memwall_format::gguf::GgufFile;
 //!
 //! let file = GgufFile::open("model.gguf".as_ref())?;
 //! println!("{} tensors", file.header().tensors.len());
@@ -14,7 +14,7 @@
 //!     let bytes: &[u8] = file.tensor_data(t); // zero-copy slice of the mapping
 //!     assert_eq!(bytes.len() as u64, t.size);
 //! }
-//! # Ok::<(), memwall_runtime::gguf::GgufError>(())
+//! # Ok::<(), memwall_format::gguf::GgufError>(())
 //! ```
 
 mod error;
@@ -29,7 +29,7 @@ pub use error::{FormatError, FormatErrorKind, GgufError};
 pub use file::{GgufFile, LoadMode};
 pub use metadata::{Metadata, MetadataError, describe_type, keys};
 pub use read::parse;
-pub use split::{GgufModel, available_memory, split_path};
+pub use split::{GgufModel, split_path};
 pub use value::{Array, Value, ValueType};
 pub use write::{GgufWriter, TensorSpec, copy_gguf};
 

@@ -4,8 +4,8 @@
 mod common;
 
 use common::Raw;
-use memwall_runtime::ggml_type::{GgmlType, ShapeError, TypeIdError};
-use memwall_runtime::gguf::{
+use memwall_format::ggml_type::{GgmlType, ShapeError, TypeIdError};
+use memwall_format::gguf::{
     Array, FormatError, FormatErrorKind as K, GgufError, GgufFile, GgufWriter, Metadata,
     TensorSpec, ValueType, parse,
 };

@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use memwall_runtime::gguf::{GgufFile, GgufWriter, TensorSpec};
+use memwall_format::gguf::{GgufFile, GgufWriter, TensorSpec};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);

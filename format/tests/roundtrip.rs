@@ -3,8 +3,8 @@
 
 mod common;
 
-use memwall_runtime::GgmlType;
-use memwall_runtime::gguf::{
+use memwall_format::GgmlType;
+use memwall_format::gguf::{
     Array, GgufError, GgufFile, GgufWriter, Metadata, TensorSpec, Value, copy_gguf, keys, parse,
 };
 use proptest::prelude::*;

@@ -217,48 +217,4 @@ impl GgufModel {
                 .then_some((i, (start - base) as u64))
         })
     }
-
-    /// Locks the pages of `data` (a slice of this model's bytes) in RAM.
-    pub fn lock_range(&self, data: &[u8]) -> std::io::Result<()> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        if self.locate(data).is_none() {
-            return Err(std::io::Error::other("not this model's data"));
-        }
-        // SAFETY: `data` lies inside one of this model's live mappings or
-        // allocations (checked above); mlock only pins its pages.
-        let r = unsafe { libc::mlock(data.as_ptr().cast(), data.len()) };
-        if r != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
-    }
-
-    /// Locks every file's bytes in RAM (`--mlock`): pages are read now and
-    /// never swapped or dropped. Returns the bytes locked. Fails (nothing
-    /// stays locked) when the OS refuses, typically past `RLIMIT_MEMLOCK`.
-    pub fn lock_memory(&self) -> std::io::Result<u64> {
-        let mut locked: Vec<&[u8]> = Vec::new();
-        for f in &self.files {
-            if let Err(err) = self.lock_range(f.bytes()) {
-                for b in locked {
-                    // SAFETY: the same ranges were locked above and are still valid.
-                    unsafe { libc::munlock(b.as_ptr().cast(), b.len()) };
-                }
-                return Err(err);
-            }
-            locked.push(f.bytes());
-        }
-        Ok(locked.iter().map(|b| b.len() as u64).sum())
-    }
-}
-
-/// Bytes of memory the OS reports as available (`MemAvailable` of
-/// `/proc/meminfo`), when it reports it.
-pub fn available_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }

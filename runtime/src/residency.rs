@@ -1,0 +1,48 @@
+//! Memory residency: what the OS has free, and pinning a model's pages in RAM
+//! (`--mlock`, and the matrices streaming keeps resident).
+
+use memwall_format::gguf::GgufModel;
+
+/// Locks the pages of `data`, a slice of `model`'s bytes, in RAM.
+pub fn lock_range(model: &GgufModel, data: &[u8]) -> std::io::Result<()> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    if model.locate(data).is_none() {
+        return Err(std::io::Error::other("not this model's data"));
+    }
+    // SAFETY: `data` lies inside one of the model's live mappings or
+    // allocations (checked above); mlock only pins its pages.
+    let r = unsafe { libc::mlock(data.as_ptr().cast(), data.len()) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Locks every file of `model` in RAM (`--mlock`): pages are read now and
+/// never swapped or dropped. Returns the bytes locked. Fails (nothing stays
+/// locked) when the OS refuses, typically past `RLIMIT_MEMLOCK`.
+pub fn lock_model(model: &GgufModel) -> std::io::Result<u64> {
+    let mut locked: Vec<&[u8]> = Vec::new();
+    for f in model.files() {
+        if let Err(err) = lock_range(model, f.bytes()) {
+            for b in locked {
+                // SAFETY: the same ranges were locked above and are still valid.
+                unsafe { libc::munlock(b.as_ptr().cast(), b.len()) };
+            }
+            return Err(err);
+        }
+        locked.push(f.bytes());
+    }
+    Ok(locked.iter().map(|b| b.len() as u64).sum())
+}
+
+/// Bytes of memory the OS reports as available (`MemAvailable` of
+/// `/proc/meminfo`), when it reports it.
+pub fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
