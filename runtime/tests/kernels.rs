@@ -32,6 +32,12 @@ use memwall_runtime::kernels::{
 
 const TOL: f64 = 1e-5;
 
+/// The scalar kernels: the specification (and the activations it quantizes,
+/// which every backend reads byte for byte the same).
+fn spec() -> Kernels {
+    Kernels::new(Backend::Scalar).unwrap()
+}
+
 struct Rng(u64);
 
 impl Rng {
@@ -220,7 +226,7 @@ fn scalar_dots_match_ggml_vec_dot() {
         let want = case["dot"].as_f64().unwrap();
         let kind = VecDotType::of(ty).unwrap();
         let mut acts = Activations::new();
-        acts.quantize(kind, &x, x.len()).unwrap();
+        acts.quantize(&spec(), kind, &x, x.len()).unwrap();
         // Our activations are ggml's, byte for byte.
         let act_bytes: Vec<u8> = match acts.row(0) {
             ActRow::F32(v) => v.iter().flat_map(|f| f.to_le_bytes()).collect(),
@@ -297,7 +303,8 @@ fn scalar_dots_match_dequantized_rows() {
                 let n = 256 * nb;
                 let w = random_row(&mut rng, ty, n);
                 let mut acts = Activations::new();
-                acts.quantize(kind, &random_acts(&mut rng, n), n).unwrap();
+                acts.quantize(&spec(), kind, &random_acts(&mut rng, n), n)
+                    .unwrap();
                 let got = scalar.vec_dot(ty, &w, acts.row(0)).unwrap();
                 let (exact, budget) = reference(ty, &w, acts.row(0));
                 assert!(
@@ -350,7 +357,7 @@ fn scalar_kernels_follow_the_canonical_order() {
         // Q8_0: t = (d_w·d_a)·isum.
         let w = random_row(&mut rng, GgmlType::Q8_0, n);
         let mut acts = Activations::new();
-        acts.quantize(VecDotType::Q8_0, &x, n).unwrap();
+        acts.quantize(&spec(), VecDotType::Q8_0, &x, n).unwrap();
         let ActRow::Q8_0(a) = acts.row(0) else {
             unreachable!()
         };
@@ -365,7 +372,7 @@ fn scalar_kernels_follow_the_canonical_order() {
 
         // Q4_1: t = (d_w·d_a)·isum + m_w·s_a.
         let w = random_row(&mut rng, GgmlType::Q4_1, n);
-        acts.quantize(VecDotType::Q8_1, &x, n).unwrap();
+        acts.quantize(&spec(), VecDotType::Q8_1, &x, n).unwrap();
         let ActRow::Q8_1(a) = acts.row(0) else {
             unreachable!()
         };
@@ -383,7 +390,7 @@ fn scalar_kernels_follow_the_canonical_order() {
 
         // Q4_K: t = (d_w·d_a)·isum − (m_w·d_a)·summs over the super-block.
         let w = random_row(&mut rng, GgmlType::Q4_K, n);
-        acts.quantize(VecDotType::Q8K, &x, n).unwrap();
+        acts.quantize(&spec(), VecDotType::Q8K, &x, n).unwrap();
         let ActRow::Q8K(a) = acts.row(0) else {
             unreachable!()
         };
@@ -433,7 +440,7 @@ fn assert_matmul_is_scalar(mm: &mut Matmul, m: &QMatrix<'_>, x: &[f32], what: &s
     let (rows, cols) = (m.rows(), m.cols());
     let t_n = x.len() / cols;
     let mut acts = Activations::new();
-    acts.quantize(VecDotType::of(m.ty()).unwrap(), x, cols)
+    acts.quantize(&spec(), VecDotType::of(m.ty()).unwrap(), x, cols)
         .unwrap();
     let mut y = vec![f32::NAN; t_n * rows];
     mm.matmul(m, x, &mut y).unwrap();
@@ -471,7 +478,7 @@ fn simd_backends_match_scalar_bit_for_bit() {
                     let mut acts = Activations::new();
                     let mut x = random_acts(&mut rng, n.div_ceil(32) * 32);
                     x.truncate(n);
-                    acts.quantize(kind, &x, n).unwrap();
+                    acts.quantize(&spec(), kind, &x, n).unwrap();
                     let want = scalar.vec_dot(ty, &w, acts.row(0)).unwrap();
                     let got = k.vec_dot(ty, &w, acts.row(0)).unwrap();
                     assert!(
@@ -561,7 +568,7 @@ fn matmul_is_the_same_on_every_backend_and_thread_count() {
             let x = random_acts(&mut rng, t_n * cols);
             let m = QMatrix::new(ty, &w, rows, cols).unwrap();
             let mut acts = Activations::new();
-            acts.quantize(kind, &x, cols).unwrap();
+            acts.quantize(&spec(), kind, &x, cols).unwrap();
             let mut want = vec![0f32; t_n * rows];
             for t in 0..t_n {
                 for r in 0..rows {

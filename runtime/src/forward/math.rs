@@ -54,16 +54,16 @@ pub fn exp(x: f32) -> f32 {
 /// `log2 e`, `ln 2` split so that `k · LN2_HI_F32` is exact for |k| < 2^15,
 /// and the constant whose addition rounds an `f32` below 2^22 to an integer
 /// (ties to even).
-const LOG2E_F32: f32 = std::f32::consts::LOG2_E;
-const LN2_HI_F32: f32 = 0.693_359_4; // 0x3f31_8000
-const LN2_LO_F32: f32 = -2.121_944_4e-4;
-const ROUND_F32: f32 = 12_582_912.0; // 1.5 · 2^23
+pub(crate) const LOG2E_F32: f32 = std::f32::consts::LOG2_E;
+pub(crate) const LN2_HI_F32: f32 = 0.693_359_4; // 0x3f31_8000
+pub(crate) const LN2_LO_F32: f32 = -2.121_944_4e-4;
+pub(crate) const ROUND_F32: f32 = 12_582_912.0; // 1.5 · 2^23
 /// Above this `e^x` overflows `f32`; below the other bound it is under the
 /// smallest normal, and `exp_fast` returns 0.
-const EXP_FAST_MAX: f32 = 88.722_83;
-const EXP_FAST_MIN: f32 = -87.336_54;
+pub(crate) const EXP_FAST_MAX: f32 = 88.722_83;
+pub(crate) const EXP_FAST_MIN: f32 = -87.336_54;
 /// `1/n!` for the Taylor terms of `e^r`, highest first (n = 7..=2).
-const EXP_FAST_C: [f32; 6] = [
+pub(crate) const EXP_FAST_C: [f32; 6] = [
     1.0 / 5040.0,
     1.0 / 720.0,
     1.0 / 120.0,
@@ -106,232 +106,11 @@ fn pow2_f32(k: i32) -> f32 {
     f32::from_bits(((k + 127) as u32) << 23)
 }
 
-/// `x ← exp_fast(x)` for every element: [`exp_fast`]'s bits, sixteen at a
-/// time with AVX-512, eight with AVX2.
-pub fn exp_fast_in_place(xs: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::kernels::has_avx512() {
-        // SAFETY: AVX-512 F was probed just above.
-        unsafe { exp_fast_x86::in_place_avx512(xs) };
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if crate::kernels::has_avx2() {
-        // SAFETY: AVX2 was probed just above.
-        unsafe { exp_fast_x86::in_place_avx2(xs) };
-        return;
-    }
-    #[cfg(target_arch = "aarch64")]
-    if crate::kernels::has_neon() {
-        // SAFETY: NEON was probed just above.
-        unsafe { exp_fast_neon::in_place(xs) };
-        return;
-    }
+/// `x ← exp_fast(x)` for every element: the scalar table's loop (the
+/// backends' vector versions, in `kernels/arch/`, give the same bits).
+pub(crate) fn exp_fast_slice(xs: &mut [f32]) {
     for x in xs {
         *x = exp_fast(*x);
-    }
-}
-
-/// [`exp_fast`] on four lanes of NEON: the same operations in the same order
-/// (separate multiplies and adds), so the same bits.
-#[cfg(target_arch = "aarch64")]
-mod exp_fast_neon {
-    use std::arch::aarch64::*;
-
-    use super::{
-        EXP_FAST_C, EXP_FAST_MAX, EXP_FAST_MIN, LN2_HI_F32, LN2_LO_F32, LOG2E_F32, ROUND_F32,
-        exp_fast,
-    };
-
-    #[target_feature(enable = "neon")]
-    pub(super) fn in_place(xs: &mut [f32]) {
-        let mut chunks = xs.chunks_exact_mut(4);
-        for x in &mut chunks {
-            // SAFETY: `x` is a chunk of exactly four floats (16 readable bytes).
-            let v = exp4(unsafe { vld1q_f32(x.as_ptr()) });
-            // SAFETY: the same 16 bytes, writable.
-            unsafe { vst1q_f32(x.as_mut_ptr(), v) };
-        }
-        for x in chunks.into_remainder() {
-            *x = exp_fast(*x);
-        }
-    }
-
-    #[inline]
-    #[target_feature(enable = "neon")]
-    fn exp4(x: float32x4_t) -> float32x4_t {
-        let set = vdupq_n_f32;
-        let xc = vminq_f32(vmaxq_f32(x, set(EXP_FAST_MIN)), set(EXP_FAST_MAX));
-        let round = set(ROUND_F32);
-        let k = vsubq_f32(vaddq_f32(vmulq_f32(xc, set(LOG2E_F32)), round), round);
-        let r = vsubq_f32(
-            vsubq_f32(xc, vmulq_f32(k, set(LN2_HI_F32))),
-            vmulq_f32(k, set(LN2_LO_F32)),
-        );
-        let mut p = set(EXP_FAST_C[0]);
-        for &c in &EXP_FAST_C[1..] {
-            p = vaddq_f32(vmulq_f32(p, r), set(c));
-        }
-        let p = vaddq_f32(vmulq_f32(vaddq_f32(vmulq_f32(p, r), set(1.0)), r), set(1.0));
-        // `k` is a whole number: the conversion is exact.
-        let ki = vcvtq_s32_f32(k);
-        let half = vshrq_n_s32::<1>(vaddq_s32(
-            ki,
-            vreinterpretq_s32_u32(vshrq_n_u32::<31>(vreinterpretq_u32_s32(ki))),
-        ));
-        let pow2 =
-            |n: int32x4_t| vreinterpretq_f32_s32(vshlq_n_s32::<23>(vaddq_s32(n, vdupq_n_s32(127))));
-        let v = vmulq_f32(vmulq_f32(p, pow2(half)), pow2(vsubq_s32(ki, half)));
-        let v = vbslq_f32(vcgtq_f32(x, set(EXP_FAST_MAX)), set(f32::INFINITY), v);
-        let v = vbslq_f32(vcltq_f32(x, set(EXP_FAST_MIN)), vdupq_n_f32(0.0), v);
-        // NaN lanes (not equal to themselves) stay NaN.
-        vbslq_f32(vceqq_f32(x, x), v, x)
-    }
-}
-
-/// [`exp_fast`] on eight and sixteen lanes: the same operations in the same
-/// order, so the same bits.
-#[cfg(target_arch = "x86_64")]
-mod exp_fast_x86 {
-    use std::arch::x86_64::*;
-
-    use super::{
-        EXP_FAST_C, EXP_FAST_MAX, EXP_FAST_MIN, LN2_HI_F32, LN2_LO_F32, LOG2E_F32, ROUND_F32,
-        exp_fast,
-    };
-
-    #[target_feature(enable = "avx2")]
-    pub(super) fn in_place_avx2(xs: &mut [f32]) {
-        let mut chunks = xs.chunks_exact_mut(8);
-        for x in &mut chunks {
-            // SAFETY: `x` is a chunk of exactly eight floats (32 readable bytes).
-            let v = exp8(unsafe { _mm256_loadu_ps(x.as_ptr()) });
-            // SAFETY: the same 32 bytes, writable.
-            unsafe { _mm256_storeu_ps(x.as_mut_ptr(), v) };
-        }
-        for x in chunks.into_remainder() {
-            *x = exp_fast(*x);
-        }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn exp8(x: __m256) -> __m256 {
-        let set = _mm256_set1_ps;
-        // Clamped into range first (the lanes outside are replaced below).
-        let xc = _mm256_min_ps(_mm256_max_ps(x, set(EXP_FAST_MIN)), set(EXP_FAST_MAX));
-        let round = set(ROUND_F32);
-        let k = _mm256_sub_ps(
-            _mm256_add_ps(_mm256_mul_ps(xc, set(LOG2E_F32)), round),
-            round,
-        );
-        let r = _mm256_sub_ps(
-            _mm256_sub_ps(xc, _mm256_mul_ps(k, set(LN2_HI_F32))),
-            _mm256_mul_ps(k, set(LN2_LO_F32)),
-        );
-        let mut p = set(EXP_FAST_C[0]);
-        for &c in &EXP_FAST_C[1..] {
-            p = _mm256_add_ps(_mm256_mul_ps(p, r), set(c));
-        }
-        let p = _mm256_add_ps(
-            _mm256_mul_ps(_mm256_add_ps(_mm256_mul_ps(p, r), set(1.0)), r),
-            set(1.0),
-        );
-        let ki = _mm256_cvtps_epi32(k);
-        let half = _mm256_srai_epi32::<1>(_mm256_add_epi32(ki, _mm256_srli_epi32::<31>(ki)));
-        let pow2 = |n: __m256i| {
-            _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
-                n,
-                _mm256_set1_epi32(127),
-            )))
-        };
-        let v = _mm256_mul_ps(
-            _mm256_mul_ps(p, pow2(half)),
-            pow2(_mm256_sub_epi32(ki, half)),
-        );
-        let v = _mm256_blendv_ps(
-            v,
-            set(f32::INFINITY),
-            _mm256_cmp_ps::<_CMP_GT_OQ>(x, set(EXP_FAST_MAX)),
-        );
-        let v = _mm256_blendv_ps(
-            v,
-            _mm256_setzero_ps(),
-            _mm256_cmp_ps::<_CMP_LT_OQ>(x, set(EXP_FAST_MIN)),
-        );
-        _mm256_blendv_ps(v, x, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
-    }
-
-    #[clippy::msrv = "1.89"]
-    #[target_feature(enable = "avx2,avx512f")]
-    pub(super) fn in_place_avx512(xs: &mut [f32]) {
-        let mut chunks = xs.chunks_exact_mut(16);
-        for x in &mut chunks {
-            // SAFETY: `x` is a chunk of exactly sixteen floats (64 readable bytes).
-            let v = exp16(unsafe { _mm512_loadu_ps(x.as_ptr()) });
-            // SAFETY: the same 64 bytes, writable.
-            unsafe { _mm512_storeu_ps(x.as_mut_ptr(), v) };
-        }
-        let rest = chunks.into_remainder();
-        if rest.len() >= 8 {
-            let (eight, rest) = rest.split_at_mut(8);
-            in_place_avx2(eight);
-            for x in rest {
-                *x = exp_fast(*x);
-            }
-        } else {
-            for x in rest {
-                *x = exp_fast(*x);
-            }
-        }
-    }
-
-    #[inline]
-    #[clippy::msrv = "1.89"]
-    #[target_feature(enable = "avx2,avx512f")]
-    fn exp16(x: __m512) -> __m512 {
-        let set = _mm512_set1_ps;
-        let xc = _mm512_min_ps(_mm512_max_ps(x, set(EXP_FAST_MIN)), set(EXP_FAST_MAX));
-        let round = set(ROUND_F32);
-        let k = _mm512_sub_ps(
-            _mm512_add_ps(_mm512_mul_ps(xc, set(LOG2E_F32)), round),
-            round,
-        );
-        let r = _mm512_sub_ps(
-            _mm512_sub_ps(xc, _mm512_mul_ps(k, set(LN2_HI_F32))),
-            _mm512_mul_ps(k, set(LN2_LO_F32)),
-        );
-        let mut p = set(EXP_FAST_C[0]);
-        for &c in &EXP_FAST_C[1..] {
-            p = _mm512_add_ps(_mm512_mul_ps(p, r), set(c));
-        }
-        let p = _mm512_add_ps(
-            _mm512_mul_ps(_mm512_add_ps(_mm512_mul_ps(p, r), set(1.0)), r),
-            set(1.0),
-        );
-        let ki = _mm512_cvtps_epi32(k);
-        let half = _mm512_srai_epi32::<1>(_mm512_add_epi32(ki, _mm512_srli_epi32::<31>(ki)));
-        let pow2 = |n: __m512i| {
-            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
-                n,
-                _mm512_set1_epi32(127),
-            )))
-        };
-        let v = _mm512_mul_ps(
-            _mm512_mul_ps(p, pow2(half)),
-            pow2(_mm512_sub_epi32(ki, half)),
-        );
-        let v = _mm512_mask_mov_ps(
-            v,
-            _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, set(EXP_FAST_MAX)),
-            set(f32::INFINITY),
-        );
-        let v = _mm512_mask_mov_ps(
-            v,
-            _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, set(EXP_FAST_MIN)),
-            _mm512_setzero_ps(),
-        );
-        _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), x)
     }
 }
 
@@ -481,30 +260,16 @@ mod tests {
             let b = edge.to_bits();
             xs.extend((b.saturating_sub(40)..b + 40).map(f32::from_bits));
         }
-        // Every build this CPU runs, at every remainder length.
-        type Build = fn(&mut [f32]);
-        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
-        let mut builds: Vec<(&str, Build)> = vec![("dispatched", exp_fast_in_place)];
-        #[cfg(target_arch = "x86_64")]
-        if crate::kernels::has_avx2() {
-            // SAFETY: AVX2 probed.
-            builds.push(("avx2", |x| unsafe { exp_fast_x86::in_place_avx2(x) }));
-        }
-        #[cfg(target_arch = "x86_64")]
-        if crate::kernels::has_avx512() {
-            // SAFETY: AVX-512 probed.
-            builds.push(("avx512", |x| unsafe { exp_fast_x86::in_place_avx512(x) }));
-        }
-        #[cfg(target_arch = "aarch64")]
-        if crate::kernels::has_neon() {
-            // SAFETY: NEON probed.
-            builds.push(("neon", |x| unsafe { exp_fast_neon::in_place(x) }));
-        }
-        for (name, build) in builds {
+        // Every backend this CPU runs, at every remainder length.
+        for kernels in crate::kernels::Backend::supported()
+            .into_iter()
+            .map(|b| crate::kernels::Kernels::new(b).unwrap())
+        {
+            let name = kernels.backend().name();
             for cut in [0, 1, 7, 9, 15] {
                 let xs = &xs[cut..];
                 let mut got = xs.to_vec();
-                build(&mut got);
+                kernels.exp_fast_in_place(&mut got);
                 for (x, g) in xs.iter().zip(&got) {
                     let want = exp_fast(*x);
                     assert!(

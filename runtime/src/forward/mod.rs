@@ -214,6 +214,8 @@ pub struct Model<'a> {
     output: Matrix<'a>,
     /// Kernels, thread pool and activation buffers of every matrix product.
     matmul: Mutex<Matmul>,
+    /// The same kernels, for attention and the elementwise loops.
+    kernels: Kernels,
     /// Multiply decoded `f32` weights with unrounded activations instead.
     exact: bool,
     /// Threads for attention (the matrix products have their own in `matmul`).
@@ -397,21 +399,21 @@ impl Cache {
         }
     }
 
-    fn extend(&mut self, values: &[f32]) {
+    fn extend(&mut self, kernels: &Kernels, values: &[f32]) {
         match self {
             Cache::F16(c) => {
                 let at = c.len();
                 c.resize(at + values.len(), 0);
-                attn::narrow_f16(values, &mut c[at..]);
+                kernels.narrow_f16(values, &mut c[at..]);
             }
             Cache::F32(c) => c.extend_from_slice(values),
         }
     }
 
     /// Values `start..start + out.len()`, as `f32`.
-    fn read(&self, start: usize, out: &mut [f32]) {
+    fn read(&self, kernels: &Kernels, start: usize, out: &mut [f32]) {
         match self {
-            Cache::F16(c) => attn::widen_f16(&c[start..start + out.len()], out),
+            Cache::F16(c) => kernels.widen_f16(&c[start..start + out.len()], out),
             Cache::F32(c) => out.copy_from_slice(&c[start..start + out.len()]),
         }
     }
@@ -432,13 +434,13 @@ enum Kv<'c> {
 
 /// The first `n` positions of `cache` as `f32`, head by head: `[head][pos][dim]`,
 /// written over every value of `out` (`n` times the KV width).
-fn by_head(cache: &Cache, n: usize, c: &Config, mut out: Vec<f32>) -> Vec<f32> {
+fn by_head(k: &Kernels, cache: &Cache, n: usize, c: &Config, mut out: Vec<f32>) -> Vec<f32> {
     let (heads, hd) = (c.n_head_kv, c.head_dim);
     let kvd = heads * hd;
     assert_eq!(out.len(), n * kvd, "by_head buffer");
     for (h, dst) in out.chunks_exact_mut(n * hd).enumerate() {
         for (j, d) in dst.chunks_exact_mut(hd).enumerate() {
-            cache.read(j * kvd + h * hd, d);
+            cache.read(k, j * kvd + h * hd, d);
         }
     }
     out
@@ -448,7 +450,13 @@ fn by_head(cache: &Cache, n: usize, c: &Config, mut out: Vec<f32>) -> Vec<f32> {
 /// `[head][dim][pos]`, each dim padded with zeros to the returned stride (a
 /// multiple of [`KEY_TILE`]), in `out`: zeros, the KV width times `n`
 /// rounded up to [`KEY_TILE`].
-fn by_head_transposed(cache: &Cache, n: usize, c: &Config, mut out: Vec<f32>) -> (Vec<f32>, usize) {
+fn by_head_transposed(
+    k: &Kernels,
+    cache: &Cache,
+    n: usize,
+    c: &Config,
+    mut out: Vec<f32>,
+) -> (Vec<f32>, usize) {
     let (heads, hd) = (c.n_head_kv, c.head_dim);
     let kvd = heads * hd;
     let stride = n.next_multiple_of(KEY_TILE);
@@ -456,7 +464,7 @@ fn by_head_transposed(cache: &Cache, n: usize, c: &Config, mut out: Vec<f32>) ->
     let mut row = vec![0f32; hd];
     for (h, dst) in out.chunks_exact_mut(hd * stride).enumerate() {
         for j in 0..n {
-            cache.read(j * kvd + h * hd, &mut row);
+            cache.read(k, j * kvd + h * hd, &mut row);
             for (d, &x) in row.iter().enumerate() {
                 dst[d * stride + j] = x;
             }
@@ -466,12 +474,12 @@ fn by_head_transposed(cache: &Cache, n: usize, c: &Config, mut out: Vec<f32>) ->
 }
 
 /// `s ← exp_fast(s − max s)` for every score; returns their sequential sum.
-fn softmax_numerators(scores: &mut [f32]) -> f32 {
+fn softmax_numerators(kernels: &Kernels, scores: &mut [f32]) -> f32 {
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     for s in scores.iter_mut() {
         *s -= max;
     }
-    math::exp_fast_in_place(scores);
+    kernels.exp_fast_in_place(scores);
     let mut sum = 0f32;
     for s in scores.iter() {
         sum += *s;
@@ -798,7 +806,8 @@ impl<'a> Model<'a> {
             .map(|l| Self::layer(&load, c, l))
             .collect::<Result<Vec<_>, _>>()?;
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let matmul = Matmul::new(Kernels::from_env()?, threads);
+        let kernels = Kernels::from_env()?;
+        let matmul = Matmul::new(kernels, threads);
         let pool = matmul.pool();
         Ok(Model {
             config,
@@ -807,6 +816,7 @@ impl<'a> Model<'a> {
             output_norm,
             output,
             matmul: Mutex::new(matmul),
+            kernels,
             exact: false,
             pool,
             gguf,
@@ -973,6 +983,7 @@ impl<'a> Model<'a> {
         let matmul = Matmul::new(kernels, threads);
         self.pool = matmul.pool();
         self.matmul = Mutex::new(matmul);
+        self.kernels = kernels;
     }
 
     /// Exact arithmetic for comparisons with a float32 reference: weights
@@ -1112,7 +1123,7 @@ impl<'a> Model<'a> {
         const CHUNK: usize = 4096;
         for_each_chunk(self.pool.as_deref(), &mut g, CHUNK, |c, gs| {
             let mut e: Vec<f32> = gs.iter().map(|g| -g).collect();
-            math::exp_fast_in_place(&mut e);
+            self.kernels.exp_fast_in_place(&mut e);
             for ((g, u), e) in gs.iter_mut().zip(&u[c * CHUNK..]).zip(&e) {
                 *g = *g / (1.0 + e) * u;
             }
@@ -1466,8 +1477,8 @@ impl<'a> Model<'a> {
                 c.rope.apply(head, table);
             }
         }
-        session.k[l].extend(&k);
-        session.v[l].extend(&v);
+        session.k[l].extend(&self.kernels, &k);
+        session.v[l].extend(&self.kernels, &v);
         let attn = self.attention(&q, &session.k[l], &session.v[l], session.n_past, t_n);
         for b in [q, k, v] {
             self.spare.give(b);
@@ -1490,8 +1501,8 @@ impl<'a> Model<'a> {
             for_each_chunk(self.pool.as_deref(), &mut r, VALUES, |i, r| {
                 let mut halves = [0u16; VALUES];
                 let halves = &mut halves[..r.len()];
-                attn::narrow_f16(&q[i * VALUES..][..r.len()], halves);
-                attn::widen_f16(halves, r);
+                self.kernels.narrow_f16(&q[i * VALUES..][..r.len()], halves);
+                self.kernels.widen_f16(halves, r);
             });
             r
         });
@@ -1504,12 +1515,13 @@ impl<'a> Model<'a> {
         let dense = (t_n > 1).then(|| {
             (
                 by_head_transposed(
+                    &self.kernels,
                     k,
                     n_kv,
                     c,
                     self.spare.take(kvd * n_kv.next_multiple_of(KEY_TILE)),
                 ),
-                by_head(v, n_kv, c, self.spare.take_dirty(kvd * n_kv)),
+                by_head(&self.kernels, v, n_kv, c, self.spare.take_dirty(kvd * n_kv)),
             )
         });
         let view = match &dense {
@@ -1566,6 +1578,7 @@ impl<'a> Model<'a> {
         let (kvd, hd) = (c.n_head_kv * c.head_dim, c.head_dim);
         let kv_head = first / (c.n_head / c.n_head_kv);
         let scale = 1.0 / (hd as f32).sqrt();
+        let kernels = &self.kernels;
         match kv {
             Kv::Cache(k, v) => {
                 let mut buf = vec![0f32; hd];
@@ -1573,14 +1586,14 @@ impl<'a> Model<'a> {
                 for (qh, out) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
                     scores.clear();
                     for j in 0..n_kv {
-                        k.read(j * kvd + kv_head * hd, &mut buf);
+                        k.read(kernels, j * kvd + kv_head * hd, &mut buf);
                         let dot: f32 = qh.iter().zip(&buf).map(|(a, b)| a * b).sum();
                         scores.push(dot * scale);
                     }
-                    let sum = softmax_numerators(&mut scores);
+                    let sum = softmax_numerators(kernels, &mut scores);
                     for (j, s) in scores.iter().enumerate() {
-                        v.read(j * kvd + kv_head * hd, &mut buf);
-                        attn::axpy(out, s / sum, &buf);
+                        v.read(kernels, j * kvd + kv_head * hd, &mut buf);
+                        kernels.axpy(out, s / sum, &buf);
                     }
                 }
             }
@@ -1597,7 +1610,7 @@ impl<'a> Model<'a> {
                     scores.clear();
                     scores.resize(heads * n_kv, 0.0);
                     for j0 in (0..n_kv).step_by(KEY_TILE) {
-                        attn::key_tiles(qh, hd, &kt[j0..], *stride, &mut tiles[..heads]);
+                        kernels.key_tiles(qh, hd, &kt[j0..], *stride, &mut tiles[..heads]);
                         let m = KEY_TILE.min(n_kv - j0);
                         for (row, tile) in scores.chunks_exact_mut(n_kv).zip(&tiles) {
                             for (s, &dot) in row[j0..j0 + m].iter_mut().zip(tile) {
@@ -1607,9 +1620,9 @@ impl<'a> Model<'a> {
                     }
                     let mut sums = [0f32; attn::HEADS];
                     for (sum, row) in sums.iter_mut().zip(scores.chunks_exact_mut(n_kv)) {
-                        *sum = softmax_numerators(row);
+                        *sum = softmax_numerators(kernels, row);
                     }
-                    attn::weighted_rows(out, &mut scores, &sums[..heads], v);
+                    kernels.weighted_rows(out, &mut scores, &sums[..heads], v);
                 }
             }
         }

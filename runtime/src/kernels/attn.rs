@@ -1,27 +1,41 @@
 //! The float loops of attention over a batch, vectorised across keys (scores)
-//! and across dimensions (weighted values). Every lane does the same scalar
-//! operations in the same order as the one-query code path, so these give
-//! the same bits at any vector width; the AVX2 versions are the same code
-//! compiled for 256-bit vectors.
+//! and across dimensions (weighted values), and the f16 conversions of the KV
+//! cache. Every lane does the same scalar operations in the same order as the
+//! one-query code path, so these give the same bits at any vector width.
+//!
+//! The bodies here are generic over their tile sizes and `#[inline(always)]`:
+//! the scalar table ([`super::scalar::OPS`]) runs them as plain Rust, and the
+//! AVX2 and AVX-512 tables (`arch/`) compile the same bodies inside
+//! `#[target_feature]` functions for 256- and 512-bit vectors. Callers reach
+//! them through [`super::Kernels`].
 
-#[cfg(target_arch = "x86_64")]
-use super::{arch::has_avx512, has_avx2};
+use memwall_format::blocks::{f16_to_f32, f32_to_f16};
 
 /// Keys scored together: one independent sequential sum per key.
 pub(crate) const KEY_TILE: usize = 32;
 
-/// Query heads handled together by [`key_tiles`] and [`weighted_rows`]: the
-/// heads of one group share their keys and values (grouped-query attention),
-/// so each key or value is loaded once for all of them, and their sums are
-/// independent chains the CPU overlaps.
+/// Query heads handled together by [`super::Kernels::key_tiles`] and
+/// [`super::Kernels::weighted_rows`]: the heads of one group share their keys
+/// and values (grouped-query attention), so each key or value is loaded once
+/// for all of them, and their sums are independent chains the CPU overlaps.
 pub(crate) const HEADS: usize = 4;
 
-/// For each of the `n = q.len() / hd ≤ HEADS` queries `h` (rows of `q`) and
-/// the [`KEY_TILE`] keys `l`: `out[h][l] = Σ_d q[h][d] · kt[d·stride + l]`,
-/// each summed in increasing `d` from `-0.0` (as `Iterator::sum`), with
-/// separate multiplies and adds. `kt` holds the keys transposed (`hd` dims of
-/// `stride` positions, starting at the first key of the tile). Panics if
-/// `n > HEADS` or `kt` is short.
+/// `$f::<N, $tile>($args…)` for the `N = $heads` of the call (1 to
+/// [`HEADS`]); panics on more.
+macro_rules! by_heads {
+    ($f:ident, $tile:literal, $heads:expr, $($arg:expr),*) => {
+        match $heads {
+            1 => $f::<1, $tile>($($arg),*),
+            2 => $f::<2, $tile>($($arg),*),
+            3 => $f::<3, $tile>($($arg),*),
+            4 => $f::<4, $tile>($($arg),*),
+            n => panic!("{}: {n} heads (at most {})", stringify!($f), $crate::kernels::attn::HEADS),
+        }
+    };
+}
+pub(crate) use by_heads;
+
+/// The scalar table's key tiles (16 keys of a tile at a time).
 pub(crate) fn key_tiles(
     q: &[f32],
     hd: usize,
@@ -29,58 +43,15 @@ pub(crate) fn key_tiles(
     stride: usize,
     out: &mut [[f32; KEY_TILE]],
 ) {
-    macro_rules! by_heads {
-        ($f:ident, $keys:literal) => {
-            match out.len() {
-                1 => $f::<1, $keys>(q, hd, kt, stride, out),
-                2 => $f::<2, $keys>(q, hd, kt, stride, out),
-                3 => $f::<3, $keys>(q, hd, kt, stride, out),
-                4 => $f::<4, $keys>(q, hd, kt, stride, out),
-                n => panic!("key_tiles: {n} heads (at most {HEADS})"),
-            }
-        };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
-        // SAFETY: AVX-512 was probed just above.
-        return unsafe { by_heads!(key_tiles_avx512, 32) };
-    } else if has_avx2() {
-        // SAFETY: AVX2 was probed just above.
-        return unsafe { by_heads!(key_tiles_avx2, 16) };
-    }
-    by_heads!(key_tiles_generic, 16)
+    by_heads!(key_tiles_generic, 16, out.len(), q, hd, kt, stride, out)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn key_tiles_avx2<const N: usize, const P: usize>(
-    q: &[f32],
-    hd: usize,
-    kt: &[f32],
-    stride: usize,
-    out: &mut [[f32; KEY_TILE]],
-) {
-    key_tiles_generic::<N, P>(q, hd, kt, stride, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[clippy::msrv = "1.89"]
-#[target_feature(enable = "avx512f")]
-fn key_tiles_avx512<const N: usize, const P: usize>(
-    q: &[f32],
-    hd: usize,
-    kt: &[f32],
-    stride: usize,
-    out: &mut [[f32; KEY_TILE]],
-) {
-    key_tiles_generic::<N, P>(q, hd, kt, stride, out)
-}
-
-/// [`key_tiles`] for `N` heads, `P` keys of the tile at a time: the `N × P`
-/// sums stay in registers over all dimensions (32 keys × 3 heads are twelve
-/// AVX2 registers, which with the keys and the query spilled to the stack).
+/// [`super::Kernels::key_tiles`] for `N` heads, `P` keys of the tile at a
+/// time: the `N × P` sums stay in registers over all dimensions (32 keys × 3
+/// heads are twelve AVX2 registers, which with the keys and the query spilled
+/// to the stack).
 #[inline(always)]
-fn key_tiles_generic<const N: usize, const P: usize>(
+pub(crate) fn key_tiles_generic<const N: usize, const P: usize>(
     q: &[f32],
     hd: usize,
     kt: &[f32],
@@ -107,36 +78,16 @@ fn key_tiles_generic<const N: usize, const P: usize>(
 }
 
 /// `out[i] = out[i] + p · x[i]` for every `i`.
-pub(crate) fn axpy(out: &mut [f32], p: f32, x: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: AVX2 was probed just above.
-        return unsafe { axpy_avx2(out, p, x) };
-    }
-    axpy_generic(out, p, x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn axpy_avx2(out: &mut [f32], p: f32, x: &[f32]) {
-    axpy_generic(out, p, x)
-}
-
 #[inline(always)]
-fn axpy_generic(out: &mut [f32], p: f32, x: &[f32]) {
+pub(crate) fn axpy(out: &mut [f32], p: f32, x: &[f32]) {
     for (o, x) in out.iter_mut().zip(x) {
         *o += p * x;
     }
 }
 
-/// For each of the `sums.len() ≤ HEADS` heads `h` (rows of `hd = v.len() /
-/// positions` values in `out`, rows of `positions = scores.len() /
-/// sums.len()` in `scores`) and each position `j` in turn: `out[h] ← out[h] +
-/// (scores[h][j] / sums[h]) · v[j]`, [`axpy`]'s arithmetic position by
-/// position; `scores` is left divided by the sums (each quotient computed
-/// once, not once per pass over the dimensions). Panics if there are more
-/// than `HEADS` heads or the lengths disagree.
-pub(crate) fn weighted_rows(out: &mut [f32], scores: &mut [f32], sums: &[f32], v: &[f32]) {
+/// Divides each of the `sums.len()` rows of `scores` by its sum (the first
+/// step of [`super::Kernels::weighted_rows`]).
+pub(crate) fn divide_rows(scores: &mut [f32], sums: &[f32]) {
     if let Some(n) = scores.len().checked_div(sums.len()) {
         for (row, &sum) in scores.chunks_exact_mut(n.max(1)).zip(sums) {
             for s in row {
@@ -144,45 +95,17 @@ pub(crate) fn weighted_rows(out: &mut [f32], scores: &mut [f32], sums: &[f32], v
             }
         }
     }
-    macro_rules! by_heads {
-        ($f:ident, $dims:literal) => {
-            match sums.len() {
-                1 => $f::<1, $dims>(out, scores, v),
-                2 => $f::<2, $dims>(out, scores, v),
-                3 => $f::<3, $dims>(out, scores, v),
-                4 => $f::<4, $dims>(out, scores, v),
-                n => panic!("weighted_rows: {n} heads (at most {HEADS})"),
-            }
-        };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
-        // SAFETY: AVX-512 was probed just above.
-        return unsafe { by_heads!(weighted_rows_avx512, 64) };
-    } else if has_avx2() {
-        // SAFETY: AVX2 was probed just above.
-        return unsafe { by_heads!(weighted_rows_avx2, 16) };
-    }
-    by_heads!(weighted_rows_generic, 32)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn weighted_rows_avx2<const N: usize, const W: usize>(out: &mut [f32], probs: &[f32], v: &[f32]) {
-    weighted_rows_generic::<N, W>(out, probs, v)
+/// The scalar table's weighted rows (32 dimensions at a time).
+pub(crate) fn weighted_rows(out: &mut [f32], probs: &[f32], v: &[f32], heads: usize) {
+    by_heads!(weighted_rows_generic, 32, heads, out, probs, v)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[clippy::msrv = "1.89"]
-#[target_feature(enable = "avx512f")]
-fn weighted_rows_avx512<const N: usize, const W: usize>(out: &mut [f32], probs: &[f32], v: &[f32]) {
-    weighted_rows_generic::<N, W>(out, probs, v)
-}
-
-/// [`weighted_rows`] for `N` heads (`probs`: the scores divided by their
-/// sums), `W` dimensions at a time.
+/// [`super::Kernels::weighted_rows`] for `N` heads (`probs`: the scores
+/// divided by their sums), `W` dimensions at a time.
 #[inline(always)]
-fn weighted_rows_generic<const N: usize, const W: usize>(
+pub(crate) fn weighted_rows_generic<const N: usize, const W: usize>(
     out: &mut [f32],
     probs: &[f32],
     v: &[f32],
@@ -225,102 +148,46 @@ fn weighted_rows_generic<const N: usize, const W: usize>(
         } else {
             for h in 0..N {
                 for (j, row) in v.chunks_exact(hd).take(n).enumerate() {
-                    axpy_generic(&mut out[h * hd + c..(h + 1) * hd], probs[h][j], &row[c..]);
+                    axpy(&mut out[h * hd + c..(h + 1) * hd], probs[h][j], &row[c..]);
                 }
             }
         }
     }
 }
 
-/// `dst[i] = f16_to_f32(src[i])` (exact), eight at a time with F16C; the
-/// KV cache is read this way. Panics if the lengths differ.
+/// `dst[i] = f16_to_f32(src[i])` (exact), value by value.
 pub(crate) fn widen_f16(src: &[u16], dst: &mut [f32]) {
-    assert_eq!(src.len(), dst.len(), "widen_f16 lengths");
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: the bytes of `src` (any bytes are `u8`s; x86-64 is
-        // little-endian, so they are the values' little-endian bytes).
-        let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), 2 * src.len()) };
-        // SAFETY: AVX2 and F16C were probed just above (`has_avx2`).
-        return unsafe { widen_f16_le_f16c(bytes, dst) };
-    }
     for (d, &h) in dst.iter_mut().zip(src) {
-        *d = memwall_format::blocks::f16_to_f32(h);
+        *d = f16_to_f32(h);
     }
 }
 
-/// [`widen_f16`] of little-endian f16 bytes (F16 weights as stored): `dst[i]`
-/// = value `i` of `src`, exactly.
+/// [`widen_f16`] of little-endian f16 bytes.
 pub(crate) fn widen_f16_le(src: &[u8], dst: &mut [f32]) {
-    assert_eq!(src.len(), 2 * dst.len(), "widen_f16_le lengths");
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: AVX2 and F16C were probed just above (`has_avx2`).
-        return unsafe { widen_f16_le_f16c(src, dst) };
-    }
     for (d, h) in dst.iter_mut().zip(src.chunks_exact(2)) {
-        *d = memwall_format::blocks::f16_to_f32(u16::from_le_bytes([h[0], h[1]]));
+        *d = f16_to_f32(u16::from_le_bytes([h[0], h[1]]));
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-fn widen_f16_le_f16c(src: &[u8], dst: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let mut d = dst.chunks_exact_mut(8);
-    let mut s = src.chunks_exact(16);
-    for (d, s) in (&mut d).zip(&mut s) {
-        // SAFETY: `s` has 16 readable bytes and `d` 32 writable ones.
-        unsafe {
-            let h = _mm_loadu_si128(s.as_ptr().cast());
-            _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(h));
-        }
-    }
-    for (d, h) in d
-        .into_remainder()
-        .iter_mut()
-        .zip(s.remainder().chunks_exact(2))
-    {
-        *d = memwall_format::blocks::f16_to_f32(u16::from_le_bytes([h[0], h[1]]));
-    }
-}
-
-/// `dst[i] = f32_to_f16(src[i])` (round to nearest even; NaNs keep their
-/// sign and top payload bits, quieted), eight at a time with F16C. Panics if
-/// the lengths differ.
+/// `dst[i] = f32_to_f16(src[i])`, value by value.
 pub(crate) fn narrow_f16(src: &[f32], dst: &mut [u16]) {
-    assert_eq!(src.len(), dst.len(), "narrow_f16 lengths");
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: AVX2 and F16C were probed just above (`has_avx2`).
-        return unsafe { narrow_f16_f16c(src, dst) };
-    }
     for (d, &v) in dst.iter_mut().zip(src) {
-        *d = memwall_format::blocks::f32_to_f16(v);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-fn narrow_f16_f16c(src: &[f32], dst: &mut [u16]) {
-    use std::arch::x86_64::*;
-    let mut d = dst.chunks_exact_mut(8);
-    let mut s = src.chunks_exact(8);
-    for (d, s) in (&mut d).zip(&mut s) {
-        // SAFETY: `s` has 32 readable bytes and `d` 16 writable ones.
-        unsafe {
-            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s.as_ptr()));
-            _mm_storeu_si128(d.as_mut_ptr().cast(), h);
-        }
-    }
-    for (d, &v) in d.into_remainder().iter_mut().zip(s.remainder()) {
-        *d = memwall_format::blocks::f32_to_f16(v);
+        *d = f32_to_f16(v);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::{Backend, Kernels};
+
+    /// The kernels of every backend this CPU runs.
+    fn every_backend() -> Vec<Kernels> {
+        Backend::supported()
+            .into_iter()
+            .map(|b| Kernels::new(b).unwrap())
+            .collect()
+    }
 
     /// Deterministic values of mixed sign and magnitude (with exact zeros).
     fn values(n: usize, seed: u32) -> Vec<f32> {
@@ -341,14 +208,17 @@ mod tests {
 
     #[test]
     fn key_tiles_sum_each_head_and_key_in_order() {
-        for hd in [1, 7, 64, 80, 128] {
+        for (k, hd) in every_backend()
+            .into_iter()
+            .flat_map(|k| [1, 7, 64, 80, 128].map(|hd| (k, hd)))
+        {
             let stride = 3 * KEY_TILE;
             let kt = values(hd * stride, hd as u32);
             let q = values(HEADS * hd, 7 + hd as u32);
             for heads in 1..=HEADS {
                 for j0 in [0, KEY_TILE, 2 * KEY_TILE] {
                     let mut got = [[f32::NAN; KEY_TILE]; HEADS];
-                    key_tiles(&q[..heads * hd], hd, &kt[j0..], stride, &mut got[..heads]);
+                    k.key_tiles(&q[..heads * hd], hd, &kt[j0..], stride, &mut got[..heads]);
                     for (h, got) in got[..heads].iter().enumerate() {
                         for (l, &g) in got.iter().enumerate() {
                             let want: f32 = (0..hd)
@@ -357,7 +227,8 @@ mod tests {
                             assert_eq!(
                                 g.to_bits(),
                                 want.to_bits(),
-                                "hd {hd} heads {heads} h {h} key {}",
+                                "{:?}: hd {hd} heads {heads} h {h} key {}",
+                                k.backend(),
                                 j0 + l
                             );
                         }
@@ -369,7 +240,10 @@ mod tests {
 
     #[test]
     fn weighted_rows_sum_each_head_over_positions_in_order() {
-        for hd in [1, 7, 64, 80, 128] {
+        for (k, hd) in every_backend()
+            .into_iter()
+            .flat_map(|k| [1, 7, 64, 80, 128].map(|hd| (k, hd)))
+        {
             for n in [1, 5, 33] {
                 // Extra rows past `n` in `v` are not read.
                 let v = values((n + 2) * hd, n as u32);
@@ -382,7 +256,7 @@ mod tests {
                     let start = values(heads * hd, 5);
                     let mut got = start.clone();
                     let mut divided = scores.clone();
-                    weighted_rows(&mut got, &mut divided, &sums, &v);
+                    k.weighted_rows(&mut got, &mut divided, &sums, &v);
                     for h in 0..heads {
                         let mut want = start[h * hd..(h + 1) * hd].to_vec();
                         for j in 0..n {
@@ -396,7 +270,12 @@ mod tests {
                             .iter()
                             .zip(&want)
                             .position(|(a, b)| a.to_bits() != b.to_bits());
-                        assert_eq!(differ, None, "hd {hd} n {n} heads {heads} h {h}");
+                        assert_eq!(
+                            differ,
+                            None,
+                            "{:?}: hd {hd} n {n} heads {heads} h {h}",
+                            k.backend()
+                        );
                     }
                 }
             }
@@ -434,10 +313,18 @@ mod tests {
             2.98e-8,
         ]);
         src.extend((0..5).map(|i| i as f32));
-        let mut got = vec![0u16; src.len()];
-        narrow_f16(&src, &mut got);
-        for (&v, &g) in src.iter().zip(&got) {
-            assert_eq!(g, f32_to_f16(v), "{v:e} ({:#010x})", v.to_bits());
+        for k in every_backend() {
+            let mut got = vec![0u16; src.len()];
+            k.narrow_f16(&src, &mut got);
+            for (&v, &g) in src.iter().zip(&got) {
+                let backend = k.backend();
+                assert_eq!(
+                    g,
+                    f32_to_f16(v),
+                    "{backend:?}: {v:e} ({:#010x})",
+                    v.to_bits()
+                );
+            }
         }
     }
 
@@ -446,18 +333,22 @@ mod tests {
         // Every f16 bit pattern, at every offset from the vector width.
         let src: Vec<u16> = (0..=u16::MAX).chain(0..5).collect();
         let bytes: Vec<u8> = src.iter().flat_map(|h| h.to_le_bytes()).collect();
-        for from_bytes in [false, true] {
+        for (k, from_bytes) in every_backend()
+            .into_iter()
+            .flat_map(|k| [(k, false), (k, true)])
+        {
             let mut dst = vec![0f32; src.len()];
             if from_bytes {
-                widen_f16_le(&bytes, &mut dst);
+                k.widen_f16_le(&bytes, &mut dst);
             } else {
-                widen_f16(&src, &mut dst);
+                k.widen_f16(&src, &mut dst);
             }
             for (&h, &f) in src.iter().zip(&dst) {
                 let want = memwall_format::blocks::f16_to_f32(h);
                 assert!(
                     f.to_bits() == want.to_bits() || (f.is_nan() && want.is_nan()),
-                    "{h:#06x} (bytes: {from_bytes}): {f:e} vs {want:e}"
+                    "{:?}: {h:#06x} (bytes: {from_bytes}): {f:e} vs {want:e}",
+                    k.backend()
                 );
             }
         }

@@ -192,7 +192,7 @@ impl Matmul {
             self.input = INPUTS.fetch_add(1, Ordering::Relaxed);
             *shared = None;
             self.acts
-                .quantize_on(self.pool.as_deref(), kind, x, w.cols)?;
+                .quantize_on(self.pool.as_deref(), &self.kernels, kind, x, w.cols)?;
             *shared = Some(self.input);
         }
         run(
@@ -328,7 +328,7 @@ fn run(
                     }
                 }
                 let tr = &mut tr[..nt * nr];
-                super::arch::transpose(&tile, TOKEN_TILE, nr, nt, tr);
+                kernels.transpose(&tile, TOKEN_TILE, nr, nt, tr);
                 for (t, v) in tr.chunks_exact(nr).enumerate() {
                     // SAFETY: outputs of rows `r0..r0 + nr` belong to this
                     // work item alone (the pool runs each item once).
@@ -339,7 +339,7 @@ fn run(
         match wide_rows {
             Some(rows_wide) => WIDE_ROWS.with_borrow_mut(|buf| {
                 let ww = buf.get(nr * w.cols);
-                super::attn::widen_f16_le(w.row_span(r0, nr), ww);
+                kernels.widen_f16_le(w.row_span(r0, nr), ww);
                 tiles(Some((rows_wide, ww)));
             }),
             None => tiles(None),

@@ -92,10 +92,6 @@
 mod arch;
 pub(crate) mod attn;
 
-#[cfg(target_arch = "aarch64")]
-pub(crate) use arch::has_neon;
-#[cfg(target_arch = "x86_64")]
-pub(crate) use arch::{has_avx2, has_avx512};
 mod matmul;
 mod pool;
 mod scalar;
@@ -361,16 +357,19 @@ impl Activations {
         Self::default()
     }
 
-    /// Quantizes `x` (`x.len() / cols` rows of `cols` values) to `kind`,
-    /// replacing what was held. `cols` must be a multiple of the block size
-    /// of `kind` and divide `x.len()`.
+    /// Quantizes `x` (`x.len() / cols` rows of `cols` values) to `kind`
+    /// with `kernels`, replacing what was held, in the layouts `kernels`'
+    /// several-row products read (the bytes of every block are the same on
+    /// every backend). `cols` must be a multiple of the block size of `kind`
+    /// and divide `x.len()`.
     pub fn quantize(
         &mut self,
+        kernels: &Kernels,
         kind: VecDotType,
         x: &[f32],
         cols: usize,
     ) -> Result<(), KernelError> {
-        self.quantize_on(None, kind, x, cols)
+        self.quantize_on(None, kernels, kind, x, cols)
     }
 
     /// [`Activations::quantize`] with the blocks split over `pool`'s threads
@@ -378,6 +377,7 @@ impl Activations {
     pub fn quantize_on(
         &mut self,
         pool: Option<&Pool>,
+        kernels: &Kernels,
         kind: VecDotType,
         x: &[f32],
         cols: usize,
@@ -407,7 +407,7 @@ impl Activations {
                 const VALUES: usize = 8192;
                 self.halves.resize(x.len(), 0);
                 for_each_chunk(pool, &mut self.halves, VALUES, |c, h| {
-                    attn::narrow_f16(&x[c * VALUES..][..h.len()], h);
+                    kernels.narrow_f16(&x[c * VALUES..][..h.len()], h);
                 });
                 // Only the x86 and aarch64 F16 row products read the widened
                 // values.
@@ -417,7 +417,7 @@ impl Activations {
                     let halves = &self.halves;
                     let wide = &mut self.f32s[self.f32s_at..][..x.len()];
                     for_each_chunk(pool, wide, VALUES, |c, f| {
-                        attn::widen_f16(&halves[c * VALUES..][..f.len()], f);
+                        kernels.widen_f16(&halves[c * VALUES..][..f.len()], f);
                     });
                 } else {
                     self.f32s.clear();
@@ -431,7 +431,7 @@ impl Activations {
             VecDotType::Q8_0 => {
                 self.q8_0.resize(nb, BlockQ8_0::default());
                 for_each_chunk(pool, &mut self.q8_0, CHUNK, |c, y| {
-                    quantize_row_q8_0(&x[c * CHUNK * bs..][..y.len() * bs], y);
+                    kernels.quantize_row_q8_0(&x[c * CHUNK * bs..][..y.len() * bs], y);
                 });
                 self.q8_0_d.clear();
                 self.q8_0_d.extend(
@@ -469,7 +469,7 @@ impl Activations {
                 });
                 self.q8k_groups.clear();
                 // Only the AVX-512 several-row Q4_K product reads the regrouped rows.
-                if self.rows > 1 && cfg!(target_arch = "x86_64") && arch::has_avx512() {
+                if self.rows > 1 && kernels.table.rows.q8k_groups {
                     let nbr = cols / QK_K;
                     let record = nbr.div_ceil(8) * Q8K_GROUP_BYTES;
                     let groups = self.q8k_groups.zeroed(self.rows * record);
@@ -747,6 +747,9 @@ pub(crate) struct RowsTable {
     pub(crate) q5_0: Option<RowsQ8>,
     pub(crate) q8_0: Option<RowsQ8>,
     pub(crate) iq4_nl: Option<RowsQ8>,
+    /// Whether `q4_k` reads the regrouped Q8_K activations
+    /// ([`Q8K_GROUP_BYTES`]), which batches then build.
+    pub(crate) q8k_groups: bool,
 }
 
 impl RowsTable {
@@ -760,6 +763,7 @@ impl RowsTable {
         q5_0: None,
         q8_0: None,
         iq4_nl: None,
+        q8k_groups: false,
     };
 }
 
@@ -787,6 +791,37 @@ pub(crate) struct DotTable {
     pub(crate) dot_f16_f32: fn(&[u16], &[f32]) -> f32,
     pub(crate) dot_f16_f16: fn(&[u16], &[u16]) -> f32,
     pub(crate) rows: RowsTable,
+    pub(crate) ops: OpsTable,
+}
+
+/// `(q, hd, kt, stride, out)` of [`Kernels::key_tiles`].
+pub(crate) type KeyTiles = fn(&[f32], usize, &[f32], usize, &mut [[f32; attn::KEY_TILE]]);
+
+/// The float loops of one backend besides its dot products: attention's
+/// batch loops, the f16 conversions, `exp`, the Q8_0 activation quantizer and
+/// tile transposes. Every entry gives the bits of the scalar one
+/// ([`scalar::OPS`]); the backends differ only in speed.
+#[derive(Clone, Copy)]
+pub(crate) struct OpsTable {
+    /// [`Kernels::key_tiles`] for `out.len() ≤ attn::HEADS` heads.
+    pub(crate) key_tiles: KeyTiles,
+    /// The accumulation of [`Kernels::weighted_rows`] over scores already
+    /// divided by their sums: `(out, probs, v, heads)`.
+    pub(crate) weighted_rows: fn(&mut [f32], &[f32], &[f32], usize),
+    /// [`Kernels::axpy`].
+    pub(crate) axpy: fn(&mut [f32], f32, &[f32]),
+    /// [`Kernels::widen_f16`] (lengths checked by the caller).
+    pub(crate) widen_f16: fn(&[u16], &mut [f32]),
+    /// [`Kernels::widen_f16_le`] (lengths checked by the caller).
+    pub(crate) widen_f16_le: fn(&[u8], &mut [f32]),
+    /// [`Kernels::narrow_f16`] (lengths checked by the caller).
+    pub(crate) narrow_f16: fn(&[f32], &mut [u16]),
+    /// [`Kernels::exp_fast_in_place`].
+    pub(crate) exp_fast: fn(&mut [f32]),
+    /// [`quantize_row_q8_0`] (lengths checked by the caller).
+    pub(crate) quantize_q8_0: fn(&[f32], &mut [BlockQ8_0]),
+    /// [`Kernels::transpose`] (lengths checked by the caller).
+    pub(crate) transpose: fn(&[f32], usize, usize, usize, &mut [f32]),
 }
 
 /// The kernels of one backend, ready to call. Cheap to copy.
@@ -1005,5 +1040,100 @@ impl Kernels {
     pub fn dot_f16_f16(&self, a: &[u16], b: &[u16]) -> f32 {
         assert_eq!(a.len(), b.len(), "dot_f16_f16 lengths");
         (self.table.dot_f16_f16)(a, b)
+    }
+
+    /// For each of the `n = q.len() / hd ≤ attn::HEADS` queries `h` (rows of
+    /// `q`) and the [`attn::KEY_TILE`] keys `l`: `out[h][l] = Σ_d q[h][d] ·
+    /// kt[d·stride + l]`, each summed in increasing `d` from `-0.0` (as
+    /// `Iterator::sum`), with separate multiplies and adds. `kt` holds the keys
+    /// transposed (`hd` dims of `stride` positions, starting at the first key
+    /// of the tile). Panics if `n > attn::HEADS` or `kt` is short.
+    pub(crate) fn key_tiles(
+        &self,
+        q: &[f32],
+        hd: usize,
+        kt: &[f32],
+        stride: usize,
+        out: &mut [[f32; attn::KEY_TILE]],
+    ) {
+        (self.table.ops.key_tiles)(q, hd, kt, stride, out)
+    }
+
+    /// For each of the `sums.len() ≤ attn::HEADS` heads `h` (rows of `hd =
+    /// v.len() / positions` values in `out`, rows of `positions = scores.len()
+    /// / sums.len()` in `scores`) and each position `j` in turn: `out[h] ←
+    /// out[h] + (scores[h][j] / sums[h]) · v[j]`, [`Kernels::axpy`]'s
+    /// arithmetic position by position; `scores` is left divided by the sums
+    /// (each quotient computed once, not once per pass over the dimensions).
+    /// Panics if there are more than `attn::HEADS` heads or the lengths
+    /// disagree.
+    pub(crate) fn weighted_rows(
+        &self,
+        out: &mut [f32],
+        scores: &mut [f32],
+        sums: &[f32],
+        v: &[f32],
+    ) {
+        attn::divide_rows(scores, sums);
+        (self.table.ops.weighted_rows)(out, scores, v, sums.len())
+    }
+
+    /// `out[i] = out[i] + p · x[i]` for every `i`.
+    pub(crate) fn axpy(&self, out: &mut [f32], p: f32, x: &[f32]) {
+        (self.table.ops.axpy)(out, p, x)
+    }
+
+    /// `dst[i] = f16_to_f32(src[i])` (exact); the KV cache is read this way.
+    /// Panics if the lengths differ.
+    pub(crate) fn widen_f16(&self, src: &[u16], dst: &mut [f32]) {
+        assert_eq!(src.len(), dst.len(), "widen_f16 lengths");
+        (self.table.ops.widen_f16)(src, dst)
+    }
+
+    /// [`Kernels::widen_f16`] of little-endian f16 bytes (F16 weights as
+    /// stored): `dst[i]` = value `i` of `src`, exactly. Panics if the lengths
+    /// differ.
+    pub(crate) fn widen_f16_le(&self, src: &[u8], dst: &mut [f32]) {
+        assert_eq!(src.len(), 2 * dst.len(), "widen_f16_le lengths");
+        (self.table.ops.widen_f16_le)(src, dst)
+    }
+
+    /// `dst[i] = f32_to_f16(src[i])` (round to nearest even; NaNs keep their
+    /// sign and top payload bits, quieted). Panics if the lengths differ.
+    pub(crate) fn narrow_f16(&self, src: &[f32], dst: &mut [u16]) {
+        assert_eq!(src.len(), dst.len(), "narrow_f16 lengths");
+        (self.table.ops.narrow_f16)(src, dst)
+    }
+
+    /// `x ← exp_fast(x)` for every element (`forward::math::exp_fast`'s bits).
+    pub(crate) fn exp_fast_in_place(&self, xs: &mut [f32]) {
+        (self.table.ops.exp_fast)(xs)
+    }
+
+    /// [`quantize_row_q8_0`]'s bytes through the backend. Panics unless
+    /// `x.len() == 32 · y.len()`.
+    pub(crate) fn quantize_row_q8_0(&self, x: &[f32], y: &mut [BlockQ8_0]) {
+        assert_eq!(x.len(), y.len() * QK8_0, "quantize_row_q8_0 lengths");
+        (self.table.ops.quantize_q8_0)(x, y)
+    }
+
+    /// `dst[c·rows + r] = src[r·stride + c]` for `r < rows`, `c < cols`: a
+    /// `rows × cols` block of a matrix with rows `stride` apart, transposed
+    /// into `dst`. Panics if a slice is short.
+    pub(crate) fn transpose(
+        &self,
+        src: &[f32],
+        stride: usize,
+        rows: usize,
+        cols: usize,
+        dst: &mut [f32],
+    ) {
+        assert!(
+            rows == 0
+                || cols == 0
+                || (src.len() >= (rows - 1) * stride + cols && dst.len() >= rows * cols),
+            "transpose lengths"
+        );
+        (self.table.ops.transpose)(src, stride, rows, cols, dst)
     }
 }

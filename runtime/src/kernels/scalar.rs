@@ -10,7 +10,7 @@
 //! types use [`FloatSum`]. The SIMD kernels call the same helpers for their
 //! scalar parts. Block layouts: [`memwall_format::blocks`].
 
-use super::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, QK_K, QK8_0, RowsTable};
+use super::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, OpsTable, QK_K, QK8_0, RowsTable, attn};
 use memwall_format::blocks::{IQ4NL_GRID, bf16_to_f32, f16_to_f32, f32_to_f16};
 
 /// Quantizes `x` to Q8_0 blocks: `d = max|x| / 127`, `q = round(x / d)`
@@ -18,14 +18,6 @@ use memwall_format::blocks::{IQ4NL_GRID, bf16_to_f32, f16_to_f32, f32_to_f16};
 /// Panics unless `x.len() == 32 · y.len()`.
 pub fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
     assert_eq!(x.len(), y.len() * QK8_0, "quantize_row_q8_0 lengths");
-    #[cfg(target_arch = "x86_64")]
-    if super::has_avx2() {
-        for (x, b) in x.chunks_exact(QK8_0).zip(y.iter_mut()) {
-            // SAFETY: AVX2 was probed just above.
-            unsafe { q8_0_block_avx2(x, b) };
-        }
-        return;
-    }
     for (x, b) in x.chunks_exact(QK8_0).zip(y.iter_mut()) {
         let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
@@ -35,51 +27,6 @@ pub fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
             *q = (v * id).round() as i8;
         }
     }
-}
-
-/// One block of [`quantize_row_q8_0`] with AVX2, the same bytes: the
-/// maximum ignores NaN as `f32::max` does, `x · id` is the same product,
-/// rounding is truncation plus a step away from zero when the (exact)
-/// remainder is at least one half, and NaN products become 0 as `as i8`
-/// makes them (no product reaches ±128: |x · id| ≤ 127 + a rounding).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn q8_0_block_avx2(x: &[f32], b: &mut BlockQ8_0) {
-    use std::arch::x86_64::*;
-    assert_eq!(x.len(), QK8_0);
-    // SAFETY: each load reads 8 of the 32 floats of `x`.
-    let v: [__m256; 4] = std::array::from_fn(|i| unsafe { _mm256_loadu_ps(x[8 * i..].as_ptr()) });
-    let sign = _mm256_set1_ps(-0.0);
-    let mut m = _mm256_setzero_ps();
-    for v in v {
-        // `max(|v|, m)` returns `m` when `|v|` is NaN.
-        m = _mm256_max_ps(_mm256_andnot_ps(sign, v), m);
-    }
-    let mut lanes = [0f32; 8];
-    // SAFETY: `lanes` has 32 writable bytes.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), m) };
-    let amax = lanes.iter().fold(0f32, |a, &l| a.max(l));
-    let d = amax / 127.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    b.d = f32_to_f16(d);
-    let q: [__m256i; 4] = v.map(|v| {
-        let p = _mm256_mul_ps(v, _mm256_set1_ps(id));
-        let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(p);
-        let rem = _mm256_andnot_ps(sign, _mm256_sub_ps(p, t));
-        let away = _mm256_cmp_ps::<_CMP_GE_OQ>(rem, _mm256_set1_ps(0.5));
-        let step = _mm256_or_ps(_mm256_and_ps(p, sign), _mm256_set1_ps(1.0));
-        let r = _mm256_add_ps(t, _mm256_and_ps(away, step));
-        let r = _mm256_and_ps(r, _mm256_cmp_ps::<_CMP_ORD_Q>(p, p));
-        _mm256_cvttps_epi32(r)
-    });
-    // i32 → i8 with saturation; the packs interleave 128-bit halves, the
-    // permutation restores element order.
-    let w01 = _mm256_packs_epi32(q[0], q[1]);
-    let w23 = _mm256_packs_epi32(q[2], q[3]);
-    let bytes = _mm256_packs_epi16(w01, w23);
-    let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    // SAFETY: `qs` has 32 writable bytes.
-    unsafe { _mm256_storeu_si256(b.qs.as_mut_ptr().cast(), bytes) };
 }
 
 /// Quantizes `x` to Q8_1 blocks: Q8_0's quants plus `s = f16(Σq · d)`, as
@@ -167,6 +114,20 @@ pub(crate) static TABLE: DotTable = DotTable {
     dot_f16_f32,
     dot_f16_f16,
     rows: RowsTable::NONE,
+    ops: OPS,
+};
+
+/// The scalar float loops: the specification of every backend's [`OpsTable`].
+pub(crate) const OPS: OpsTable = OpsTable {
+    key_tiles: attn::key_tiles,
+    weighted_rows: attn::weighted_rows,
+    axpy: attn::axpy,
+    widen_f16: attn::widen_f16,
+    widen_f16_le: attn::widen_f16_le,
+    narrow_f16: attn::narrow_f16,
+    exp_fast: crate::forward::math::exp_fast_slice,
+    quantize_q8_0: quantize_row_q8_0,
+    transpose: super::arch::transpose_scalar,
 };
 
 // ---- the canonical order (module docs of `kernels`) ----
@@ -584,57 +545,6 @@ pub(crate) fn dot_iq4_xs(w: &[u8], a: &[BlockQ8K]) -> f32 {
         }
         term(f16(b, 0), y.d, isum)
     }))
-}
-
-#[cfg(all(test, target_arch = "x86_64"))]
-mod tests {
-    use super::*;
-
-    /// The AVX2 block quantizer gives the scalar bytes, on random blocks of
-    /// every scale, exact halves, NaN and infinities.
-    #[test]
-    fn q8_0_quantizer_is_the_same_with_avx2() {
-        if super::super::has_avx2() {
-            let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-            let mut next = move || {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed
-            };
-            for case in 0..20_000 {
-                let scale = [1e-30, 1e-3, 1.0, 127.0, 3e4, 1e38][case % 6];
-                let mut x: Vec<f32> = (0..32)
-                    .map(|_| ((next() % 2_000_001) as f32 / 1e6 - 1.0) * scale)
-                    .collect();
-                match case % 7 {
-                    0 => x[(next() % 32) as usize] = f32::NAN,
-                    1 => x[(next() % 32) as usize] = f32::INFINITY,
-                    2 => {
-                        // Values whose quotient lands on an exact half: d = 1.
-                        x[0] = 127.0;
-                        for (i, v) in x.iter_mut().enumerate().skip(1) {
-                            *v = (i as f32 - 16.0) + 0.5;
-                        }
-                    }
-                    3 => x.iter_mut().for_each(|v| *v = -0.0),
-                    _ => {}
-                }
-                let mut want = BlockQ8_0::default();
-                let mut got = BlockQ8_0::default();
-                let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let d = amax / 127.0;
-                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-                want.d = f32_to_f16(d);
-                for (q, &v) in want.qs.iter_mut().zip(&x) {
-                    *q = (v * id).round() as i8;
-                }
-                // SAFETY: AVX2 was probed above.
-                unsafe { q8_0_block_avx2(&x, &mut got) };
-                assert_eq!(got, want, "case {case}: {x:?}");
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -20,10 +20,15 @@ use super::super::scalar::{
     Blocks, FLOAT_PARTIALS, FloatSum, f16_tail_step, iq4xs_scales, k4_scales, q3k_scales, term,
     term_kmin,
 };
-use crate::kernels::{
-    BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, Q8_GROUP_BYTES, Q8KRows, Q8Rows, RowsTable,
+use crate::forward::math::{
+    EXP_FAST_C, EXP_FAST_MAX, EXP_FAST_MIN, LN2_HI_F32, LN2_LO_F32, LOG2E_F32, ROUND_F32, exp_fast,
 };
-use memwall_format::blocks::IQ4NL_GRID;
+use crate::kernels::attn::{self, KEY_TILE, by_heads};
+use crate::kernels::{
+    BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, OpsTable, Q8_GROUP_BYTES, Q8KRows, Q8Rows, QK8_0,
+    RowsTable,
+};
+use memwall_format::blocks::{IQ4NL_GRID, f16_to_f32, f32_to_f16};
 
 /// Declares a safe entry point for a `#[target_feature]` kernel.
 macro_rules! entry {
@@ -131,8 +136,245 @@ pub(crate) static TABLE: DotTable = DotTable {
         q5_0: Some(r_q5_0),
         q8_0: Some(r_q8_0),
         iq4_nl: Some(r_iq4_nl),
+        q8k_groups: false,
     },
+    ops: OPS,
 };
+
+/// The AVX2 float loops: attention's tiles compiled for 256-bit vectors,
+/// F16C conversions, `exp` on eight lanes, the Q8_0 quantizer and 8 × 8
+/// transposes.
+pub(super) const OPS: OpsTable = OpsTable {
+    key_tiles: o_key_tiles,
+    weighted_rows: o_weighted_rows,
+    axpy: o_axpy,
+    widen_f16: o_widen_f16,
+    widen_f16_le: o_widen_f16_le,
+    narrow_f16: o_narrow_f16,
+    exp_fast: o_exp_fast,
+    quantize_q8_0: o_quantize_q8_0,
+    transpose: o_transpose,
+};
+
+fn o_key_tiles(q: &[f32], hd: usize, kt: &[f32], stride: usize, out: &mut [[f32; KEY_TILE]]) {
+    // SAFETY: as for `entry!`.
+    unsafe { by_heads!(key_tiles, 16, out.len(), q, hd, kt, stride, out) }
+}
+
+fn o_weighted_rows(out: &mut [f32], probs: &[f32], v: &[f32], heads: usize) {
+    // SAFETY: as for `entry!`.
+    unsafe { by_heads!(weighted_rows, 16, heads, out, probs, v) }
+}
+
+fn o_axpy(out: &mut [f32], p: f32, x: &[f32]) {
+    // SAFETY: as for `entry!`.
+    unsafe { axpy(out, p, x) }
+}
+
+fn o_widen_f16(src: &[u16], dst: &mut [f32]) {
+    // SAFETY: the bytes of `src` (any bytes are `u8`s; x86-64 is
+    // little-endian, so they are the values' little-endian bytes).
+    let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), 2 * src.len()) };
+    // SAFETY: as for `entry!` (the table's probe covers F16C).
+    unsafe { widen_f16_le(bytes, dst) }
+}
+
+fn o_widen_f16_le(src: &[u8], dst: &mut [f32]) {
+    // SAFETY: as for `entry!` (the table's probe covers F16C).
+    unsafe { widen_f16_le(src, dst) }
+}
+
+fn o_narrow_f16(src: &[f32], dst: &mut [u16]) {
+    // SAFETY: as for `entry!` (the table's probe covers F16C).
+    unsafe { narrow_f16(src, dst) }
+}
+
+fn o_exp_fast(xs: &mut [f32]) {
+    // SAFETY: as for `entry!`.
+    unsafe { exp_fast_in_place(xs) }
+}
+
+fn o_quantize_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
+    for (x, b) in x.chunks_exact(QK8_0).zip(y.iter_mut()) {
+        // SAFETY: as for `entry!`.
+        unsafe { q8_0_block(x, b) };
+    }
+}
+
+fn o_transpose(src: &[f32], stride: usize, rows: usize, cols: usize, dst: &mut [f32]) {
+    // SAFETY: as for `entry!`.
+    unsafe { transpose(src, stride, rows, cols, dst) }
+}
+
+// ---- the float loops (`OPS`) ----
+
+#[target_feature(enable = "avx2")]
+fn key_tiles<const N: usize, const P: usize>(
+    q: &[f32],
+    hd: usize,
+    kt: &[f32],
+    stride: usize,
+    out: &mut [[f32; KEY_TILE]],
+) {
+    attn::key_tiles_generic::<N, P>(q, hd, kt, stride, out)
+}
+
+#[target_feature(enable = "avx2")]
+fn weighted_rows<const N: usize, const W: usize>(out: &mut [f32], probs: &[f32], v: &[f32]) {
+    attn::weighted_rows_generic::<N, W>(out, probs, v)
+}
+
+#[target_feature(enable = "avx2")]
+fn axpy(out: &mut [f32], p: f32, x: &[f32]) {
+    attn::axpy(out, p, x)
+}
+
+/// f16 (little-endian bytes) to `f32`, eight at a time with F16C (exact).
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn widen_f16_le(src: &[u8], dst: &mut [f32]) {
+    let mut d = dst.chunks_exact_mut(8);
+    let mut s = src.chunks_exact(16);
+    for (d, s) in (&mut d).zip(&mut s) {
+        // SAFETY: `s` has 16 readable bytes and `d` 32 writable ones.
+        unsafe {
+            let h = _mm_loadu_si128(s.as_ptr().cast());
+            _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(h));
+        }
+    }
+    for (d, h) in d
+        .into_remainder()
+        .iter_mut()
+        .zip(s.remainder().chunks_exact(2))
+    {
+        *d = f16_to_f32(u16::from_le_bytes([h[0], h[1]]));
+    }
+}
+
+/// `f32` to f16, eight at a time with F16C (round to nearest even, as
+/// `f32_to_f16`).
+#[target_feature(enable = "avx2,f16c")]
+fn narrow_f16(src: &[f32], dst: &mut [u16]) {
+    let mut d = dst.chunks_exact_mut(8);
+    let mut s = src.chunks_exact(8);
+    for (d, s) in (&mut d).zip(&mut s) {
+        // SAFETY: `s` has 32 readable bytes and `d` 16 writable ones.
+        unsafe {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s.as_ptr()));
+            _mm_storeu_si128(d.as_mut_ptr().cast(), h);
+        }
+    }
+    for (d, &v) in d.into_remainder().iter_mut().zip(s.remainder()) {
+        *d = f32_to_f16(v);
+    }
+}
+
+/// One block of [`quantize_row_q8_0`] with AVX2, the same bytes: the
+/// maximum ignores NaN as `f32::max` does, `x · id` is the same product,
+/// rounding is truncation plus a step away from zero when the (exact)
+/// remainder is at least one half, and NaN products become 0 as `as i8`
+/// makes them (no product reaches ±128: |x · id| ≤ 127 + a rounding).
+#[target_feature(enable = "avx2")]
+fn q8_0_block(x: &[f32], b: &mut BlockQ8_0) {
+    use std::arch::x86_64::*;
+    assert_eq!(x.len(), QK8_0);
+    // SAFETY: each load reads 8 of the 32 floats of `x`.
+    let v: [__m256; 4] = std::array::from_fn(|i| unsafe { _mm256_loadu_ps(x[8 * i..].as_ptr()) });
+    let sign = _mm256_set1_ps(-0.0);
+    let mut m = _mm256_setzero_ps();
+    for v in v {
+        // `max(|v|, m)` returns `m` when `|v|` is NaN.
+        m = _mm256_max_ps(_mm256_andnot_ps(sign, v), m);
+    }
+    let mut lanes = [0f32; 8];
+    // SAFETY: `lanes` has 32 writable bytes.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), m) };
+    let amax = lanes.iter().fold(0f32, |a, &l| a.max(l));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    b.d = f32_to_f16(d);
+    let q: [__m256i; 4] = v.map(|v| {
+        let p = _mm256_mul_ps(v, _mm256_set1_ps(id));
+        let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(p);
+        let rem = _mm256_andnot_ps(sign, _mm256_sub_ps(p, t));
+        let away = _mm256_cmp_ps::<_CMP_GE_OQ>(rem, _mm256_set1_ps(0.5));
+        let step = _mm256_or_ps(_mm256_and_ps(p, sign), _mm256_set1_ps(1.0));
+        let r = _mm256_add_ps(t, _mm256_and_ps(away, step));
+        let r = _mm256_and_ps(r, _mm256_cmp_ps::<_CMP_ORD_Q>(p, p));
+        _mm256_cvttps_epi32(r)
+    });
+    // i32 → i8 with saturation; the packs interleave 128-bit halves, the
+    // permutation restores element order.
+    let w01 = _mm256_packs_epi32(q[0], q[1]);
+    let w23 = _mm256_packs_epi32(q[2], q[3]);
+    let bytes = _mm256_packs_epi16(w01, w23);
+    let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    // SAFETY: `qs` has 32 writable bytes.
+    unsafe { _mm256_storeu_si256(b.qs.as_mut_ptr().cast(), bytes) };
+}
+
+/// `x ← exp_fast(x)` for every element, eight lanes at a time: the same
+/// operations in the same order as [`exp_fast`], so the same bits.
+#[target_feature(enable = "avx2")]
+pub(super) fn exp_fast_in_place(xs: &mut [f32]) {
+    let mut chunks = xs.chunks_exact_mut(8);
+    for x in &mut chunks {
+        // SAFETY: `x` is a chunk of exactly eight floats (32 readable bytes).
+        let v = exp8(unsafe { _mm256_loadu_ps(x.as_ptr()) });
+        // SAFETY: the same 32 bytes, writable.
+        unsafe { _mm256_storeu_ps(x.as_mut_ptr(), v) };
+    }
+    for x in chunks.into_remainder() {
+        *x = exp_fast(*x);
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn exp8(x: __m256) -> __m256 {
+    let set = _mm256_set1_ps;
+    // Clamped into range first (the lanes outside are replaced below).
+    let xc = _mm256_min_ps(_mm256_max_ps(x, set(EXP_FAST_MIN)), set(EXP_FAST_MAX));
+    let round = set(ROUND_F32);
+    let k = _mm256_sub_ps(
+        _mm256_add_ps(_mm256_mul_ps(xc, set(LOG2E_F32)), round),
+        round,
+    );
+    let r = _mm256_sub_ps(
+        _mm256_sub_ps(xc, _mm256_mul_ps(k, set(LN2_HI_F32))),
+        _mm256_mul_ps(k, set(LN2_LO_F32)),
+    );
+    let mut p = set(EXP_FAST_C[0]);
+    for &c in &EXP_FAST_C[1..] {
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), set(c));
+    }
+    let p = _mm256_add_ps(
+        _mm256_mul_ps(_mm256_add_ps(_mm256_mul_ps(p, r), set(1.0)), r),
+        set(1.0),
+    );
+    let ki = _mm256_cvtps_epi32(k);
+    let half = _mm256_srai_epi32::<1>(_mm256_add_epi32(ki, _mm256_srli_epi32::<31>(ki)));
+    let pow2 = |n: __m256i| {
+        _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+            n,
+            _mm256_set1_epi32(127),
+        )))
+    };
+    let v = _mm256_mul_ps(
+        _mm256_mul_ps(p, pow2(half)),
+        pow2(_mm256_sub_epi32(ki, half)),
+    );
+    let v = _mm256_blendv_ps(
+        v,
+        set(f32::INFINITY),
+        _mm256_cmp_ps::<_CMP_GT_OQ>(x, set(EXP_FAST_MAX)),
+    );
+    let v = _mm256_blendv_ps(
+        v,
+        _mm256_setzero_ps(),
+        _mm256_cmp_ps::<_CMP_LT_OQ>(x, set(EXP_FAST_MIN)),
+    );
+    _mm256_blendv_ps(v, x, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
+}
 
 // ---- loads (the only pointer use; each checks its length) ----
 
@@ -1465,4 +1707,55 @@ fn dot_f16_f16(x: &[u16], y: &[u16]) -> f32 {
         _mm256_cvtph_ps(ld128(&y[i..i + 8])),
         |t| h2f(x[t]) * h2f(y[t])
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The AVX2 block quantizer gives the scalar bytes, on random blocks of
+    /// every scale, exact halves, NaN and infinities.
+    #[test]
+    fn q8_0_quantizer_is_the_same_with_avx2() {
+        if super::super::has_avx2() {
+            let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+            let mut next = move || {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed
+            };
+            for case in 0..20_000 {
+                let scale = [1e-30, 1e-3, 1.0, 127.0, 3e4, 1e38][case % 6];
+                let mut x: Vec<f32> = (0..32)
+                    .map(|_| ((next() % 2_000_001) as f32 / 1e6 - 1.0) * scale)
+                    .collect();
+                match case % 7 {
+                    0 => x[(next() % 32) as usize] = f32::NAN,
+                    1 => x[(next() % 32) as usize] = f32::INFINITY,
+                    2 => {
+                        // Values whose quotient lands on an exact half: d = 1.
+                        x[0] = 127.0;
+                        for (i, v) in x.iter_mut().enumerate().skip(1) {
+                            *v = (i as f32 - 16.0) + 0.5;
+                        }
+                    }
+                    3 => x.iter_mut().for_each(|v| *v = -0.0),
+                    _ => {}
+                }
+                let mut want = BlockQ8_0::default();
+                let mut got = BlockQ8_0::default();
+                let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                want.d = f32_to_f16(d);
+                for (q, &v) in want.qs.iter_mut().zip(&x) {
+                    *q = (v * id).round() as i8;
+                }
+                // SAFETY: AVX2 was probed above.
+                unsafe { q8_0_block(&x, &mut got) };
+                assert_eq!(got, want, "case {case}: {x:?}");
+            }
+        }
+    }
 }

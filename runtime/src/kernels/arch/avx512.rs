@@ -25,9 +25,14 @@ use super::avx2::{
     self, halves, ld256, ldps, le16, transpose_dwords, tree8_ps, unpack_iq4_nl, unpack_q4_0,
     unpack_q5_0, unpack_q8_0,
 };
+use crate::forward::math::{
+    EXP_FAST_C, EXP_FAST_MAX, EXP_FAST_MIN, LN2_HI_F32, LN2_LO_F32, LOG2E_F32, ROUND_F32, exp_fast,
+};
+use crate::kernels::attn::{self, KEY_TILE, by_heads};
 use crate::kernels::scalar::k4_scales;
 use crate::kernels::{
-    BlockQ8_0, BlockQ8K, DotTable, Q8_GROUP_BYTES, Q8K_GROUP_BYTES, Q8KRows, Q8Rows, RowsTable,
+    BlockQ8_0, BlockQ8K, DotTable, OpsTable, Q8_GROUP_BYTES, Q8K_GROUP_BYTES, Q8KRows, Q8Rows,
+    RowsTable,
 };
 
 macro_rules! entry {
@@ -125,10 +130,126 @@ pub(crate) static TABLE: DotTable = DotTable {
         q5_0: Some(r_q5_0),
         q8_0: Some(r_q8_0),
         iq4_nl: Some(r_iq4_nl),
+        q8k_groups: true,
         ..avx2::TABLE.rows
+    },
+    ops: OpsTable {
+        key_tiles: o_key_tiles,
+        weighted_rows: o_weighted_rows,
+        exp_fast: o_exp_fast,
+        ..avx2::OPS
     },
     ..avx2::TABLE
 };
+
+fn o_key_tiles(q: &[f32], hd: usize, kt: &[f32], stride: usize, out: &mut [[f32; KEY_TILE]]) {
+    // SAFETY: as for `entry!`.
+    unsafe { by_heads!(key_tiles, 32, out.len(), q, hd, kt, stride, out) }
+}
+
+fn o_weighted_rows(out: &mut [f32], probs: &[f32], v: &[f32], heads: usize) {
+    // SAFETY: as for `entry!`.
+    unsafe { by_heads!(weighted_rows, 64, heads, out, probs, v) }
+}
+
+fn o_exp_fast(xs: &mut [f32]) {
+    // SAFETY: as for `entry!`.
+    unsafe { exp_fast_in_place(xs) }
+}
+
+// ---- the float loops: attention's tiles for 512-bit vectors, `exp` on sixteen lanes ----
+
+#[clippy::msrv = "1.89"]
+#[target_feature(enable = "avx512f")]
+fn key_tiles<const N: usize, const P: usize>(
+    q: &[f32],
+    hd: usize,
+    kt: &[f32],
+    stride: usize,
+    out: &mut [[f32; KEY_TILE]],
+) {
+    attn::key_tiles_generic::<N, P>(q, hd, kt, stride, out)
+}
+
+#[clippy::msrv = "1.89"]
+#[target_feature(enable = "avx512f")]
+fn weighted_rows<const N: usize, const W: usize>(out: &mut [f32], probs: &[f32], v: &[f32]) {
+    attn::weighted_rows_generic::<N, W>(out, probs, v)
+}
+
+/// `x ← exp_fast(x)` for every element, sixteen lanes at a time (the same
+/// bits as [`exp_fast`]).
+#[clippy::msrv = "1.89"]
+#[target_feature(enable = "avx2,avx512f")]
+fn exp_fast_in_place(xs: &mut [f32]) {
+    let mut chunks = xs.chunks_exact_mut(16);
+    for x in &mut chunks {
+        // SAFETY: `x` is a chunk of exactly sixteen floats (64 readable bytes).
+        let v = exp16(unsafe { _mm512_loadu_ps(x.as_ptr()) });
+        // SAFETY: the same 64 bytes, writable.
+        unsafe { _mm512_storeu_ps(x.as_mut_ptr(), v) };
+    }
+    let rest = chunks.into_remainder();
+    if rest.len() >= 8 {
+        let (eight, rest) = rest.split_at_mut(8);
+        super::avx2::exp_fast_in_place(eight);
+        for x in rest {
+            *x = exp_fast(*x);
+        }
+    } else {
+        for x in rest {
+            *x = exp_fast(*x);
+        }
+    }
+}
+
+#[inline]
+#[clippy::msrv = "1.89"]
+#[target_feature(enable = "avx2,avx512f")]
+fn exp16(x: __m512) -> __m512 {
+    let set = _mm512_set1_ps;
+    let xc = _mm512_min_ps(_mm512_max_ps(x, set(EXP_FAST_MIN)), set(EXP_FAST_MAX));
+    let round = set(ROUND_F32);
+    let k = _mm512_sub_ps(
+        _mm512_add_ps(_mm512_mul_ps(xc, set(LOG2E_F32)), round),
+        round,
+    );
+    let r = _mm512_sub_ps(
+        _mm512_sub_ps(xc, _mm512_mul_ps(k, set(LN2_HI_F32))),
+        _mm512_mul_ps(k, set(LN2_LO_F32)),
+    );
+    let mut p = set(EXP_FAST_C[0]);
+    for &c in &EXP_FAST_C[1..] {
+        p = _mm512_add_ps(_mm512_mul_ps(p, r), set(c));
+    }
+    let p = _mm512_add_ps(
+        _mm512_mul_ps(_mm512_add_ps(_mm512_mul_ps(p, r), set(1.0)), r),
+        set(1.0),
+    );
+    let ki = _mm512_cvtps_epi32(k);
+    let half = _mm512_srai_epi32::<1>(_mm512_add_epi32(ki, _mm512_srli_epi32::<31>(ki)));
+    let pow2 = |n: __m512i| {
+        _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
+            n,
+            _mm512_set1_epi32(127),
+        )))
+    };
+    let v = _mm512_mul_ps(
+        _mm512_mul_ps(p, pow2(half)),
+        pow2(_mm512_sub_epi32(ki, half)),
+    );
+    let v = _mm512_mask_mov_ps(
+        v,
+        _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, set(EXP_FAST_MAX)),
+        set(f32::INFINITY),
+    );
+    let v = _mm512_mask_mov_ps(
+        v,
+        _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, set(EXP_FAST_MIN)),
+        _mm512_setzero_ps(),
+    );
+    _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), x)
+}
 
 // ---- one activation row (Q8_0 family) ----
 //

@@ -3,7 +3,10 @@
 //! Every kernel here is an `unsafe fn` compiled with `#[target_feature]`,
 //! wrapped in a safe function that is only reachable through the backend's
 //! [`DotTable`], which [`super::Kernels::new`] hands out only after the probe
-//! for that backend succeeded.
+//! for that backend succeeded. This is the only dispatch: nothing outside
+//! these tables asks the CPU what it has, so the backend a [`super::Kernels`]
+//! names (`MEMWALL_KERNELS`) is the one that runs, for the dot products and
+//! for attention, `exp`, the conversions and the quantizers alike.
 
 use super::{Backend, DotTable};
 
@@ -37,27 +40,19 @@ fn each_row(
     }
 }
 
-/// `dst[c·rows + r] = src[r·stride + c]` for `r < rows`, `c < cols`: a
-/// `rows × cols` block of a matrix with rows `stride` apart, transposed into
-/// `dst` (8 × 8 blocks in registers with AVX2). Panics if a slice is short.
-pub(crate) fn transpose(src: &[f32], stride: usize, rows: usize, cols: usize, dst: &mut [f32]) {
-    assert!(
-        rows == 0
-            || cols == 0
-            || (src.len() >= (rows - 1) * stride + cols && dst.len() >= rows * cols),
-        "transpose lengths"
-    );
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: AVX2 was probed just above.
-        return unsafe { avx2::transpose(src, stride, rows, cols, dst) };
-    }
+/// The scalar table's transpose (see [`super::Kernels::transpose`]).
+pub(crate) fn transpose_scalar(
+    src: &[f32],
+    stride: usize,
+    rows: usize,
+    cols: usize,
+    dst: &mut [f32],
+) {
     transpose_edges(src, stride, rows, cols, dst, 0, 0);
 }
 
-/// [`transpose`] of the values outside the first `rows8` rows × `cols8`
-/// columns (the part done in 8 × 8 blocks).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+/// A transpose of the values outside the first `rows8` rows × `cols8`
+/// columns (the part the SIMD versions do in 8 × 8 blocks).
 fn transpose_edges(
     src: &[f32],
     stride: usize,
@@ -75,39 +70,13 @@ fn transpose_edges(
     }
 }
 
-/// Whether `MEMWALL_KERNELS` names a backend below `level` (0 scalar, 1
-/// AVX2 or NEON, 2 AVX-512 or NEON with `sdot`): then the probes report
-/// no more than that backend's features, so attention, `exp` and the
-/// activation quantizers run as on a CPU that has only those, and
-/// `MEMWALL_KERNELS=avx2` on an AVX-512 machine measures an AVX2-only CPU
-/// (every path gives the same bits; only speed changes). A name that is no
-/// backend caps nothing ([`super::Kernels::from_env`] refuses it).
-#[cfg_attr(
-    not(any(target_arch = "x86_64", target_arch = "aarch64")),
-    allow(dead_code)
-)]
-fn capped_below(level: u8) -> bool {
-    static CAP: std::sync::OnceLock<Option<u8>> = std::sync::OnceLock::new();
-    let cap = CAP.get_or_init(|| {
-        let name = std::env::var("MEMWALL_KERNELS").ok()?;
-        Some(match Backend::parse(&name).ok()? {
-            Backend::Scalar => 0,
-            Backend::Avx2 | Backend::Neon => 1,
-            Backend::Avx512 | Backend::NeonDot => 2,
-        })
-    });
-    cap.is_some_and(|cap| cap < level)
-}
-
-/// AVX2 with FMA and F16C (probed once; attention and `exp` ask per call),
-/// unless `MEMWALL_KERNELS=scalar` ([`capped_below`]).
+/// AVX2 with FMA and F16C (probed once).
 pub(crate) fn has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static PROBE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *PROBE.get_or_init(|| {
-            !capped_below(1)
-                && std::arch::is_x86_feature_detected!("avx2")
+            std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
                 && std::arch::is_x86_feature_detected!("f16c")
         })
@@ -116,15 +85,13 @@ pub(crate) fn has_avx2() -> bool {
     false
 }
 
-/// AVX-512 F, BW, VL and VNNI, on top of [`has_avx2`] (probed once),
-/// unless `MEMWALL_KERNELS` names a narrower backend.
+/// AVX-512 F, BW, VL and VNNI, on top of [`has_avx2`] (probed once).
 pub(crate) fn has_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static PROBE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *PROBE.get_or_init(|| {
             has_avx2()
-                && !capped_below(2)
                 && std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("avx512vl")
@@ -135,12 +102,11 @@ pub(crate) fn has_avx512() -> bool {
     false
 }
 
-/// Advanced SIMD (always present on aarch64), unless
-/// `MEMWALL_KERNELS=scalar`.
+/// Advanced SIMD (always present on aarch64).
 pub(crate) fn has_neon() -> bool {
     #[cfg(target_arch = "aarch64")]
     {
-        !capped_below(1) && std::arch::is_aarch64_feature_detected!("neon")
+        std::arch::is_aarch64_feature_detected!("neon")
     }
     #[cfg(not(target_arch = "aarch64"))]
     false
@@ -150,7 +116,7 @@ pub(crate) fn has_neon() -> bool {
 pub(crate) fn has_neon_dot() -> bool {
     #[cfg(target_arch = "aarch64")]
     {
-        has_neon() && !capped_below(2) && std::arch::is_aarch64_feature_detected!("dotprod")
+        has_neon() && std::arch::is_aarch64_feature_detected!("dotprod")
     }
     #[cfg(not(target_arch = "aarch64"))]
     false
@@ -180,19 +146,25 @@ mod tests {
             for cols in [0, 1, 5, 8, 13, 16, 17] {
                 let stride = cols + 3;
                 let src: Vec<f32> = (0..rows * stride).map(|i| i as f32).collect();
-                let mut dst = vec![f32::NAN; rows * cols + 2];
-                super::transpose(&src, stride, rows, cols, &mut dst);
-                for r in 0..rows {
-                    for c in 0..cols {
-                        assert_eq!(
-                            dst[c * rows + r],
-                            src[r * stride + c],
-                            "{rows}×{cols} at {r},{c}"
-                        );
+                for k in crate::kernels::Backend::supported()
+                    .into_iter()
+                    .map(|b| crate::kernels::Kernels::new(b).unwrap())
+                {
+                    let mut dst = vec![f32::NAN; rows * cols + 2];
+                    k.transpose(&src, stride, rows, cols, &mut dst);
+                    for r in 0..rows {
+                        for c in 0..cols {
+                            assert_eq!(
+                                dst[c * rows + r],
+                                src[r * stride + c],
+                                "{:?}: {rows}×{cols} at {r},{c}",
+                                k.backend()
+                            );
+                        }
                     }
+                    // Nothing written past the block.
+                    assert!(dst[rows * cols..].iter().all(|v| v.is_nan()));
                 }
-                // Nothing written past the block.
-                assert!(dst[rows * cols..].iter().all(|v| v.is_nan()));
             }
         }
     }

@@ -19,8 +19,75 @@ use super::super::scalar::{
     Blocks, FLOAT_PARTIALS, FloatSum, f16_tail_step, iq4xs_scales, k4_scales, q3k_scales, term,
     term_kmin, term_min,
 };
-use crate::kernels::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, Q8_GROUP_BYTES, Q8Rows, RowsTable};
+use crate::forward::math::{
+    EXP_FAST_C, EXP_FAST_MAX, EXP_FAST_MIN, LN2_HI_F32, LN2_LO_F32, LOG2E_F32, ROUND_F32, exp_fast,
+};
+use crate::kernels::{
+    BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, OpsTable, Q8_GROUP_BYTES, Q8Rows, RowsTable,
+};
 use memwall_format::blocks::IQ4NL_GRID;
+
+/// The NEON float loops: `exp` on four lanes; the others are the scalar
+/// table's, which aarch64 (where NEON is always present) already compiles to
+/// NEON vectors.
+const OPS: OpsTable = OpsTable {
+    exp_fast: o_exp_fast,
+    ..super::super::scalar::OPS
+};
+
+fn o_exp_fast(xs: &mut [f32]) {
+    // SAFETY: reachable only through this backend's tables, which
+    // `Kernels::new` hands out after probing NEON.
+    unsafe { exp_fast_in_place(xs) }
+}
+
+/// `x ← exp_fast(x)` for every element, four lanes at a time: the same
+/// operations in the same order as [`exp_fast`] (separate multiplies and
+/// adds), so the same bits.
+#[target_feature(enable = "neon")]
+fn exp_fast_in_place(xs: &mut [f32]) {
+    let mut chunks = xs.chunks_exact_mut(4);
+    for x in &mut chunks {
+        // SAFETY: `x` is a chunk of exactly four floats (16 readable bytes).
+        let v = exp4(unsafe { vld1q_f32(x.as_ptr()) });
+        // SAFETY: the same 16 bytes, writable.
+        unsafe { vst1q_f32(x.as_mut_ptr(), v) };
+    }
+    for x in chunks.into_remainder() {
+        *x = exp_fast(*x);
+    }
+}
+
+#[inline]
+#[target_feature(enable = "neon")]
+fn exp4(x: float32x4_t) -> float32x4_t {
+    let set = vdupq_n_f32;
+    let xc = vminq_f32(vmaxq_f32(x, set(EXP_FAST_MIN)), set(EXP_FAST_MAX));
+    let round = set(ROUND_F32);
+    let k = vsubq_f32(vaddq_f32(vmulq_f32(xc, set(LOG2E_F32)), round), round);
+    let r = vsubq_f32(
+        vsubq_f32(xc, vmulq_f32(k, set(LN2_HI_F32))),
+        vmulq_f32(k, set(LN2_LO_F32)),
+    );
+    let mut p = set(EXP_FAST_C[0]);
+    for &c in &EXP_FAST_C[1..] {
+        p = vaddq_f32(vmulq_f32(p, r), set(c));
+    }
+    let p = vaddq_f32(vmulq_f32(vaddq_f32(vmulq_f32(p, r), set(1.0)), r), set(1.0));
+    // `k` is a whole number: the conversion is exact.
+    let ki = vcvtq_s32_f32(k);
+    let half = vshrq_n_s32::<1>(vaddq_s32(
+        ki,
+        vreinterpretq_s32_u32(vshrq_n_u32::<31>(vreinterpretq_u32_s32(ki))),
+    ));
+    let pow2 =
+        |n: int32x4_t| vreinterpretq_f32_s32(vshlq_n_s32::<23>(vaddq_s32(n, vdupq_n_s32(127))));
+    let v = vmulq_f32(vmulq_f32(p, pow2(half)), pow2(vsubq_s32(ki, half)));
+    let v = vbslq_f32(vcgtq_f32(x, set(EXP_FAST_MAX)), set(f32::INFINITY), v);
+    let v = vbslq_f32(vcltq_f32(x, set(EXP_FAST_MIN)), vdupq_n_f32(0.0), v);
+    // NaN lanes (not equal to themselves) stay NaN.
+    vbslq_f32(vceqq_f32(x, x), v, x)
+}
 
 // ---- loads (the only pointer use; each checks its length) ----
 
@@ -406,6 +473,7 @@ macro_rules! kernels {
             dot_f16_f32: e_dot_f16_f32,
             dot_f16_f16: e_dot_f16_f16,
             rows: $rows,
+            ops: OPS,
         };
 
         /// Σ over the two 16-byte halves of a 32-weight block.
