@@ -10,8 +10,14 @@
 //! shared by a sub-block. The layouts are ggml's (`ggml-common.h`), and the
 //! tests check every type against the runtime's decoder.
 
+// Indices say which bits of which byte each weight takes, as ggml-common.h does.
+#![allow(clippy::needless_range_loop)]
+
 use memwall_format::GgmlType;
-use memwall_format::blocks::{IQ4NL_GRID, f16_to_f32, scale_min_k4};
+use memwall_format::blocks::{
+    Block, BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
+    BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, IQ4NL_GRID, as_blocks, as_blocks_mut, scale_min_k4,
+};
 
 /// The types whose levels GPTQ can choose. Others are encoded without error
 /// feedback (importance-weighted rounding, as llama-quantize does).
@@ -42,10 +48,6 @@ pub struct Grid {
     pub offset: Vec<f32>,
     /// Smallest and largest level.
     pub range: (i32, i32),
-}
-
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
 impl Grid {
@@ -88,258 +90,325 @@ impl Grid {
         (q as i64).clamp(i64::from(lo), i64::from(hi)) as i32
     }
 
-    /// Reads the grid of one block of `ty` (`bytes` is exactly one block).
-    /// `None` for types GPTQ does not handle.
-    // Indices say which bits of which byte each weight takes, as ggml-common.h does.
-    #[allow(clippy::needless_range_loop)]
-    pub fn read(ty: GgmlType, b: &[u8]) -> Option<Grid> {
-        let n = ty.block_size() as usize;
-        let mut g = Grid {
+    /// A grid of `n` weights of `ty`, with levels `range`, to fill.
+    fn new(ty: GgmlType, n: usize, range: (i32, i32)) -> Grid {
+        Grid {
             ty,
             levels: vec![0; n],
             scale: vec![0.0; n],
             offset: vec![0.0; n],
-            range: (0, 0),
-        };
-        match ty {
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::IQ4_NL => {
-                let d = f16_at(b, 0);
-                let (m, qs) = match ty {
-                    GgmlType::Q4_1 => (f16_at(b, 2), &b[4..20]),
-                    _ => (0.0, &b[2..18]),
-                };
-                for j in 0..16 {
-                    g.levels[j] = i32::from(qs[j] & 0xF);
-                    g.levels[j + 16] = i32::from(qs[j] >> 4);
-                }
-                let offset = match ty {
-                    GgmlType::Q4_0 => -8.0 * d,
-                    GgmlType::Q4_1 => m,
-                    _ => 0.0,
-                };
-                g.scale.fill(d);
-                g.offset.fill(offset);
-                g.range = (0, 15);
-            }
-            GgmlType::Q5_0 | GgmlType::Q5_1 => {
-                let d = f16_at(b, 0);
-                let (m, at) = if ty == GgmlType::Q5_1 {
-                    (f16_at(b, 2), 4)
-                } else {
-                    (-16.0 * d, 2)
-                };
-                let qh = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-                let qs = &b[at + 4..at + 20];
-                for j in 0..16 {
-                    g.levels[j] = i32::from(qs[j] & 0xF) | (((qh >> j) & 1) << 4) as i32;
-                    g.levels[j + 16] = i32::from(qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4) as i32;
-                }
-                g.scale.fill(d);
-                g.offset.fill(m);
-                g.range = (0, 31);
-            }
-            GgmlType::Q8_0 => {
-                let d = f16_at(b, 0);
-                for j in 0..32 {
-                    g.levels[j] = i32::from(b[2 + j] as i8);
-                }
-                g.scale.fill(d);
-                g.range = (-128, 127);
-            }
-            GgmlType::Q4_K | GgmlType::Q5_K => {
-                let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-                let mut sc = [0u8; 12];
-                sc.copy_from_slice(&b[4..16]);
-                let five = ty == GgmlType::Q5_K;
-                let (qh, qs) = if five {
-                    (&b[16..48], &b[48..176])
-                } else {
-                    (&b[0..0], &b[16..144])
-                };
-                for c in 0..4 {
-                    for l in 0..32 {
-                        let byte = qs[c * 32 + l];
-                        let (mut lo, mut hi) = (i32::from(byte & 0xF), i32::from(byte >> 4));
-                        if five {
-                            lo |= i32::from((qh[l] >> (2 * c)) & 1) << 4;
-                            hi |= i32::from((qh[l] >> (2 * c + 1)) & 1) << 4;
-                        }
-                        g.levels[c * 64 + l] = lo;
-                        g.levels[c * 64 + 32 + l] = hi;
-                    }
-                }
-                for sub in 0..8 {
-                    let (s, m) = scale_min_k4(sub, &sc);
-                    for i in sub * 32..(sub + 1) * 32 {
-                        g.scale[i] = d * f32::from(s);
-                        g.offset[i] = -dmin * f32::from(m);
-                    }
-                }
-                g.range = (0, if five { 31 } else { 15 });
-            }
-            GgmlType::Q6_K => {
-                let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
-                let d = f16_at(b, 208);
-                for half in 0..2 {
-                    let (ql, qh) = (&ql[64 * half..], &qh[32 * half..]);
-                    for l in 0..32 {
-                        let base = 128 * half + l;
-                        g.levels[base] =
-                            (i32::from(ql[l] & 0xF) | (i32::from(qh[l] & 3) << 4)) - 32;
-                        g.levels[base + 32] =
-                            (i32::from(ql[l + 32] & 0xF) | (i32::from((qh[l] >> 2) & 3) << 4)) - 32;
-                        g.levels[base + 64] =
-                            (i32::from(ql[l] >> 4) | (i32::from((qh[l] >> 4) & 3) << 4)) - 32;
-                        g.levels[base + 96] =
-                            (i32::from(ql[l + 32] >> 4) | (i32::from((qh[l] >> 6) & 3) << 4)) - 32;
-                    }
-                }
-                for (sub, &s) in sc.iter().enumerate() {
-                    for i in sub * 16..(sub + 1) * 16 {
-                        g.scale[i] = d * f32::from(s as i8);
-                    }
-                }
-                g.range = (-32, 31);
-            }
-            GgmlType::Q3_K => {
-                // hmask[32], qs[64], scales[12], d.
-                let (hm, qs) = (&b[0..32], &b[32..96]);
-                let d = f16_at(b, 108);
-                let scales = q3k_scales(&b[96..108]);
-                for half in 0..2 {
-                    let q = &qs[32 * half..];
-                    for shift in 0..4 {
-                        let m = 1u8 << (4 * half + shift);
-                        for l in 0..32 {
-                            let low = i32::from((q[l] >> (2 * shift)) & 3);
-                            let high = if hm[l] & m != 0 { 0 } else { 4 };
-                            g.levels[128 * half + 32 * shift + l] = low - high;
-                        }
-                    }
-                }
-                for (sub, &s) in scales.iter().enumerate() {
-                    for i in sub * 16..(sub + 1) * 16 {
-                        g.scale[i] = d * f32::from(s);
-                    }
-                }
-                g.range = (-4, 3);
-            }
-            GgmlType::IQ4_XS => {
-                let d = f16_at(b, 0);
-                let sh = u16::from_le_bytes([b[2], b[3]]);
-                let (sl, qs) = (&b[4..8], &b[8..136]);
-                for ib in 0..8 {
-                    let low = (sl[ib / 2] >> (4 * (ib % 2))) & 0xF;
-                    let ls = i32::from(low) | (i32::from((sh >> (2 * ib)) & 3) << 4);
-                    let dl = d * (ls - 32) as f32;
-                    for j in 0..16 {
-                        let byte = qs[16 * ib + j];
-                        g.levels[32 * ib + j] = i32::from(byte & 0xF);
-                        g.levels[32 * ib + 16 + j] = i32::from(byte >> 4);
-                    }
-                    g.scale[32 * ib..32 * (ib + 1)].fill(dl);
-                }
-                g.range = (0, 15);
-            }
-            _ => return None,
+            range,
         }
-        Some(g)
     }
 
-    /// Writes `self.levels` into `b` (the block it was read from), leaving
-    /// every scale as it was.
-    #[allow(clippy::needless_range_loop)]
-    pub fn pack(&self, b: &mut [u8]) {
-        let lv = |i: usize| self.levels[i];
-        match self.ty {
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::IQ4_NL => {
-                let at = if self.ty == GgmlType::Q4_1 { 4 } else { 2 };
-                for j in 0..16 {
-                    b[at + j] = (lv(j) as u8 & 0xF) | ((lv(j + 16) as u8 & 0xF) << 4);
-                }
-            }
-            GgmlType::Q5_0 | GgmlType::Q5_1 => {
-                let at = if self.ty == GgmlType::Q5_1 { 4 } else { 2 };
-                let mut qh = 0u32;
-                for j in 0..16 {
-                    let (a, c) = (lv(j) as u32, lv(j + 16) as u32);
-                    b[at + 4 + j] = (a as u8 & 0xF) | ((c as u8 & 0xF) << 4);
-                    qh |= ((a >> 4) & 1) << j | ((c >> 4) & 1) << (j + 16);
-                }
-                b[at..at + 4].copy_from_slice(&qh.to_le_bytes());
-            }
-            GgmlType::Q8_0 => {
-                for j in 0..32 {
-                    b[2 + j] = lv(j) as i8 as u8;
-                }
-            }
-            GgmlType::Q4_K | GgmlType::Q5_K => {
-                let five = self.ty == GgmlType::Q5_K;
-                let qs_at = if five { 48 } else { 16 };
-                if five {
-                    b[16..48].fill(0);
-                }
-                for c in 0..4 {
-                    for l in 0..32 {
-                        let (lo, hi) = (lv(c * 64 + l) as u8, lv(c * 64 + 32 + l) as u8);
-                        b[qs_at + c * 32 + l] = (lo & 0xF) | ((hi & 0xF) << 4);
-                        if five {
-                            b[16 + l] |=
-                                ((lo >> 4) & 1) << (2 * c) | ((hi >> 4) & 1) << (2 * c + 1);
-                        }
-                    }
-                }
-            }
-            GgmlType::Q6_K => {
-                b[0..192].fill(0);
-                for half in 0..2 {
-                    for l in 0..32 {
-                        let base = 128 * half + l;
-                        let q = |k: usize| (lv(base + 32 * k) + 32) as u8;
-                        let (q1, q2, q3, q4) = (q(0), q(1), q(2), q(3));
-                        b[64 * half + l] = (q1 & 0xF) | ((q3 & 0xF) << 4);
-                        b[64 * half + l + 32] = (q2 & 0xF) | ((q4 & 0xF) << 4);
-                        b[128 + 32 * half + l] =
-                            (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
-                    }
-                }
-            }
-            GgmlType::Q3_K => {
-                b[0..96].fill(0);
-                for half in 0..2 {
-                    for shift in 0..4 {
-                        for l in 0..32 {
-                            let q = lv(128 * half + 32 * shift + l) + 4;
-                            b[32 + 32 * half + l] |= ((q & 3) as u8) << (2 * shift);
-                            if q >= 4 {
-                                b[l] |= 1 << (4 * half + shift);
-                            }
-                        }
-                    }
-                }
-            }
-            GgmlType::IQ4_XS => {
-                for ib in 0..8 {
-                    for j in 0..16 {
-                        b[8 + 16 * ib + j] = (lv(32 * ib + j) as u8 & 0xF)
-                            | ((lv(32 * ib + 16 + j) as u8 & 0xF) << 4);
-                    }
-                }
-            }
-            _ => {}
+    /// Reads the grid of one block of `ty` (`bytes` is exactly one block).
+    /// `None` for types GPTQ does not handle.
+    pub fn read(ty: GgmlType, bytes: &[u8]) -> Option<Grid> {
+        memwall_format::with_block!(ty, B => B::grid(&as_blocks::<B>(bytes)[0]), _ => None)
+    }
+
+    /// Writes `self.levels` into `bytes` (the block it was read from),
+    /// leaving every scale as it was.
+    pub fn pack(&self, bytes: &mut [u8]) {
+        memwall_format::with_block!(self.ty, B => B::pack(self, &mut as_blocks_mut::<B>(bytes)[0]), _ => {})
+    }
+}
+
+/// The grid of a block type: how [`Grid::read`] reads its levels, scales and
+/// offsets, and how [`Grid::pack`] writes levels back. The types GPTQ does
+/// not handle keep the defaults (no grid).
+trait GridBlock: Block {
+    /// The block's grid.
+    fn grid(&self) -> Option<Grid> {
+        None
+    }
+    /// Writes `g.levels` into the block, scales untouched.
+    fn pack(_g: &Grid, _b: &mut Self) {}
+}
+
+impl GridBlock for BlockQ2K {}
+
+/// Levels `0..16` of 32 weights from 16 nibble bytes (ggml's order: low
+/// nibbles are weights 0..16).
+fn nibble_levels(qs: &[u8; 16], levels: &mut [i32]) {
+    for j in 0..16 {
+        levels[j] = i32::from(qs[j] & 0xF);
+        levels[j + 16] = i32::from(qs[j] >> 4);
+    }
+}
+
+/// [`nibble_levels`] written back.
+fn pack_nibbles(levels: &[i32], qs: &mut [u8; 16]) {
+    for j in 0..16 {
+        qs[j] = (levels[j] as u8 & 0xF) | ((levels[j + 16] as u8 & 0xF) << 4);
+    }
+}
+
+/// Levels `0..32` of 32 weights from nibbles and fifth bits.
+fn five_bit_levels(qh: [u8; 4], qs: &[u8; 16], levels: &mut [i32]) {
+    let qh = u32::from_le_bytes(qh);
+    for j in 0..16 {
+        levels[j] = i32::from(qs[j] & 0xF) | (((qh >> j) & 1) << 4) as i32;
+        levels[j + 16] = i32::from(qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4) as i32;
+    }
+}
+
+/// [`five_bit_levels`] written back.
+fn pack_five_bits(levels: &[i32], qh: &mut [u8; 4], qs: &mut [u8; 16]) {
+    let mut h = 0u32;
+    for j in 0..16 {
+        let (a, c) = (levels[j] as u32, levels[j + 16] as u32);
+        qs[j] = (a as u8 & 0xF) | ((c as u8 & 0xF) << 4);
+        h |= ((a >> 4) & 1) << j | ((c >> 4) & 1) << (j + 16);
+    }
+    *qh = h.to_le_bytes();
+}
+
+impl GridBlock for BlockQ4_0 {
+    fn grid(&self) -> Option<Grid> {
+        let mut g = Grid::new(GgmlType::Q4_0, 32, (0, 15));
+        let d = self.d.to_f32();
+        nibble_levels(&self.qs, &mut g.levels);
+        g.scale.fill(d);
+        g.offset.fill(-8.0 * d);
+        Some(g)
+    }
+    fn pack(g: &Grid, b: &mut Self) {
+        pack_nibbles(&g.levels, &mut b.qs);
+    }
+}
+
+impl GridBlock for BlockQ4_1 {
+    fn grid(&self) -> Option<Grid> {
+        let mut g = Grid::new(GgmlType::Q4_1, 32, (0, 15));
+        nibble_levels(&self.qs, &mut g.levels);
+        g.scale.fill(self.d.to_f32());
+        g.offset.fill(self.m.to_f32());
+        Some(g)
+    }
+    fn pack(g: &Grid, b: &mut Self) {
+        pack_nibbles(&g.levels, &mut b.qs);
+    }
+}
+
+impl GridBlock for BlockIq4Nl {
+    fn grid(&self) -> Option<Grid> {
+        let mut g = Grid::new(GgmlType::IQ4_NL, 32, (0, 15));
+        nibble_levels(&self.qs, &mut g.levels);
+        g.scale.fill(self.d.to_f32());
+        Some(g)
+    }
+    fn pack(g: &Grid, b: &mut Self) {
+        pack_nibbles(&g.levels, &mut b.qs);
+    }
+}
+
+impl GridBlock for BlockQ5_0 {
+    fn grid(&self) -> Option<Grid> {
+        let mut g = Grid::new(GgmlType::Q5_0, 32, (0, 31));
+        let d = self.d.to_f32();
+        five_bit_levels(self.qh, &self.qs, &mut g.levels);
+        g.scale.fill(d);
+        g.offset.fill(-16.0 * d);
+        Some(g)
+    }
+    fn pack(g: &Grid, b: &mut Self) {
+        pack_five_bits(&g.levels, &mut b.qh, &mut b.qs);
+    }
+}
+
+impl GridBlock for BlockQ5_1 {
+    fn grid(&self) -> Option<Grid> {
+        let mut g = Grid::new(GgmlType::Q5_1, 32, (0, 31));
+        five_bit_levels(self.qh, &self.qs, &mut g.levels);
+        g.scale.fill(self.d.to_f32());
+        g.offset.fill(self.m.to_f32());
+        Some(g)
+    }
+    fn pack(g: &Grid, b: &mut Self) {
+        pack_five_bits(&g.levels, &mut b.qh, &mut b.qs);
+    }
+}
+
+impl GridBlock for BlockQ8_0 {
+    fn grid(&self) -> Option<Grid> {
+        let mut g = Grid::new(GgmlType::Q8_0, 32, (-128, 127));
+        for (l, &q) in g.levels.iter_mut().zip(&self.qs) {
+            *l = i32::from(q);
+        }
+        g.scale.fill(self.d.to_f32());
+        Some(g)
+    }
+    fn pack(g: &Grid, b: &mut Self) {
+        for (q, &l) in b.qs.iter_mut().zip(&g.levels) {
+            *q = l as i8;
         }
     }
 }
 
-/// The sixteen 6-bit scales of a Q3_K block, minus 32.
-fn q3k_scales(s: &[u8]) -> [i8; 16] {
-    let mut out = [0i8; 16];
-    for (i, o) in out.iter_mut().enumerate() {
-        let low = if i < 8 { s[i] & 0xF } else { s[i - 8] >> 4 };
-        let high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
-        *o = ((low | (high << 4)) as i32 - 32) as i8;
+/// The levels of a Q4_K/Q5_K block: chunk `c`'s low nibbles are weights
+/// `64c..64c + 32`, its high nibbles `64c + 32..64c + 64`; with `qh`, the
+/// fifth bits (`2c` and `2c + 1` of byte `l`).
+fn k4_levels(qs: &[u8; 128], qh: Option<&[u8; 32]>, levels: &mut [i32]) {
+    for c in 0..4 {
+        for l in 0..32 {
+            let byte = qs[c * 32 + l];
+            let (mut lo, mut hi) = (i32::from(byte & 0xF), i32::from(byte >> 4));
+            if let Some(qh) = qh {
+                lo |= i32::from((qh[l] >> (2 * c)) & 1) << 4;
+                hi |= i32::from((qh[l] >> (2 * c + 1)) & 1) << 4;
+            }
+            levels[c * 64 + l] = lo;
+            levels[c * 64 + 32 + l] = hi;
+        }
     }
-    out
+}
+
+/// [`k4_levels`] written back.
+fn pack_k4(levels: &[i32], qs: &mut [u8; 128], mut qh: Option<&mut [u8; 32]>) {
+    if let Some(qh) = qh.as_deref_mut() {
+        qh.fill(0);
+    }
+    for c in 0..4 {
+        for l in 0..32 {
+            let (lo, hi) = (levels[c * 64 + l] as u8, levels[c * 64 + 32 + l] as u8);
+            qs[c * 32 + l] = (lo & 0xF) | ((hi & 0xF) << 4);
+            if let Some(qh) = qh.as_deref_mut() {
+                qh[l] |= ((lo >> 4) & 1) << (2 * c) | ((hi >> 4) & 1) << (2 * c + 1);
+            }
+        }
+    }
+}
+
+/// The per-weight scales and offsets of a Q4_K/Q5_K block.
+fn k4_affine(g: &mut Grid, d: f32, dmin: f32, packed: &[u8; 12]) {
+    for sub in 0..8 {
+        let (s, m) = scale_min_k4(sub, packed);
+        for i in sub * 32..(sub + 1) * 32 {
+            g.scale[i] = d * f32::from(s);
+            g.offset[i] = -dmin * f32::from(m);
+        }
+    }
+}
+
+impl GridBlock for BlockQ4K {
+    fn grid(&self) -> Option<Grid> {
+        let mut g = Grid::new(GgmlType::Q4_K, 256, (0, 15));
+        k4_levels(&self.qs, None, &mut g.levels);
+        k4_affine(&mut g, self.d.to_f32(), self.dmin.to_f32(), &self.scales);
+        Some(g)
+    }
+    fn pack(g: &Grid, b: &mut Self) {
+        pack_k4(&g.levels, &mut b.qs, None);
+    }
+}
+
+impl GridBlock for BlockQ5K {
+    fn grid(&self) -> Option<Grid> {
+        let mut g = Grid::new(GgmlType::Q5_K, 256, (0, 31));
+        k4_levels(&self.qs, Some(&self.qh), &mut g.levels);
+        k4_affine(&mut g, self.d.to_f32(), self.dmin.to_f32(), &self.scales);
+        Some(g)
+    }
+    fn pack(g: &Grid, b: &mut Self) {
+        pack_k4(&g.levels, &mut b.qs, Some(&mut b.qh));
+    }
+}
+
+impl GridBlock for BlockQ6K {
+    fn grid(&self) -> Option<Grid> {
+        let mut g = Grid::new(GgmlType::Q6_K, 256, (-32, 31));
+        let d = self.d.to_f32();
+        for half in 0..2 {
+            let (ql, qh) = (&self.ql[64 * half..], &self.qh[32 * half..]);
+            for l in 0..32 {
+                let base = 128 * half + l;
+                g.levels[base] = (i32::from(ql[l] & 0xF) | (i32::from(qh[l] & 3) << 4)) - 32;
+                g.levels[base + 32] =
+                    (i32::from(ql[l + 32] & 0xF) | (i32::from((qh[l] >> 2) & 3) << 4)) - 32;
+                g.levels[base + 64] =
+                    (i32::from(ql[l] >> 4) | (i32::from((qh[l] >> 4) & 3) << 4)) - 32;
+                g.levels[base + 96] =
+                    (i32::from(ql[l + 32] >> 4) | (i32::from((qh[l] >> 6) & 3) << 4)) - 32;
+            }
+        }
+        for (sub, &s) in self.scales.iter().enumerate() {
+            g.scale[sub * 16..(sub + 1) * 16].fill(d * f32::from(s));
+        }
+        Some(g)
+    }
+    fn pack(g: &Grid, b: &mut Self) {
+        b.ql.fill(0);
+        b.qh.fill(0);
+        for half in 0..2 {
+            for l in 0..32 {
+                let base = 128 * half + l;
+                let q = |k: usize| (g.levels[base + 32 * k] + 32) as u8;
+                let (q1, q2, q3, q4) = (q(0), q(1), q(2), q(3));
+                b.ql[64 * half + l] = (q1 & 0xF) | ((q3 & 0xF) << 4);
+                b.ql[64 * half + l + 32] = (q2 & 0xF) | ((q4 & 0xF) << 4);
+                b.qh[32 * half + l] =
+                    (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
+            }
+        }
+    }
+}
+
+impl GridBlock for BlockQ3K {
+    fn grid(&self) -> Option<Grid> {
+        let mut g = Grid::new(GgmlType::Q3_K, 256, (-4, 3));
+        let d = self.d.to_f32();
+        for half in 0..2 {
+            let q = &self.qs[32 * half..];
+            for shift in 0..4 {
+                let m = 1u8 << (4 * half + shift);
+                for l in 0..32 {
+                    let low = i32::from((q[l] >> (2 * shift)) & 3);
+                    let high = if self.hmask[l] & m != 0 { 0 } else { 4 };
+                    g.levels[128 * half + 32 * shift + l] = low - high;
+                }
+            }
+        }
+        for (sub, &s) in self.sub_scales().iter().enumerate() {
+            g.scale[sub * 16..(sub + 1) * 16].fill(d * f32::from(s));
+        }
+        Some(g)
+    }
+    fn pack(g: &Grid, b: &mut Self) {
+        b.hmask.fill(0);
+        b.qs.fill(0);
+        for half in 0..2 {
+            for shift in 0..4 {
+                for l in 0..32 {
+                    let q = g.levels[128 * half + 32 * shift + l] + 4;
+                    b.qs[32 * half + l] |= ((q & 3) as u8) << (2 * shift);
+                    if q >= 4 {
+                        b.hmask[l] |= 1 << (4 * half + shift);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl GridBlock for BlockIq4Xs {
+    fn grid(&self) -> Option<Grid> {
+        let mut g = Grid::new(GgmlType::IQ4_XS, 256, (0, 15));
+        let d = self.d.to_f32();
+        for (ib, &ls) in self.sub_scales().iter().enumerate() {
+            let qs: &[u8; 16] = self.qs[16 * ib..][..16].try_into().ok()?;
+            nibble_levels(qs, &mut g.levels[32 * ib..]);
+            g.scale[32 * ib..32 * (ib + 1)].fill(d * ls as f32);
+        }
+        Some(g)
+    }
+    fn pack(g: &Grid, b: &mut Self) {
+        for (ib, qs) in b.qs.chunks_exact_mut(16).enumerate() {
+            let mut q = [0u8; 16];
+            pack_nibbles(&g.levels[32 * ib..], &mut q);
+            qs.copy_from_slice(&q);
+        }
+    }
 }
 
 #[cfg(test)]

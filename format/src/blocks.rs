@@ -1,16 +1,26 @@
 //! ggml block formats and their scalar dequantization: the specification every
 //! faster kernel is tested against.
 //!
-//! Each block struct mirrors ggml's on-disk layout (`ggml-common.h`), is
-//! `#[repr(C)]` with a compile-time size check, and is read from bytes by
-//! copying fields (no casts, no `unsafe`). `f16` fields are kept as raw bits.
+//! Each block struct *is* ggml's on-disk layout (`ggml-common.h`):
+//! `#[repr(C)]`, a compile-time size check, no padding, and (but for the
+//! activation-only Q8_K) alignment 1, with `f16` fields as [`F16`] (two
+//! little-endian bytes). A row of bytes is viewed as a slice of blocks with
+//! [`as_blocks`] (a `bytemuck` cast, no copy, no `unsafe`), and the same
+//! structs are the input of the decoders here, of every dot-product kernel
+//! (scalar and SIMD), of the encoders and of calibration's grids: the layout
+//! is written down once, here. [`block_types!`](crate::block_types) lists the
+//! block types once for every `match` over them.
+//!
 //! Sources: `ggml/src/ggml-common.h` (layouts) and `ggml/src/ggml-quants.c`
 //! (`dequantize_row_*`) of llama.cpp 0c1e570; the arithmetic is done in `f32` in
 //! the same order as ggml, so results are bit-identical to ggml's reference.
 
+use bytemuck::{Pod, Zeroable};
+
 use crate::ggml_type::GgmlType;
 
 /// IEEE half-precision bits to `f32` (exact).
+#[inline]
 pub fn f16_to_f32(h: u16) -> f32 {
     let sign = u32::from(h >> 15) << 31;
     let exp = u32::from((h >> 10) & 0x1f);
@@ -39,6 +49,7 @@ fn f16_table() -> &'static [f32] {
 
 /// `f32` to IEEE half-precision bits, rounding to nearest even (as F16C's
 /// `vcvtps2ph` and ggml's scalar fallback do); overflow gives infinity.
+#[inline]
 pub fn f32_to_f16(x: f32) -> u16 {
     let b = x.to_bits();
     let sign = ((b >> 16) & 0x8000) as u16;
@@ -79,6 +90,7 @@ pub fn f32_to_f16(x: f32) -> u16 {
 
 /// `f32` to bfloat16 bits, rounding to nearest even, NaN kept quiet (ggml's
 /// `ggml_compute_fp32_to_bf16`).
+#[inline]
 pub fn f32_to_bf16(x: f32) -> u16 {
     let b = x.to_bits();
     if b & 0x7fff_ffff > 0x7f80_0000 {
@@ -88,18 +100,138 @@ pub fn f32_to_bf16(x: f32) -> u16 {
 }
 
 /// bfloat16 bits to `f32` (exact).
+#[inline]
 pub fn bf16_to_f32(h: u16) -> f32 {
     f32::from_bits(u32::from(h) << 16)
 }
 
-fn le16(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
+/// An IEEE half-precision value as ggml stores it: two little-endian bytes
+/// (alignment 1, so blocks laid over a file's bytes need no alignment).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+#[repr(transparent)]
+pub struct F16([u8; 2]);
+
+impl F16 {
+    /// The value with these IEEE half-precision bits.
+    #[inline]
+    pub const fn from_bits(bits: u16) -> F16 {
+        F16(bits.to_le_bytes())
+    }
+
+    /// Its IEEE half-precision bits.
+    #[inline]
+    pub const fn bits(self) -> u16 {
+        u16::from_le_bytes(self.0)
+    }
+
+    /// Its value (exact).
+    #[inline]
+    pub fn to_f32(self) -> f32 {
+        f16_to_f32(self.bits())
+    }
+
+    /// `x` rounded to half precision ([`f32_to_f16`]).
+    #[inline]
+    pub fn from_f32(x: f32) -> F16 {
+        F16::from_bits(f32_to_f16(x))
+    }
+
+    /// Whether it is neither NaN nor infinite (its exponent bits not all ones).
+    #[inline]
+    pub fn is_finite(self) -> bool {
+        self.bits() & 0x7c00 != 0x7c00
+    }
 }
 
-fn arr<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
-    let mut a = [0u8; N];
-    a.copy_from_slice(&b[at..at + N]);
-    a
+/// A ggml block type: the struct is the on-disk layout of one block.
+pub trait Block: Pod {
+    /// The ggml type whose blocks these are.
+    const TYPE: GgmlType;
+    /// Weights per block.
+    const WEIGHTS: usize;
+    /// Decodes the block's [`Block::WEIGHTS`] weights into `y`, in ggml's order.
+    fn dequantize(&self, y: &mut [f32]);
+    /// Whether the block's f16 scales (and minimums) are finite: what
+    /// `ggml_validate_row_data` checks of a quantized block.
+    fn scales_finite(&self) -> bool;
+    /// The block of all-zero bytes (zero weights, zero scales).
+    fn zero() -> Self {
+        Zeroable::zeroed()
+    }
+}
+
+/// `bytes` viewed as blocks of `B`, without copying. Panics if the length is
+/// not a whole number of blocks (or, for the one type with alignment above 1,
+/// [`BlockQ8K`], if the bytes are misaligned): callers check lengths first.
+#[inline]
+pub fn as_blocks<B: Block>(bytes: &[u8]) -> &[B] {
+    bytemuck::cast_slice(bytes)
+}
+
+/// [`as_blocks`] for writing.
+#[inline]
+pub fn as_blocks_mut<B: Block>(bytes: &mut [u8]) -> &mut [B] {
+    bytemuck::cast_slice_mut(bytes)
+}
+
+/// The bytes of `blocks` (weight or activation blocks), as stored.
+#[inline]
+pub fn block_bytes<B: Pod>(blocks: &[B]) -> &[u8] {
+    bytemuck::cast_slice(blocks)
+}
+
+/// Calls `$callback!` with the quantized block types memwall implements, as
+/// `GgmlType variant => block struct as snake_case name` entries, after the
+/// tokens given in front of the list: `block_types!([my_macro] extra tokens)`
+/// expands to `my_macro!(extra tokens [Q4_0 => BlockQ4_0 as q4_0, …])` (the
+/// callback in brackets may be a path). This is the one list of
+/// block types; the decoders below, the encoders (`memwall-quantize`) and the
+/// kernel tables (`memwall-runtime`) generate their dispatch from it, so a new
+/// type is added here and nowhere else in a `match`.
+#[macro_export]
+macro_rules! block_types {
+    ([$($callback:tt)+] $($front:tt)*) => {
+        $($callback)+! { $($front)* [
+            Q4_0 => BlockQ4_0 as q4_0,
+            Q4_1 => BlockQ4_1 as q4_1,
+            Q5_0 => BlockQ5_0 as q5_0,
+            Q5_1 => BlockQ5_1 as q5_1,
+            Q8_0 => BlockQ8_0 as q8_0,
+            Q2_K => BlockQ2K as q2_k,
+            Q3_K => BlockQ3K as q3_k,
+            Q4_K => BlockQ4K as q4_k,
+            Q5_K => BlockQ5K as q5_k,
+            Q6_K => BlockQ6K as q6_k,
+            IQ4_NL => BlockIq4Nl as iq4_nl,
+            IQ4_XS => BlockIq4Xs as iq4_xs,
+        ] }
+    };
+}
+
+/// `match $ty { each block type => { type $B = its struct; $body } _ => $other }`:
+/// runs `$body` with `$B` naming the block struct of the (runtime) type `$ty`,
+/// or `$other` for the float types and the types memwall does not implement.
+#[macro_export]
+macro_rules! with_block {
+    ($ty:expr, $B:ident => $body:expr, _ => $other:expr) => {
+        $crate::block_types!([$crate::__with_block_arms] ($ty) $B ($body) ($other))
+    };
+}
+
+/// The arms of [`with_block!`] (an implementation detail of it).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __with_block_arms {
+    (($ty:expr) $B:ident ($body:expr) ($other:expr) [$($t:ident => $b:ident as $f:ident,)*]) => {
+        match $ty {
+            $($crate::GgmlType::$t => {
+                #[allow(unused)]
+                type $B = $crate::blocks::$b;
+                $body
+            })*
+            _ => $other,
+        }
+    };
 }
 
 /// The non-linear 4-bit grid of IQ4_NL and IQ4_XS (`kvalues_iq4nl`).
@@ -108,33 +240,36 @@ pub const IQ4NL_GRID: [i8; 16] = [
 ];
 
 /// Q4_0: 32 weights, 4.5 bpw. `x = d · (q − 8)`; low nibbles hold x[0..16], high x[16..32].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C)]
 pub struct BlockQ4_0 {
-    /// Scale (f16 bits).
-    pub d: u16,
+    /// Scale.
+    pub d: F16,
     /// Nibbles.
     pub qs: [u8; 16],
 }
 const _: () = assert!(size_of::<BlockQ4_0>() == 18);
 
 /// Q4_1: 32 weights, 5 bpw. `x = d · q + m`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C)]
 pub struct BlockQ4_1 {
-    /// Scale (f16 bits).
-    pub d: u16,
-    /// Minimum (f16 bits).
-    pub m: u16,
+    /// Scale.
+    pub d: F16,
+    /// Minimum.
+    pub m: F16,
     /// Nibbles.
     pub qs: [u8; 16],
 }
 const _: () = assert!(size_of::<BlockQ4_1>() == 20);
 
 /// Q5_0: 32 weights, 5.5 bpw. `x = d · (q − 16)`, the fifth bits in `qh`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C)]
 pub struct BlockQ5_0 {
-    /// Scale (f16 bits).
-    pub d: u16,
-    /// Fifth bits, little-endian u32.
+    /// Scale.
+    pub d: F16,
+    /// Fifth bits, little-endian u32 (bit `j` for weight `j`).
     pub qh: [u8; 4],
     /// Nibbles.
     pub qs: [u8; 16],
@@ -142,12 +277,13 @@ pub struct BlockQ5_0 {
 const _: () = assert!(size_of::<BlockQ5_0>() == 22);
 
 /// Q5_1: 32 weights, 6 bpw. `x = d · q + m`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C)]
 pub struct BlockQ5_1 {
-    /// Scale (f16 bits).
-    pub d: u16,
-    /// Minimum (f16 bits).
-    pub m: u16,
+    /// Scale.
+    pub d: F16,
+    /// Minimum.
+    pub m: F16,
     /// Fifth bits.
     pub qh: [u8; 4],
     /// Nibbles.
@@ -155,33 +291,73 @@ pub struct BlockQ5_1 {
 }
 const _: () = assert!(size_of::<BlockQ5_1>() == 24);
 
-/// Q8_0: 32 weights, 8.5 bpw. `x = d · q`.
+/// Q8_0: 32 weights, 8.5 bpw. `x = d · q`. Also the activation block of
+/// Q4_0, Q5_0, Q8_0 and IQ4_NL dot products.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C)]
 pub struct BlockQ8_0 {
-    /// Scale (f16 bits).
-    pub d: u16,
+    /// Scale.
+    pub d: F16,
     /// Signed quants.
     pub qs: [i8; 32],
 }
 const _: () = assert!(size_of::<BlockQ8_0>() == 34);
 
+/// Q8_1: 32 values, 9 bpw, the activation block of Q4_1 and Q5_1 dot
+/// products: `x = d · q`, with `s = d · Σq`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockQ8_1 {
+    /// Scale.
+    pub d: F16,
+    /// `d · Σ qs`.
+    pub s: F16,
+    /// Signed quants.
+    pub qs: [i8; 32],
+}
+const _: () = assert!(size_of::<BlockQ8_1>() == 36);
+
+/// Q8_K: 256 values, the activation block of the K-quant and IQ4_XS dot
+/// products: `x = d · q`, with the sums of each 16 quants in `bsums` (the
+/// K-quants subtract their minimums through them). Its scale is an `f32`, so
+/// unlike the others it has alignment 4.
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockQ8K {
+    /// Scale.
+    pub d: f32,
+    /// Signed quants.
+    pub qs: [i8; 256],
+    /// Sums of quants `16j..16j+16`.
+    pub bsums: [i16; 16],
+}
+const _: () = assert!(size_of::<BlockQ8K>() == 292);
+
+impl Default for BlockQ8K {
+    fn default() -> Self {
+        Zeroable::zeroed()
+    }
+}
+
 /// Q2_K: 256 weights, 2.625 bpw. 16 groups of 16 with 4-bit scale and 4-bit min:
 /// `x = d · sc · q − dmin · m`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C)]
 pub struct BlockQ2K {
     /// Low nibble scale, high nibble min, per 16 weights.
     pub scales: [u8; 16],
     /// 2-bit quants.
     pub qs: [u8; 64],
-    /// Super-block scale (f16 bits).
-    pub d: u16,
-    /// Super-block min scale (f16 bits).
-    pub dmin: u16,
+    /// Super-block scale.
+    pub d: F16,
+    /// Super-block min scale.
+    pub dmin: F16,
 }
 const _: () = assert!(size_of::<BlockQ2K>() == 84);
 
 /// Q3_K: 256 weights, 3.4375 bpw. 16 six-bit scales biased by 32:
 /// `x = d · (sc − 32) · (q₂ − (hbit ? 0 : 4))`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C)]
 pub struct BlockQ3K {
     /// High bits.
@@ -190,19 +366,20 @@ pub struct BlockQ3K {
     pub qs: [u8; 64],
     /// Packed 6-bit scales.
     pub scales: [u8; 12],
-    /// Super-block scale (f16 bits).
-    pub d: u16,
+    /// Super-block scale.
+    pub d: F16,
 }
 const _: () = assert!(size_of::<BlockQ3K>() == 110);
 
 /// Q4_K: 256 weights, 4.5 bpw. 8 groups of 32 with 6-bit scale and min:
 /// `x = d · sc · q − dmin · m`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C)]
 pub struct BlockQ4K {
-    /// Super-block scale (f16 bits).
-    pub d: u16,
-    /// Super-block min scale (f16 bits).
-    pub dmin: u16,
+    /// Super-block scale.
+    pub d: F16,
+    /// Super-block min scale.
+    pub dmin: F16,
     /// Packed 6-bit scales and mins.
     pub scales: [u8; 12],
     /// Nibbles: each 64-weight chunk has 0..32 low, 32..64 high.
@@ -211,12 +388,13 @@ pub struct BlockQ4K {
 const _: () = assert!(size_of::<BlockQ4K>() == 144);
 
 /// Q5_K: 256 weights, 5.5 bpw. Q4_K plus a fifth bit per weight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C)]
 pub struct BlockQ5K {
-    /// Super-block scale (f16 bits).
-    pub d: u16,
-    /// Super-block min scale (f16 bits).
-    pub dmin: u16,
+    /// Super-block scale.
+    pub d: F16,
+    /// Super-block min scale.
+    pub dmin: F16,
     /// Packed 6-bit scales and mins.
     pub scales: [u8; 12],
     /// Fifth bits.
@@ -228,6 +406,7 @@ const _: () = assert!(size_of::<BlockQ5K>() == 176);
 
 /// Q6_K: 256 weights, 6.5625 bpw. 16 groups of 16 with 8-bit scales:
 /// `x = d · sc · (q − 32)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C)]
 pub struct BlockQ6K {
     /// Low 4 bits.
@@ -236,16 +415,17 @@ pub struct BlockQ6K {
     pub qh: [u8; 64],
     /// Signed scales.
     pub scales: [i8; 16],
-    /// Super-block scale (f16 bits).
-    pub d: u16,
+    /// Super-block scale.
+    pub d: F16,
 }
 const _: () = assert!(size_of::<BlockQ6K>() == 210);
 
 /// IQ4_NL: 32 weights, 4.5 bpw. `x = d · IQ4NL_GRID[q]`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C)]
 pub struct BlockIq4Nl {
-    /// Scale (f16 bits).
-    pub d: u16,
+    /// Scale.
+    pub d: F16,
     /// Grid indices (nibbles).
     pub qs: [u8; 16],
 }
@@ -253,12 +433,13 @@ const _: () = assert!(size_of::<BlockIq4Nl>() == 18);
 
 /// IQ4_XS: 256 weights, 4.25 bpw. 8 groups of 32 with 6-bit scales biased by 32:
 /// `x = d · (ls − 32) · IQ4NL_GRID[q]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 #[repr(C)]
 pub struct BlockIq4Xs {
-    /// Super-block scale (f16 bits).
-    pub d: u16,
-    /// High 2 bits of the 8 scales.
-    pub scales_h: u16,
+    /// Super-block scale.
+    pub d: F16,
+    /// High 2 bits of the 8 scales (little-endian u16).
+    pub scales_h: [u8; 2],
     /// Low 4 bits of the 8 scales.
     pub scales_l: [u8; 4],
     /// Grid indices (nibbles).
@@ -284,36 +465,34 @@ pub enum DequantError {
     },
 }
 
-/// Types [`dequantize_row`] decodes.
-pub const DEQUANTIZABLE: [GgmlType; 15] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-    GgmlType::IQ4_NL,
-    GgmlType::IQ4_XS,
-];
+/// `[F32, F16, BF16, each type of block_types!]`.
+macro_rules! decodable {
+    ([$($t:ident => $b:ident as $f:ident,)*]) => {
+        [GgmlType::F32, GgmlType::F16, GgmlType::BF16, $(GgmlType::$t,)*]
+    };
+}
+
+/// Types [`dequantize_row`] decodes: the float types and every block type.
+pub const DEQUANTIZABLE: [GgmlType; 15] = crate::block_types!([decodable]);
 
 /// Byte offsets, within one block, of the f16 scale fields of each quantized
-/// type that [`validate_row`] checks (ggml's `ggml_validate_row_data`).
+/// type that [`validate_row`] checks (ggml's `ggml_validate_row_data`), for
+/// tests that build blocks with chosen scales.
 pub fn scale_fields(ty: GgmlType) -> &'static [usize] {
+    use std::mem::offset_of;
     match ty {
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => {
-            &[0]
-        }
-        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
-        GgmlType::Q2_K => &[80, 82],
-        GgmlType::Q3_K => &[108],
-        GgmlType::Q6_K => &[208],
+        GgmlType::Q4_0 => &[offset_of!(BlockQ4_0, d)],
+        GgmlType::Q5_0 => &[offset_of!(BlockQ5_0, d)],
+        GgmlType::Q8_0 => &[offset_of!(BlockQ8_0, d)],
+        GgmlType::IQ4_NL => &[offset_of!(BlockIq4Nl, d)],
+        GgmlType::IQ4_XS => &[offset_of!(BlockIq4Xs, d)],
+        GgmlType::Q4_1 => &[offset_of!(BlockQ4_1, d), offset_of!(BlockQ4_1, m)],
+        GgmlType::Q5_1 => &[offset_of!(BlockQ5_1, d), offset_of!(BlockQ5_1, m)],
+        GgmlType::Q4_K => &[offset_of!(BlockQ4K, d), offset_of!(BlockQ4K, dmin)],
+        GgmlType::Q5_K => &[offset_of!(BlockQ5K, d), offset_of!(BlockQ5K, dmin)],
+        GgmlType::Q2_K => &[offset_of!(BlockQ2K, d), offset_of!(BlockQ2K, dmin)],
+        GgmlType::Q3_K => &[offset_of!(BlockQ3K, d)],
+        GgmlType::Q6_K => &[offset_of!(BlockQ6K, d)],
         _ => &[],
     }
 }
@@ -322,43 +501,31 @@ pub fn scale_fields(ty: GgmlType) -> &'static [usize] {
 /// `ggml_validate_row_data` looks: every value of F32, F16 and BF16 data, the
 /// f16 scales (and mins) of each block of the quantized types. Returns the
 /// index of the first bad value (float types) or block (quantized types).
-/// Types without a decoder are not checked.
+/// Types without a decoder are not checked. `bytes` must be whole values or
+/// blocks.
 pub fn validate_row(ty: GgmlType, bytes: &[u8]) -> Result<(), usize> {
-    let bad = |i: usize| Err(i);
+    let first_bad = |bad: Option<usize>| bad.map_or(Ok(()), Err);
     match ty {
-        GgmlType::F32 => {
-            for (i, b) in bytes.chunks_exact(4).enumerate() {
-                if !f32::from_le_bytes(arr(b, 0)).is_finite() {
-                    return bad(i);
-                }
-            }
-        }
+        GgmlType::F32 => first_bad(
+            bytes
+                .chunks_exact(4)
+                .position(|b| !f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()),
+        ),
         // An f16 or bf16 is NaN or infinite when its exponent bits are all ones.
-        GgmlType::F16 => {
-            for (i, b) in bytes.chunks_exact(2).enumerate() {
-                if le16(b, 0) & 0x7c00 == 0x7c00 {
-                    return bad(i);
-                }
-            }
-        }
-        GgmlType::BF16 => {
-            for (i, b) in bytes.chunks_exact(2).enumerate() {
-                if le16(b, 0) & 0x7f80 == 0x7f80 {
-                    return bad(i);
-                }
-            }
-        }
-        _ => {
-            let fields = scale_fields(ty);
-            let ts = ty.type_size() as usize;
-            for (i, block) in bytes.chunks_exact(ts).enumerate() {
-                if fields.iter().any(|&o| le16(block, o) & 0x7c00 == 0x7c00) {
-                    return bad(i);
-                }
-            }
-        }
+        GgmlType::F16 => first_bad(
+            bytes
+                .chunks_exact(2)
+                .position(|b| !F16([b[0], b[1]]).is_finite()),
+        ),
+        GgmlType::BF16 => first_bad(
+            bytes
+                .chunks_exact(2)
+                .position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7f80 == 0x7f80),
+        ),
+        _ => crate::with_block!(ty, B => first_bad(
+            as_blocks::<B>(bytes).iter().position(|b| !b.scales_finite())
+        ), _ => Ok(())),
     }
-    Ok(())
 }
 
 /// Decodes `dst.len()` weights of type `ty` from `src`, which must hold exactly
@@ -375,62 +542,66 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), D
             dst: dst.len(),
         });
     }
-    // The float types convert element by element; keep the type dispatch out of their loop.
     match ty {
         GgmlType::F32 => {
             for (b, y) in src.chunks_exact(4).zip(dst.iter_mut()) {
-                *y = f32::from_le_bytes(arr(b, 0));
+                *y = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
             }
-            return Ok(());
         }
         GgmlType::F16 => {
             let table = f16_table();
             for (b, y) in src.chunks_exact(2).zip(dst.iter_mut()) {
-                *y = table[usize::from(le16(b, 0))];
+                *y = table[usize::from(u16::from_le_bytes([b[0], b[1]]))];
             }
-            return Ok(());
         }
         GgmlType::BF16 => {
             for (b, y) in src.chunks_exact(2).zip(dst.iter_mut()) {
-                *y = bf16_to_f32(le16(b, 0));
+                *y = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
             }
-            return Ok(());
         }
-        _ => {}
-    }
-    for (b, y) in src.chunks_exact(ts).zip(dst.chunks_exact_mut(bs)) {
-        match ty {
-            GgmlType::F32 => y[0] = f32::from_le_bytes(arr(b, 0)),
-            GgmlType::F16 => y[0] = f16_to_f32(le16(b, 0)),
-            GgmlType::BF16 => y[0] = bf16_to_f32(le16(b, 0)),
-            GgmlType::Q4_0 => BlockQ4_0::read(b).dequantize(y),
-            GgmlType::Q4_1 => BlockQ4_1::read(b).dequantize(y),
-            GgmlType::Q5_0 => BlockQ5_0::read(b).dequantize(y),
-            GgmlType::Q5_1 => BlockQ5_1::read(b).dequantize(y),
-            GgmlType::Q8_0 => BlockQ8_0::read(b).dequantize(y),
-            GgmlType::Q2_K => BlockQ2K::read(b).dequantize(y),
-            GgmlType::Q3_K => BlockQ3K::read(b).dequantize(y),
-            GgmlType::Q4_K => BlockQ4K::read(b).dequantize(y),
-            GgmlType::Q5_K => BlockQ5K::read(b).dequantize(y),
-            GgmlType::Q6_K => BlockQ6K::read(b).dequantize(y),
-            GgmlType::IQ4_NL => BlockIq4Nl::read(b).dequantize(y),
-            GgmlType::IQ4_XS => BlockIq4Xs::read(b).dequantize(y),
-            _ => unreachable!("checked against DEQUANTIZABLE"),
-        }
+        _ => crate::with_block!(ty, B => {
+            for (b, y) in as_blocks::<B>(src).iter().zip(dst.chunks_exact_mut(B::WEIGHTS)) {
+                b.dequantize(y);
+            }
+        }, _ => unreachable!("checked against DEQUANTIZABLE")),
     }
     Ok(())
 }
 
-impl BlockQ4_0 {
-    fn read(b: &[u8]) -> Self {
-        BlockQ4_0 {
-            d: le16(b, 0),
-            qs: arr(b, 2),
+/// `impl Block` with the type, weights per block and scale fields given.
+macro_rules! block {
+    ($b:ident, $t:ident, $weights:expr, [$($scale:ident),*]) => {
+        impl Block for $b {
+            const TYPE: GgmlType = GgmlType::$t;
+            const WEIGHTS: usize = $weights;
+            #[inline]
+            fn dequantize(&self, y: &mut [f32]) {
+                self.decode(y)
+            }
+            #[inline]
+            fn scales_finite(&self) -> bool {
+                true $(&& self.$scale.is_finite())*
+            }
         }
-    }
+    };
+}
 
-    fn dequantize(&self, y: &mut [f32]) {
-        let d = f16_to_f32(self.d);
+block!(BlockQ4_0, Q4_0, 32, [d]);
+block!(BlockQ4_1, Q4_1, 32, [d, m]);
+block!(BlockQ5_0, Q5_0, 32, [d]);
+block!(BlockQ5_1, Q5_1, 32, [d, m]);
+block!(BlockQ8_0, Q8_0, 32, [d]);
+block!(BlockQ2K, Q2_K, 256, [d, dmin]);
+block!(BlockQ3K, Q3_K, 256, [d]);
+block!(BlockQ4K, Q4_K, 256, [d, dmin]);
+block!(BlockQ5K, Q5_K, 256, [d, dmin]);
+block!(BlockQ6K, Q6_K, 256, [d]);
+block!(BlockIq4Nl, IQ4_NL, 32, [d]);
+block!(BlockIq4Xs, IQ4_XS, 256, [d]);
+
+impl BlockQ4_0 {
+    fn decode(&self, y: &mut [f32]) {
+        let d = self.d.to_f32();
         for (j, &q) in self.qs.iter().enumerate() {
             y[j] = (i32::from(q & 0xf) - 8) as f32 * d;
             y[j + 16] = (i32::from(q >> 4) - 8) as f32 * d;
@@ -439,16 +610,8 @@ impl BlockQ4_0 {
 }
 
 impl BlockQ4_1 {
-    fn read(b: &[u8]) -> Self {
-        BlockQ4_1 {
-            d: le16(b, 0),
-            m: le16(b, 2),
-            qs: arr(b, 4),
-        }
-    }
-
-    fn dequantize(&self, y: &mut [f32]) {
-        let (d, m) = (f16_to_f32(self.d), f16_to_f32(self.m));
+    fn decode(&self, y: &mut [f32]) {
+        let (d, m) = (self.d.to_f32(), self.m.to_f32());
         for (j, &q) in self.qs.iter().enumerate() {
             y[j] = f32::from(q & 0xf) * d + m;
             y[j + 16] = f32::from(q >> 4) * d + m;
@@ -470,16 +633,8 @@ fn q5_values(qh: [u8; 4], qs: &[u8; 16]) -> [i32; 32] {
 }
 
 impl BlockQ5_0 {
-    fn read(b: &[u8]) -> Self {
-        BlockQ5_0 {
-            d: le16(b, 0),
-            qh: arr(b, 2),
-            qs: arr(b, 6),
-        }
-    }
-
-    fn dequantize(&self, y: &mut [f32]) {
-        let d = f16_to_f32(self.d);
+    fn decode(&self, y: &mut [f32]) {
+        let d = self.d.to_f32();
         for (out, q) in y.iter_mut().zip(q5_values(self.qh, &self.qs)) {
             *out = (q - 16) as f32 * d;
         }
@@ -487,17 +642,8 @@ impl BlockQ5_0 {
 }
 
 impl BlockQ5_1 {
-    fn read(b: &[u8]) -> Self {
-        BlockQ5_1 {
-            d: le16(b, 0),
-            m: le16(b, 2),
-            qh: arr(b, 4),
-            qs: arr(b, 8),
-        }
-    }
-
-    fn dequantize(&self, y: &mut [f32]) {
-        let (d, m) = (f16_to_f32(self.d), f16_to_f32(self.m));
+    fn decode(&self, y: &mut [f32]) {
+        let (d, m) = (self.d.to_f32(), self.m.to_f32());
         for (out, q) in y.iter_mut().zip(q5_values(self.qh, &self.qs)) {
             *out = q as f32 * d + m;
         }
@@ -505,15 +651,8 @@ impl BlockQ5_1 {
 }
 
 impl BlockQ8_0 {
-    fn read(b: &[u8]) -> Self {
-        BlockQ8_0 {
-            d: le16(b, 0),
-            qs: arr::<32>(b, 2).map(|x| x as i8),
-        }
-    }
-
-    fn dequantize(&self, y: &mut [f32]) {
-        let d = f16_to_f32(self.d);
+    fn decode(&self, y: &mut [f32]) {
+        let d = self.d.to_f32();
         for (out, &q) in y.iter_mut().zip(&self.qs) {
             *out = f32::from(q) * d;
         }
@@ -521,17 +660,8 @@ impl BlockQ8_0 {
 }
 
 impl BlockQ2K {
-    fn read(b: &[u8]) -> Self {
-        BlockQ2K {
-            scales: arr(b, 0),
-            qs: arr(b, 16),
-            d: le16(b, 80),
-            dmin: le16(b, 82),
-        }
-    }
-
-    fn dequantize(&self, y: &mut [f32]) {
-        let (d, min) = (f16_to_f32(self.d), f16_to_f32(self.dmin));
+    fn decode(&self, y: &mut [f32]) {
+        let (d, min) = (self.d.to_f32(), self.dmin.to_f32());
         let mut out = 0;
         let mut is = 0;
         for q in self.qs.chunks_exact(32) {
@@ -550,47 +680,28 @@ impl BlockQ2K {
     }
 }
 
-/// Unpacks 16 six-bit Q3_K scales from 12 bytes.
-fn q3k_scales(packed: &[u8; 12]) -> [i8; 16] {
-    const KMASK1: u32 = 0x0303_0303;
-    const KMASK2: u32 = 0x0f0f_0f0f;
-    let w = |i: usize| u32::from_le_bytes(arr(packed, 4 * i));
-    let (a0, a1, tmp) = (w(0), w(1), w(2));
-    let aux = [
-        (a0 & KMASK2) | ((tmp & KMASK1) << 4),
-        (a1 & KMASK2) | (((tmp >> 2) & KMASK1) << 4),
-        ((a0 >> 4) & KMASK2) | (((tmp >> 4) & KMASK1) << 4),
-        ((a1 >> 4) & KMASK2) | (((tmp >> 6) & KMASK1) << 4),
-    ];
-    let mut s = [0i8; 16];
-    for (i, word) in aux.iter().enumerate() {
-        for (k, byte) in word.to_le_bytes().into_iter().enumerate() {
-            s[4 * i + k] = byte as i8;
-        }
-    }
-    s
-}
-
 impl BlockQ3K {
-    fn read(b: &[u8]) -> Self {
-        BlockQ3K {
-            hmask: arr(b, 0),
-            qs: arr(b, 32),
-            scales: arr(b, 96),
-            d: le16(b, 108),
-        }
+    /// The sixteen 6-bit sub-block scales, unbiased (−32..31).
+    #[inline]
+    pub fn sub_scales(&self) -> [i8; 16] {
+        let p = &self.scales;
+        std::array::from_fn(|j| {
+            let low = if j < 8 { p[j] & 0xf } else { p[j - 8] >> 4 };
+            let high = (p[8 + j % 4] >> (2 * (j / 4))) & 3;
+            (low | (high << 4)) as i8 - 32
+        })
     }
 
-    fn dequantize(&self, y: &mut [f32]) {
-        let d = f16_to_f32(self.d);
-        let scales = q3k_scales(&self.scales);
+    fn decode(&self, y: &mut [f32]) {
+        let d = self.d.to_f32();
+        let scales = self.sub_scales();
         let mut m = 1u8;
         let mut out = 0;
         let mut is = 0;
         for q in self.qs.chunks_exact(32) {
             for shift in [0, 2, 4, 6] {
                 for (half, hm) in [(&q[..16], &self.hmask[..16]), (&q[16..], &self.hmask[16..])] {
-                    let dl = d * f32::from(scales[is] as i16 - 32);
+                    let dl = d * f32::from(scales[is]);
                     is += 1;
                     for (&x, &h) in half.iter().zip(hm) {
                         let v = ((x >> shift) & 3) as i8 - if h & m != 0 { 0 } else { 4 };
@@ -605,6 +716,7 @@ impl BlockQ3K {
 }
 
 /// Scale and min `j` (0..8) of a Q4_K/Q5_K block (`get_scale_min_k4`).
+#[inline]
 pub fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
@@ -617,17 +729,8 @@ pub fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
 }
 
 impl BlockQ4K {
-    fn read(b: &[u8]) -> Self {
-        BlockQ4K {
-            d: le16(b, 0),
-            dmin: le16(b, 2),
-            scales: arr(b, 4),
-            qs: arr(b, 16),
-        }
-    }
-
-    fn dequantize(&self, y: &mut [f32]) {
-        let (d, min) = (f16_to_f32(self.d), f16_to_f32(self.dmin));
+    fn decode(&self, y: &mut [f32]) {
+        let (d, min) = (self.d.to_f32(), self.dmin.to_f32());
         for (c, q) in self.qs.chunks_exact(32).enumerate() {
             let (sc1, m1) = scale_min_k4(2 * c, &self.scales);
             let (sc2, m2) = scale_min_k4(2 * c + 1, &self.scales);
@@ -643,18 +746,8 @@ impl BlockQ4K {
 }
 
 impl BlockQ5K {
-    fn read(b: &[u8]) -> Self {
-        BlockQ5K {
-            d: le16(b, 0),
-            dmin: le16(b, 2),
-            scales: arr(b, 4),
-            qh: arr(b, 16),
-            qs: arr(b, 48),
-        }
-    }
-
-    fn dequantize(&self, y: &mut [f32]) {
-        let (d, min) = (f16_to_f32(self.d), f16_to_f32(self.dmin));
+    fn decode(&self, y: &mut [f32]) {
+        let (d, min) = (self.d.to_f32(), self.dmin.to_f32());
         for (c, q) in self.qs.chunks_exact(32).enumerate() {
             let (sc1, m1) = scale_min_k4(2 * c, &self.scales);
             let (sc2, m2) = scale_min_k4(2 * c + 1, &self.scales);
@@ -673,17 +766,8 @@ impl BlockQ5K {
 }
 
 impl BlockQ6K {
-    fn read(b: &[u8]) -> Self {
-        BlockQ6K {
-            ql: arr(b, 0),
-            qh: arr(b, 128),
-            scales: arr::<16>(b, 192).map(|x| x as i8),
-            d: le16(b, 208),
-        }
-    }
-
-    fn dequantize(&self, y: &mut [f32]) {
-        let d = f16_to_f32(self.d);
+    fn decode(&self, y: &mut [f32]) {
+        let d = self.d.to_f32();
         for n in 0..2 {
             let (ql, qh) = (&self.ql[64 * n..64 * n + 64], &self.qh[32 * n..32 * n + 32]);
             let sc = &self.scales[8 * n..8 * n + 8];
@@ -704,15 +788,8 @@ impl BlockQ6K {
 }
 
 impl BlockIq4Nl {
-    fn read(b: &[u8]) -> Self {
-        BlockIq4Nl {
-            d: le16(b, 0),
-            qs: arr(b, 2),
-        }
-    }
-
-    fn dequantize(&self, y: &mut [f32]) {
-        let d = f16_to_f32(self.d);
+    fn decode(&self, y: &mut [f32]) {
+        let d = self.d.to_f32();
         for (j, &q) in self.qs.iter().enumerate() {
             y[j] = d * f32::from(IQ4NL_GRID[usize::from(q & 0xf)]);
             y[j + 16] = d * f32::from(IQ4NL_GRID[usize::from(q >> 4)]);
@@ -721,22 +798,22 @@ impl BlockIq4Nl {
 }
 
 impl BlockIq4Xs {
-    fn read(b: &[u8]) -> Self {
-        BlockIq4Xs {
-            d: le16(b, 0),
-            scales_h: le16(b, 2),
-            scales_l: arr(b, 4),
-            qs: arr(b, 8),
-        }
+    /// The eight 6-bit sub-block scales, unbiased (−32..31).
+    #[inline]
+    pub fn sub_scales(&self) -> [i32; 8] {
+        let h = u16::from_le_bytes(self.scales_h);
+        std::array::from_fn(|ib| {
+            let low = (self.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf;
+            let high = ((h >> (2 * ib)) & 3) as u8;
+            i32::from(low | (high << 4)) - 32
+        })
     }
 
-    fn dequantize(&self, y: &mut [f32]) {
-        let d = f16_to_f32(self.d);
+    fn decode(&self, y: &mut [f32]) {
+        let d = self.d.to_f32();
+        let scales = self.sub_scales();
         for (ib, qs) in self.qs.chunks_exact(16).enumerate() {
-            let low = (self.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf;
-            let high = ((self.scales_h >> (2 * ib)) & 3) as u8;
-            let ls = i16::from(low | (high << 4));
-            let dl = d * f32::from(ls - 32);
+            let dl = d * scales[ib] as f32;
             let y = &mut y[32 * ib..32 * ib + 32];
             for (j, &q) in qs.iter().enumerate() {
                 y[j] = dl * f32::from(IQ4NL_GRID[usize::from(q & 0xf)]);
@@ -749,6 +826,27 @@ impl BlockIq4Xs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `[(type, block size, bytes per block, WEIGHTS, TYPE)]` of every block type.
+    macro_rules! layouts {
+        ([$($t:ident => $b:ident as $f:ident,)*]) => {
+            [$((
+                GgmlType::$t,
+                size_of::<$b>(),
+                <$b as Block>::WEIGHTS,
+                <$b as Block>::TYPE,
+            ),)*]
+        };
+    }
+
+    #[test]
+    fn every_block_struct_is_its_registry_layout() {
+        for (ty, bytes, weights, of) in crate::block_types!([layouts]) {
+            assert_eq!(of, ty);
+            assert_eq!(bytes as u64, ty.type_size(), "{ty}");
+            assert_eq!(weights as u64, ty.block_size(), "{ty}");
+        }
+    }
 
     #[test]
     fn f16_conversion_is_exact() {

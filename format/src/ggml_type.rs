@@ -15,8 +15,10 @@ use std::fmt;
 /// Number of ids in ggml's type space (`GGML_TYPE_COUNT`).
 pub const GGML_TYPE_COUNT: u32 = 43;
 
-/// Elements in a K-quant super-block (`QK_K`).
-pub const QK_K: u64 = 256;
+/// Elements in a K-quant (and i-quant) super-block (`QK_K`).
+pub const QK_K: usize = 256;
+/// Elements in a Q8_0 / Q8_1 block (`QK8_0`), the block of the legacy types.
+pub const QK8_0: usize = 32;
 
 /// A live ggml tensor type: one that may appear in a GGUF file.
 ///
@@ -96,11 +98,11 @@ impl TypeInfo {
     }
 }
 
-const fn live(ty: GgmlType, name: &'static str, block_size: u64, type_size: u64) -> TypeEntry {
+const fn live(ty: GgmlType, name: &'static str, block_size: usize, type_size: u64) -> TypeEntry {
     TypeEntry::Live(TypeInfo {
         ty,
         name,
-        block_size,
+        block_size: block_size as u64,
         type_size,
     })
 }
@@ -115,14 +117,14 @@ pub static GGML_TYPES: [TypeEntry; GGML_TYPE_COUNT as usize] = {
     [
         live(F32, "f32", 1, 4),
         live(F16, "f16", 1, 2),
-        live(Q4_0, "q4_0", 32, 18),
-        live(Q4_1, "q4_1", 32, 20),
+        live(Q4_0, "q4_0", QK8_0, 18),
+        live(Q4_1, "q4_1", QK8_0, 20),
         removed(4, "q4_2"),
         removed(5, "q4_3"),
-        live(Q5_0, "q5_0", 32, 22),
-        live(Q5_1, "q5_1", 32, 24),
-        live(Q8_0, "q8_0", 32, 34),
-        live(Q8_1, "q8_1", 32, 36),
+        live(Q5_0, "q5_0", QK8_0, 22),
+        live(Q5_1, "q5_1", QK8_0, 24),
+        live(Q8_0, "q8_0", QK8_0, 34),
+        live(Q8_1, "q8_1", QK8_0, 36),
         live(Q2_K, "q2_K", QK_K, 84),
         live(Q3_K, "q3_K", QK_K, 110),
         live(Q4_K, "q4_K", QK_K, 144),
@@ -133,7 +135,7 @@ pub static GGML_TYPES: [TypeEntry; GGML_TYPE_COUNT as usize] = {
         live(IQ2_XS, "iq2_xs", QK_K, 74),
         live(IQ3_XXS, "iq3_xxs", QK_K, 98),
         live(IQ1_S, "iq1_s", QK_K, 50),
-        live(IQ4_NL, "iq4_nl", 32, 18),
+        live(IQ4_NL, "iq4_nl", QK8_0, 18),
         live(IQ3_S, "iq3_s", QK_K, 110),
         live(IQ2_S, "iq2_s", QK_K, 82),
         live(IQ4_XS, "iq4_xs", QK_K, 136),
@@ -152,7 +154,7 @@ pub static GGML_TYPES: [TypeEntry; GGML_TYPE_COUNT as usize] = {
         removed(36, "iq4_nl_4_4"),
         removed(37, "iq4_nl_4_8"),
         removed(38, "iq4_nl_8_8"),
-        live(MXFP4, "mxfp4", 32, 17),
+        live(MXFP4, "mxfp4", QK8_0, 17),
         live(NVFP4, "nvfp4", 64, 36),
         live(Q1_0, "q1_0", 128, 18),
         live(Q2_0, "q2_0", 64, 18),

@@ -2,7 +2,7 @@
 //! `quantize_row_iq4_nl_impl` as `llama-quantize` calls it (`quantize_iq4_nl` /
 //! `quantize_iq4_xs`, 7 scale trials each way), in `f32` in ggml's order.
 
-use memwall_format::blocks::{IQ4NL_GRID, f32_to_f16};
+use memwall_format::blocks::{BlockIq4Nl, BlockIq4Xs, F16, IQ4NL_GRID};
 
 use crate::kquants::{GROUP_MAX_EPS, nearest_int};
 use crate::lanes;
@@ -112,9 +112,9 @@ fn pack(l: &[u8], qs: &mut [u8]) {
 /// indices. Blocks are independent, so eight at a time go through the scale
 /// search side by side (the rest one by one).
 #[inline(always)]
-pub(crate) fn iq4_nl_row(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
+pub(crate) fn iq4_nl_row(x: &[f32], y: &mut [BlockIq4Nl], qw: Option<&[f32]>) {
     let mut done = 0;
-    for (xs, ys) in x.chunks_exact(256).zip(y.chunks_exact_mut(8 * 18)) {
+    for (xs, ys) in x.chunks_exact(256).zip(y.chunks_exact_mut(8)) {
         let mut w = [0f32; 256];
         for (b, wb) in w.chunks_exact_mut(32).enumerate() {
             wb.copy_from_slice(&weights(
@@ -123,15 +123,12 @@ pub(crate) fn iq4_nl_row(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
             ));
         }
         let scales = group_scales::<8>(&lanes::transpose(xs), &lanes::transpose(&w));
-        for (b, yb) in ys.chunks_exact_mut(18).enumerate() {
+        for (b, yb) in ys.iter_mut().enumerate() {
             write_nl_block(&xs[32 * b..32 * b + 32], scales[b], yb);
         }
         done += 256;
     }
-    for (xb, yb) in x[done..]
-        .chunks_exact(32)
-        .zip(y[done / 32 * 18..].chunks_exact_mut(18))
-    {
+    for (xb, yb) in x[done..].chunks_exact(32).zip(y[done / 32..].iter_mut()) {
         let w = weights(xb, qw.map(|q| &q[done..]));
         let scale = group_scales::<1>(&lanes::transpose(xb), &lanes::transpose(&w))[0];
         write_nl_block(xb, scale, yb);
@@ -139,19 +136,19 @@ pub(crate) fn iq4_nl_row(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
     }
 }
 
-fn write_nl_block(x: &[f32], scale: f32, y: &mut [u8]) {
-    y[..2].copy_from_slice(&f32_to_f16(scale).to_le_bytes());
+fn write_nl_block(x: &[f32], scale: f32, y: &mut BlockIq4Nl) {
+    y.d = F16::from_f32(scale);
     let id = if scale != 0.0 { 1.0 / scale } else { 0.0 };
     let mut l = [0u8; 32];
     for (l, &v) in l.iter_mut().zip(x) {
         *l = best_index(id * v);
     }
-    pack(&l, &mut y[2..18]);
+    pack(&l, &mut y.qs);
 }
 
 /// IQ4_XS: 8 groups of 32 with 6-bit scales against an f16 super-scale.
 #[inline(always)]
-pub(crate) fn iq4_xs(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
+pub(crate) fn iq4_xs(x: &[f32], y: &mut BlockIq4Xs, qw: Option<&[f32]>) {
     let w = weights(x, qw);
     let scales = group_scales::<8>(&lanes::transpose(x), &lanes::transpose(&w));
     let (mut max_scale, mut amax_scale) = (0f32, 0f32);
@@ -176,8 +173,8 @@ pub(crate) fn iq4_xs(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
         scales_l[ib / 2] |= (q & 0xf) << (4 * (ib % 2));
         scales_h |= u16::from(q >> 4) << (2 * ib);
     }
-    y[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
-    y[2..4].copy_from_slice(&scales_h.to_le_bytes());
-    y[4..8].copy_from_slice(&scales_l);
-    pack(&l, &mut y[8..136]);
+    y.d = F16::from_f32(d);
+    y.scales_h = scales_h.to_le_bytes();
+    y.scales_l = scales_l;
+    pack(&l, &mut y.qs);
 }

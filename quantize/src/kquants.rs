@@ -5,7 +5,10 @@
 //! ggml's order (ggml-base is built without FMA contraction), integers convert
 //! as C's casts do, so the bytes are identical.
 
-use memwall_format::blocks::{f16_to_f32, f32_to_f16, scale_min_k4};
+use memwall_format::blocks::{
+    Block, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, F16, f16_to_f32, f32_to_f16,
+    scale_min_k4,
+};
 
 use crate::lanes;
 use crate::legacy::signed_max;
@@ -284,7 +287,7 @@ fn pack_2bit(l: &[u8; 256], qs: &mut [u8]) {
 
 /// Q2_K: 16 groups of 16, 4-bit scales and mins against f16 super-scales.
 #[inline(always)]
-pub(crate) fn q2_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
+pub(crate) fn q2_k(x: &[f32], y: &mut BlockQ2K, qw: Option<&[f32]>) {
     const Q4SCALE: f32 = 15.0;
     let mut l = [0u8; 256];
     let (mut scales, mut mins) = ([0f32; 16], [0f32; 16]);
@@ -356,15 +359,15 @@ pub(crate) fn q2_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
             l[16 * j + i] = nearest_int((x[16 * j + i] + dm) / dj).clamp(0, 3) as u8;
         }
     }
-    y[..16].copy_from_slice(&sc);
-    pack_2bit(&l, &mut y[16..80]);
-    y[80..82].copy_from_slice(&d.to_le_bytes());
-    y[82..84].copy_from_slice(&dmin.to_le_bytes());
+    y.scales = sc;
+    pack_2bit(&l, &mut y.qs);
+    y.d = F16::from_bits(d);
+    y.dmin = F16::from_bits(dmin);
 }
 
 /// Q3_K: 16 groups of 16, signed 6-bit scales, the third bit in `hmask`.
 #[inline(always)]
-pub(crate) fn q3_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
+pub(crate) fn q3_k(x: &[f32], y: &mut BlockQ3K, qw: Option<&[f32]>) {
     let mut l = [0i8; 256];
     let mut scales = [0f32; 16];
     let mut packed = [0u8; 12];
@@ -447,10 +450,10 @@ pub(crate) fn q3_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
         }
         lu[j] = v;
     }
-    y[..32].copy_from_slice(&hmask);
-    pack_2bit(&lu, &mut y[32..96]);
-    y[96..108].copy_from_slice(&packed);
-    y[108..110].copy_from_slice(&d.to_le_bytes());
+    y.hmask = hmask;
+    pack_2bit(&lu, &mut y.qs);
+    y.scales = packed;
+    y.d = F16::from_bits(d);
 }
 
 /// Writes transposed group quants back in weight order: `l[g·N + i] = lt[i][g]`.
@@ -580,12 +583,12 @@ fn k4_quants(
 
 /// Q4_K: 8 groups of 32, 6-bit scales and mins.
 #[inline(always)]
-pub(crate) fn q4_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
+pub(crate) fn q4_k(x: &[f32], y: &mut BlockQ4K, qw: Option<&[f32]>) {
     let (l, packed, d, dmin) = k4_quants(x, 15, -1.0, 20, qw);
-    y[..2].copy_from_slice(&d.to_le_bytes());
-    y[2..4].copy_from_slice(&dmin.to_le_bytes());
-    y[4..16].copy_from_slice(&packed);
-    for (c, q) in y[16..144].chunks_exact_mut(32).enumerate() {
+    y.d = F16::from_bits(d);
+    y.dmin = F16::from_bits(dmin);
+    y.scales = packed;
+    for (c, q) in y.qs.chunks_exact_mut(32).enumerate() {
         for i in 0..32 {
             q[i] = l[64 * c + i] | (l[64 * c + i + 32] << 4);
         }
@@ -594,14 +597,14 @@ pub(crate) fn q4_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
 
 /// Q5_K: Q4_K with 5-bit quants, the fifth bit in `qh`.
 #[inline(always)]
-pub(crate) fn q5_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
+pub(crate) fn q5_k(x: &[f32], y: &mut BlockQ5K, qw: Option<&[f32]>) {
     let (l, packed, d, dmin) = k4_quants(x, 31, -0.5, 15, qw);
-    y[..2].copy_from_slice(&d.to_le_bytes());
-    y[2..4].copy_from_slice(&dmin.to_le_bytes());
-    y[4..16].copy_from_slice(&packed);
+    y.d = F16::from_bits(d);
+    y.dmin = F16::from_bits(dmin);
+    y.scales = packed;
     let mut qh = [0u8; 32];
     let (mut m1, mut m2) = (1u8, 2u8);
-    for (c, ql) in y[48..176].chunks_exact_mut(32).enumerate() {
+    for (c, ql) in y.qs.chunks_exact_mut(32).enumerate() {
         for j in 0..32 {
             let mut l1 = l[64 * c + j];
             if l1 > 15 {
@@ -618,13 +621,13 @@ pub(crate) fn q5_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
         m1 <<= 2;
         m2 <<= 2;
     }
-    y[16..48].copy_from_slice(&qh);
+    y.qh = qh;
 }
 
 /// Q6_K: 16 groups of 16, signed 8-bit scales, 6-bit quants; the importance
 /// matrix, when given, replaces `x²` as the weights of the group fits.
 #[inline(always)]
-pub(crate) fn q6_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
+pub(crate) fn q6_k(x: &[f32], y: &mut BlockQ6K, qw: Option<&[f32]>) {
     let mut l = [0i8; 256];
     let mut scales = [0f32; 16];
     let (mut max_scale, mut max_abs_scale) = (0f32, 0f32);
@@ -645,7 +648,7 @@ pub(crate) fn q6_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
         }
     }
     if max_abs_scale < GROUP_MAX_EPS {
-        y.fill(0);
+        *y = BlockQ6K::zero();
         return;
     }
     let iscale = -128.0 / max_scale;
@@ -663,10 +666,11 @@ pub(crate) fn q6_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
             l[16 * j + i] = (nearest_int(x[16 * j + i] / dj).clamp(-32, 31) + 32) as i8;
         }
     }
-    let (ql, rest) = y.split_at_mut(128);
-    let (qh, rest) = rest.split_at_mut(64);
     for n in 0..2 {
-        let (lo, hi) = (&mut ql[64 * n..64 * n + 64], &mut qh[32 * n..32 * n + 32]);
+        let (lo, hi) = (
+            &mut y.ql[64 * n..64 * n + 64],
+            &mut y.qh[32 * n..32 * n + 32],
+        );
         let lv = |k: usize| l[128 * n + k] as u8;
         for i in 0..32 {
             lo[i] = (lv(i) & 0xf) | ((lv(i + 64) & 0xf) << 4);
@@ -677,10 +681,8 @@ pub(crate) fn q6_k(x: &[f32], y: &mut [u8], qw: Option<&[f32]>) {
                 | ((lv(i + 96) >> 4) << 6);
         }
     }
-    for (o, s) in rest[..16].iter_mut().zip(sc) {
-        *o = s as u8;
-    }
-    rest[16..18].copy_from_slice(&d.to_le_bytes());
+    y.scales = sc;
+    y.d = F16::from_bits(d);
 }
 
 #[cfg(test)]

@@ -37,7 +37,10 @@ pub mod rules;
 mod weights;
 
 use memwall_format::GgmlType;
-use memwall_format::blocks::{f32_to_bf16, f32_to_f16};
+use memwall_format::blocks::{
+    Block, BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
+    BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, as_blocks_mut, f32_to_bf16, f32_to_f16,
+};
 
 /// Why a row could not be quantized.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -156,52 +159,118 @@ unsafe fn encode_avx2(ty: GgmlType, src: &[f32], dst: &mut [u8], imatrix: Option
 
 #[inline(always)]
 fn encode_portable(ty: GgmlType, src: &[f32], dst: &mut [u8], imatrix: Option<&[f32]>) {
-    if ty == GgmlType::IQ4_NL {
-        iq4::iq4_nl_row(src, dst, imatrix);
-        return;
-    }
-    let (bs, ts) = (ty.block_size() as usize, ty.type_size() as usize);
-    // The 32-weight types weight by qw · √(σ² + x²) with σ² the row's mean square.
-    let row_weights: Option<Vec<f32>> = match (ty, imatrix) {
-        (GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1, Some(qw)) => {
-            let sigma2 = weights::sum_squares(src) / src.len() as f32;
-            Some(weights::importance(src, qw, sigma2))
-        }
-        _ => None,
-    };
-    for (b, (x, y)) in src
-        .chunks_exact(bs)
-        .zip(dst.chunks_exact_mut(ts))
-        .enumerate()
-    {
-        if let Some(w) = &row_weights {
-            let w = &w[b * bs..(b + 1) * bs];
-            match ty {
-                GgmlType::Q4_0 => legacy::q4_0_weighted(x, y, w),
-                GgmlType::Q4_1 => legacy::q4_1_weighted(x, y, w),
-                GgmlType::Q5_0 => legacy::q5_0_weighted(x, y, w),
-                _ => legacy::q5_1_weighted(x, y, w),
+    match ty {
+        GgmlType::F32 => {
+            for (x, y) in src.iter().zip(dst.chunks_exact_mut(4)) {
+                y.copy_from_slice(&x.to_le_bytes());
             }
-            continue;
         }
-        let qw = imatrix.map(|q| &q[b * bs..(b + 1) * bs]);
-        match ty {
-            GgmlType::F32 => y.copy_from_slice(&x[0].to_le_bytes()),
-            GgmlType::F16 => y.copy_from_slice(&f32_to_f16(x[0]).to_le_bytes()),
-            GgmlType::BF16 => y.copy_from_slice(&f32_to_bf16(x[0]).to_le_bytes()),
-            GgmlType::Q4_0 => legacy::q4_0(x, y),
-            GgmlType::Q4_1 => legacy::q4_1(x, y),
-            GgmlType::Q5_0 => legacy::q5_0(x, y),
-            GgmlType::Q5_1 => legacy::q5_1(x, y),
-            GgmlType::Q8_0 => legacy::q8_0(x, y),
-            GgmlType::Q2_K => kquants::q2_k(x, y, qw),
-            GgmlType::Q3_K => kquants::q3_k(x, y, qw),
-            GgmlType::Q4_K => kquants::q4_k(x, y, qw),
-            GgmlType::Q5_K => kquants::q5_k(x, y, qw),
-            GgmlType::Q6_K => kquants::q6_k(x, y, qw),
-            GgmlType::IQ4_NL => unreachable!("whole rows, above"),
-            GgmlType::IQ4_XS => iq4::iq4_xs(x, y, qw),
-            _ => unreachable!("checked against ENCODABLE"),
+        GgmlType::F16 => {
+            for (&x, y) in src.iter().zip(dst.chunks_exact_mut(2)) {
+                y.copy_from_slice(&f32_to_f16(x).to_le_bytes());
+            }
         }
+        GgmlType::BF16 => {
+            for (&x, y) in src.iter().zip(dst.chunks_exact_mut(2)) {
+                y.copy_from_slice(&f32_to_bf16(x).to_le_bytes());
+            }
+        }
+        _ => memwall_format::with_block!(ty, B => {
+            B::encode_row(src, as_blocks_mut::<B>(dst), imatrix)
+        }, _ => unreachable!("checked against ENCODABLE")),
+    }
+}
+
+/// A block type's encoder: ggml's `quantize_row_*_ref` (and, with importance
+/// weights, `quantize_row_*_impl`) for one block. Giving a block type an
+/// encoder is this impl.
+trait Encode: Block {
+    /// Whether an importance matrix weights this type's fits as
+    /// `qw · √(σ² + x²)` with σ² the row's mean square (the legacy 32-weight
+    /// types) rather than by its values directly.
+    const ROW_WEIGHTS: bool = false;
+
+    /// Encodes [`Block::WEIGHTS`] values `x` into `y`, weighted by `w` (the
+    /// block's importance weights) when given.
+    fn encode(x: &[f32], w: Option<&[f32]>, y: &mut Self);
+
+    /// Encodes a row, block by block.
+    #[inline(always)]
+    fn encode_row(src: &[f32], dst: &mut [Self], imatrix: Option<&[f32]>) {
+        let row_weights = match imatrix {
+            Some(qw) if Self::ROW_WEIGHTS => {
+                let sigma2 = weights::sum_squares(src) / src.len() as f32;
+                Some(weights::importance(src, qw, sigma2))
+            }
+            _ => None,
+        };
+        let w = row_weights.as_deref().or(imatrix);
+        for (b, (x, y)) in src.chunks_exact(Self::WEIGHTS).zip(dst).enumerate() {
+            let w = w.map(|w| &w[b * Self::WEIGHTS..(b + 1) * Self::WEIGHTS]);
+            Self::encode(x, w, y);
+        }
+    }
+}
+
+/// `impl Encode` for a legacy type: its plain encoder, and its weighted one.
+macro_rules! legacy {
+    ($b:ident, $plain:path, $weighted:path) => {
+        impl Encode for $b {
+            const ROW_WEIGHTS: bool = true;
+            #[inline(always)]
+            fn encode(x: &[f32], w: Option<&[f32]>, y: &mut Self) {
+                match w {
+                    Some(w) => $weighted(x, y, w),
+                    None => $plain(x, y),
+                }
+            }
+        }
+    };
+}
+
+legacy!(BlockQ4_0, legacy::q4_0, legacy::q4_0_weighted);
+legacy!(BlockQ4_1, legacy::q4_1, legacy::q4_1_weighted);
+legacy!(BlockQ5_0, legacy::q5_0, legacy::q5_0_weighted);
+legacy!(BlockQ5_1, legacy::q5_1, legacy::q5_1_weighted);
+
+impl Encode for BlockQ8_0 {
+    /// Q8_0 ignores an importance matrix, as ggml does.
+    #[inline(always)]
+    fn encode(x: &[f32], _: Option<&[f32]>, y: &mut Self) {
+        legacy::q8_0(x, y)
+    }
+}
+
+/// `impl Encode` for a type whose encoder takes the block's importance weights.
+macro_rules! weighted {
+    ($($b:ident: $encode:path),*) => {$(
+        impl Encode for $b {
+            #[inline(always)]
+            fn encode(x: &[f32], w: Option<&[f32]>, y: &mut Self) {
+                $encode(x, y, w)
+            }
+        }
+    )*};
+}
+
+weighted!(
+    BlockQ2K: kquants::q2_k,
+    BlockQ3K: kquants::q3_k,
+    BlockQ4K: kquants::q4_k,
+    BlockQ5K: kquants::q5_k,
+    BlockQ6K: kquants::q6_k,
+    BlockIq4Xs: iq4::iq4_xs
+);
+
+impl Encode for BlockIq4Nl {
+    #[inline(always)]
+    fn encode(x: &[f32], w: Option<&[f32]>, y: &mut Self) {
+        iq4::iq4_nl_row(x, std::slice::from_mut(y), w)
+    }
+
+    /// Whole rows: eight blocks' scale searches side by side.
+    #[inline(always)]
+    fn encode_row(src: &[f32], dst: &mut [Self], imatrix: Option<&[f32]>) {
+        iq4::iq4_nl_row(src, dst, imatrix)
     }
 }

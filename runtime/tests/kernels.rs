@@ -23,7 +23,8 @@
 
 use memwall_format::GgmlType;
 use memwall_format::blocks::{
-    DEQUANTIZABLE, bf16_to_f32, dequantize_row, f16_to_f32, f32_to_f16, scale_fields, scale_min_k4,
+    DEQUANTIZABLE, bf16_to_f32, block_bytes, dequantize_row, f16_to_f32, f32_to_f16, scale_fields,
+    scale_min_k4,
 };
 use memwall_runtime::kernels::{
     ActRow, Activations, Backend, BlockQ8_0, BlockQ8_1, BlockQ8K, KernelError, Kernels, Matmul,
@@ -76,13 +77,13 @@ fn fixture() -> serde_json::Value {
 }
 
 fn bytes_q8_0(b: &[BlockQ8_0]) -> Vec<u8> {
-    b.iter().flat_map(|b| b.to_bytes()).collect()
+    block_bytes(b).to_vec()
 }
 fn bytes_q8_1(b: &[BlockQ8_1]) -> Vec<u8> {
-    b.iter().flat_map(|b| b.to_bytes()).collect()
+    block_bytes(b).to_vec()
 }
 fn bytes_q8k(b: &[BlockQ8K]) -> Vec<u8> {
-    b.iter().flat_map(|b| b.to_bytes()).collect()
+    block_bytes(b).to_vec()
 }
 
 #[test]
@@ -102,10 +103,10 @@ fn activation_quantizers_match_ggml_reference_bytes() {
         for (b, w) in qk.iter().zip(want.chunks_exact(292)) {
             if b.d == 0.0 {
                 // ggml leaves the sums of an all-zero block unwritten; ours are zero.
-                assert_eq!(&b.to_bytes()[..260], &w[..260]);
+                assert_eq!(&bytes_q8k(std::slice::from_ref(b))[..260], &w[..260]);
                 assert_eq!(b.bsums, [0; 16]);
             } else {
-                assert_eq!(&b.to_bytes()[..], w);
+                assert_eq!(&bytes_q8k(std::slice::from_ref(b))[..], w);
             }
         }
     }
@@ -142,11 +143,11 @@ fn act_values(a: ActRow<'_>) -> Vec<f32> {
         ActRow::BF16(v) => v.iter().map(|&h| bf16_to_f32(h)).collect(),
         ActRow::Q8_0(b) => b
             .iter()
-            .flat_map(|b| b.qs.map(|q| f16_to_f32(b.d) * f32::from(q)))
+            .flat_map(|b| b.qs.map(|q| b.d.to_f32() * f32::from(q)))
             .collect(),
         ActRow::Q8_1(b) => b
             .iter()
-            .flat_map(|b| b.qs.map(|q| f16_to_f32(b.d) * f32::from(q)))
+            .flat_map(|b| b.qs.map(|q| b.d.to_f32() * f32::from(q)))
             .collect(),
         ActRow::Q8K(b) => b
             .iter()
@@ -185,7 +186,7 @@ fn reference(ty: GgmlType, w: &[u8], a: ActRow<'_>) -> (f64, f64) {
         for (wb, b) in w.chunks_exact(ts).zip(blocks) {
             let m = f64::from(f16_to_f32(u16::from_le_bytes([wb[2], wb[3]])));
             let sum: f64 = b.qs.iter().map(|&q| f64::from(q)).sum();
-            exact += m * (f64::from(f16_to_f32(b.s)) - f64::from(f16_to_f32(b.d)) * sum);
+            exact += m * (f64::from(b.s.to_f32()) - f64::from(b.d.to_f32()) * sum);
         }
     }
     let mut budget: f64 = wv
@@ -365,7 +366,7 @@ fn scalar_kernels_follow_the_canonical_order() {
             let isum: i32 = (0..32)
                 .map(|j| i32::from(b[2 + j] as i8) * i32::from(y.qs[j]))
                 .sum();
-            (half(b, 0) * f16_to_f32(y.d)) * isum as f32
+            (half(b, 0) * y.d.to_f32()) * isum as f32
         }));
         let got = scalar.vec_dot(GgmlType::Q8_0, &w, acts.row(0)).unwrap();
         assert_eq!(got.to_bits(), want.to_bits(), "Q8_0 nb={nb}");
@@ -383,7 +384,7 @@ fn scalar_kernels_follow_the_canonical_order() {
                         + i32::from(b[4 + j] >> 4) * i32::from(y.qs[j + 16])
                 })
                 .sum();
-            (half(b, 0) * f16_to_f32(y.d)) * isum as f32 + half(b, 2) * f16_to_f32(y.s)
+            (half(b, 0) * y.d.to_f32()) * isum as f32 + half(b, 2) * y.s.to_f32()
         }));
         let got = scalar.vec_dot(GgmlType::Q4_1, &w, acts.row(0)).unwrap();
         assert_eq!(got.to_bits(), want.to_bits(), "Q4_1 nb={nb}");

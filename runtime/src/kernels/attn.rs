@@ -33,6 +33,7 @@ macro_rules! by_heads {
         }
     };
 }
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
 pub(crate) use by_heads;
 
 /// The scalar table's key tiles (16 keys of a tile at a time).

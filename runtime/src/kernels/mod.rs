@@ -99,105 +99,95 @@ mod scalar;
 use std::sync::OnceLock;
 
 use memwall_format::GgmlType;
+use memwall_format::blocks::{
+    Block, BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
+    BlockQ5_1, BlockQ5K, BlockQ6K, as_blocks,
+};
 
 pub use matmul::{Matmul, QMatrix, matmul};
 pub use pool::{Pool, for_each_chunk};
 pub use scalar::{quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
 
-/// Weights per Q8_0 / Q8_1 block (`QK8_0`).
-pub const QK8_0: usize = 32;
-/// Weights per K-quant super-block (`QK_K`).
-pub const QK_K: usize = 256;
+pub use memwall_format::blocks::{BlockQ8_0, BlockQ8_1, BlockQ8K};
+pub use memwall_format::ggml_type::{QK_K, QK8_0};
 
-/// A Q8_0 activation block (`block_q8_0`, 34 bytes on disk): `x = d · q`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct BlockQ8_0 {
-    /// Scale (f16 bits).
-    pub d: u16,
-    /// Signed quants.
-    pub qs: [i8; 32],
+/// A weight block type's dot product: the block type of its activations
+/// (ggml's `vec_dot_type`) and where an [`ActRow`] holds them. Giving a block
+/// type a dot product is this impl, its kernels and its line in
+/// [`memwall_format::block_types!`].
+pub(crate) trait VecDot: Block {
+    /// The activation block.
+    type Act: Copy;
+    /// Its [`VecDotType`].
+    const KIND: VecDotType;
+    /// The activations of `a`, if they are of kind [`VecDot::KIND`].
+    fn acts(a: ActRow<'_>) -> Option<&[Self::Act]>;
 }
-const _: () = assert!(size_of::<BlockQ8_0>() == 34);
 
-/// A Q8_1 activation block (`block_q8_1`, 36 bytes): `x = d · q`, with
-/// `s = d · Σq` (f16) for the weight types that carry a minimum.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct BlockQ8_1 {
-    /// Scale (f16 bits).
-    pub d: u16,
-    /// `d · Σ qs` (f16 bits).
-    pub s: u16,
-    /// Signed quants.
-    pub qs: [i8; 32],
-}
-const _: () = assert!(size_of::<BlockQ8_1>() == 36);
-
-/// A Q8_K activation block (`block_q8_K`, 292 bytes): `x = d · q`, with the
-/// sums of each 16 quants in `bsums` (the K-quants subtract their minimums
-/// through them).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct BlockQ8K {
-    /// Scale (an `f32`, unlike the other blocks).
-    pub d: f32,
-    /// Signed quants.
-    pub qs: [i8; 256],
-    /// Sums of quants `16j..16j+16`.
-    pub bsums: [i16; 16],
-}
-const _: () = assert!(size_of::<BlockQ8K>() == 292);
-
-impl Default for BlockQ8K {
-    fn default() -> Self {
-        BlockQ8K {
-            d: 0.0,
-            qs: [0; 256],
-            bsums: [0; 16],
+/// `impl VecDot` for block types whose activations are the `$act` variant.
+macro_rules! vec_dot {
+    ($act:ident, $kind:ident: $($b:ident),*) => {$(
+        impl VecDot for $b {
+            type Act = $act;
+            const KIND: VecDotType = VecDotType::$kind;
+            #[inline]
+            fn acts(a: ActRow<'_>) -> Option<&[$act]> {
+                match a {
+                    ActRow::$kind(a) => Some(a),
+                    _ => None,
+                }
+            }
         }
-    }
+    )*};
 }
 
-impl BlockQ8_0 {
-    /// The block as ggml lays it out (little-endian).
-    pub fn to_bytes(&self) -> [u8; 34] {
-        let mut b = [0u8; 34];
-        b[..2].copy_from_slice(&self.d.to_le_bytes());
-        for (o, &q) in b[2..].iter_mut().zip(&self.qs) {
-            *o = q as u8;
-        }
-        b
-    }
+vec_dot!(BlockQ8_0, Q8_0: BlockQ4_0, BlockQ5_0, BlockQ8_0, BlockIq4Nl);
+vec_dot!(BlockQ8_1, Q8_1: BlockQ4_1, BlockQ5_1);
+vec_dot!(BlockQ8K, Q8K: BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockIq4Xs);
+
+/// The 32-weight blocks of the Q8_0 family, whose several-row products
+/// transpose eight blocks' weights and gather their scales.
+pub(crate) trait Scaled: Block {
+    /// The block's scale.
+    fn scale(&self) -> memwall_format::blocks::F16;
 }
 
-impl BlockQ8_1 {
-    /// The block as ggml lays it out (little-endian).
-    pub fn to_bytes(&self) -> [u8; 36] {
-        let mut b = [0u8; 36];
-        b[..2].copy_from_slice(&self.d.to_le_bytes());
-        b[2..4].copy_from_slice(&self.s.to_le_bytes());
-        for (o, &q) in b[4..].iter_mut().zip(&self.qs) {
-            *o = q as u8;
+macro_rules! scaled {
+    ($($b:ident),*) => {$(
+        impl Scaled for $b {
+            #[inline]
+            fn scale(&self) -> memwall_format::blocks::F16 {
+                self.d
+            }
         }
-        b
-    }
+    )*};
 }
 
-impl BlockQ8K {
-    /// The block as ggml lays it out (little-endian).
-    pub fn to_bytes(&self) -> [u8; 292] {
-        let mut b = [0u8; 292];
-        b[..4].copy_from_slice(&self.d.to_le_bytes());
-        for (o, &q) in b[4..260].iter_mut().zip(&self.qs) {
-            *o = q as u8;
+scaled!(BlockQ4_0, BlockQ5_0, BlockQ8_0, BlockIq4Nl);
+
+/// `mod entry`: safe entry points `entry::q4_0 …` for the `#[target_feature]`
+/// block dot products of the same names in the calling backend module (one
+/// per line of [`memwall_format::block_types!`]), for [`block_table!`].
+macro_rules! block_entries {
+    ([$($t:ident => $b:ident as $f:ident,)*]) => {
+        /// Safe entry points of the block dot products.
+        mod entry {
+            use super::*;
+            $(
+                pub(super) fn $f(
+                    w: &[$b],
+                    a: &[<$b as crate::kernels::VecDot>::Act],
+                ) -> f32 {
+                    // SAFETY: reachable only through this backend's tables,
+                    // which `Kernels::new` hands out after probing the
+                    // backend's CPU features.
+                    unsafe { super::$f(w, a) }
+                }
+            )*
         }
-        for (o, s) in b[260..].chunks_exact_mut(2).zip(&self.bsums) {
-            o.copy_from_slice(&s.to_le_bytes());
-        }
-        b
-    }
+    };
 }
+pub(crate) use block_entries;
 
 /// The form a weight type's activations take for its dot product
 /// (ggml's `type_traits_cpu[ty].vec_dot_type`).
@@ -221,15 +211,11 @@ impl VecDotType {
     /// The vec_dot type of weight type `ty`, or `None` if memwall has no dot
     /// product for it (the types outside [`memwall_format::blocks::DEQUANTIZABLE`]).
     pub fn of(ty: GgmlType) -> Option<VecDotType> {
-        use GgmlType as T;
         Some(match ty {
-            T::F32 => VecDotType::F32,
-            T::F16 => VecDotType::F16,
-            T::BF16 => VecDotType::BF16,
-            T::Q4_0 | T::Q5_0 | T::Q8_0 | T::IQ4_NL => VecDotType::Q8_0,
-            T::Q4_1 | T::Q5_1 => VecDotType::Q8_1,
-            T::Q2_K | T::Q3_K | T::Q4_K | T::Q5_K | T::Q6_K | T::IQ4_XS => VecDotType::Q8K,
-            _ => return None,
+            GgmlType::F32 => VecDotType::F32,
+            GgmlType::F16 => VecDotType::F16,
+            GgmlType::BF16 => VecDotType::BF16,
+            _ => memwall_format::with_block!(ty, B => <B as VecDot>::KIND, _ => return None),
         })
     }
 
@@ -434,11 +420,7 @@ impl Activations {
                     kernels.quantize_row_q8_0(&x[c * CHUNK * bs..][..y.len() * bs], y);
                 });
                 self.q8_0_d.clear();
-                self.q8_0_d.extend(
-                    self.q8_0
-                        .iter()
-                        .map(|b| memwall_format::blocks::f16_to_f32(b.d)),
-                );
+                self.q8_0_d.extend(self.q8_0.iter().map(|b| b.d.to_f32()));
                 self.q8_0_groups.clear();
                 // Only the x86 and aarch64 several-row kernels read the
                 // regrouped rows.
@@ -526,6 +508,54 @@ impl Activations {
             Some(VecDotType::Q8K) => ActRow::Q8K(&self.q8k[a..b]),
         }
     }
+}
+
+/// [`Kernels::dot_rows`] through a K-quant several-row product `f`.
+fn rows_k<B: Block>(
+    f: RowsK<B>,
+    w: &QMatrix<'_>,
+    rows: std::ops::Range<usize>,
+    acts: &Activations,
+    tokens: std::ops::Range<usize>,
+    out: &mut [f32],
+    stride: usize,
+) {
+    let n = tokens.len();
+    let nb = acts.cols / QK_K;
+    let record = nb.div_ceil(8) * Q8K_GROUP_BYTES;
+    let groups = if acts.q8k_groups.is_empty() {
+        &[][..]
+    } else {
+        &acts.q8k_groups.bytes()[tokens.start * record..tokens.end * record]
+    };
+    let a = Q8KRows {
+        blocks: &acts.q8k[tokens.start * nb..tokens.end * nb],
+        groups,
+    };
+    for (i, r) in rows.enumerate() {
+        f(as_blocks(w.row(r)), a, &mut out[i * stride..i * stride + n]);
+    }
+}
+
+/// [`Kernels::dot_rows`] through a several-row product `f` of the Q8_0
+/// family over the regrouped activations.
+fn rows_q8<B: Block>(
+    f: RowsQ8<B>,
+    w: &QMatrix<'_>,
+    rows: std::ops::Range<usize>,
+    acts: &Activations,
+    tokens: std::ops::Range<usize>,
+    out: &mut [f32],
+    stride: usize,
+) {
+    let nb = acts.cols / QK8_0;
+    let record = nb.div_ceil(8) * Q8_GROUP_BYTES;
+    let a = Q8Rows {
+        groups: &acts.q8_0_groups.bytes()[tokens.start * record..tokens.end * record],
+        tokens: tokens.len(),
+    };
+    let w = as_blocks(w.row_span(rows.start, rows.len()));
+    f(w, rows.len(), a, out, stride);
 }
 
 /// Why a kernel call was refused.
@@ -622,6 +652,10 @@ impl Backend {
 /// Signature of the weight-row × activation-row dot products.
 type Dot<A> = fn(&[u8], &[A]) -> f32;
 
+/// Signature of a block type's dot product: a weight row's blocks against
+/// its activation blocks.
+pub(crate) type BlockDot<B> = fn(&[B], &[<B as VecDot>::Act]) -> f32;
+
 /// Bytes per group of eight Q8_0 blocks of one activation row in the
 /// regrouped layout of the several-row products: in 32-byte register `k`
 /// (`k < 8`), bytes `4l..4l + 4` are quants `4k..4k + 4` of block `l`; then
@@ -716,7 +750,7 @@ pub(crate) struct Q8Rows<'a> {
 /// single dot product of weight row `r` with activation row `t`: the rows
 /// share the weights' unpacking and the activations' loads, not their
 /// arithmetic.
-pub(crate) type RowsQ8 = fn(&[u8], usize, Q8Rows<'_>, &mut [f32], usize);
+pub(crate) type RowsQ8<B> = fn(&[B], usize, Q8Rows<'_>, &mut [f32], usize);
 
 /// F16 weight rows against several consecutive activation rows widened from
 /// f16 to `f32` ([`attn::widen_f16`], exact): `(w, cols, a, out, stride)`
@@ -734,19 +768,19 @@ pub(crate) type RowsWideF16 = fn(&[f32], usize, &[f32], &mut [f32], usize);
 
 /// One K-quant weight row against several consecutive Q8_K activation rows:
 /// `(w, a, out)` with `a` holding `out.len()` rows of `w`'s block count.
-pub(crate) type RowsK = fn(&[u8], Q8KRows<'_>, &mut [f32]);
+pub(crate) type RowsK<B> = fn(&[B], Q8KRows<'_>, &mut [f32]);
 
 /// The several-row products a backend has (`None`: one dot product per row).
 #[derive(Clone, Copy)]
 pub(crate) struct RowsTable {
     pub(crate) f16_f32: Option<RowsF16F32>,
     pub(crate) f16_wide: Option<RowsWideF16>,
-    pub(crate) q4_k: Option<RowsK>,
-    pub(crate) q6_k: Option<RowsK>,
-    pub(crate) q4_0: Option<RowsQ8>,
-    pub(crate) q5_0: Option<RowsQ8>,
-    pub(crate) q8_0: Option<RowsQ8>,
-    pub(crate) iq4_nl: Option<RowsQ8>,
+    pub(crate) q4_k: Option<RowsK<BlockQ4K>>,
+    pub(crate) q6_k: Option<RowsK<BlockQ6K>>,
+    pub(crate) q4_0: Option<RowsQ8<BlockQ4_0>>,
+    pub(crate) q5_0: Option<RowsQ8<BlockQ5_0>>,
+    pub(crate) q8_0: Option<RowsQ8<BlockQ8_0>>,
+    pub(crate) iq4_nl: Option<RowsQ8<BlockIq4Nl>>,
     /// Whether `q4_k` reads the regrouped Q8_K activations
     /// ([`Q8K_GROUP_BYTES`]), which batches then build.
     pub(crate) q8k_groups: bool,
@@ -767,32 +801,50 @@ impl RowsTable {
     };
 }
 
-/// The dot products of one backend: one function per weight type plus the
-/// float helpers of attention. Backends start from the scalar table and
-/// replace what they implement.
-#[derive(Clone, Copy)]
-pub(crate) struct DotTable {
-    pub(crate) f32: Dot<f32>,
-    pub(crate) f16: Dot<u16>,
-    pub(crate) bf16: Dot<u16>,
-    pub(crate) q4_0: Dot<BlockQ8_0>,
-    pub(crate) q5_0: Dot<BlockQ8_0>,
-    pub(crate) q8_0: Dot<BlockQ8_0>,
-    pub(crate) iq4_nl: Dot<BlockQ8_0>,
-    pub(crate) q4_1: Dot<BlockQ8_1>,
-    pub(crate) q5_1: Dot<BlockQ8_1>,
-    pub(crate) q2_k: Dot<BlockQ8K>,
-    pub(crate) q3_k: Dot<BlockQ8K>,
-    pub(crate) q4_k: Dot<BlockQ8K>,
-    pub(crate) q5_k: Dot<BlockQ8K>,
-    pub(crate) q6_k: Dot<BlockQ8K>,
-    pub(crate) iq4_xs: Dot<BlockQ8K>,
-    pub(crate) dot_f32: fn(&[f32], &[f32]) -> f32,
-    pub(crate) dot_f16_f32: fn(&[u16], &[f32]) -> f32,
-    pub(crate) dot_f16_f16: fn(&[u16], &[u16]) -> f32,
-    pub(crate) rows: RowsTable,
-    pub(crate) ops: OpsTable,
+/// `pub(crate) struct DotTable` with a field per block type of
+/// [`memwall_format::block_types!`].
+macro_rules! dot_table {
+    ([$($t:ident => $b:ident as $f:ident,)*]) => {
+        /// The dot products of one backend: one function per weight type plus
+        /// the float helpers of attention, the several-row products and the
+        /// float loops. Backends start from another table and replace what
+        /// they implement.
+        #[derive(Clone, Copy)]
+        pub(crate) struct DotTable {
+            pub(crate) f32: Dot<f32>,
+            pub(crate) f16: Dot<u16>,
+            pub(crate) bf16: Dot<u16>,
+            $(pub(crate) $f: BlockDot<$b>,)*
+            pub(crate) dot_f32: fn(&[f32], &[f32]) -> f32,
+            pub(crate) dot_f16_f32: fn(&[u16], &[f32]) -> f32,
+            pub(crate) dot_f16_f16: fn(&[u16], &[u16]) -> f32,
+            pub(crate) rows: RowsTable,
+            pub(crate) ops: OpsTable,
+        }
+
+        /// [`Kernels::dot_checked`] of a block type.
+        fn dot_blocks(t: &DotTable, ty: GgmlType, w: &[u8], a: ActRow<'_>) -> Option<f32> {
+            match ty {
+                $(GgmlType::$t => Some((t.$f)(as_blocks(w), <$b as VecDot>::acts(a)?)),)*
+                _ => None,
+            }
+        }
+    };
 }
+memwall_format::block_types!([dot_table]);
+
+/// A backend's `DotTable` from the block dot products of module `$m`
+/// (`$m::q4_0` …, named as in [`memwall_format::block_types!`]) and the
+/// other fields given.
+macro_rules! block_table {
+    ($m:ident { $($field:ident: $value:expr,)* } [$($t:ident => $b:ident as $f:ident,)*]) => {
+        DotTable {
+            $($f: $m::$f,)*
+            $($field: $value,)*
+        }
+    };
+}
+pub(crate) use block_table;
 
 /// `(q, hd, kt, stride, out)` of [`Kernels::key_tiles`].
 pub(crate) type KeyTiles = fn(&[f32], usize, &[f32], usize, &mut [[f32; attn::KEY_TILE]]);
@@ -910,26 +962,14 @@ impl Kernels {
     /// [`Kernels::vec_dot`] after its checks: panics (never misbehaves) if
     /// the type, activation kind or lengths do not fit.
     pub(crate) fn dot_checked(&self, ty: GgmlType, w: &[u8], a: ActRow<'_>) -> f32 {
-        use GgmlType as T;
         let t = self.table;
-        match (ty, a) {
-            (T::F32, ActRow::F32(a)) => (t.f32)(w, a),
-            (T::F16, ActRow::F16(a)) => (t.f16)(w, a),
-            (T::BF16, ActRow::BF16(a)) => (t.bf16)(w, a),
-            (T::Q4_0, ActRow::Q8_0(a)) => (t.q4_0)(w, a),
-            (T::Q5_0, ActRow::Q8_0(a)) => (t.q5_0)(w, a),
-            (T::Q8_0, ActRow::Q8_0(a)) => (t.q8_0)(w, a),
-            (T::IQ4_NL, ActRow::Q8_0(a)) => (t.iq4_nl)(w, a),
-            (T::Q4_1, ActRow::Q8_1(a)) => (t.q4_1)(w, a),
-            (T::Q5_1, ActRow::Q8_1(a)) => (t.q5_1)(w, a),
-            (T::Q2_K, ActRow::Q8K(a)) => (t.q2_k)(w, a),
-            (T::Q3_K, ActRow::Q8K(a)) => (t.q3_k)(w, a),
-            (T::Q4_K, ActRow::Q8K(a)) => (t.q4_k)(w, a),
-            (T::Q5_K, ActRow::Q8K(a)) => (t.q5_k)(w, a),
-            (T::Q6_K, ActRow::Q8K(a)) => (t.q6_k)(w, a),
-            (T::IQ4_XS, ActRow::Q8K(a)) => (t.iq4_xs)(w, a),
-            _ => panic!("no dot product of {ty} with {:?} activations", a.kind()),
-        }
+        let dot = match (ty, a) {
+            (GgmlType::F32, ActRow::F32(a)) => Some((t.f32)(w, a)),
+            (GgmlType::F16, ActRow::F16(a)) => Some((t.f16)(w, a)),
+            (GgmlType::BF16, ActRow::BF16(a)) => Some((t.bf16)(w, a)),
+            _ => dot_blocks(t, ty, w, a),
+        };
+        dot.unwrap_or_else(|| panic!("no dot product of {ty} with {:?} activations", a.kind()))
     }
 
     /// The backend's F16 several-row product over activations widened to
@@ -960,62 +1000,36 @@ impl Kernels {
     ) {
         use GgmlType as T;
         use VecDotType as V;
-        /// The several-row kernel for one (weight, activation) pair.
-        enum Kernel {
-            K(RowsK),
-            Q8(RowsQ8),
-        }
         let r = &self.table.rows;
-        let kernel = match (w.ty(), acts.kind) {
-            (T::Q4_K, Some(V::Q8K)) => r.q4_k.map(Kernel::K),
-            (T::Q6_K, Some(V::Q8K)) => r.q6_k.map(Kernel::K),
-            // (A single row is not regrouped.)
-            (_, Some(V::Q8_0)) if acts.q8_0_groups.is_empty() => None,
-            (T::Q4_0, Some(V::Q8_0)) => r.q4_0.map(Kernel::Q8),
-            (T::Q5_0, Some(V::Q8_0)) => r.q5_0.map(Kernel::Q8),
-            (T::Q8_0, Some(V::Q8_0)) => r.q8_0.map(Kernel::Q8),
-            (T::IQ4_NL, Some(V::Q8_0)) => r.iq4_nl.map(Kernel::Q8),
+        // (A single row of Q8_0 activations is not regrouped.)
+        let grouped = !acts.q8_0_groups.is_empty();
+        let done = match (w.ty(), acts.kind) {
+            (T::Q4_K, Some(V::Q8K)) => r
+                .q4_k
+                .map(|f| rows_k(f, w, rows.clone(), acts, tokens.clone(), out, stride)),
+            (T::Q6_K, Some(V::Q8K)) => r
+                .q6_k
+                .map(|f| rows_k(f, w, rows.clone(), acts, tokens.clone(), out, stride)),
+            (T::Q4_0, Some(V::Q8_0)) if grouped => r
+                .q4_0
+                .map(|f| rows_q8(f, w, rows.clone(), acts, tokens.clone(), out, stride)),
+            (T::Q5_0, Some(V::Q8_0)) if grouped => r
+                .q5_0
+                .map(|f| rows_q8(f, w, rows.clone(), acts, tokens.clone(), out, stride)),
+            (T::Q8_0, Some(V::Q8_0)) if grouped => r
+                .q8_0
+                .map(|f| rows_q8(f, w, rows.clone(), acts, tokens.clone(), out, stride)),
+            (T::IQ4_NL, Some(V::Q8_0)) if grouped => r
+                .iq4_nl
+                .map(|f| rows_q8(f, w, rows.clone(), acts, tokens.clone(), out, stride)),
             _ => None,
         };
-        let n = tokens.len();
-        match kernel {
-            Some(Kernel::K(f)) => {
-                let nb = acts.cols / QK_K;
-                let record = nb.div_ceil(8) * Q8K_GROUP_BYTES;
-                let groups = if acts.q8k_groups.is_empty() {
-                    &[][..]
-                } else {
-                    &acts.q8k_groups.bytes()[tokens.start * record..tokens.end * record]
-                };
-                let a = Q8KRows {
-                    blocks: &acts.q8k[tokens.start * nb..tokens.end * nb],
-                    groups,
-                };
-                for (i, r) in rows.enumerate() {
-                    f(w.row(r), a, &mut out[i * stride..i * stride + n]);
-                }
-            }
-            Some(Kernel::Q8(f)) => {
-                let nb = acts.cols / QK8_0;
-                let record = nb.div_ceil(8) * Q8_GROUP_BYTES;
-                let a = Q8Rows {
-                    groups: &acts.q8_0_groups.bytes()[tokens.start * record..tokens.end * record],
-                    tokens: n,
-                };
-                f(
-                    w.row_span(rows.start, rows.len()),
-                    rows.len(),
-                    a,
-                    out,
-                    stride,
-                );
-            }
-            None => {
-                for (i, r) in rows.enumerate() {
-                    let out = &mut out[i * stride..i * stride + n];
-                    for (o, t) in out.iter_mut().zip(tokens.clone()) {
-                        *o = self.dot_checked(w.ty(), w.row(r), acts.row(t));
-                    }
+        if done.is_none() {
+            let n = tokens.len();
+            for (i, r) in rows.enumerate() {
+                let out = &mut out[i * stride..i * stride + n];
+                for (o, t) in out.iter_mut().zip(tokens.clone()) {
+                    *o = self.dot_checked(w.ty(), w.row(r), acts.row(t));
                 }
             }
         }

@@ -10,8 +10,13 @@
 //! types use [`FloatSum`]. The SIMD kernels call the same helpers for their
 //! scalar parts. Block layouts: [`memwall_format::blocks`].
 
-use super::{BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, OpsTable, QK_K, QK8_0, RowsTable, attn};
-use memwall_format::blocks::{IQ4NL_GRID, bf16_to_f32, f16_to_f32, f32_to_f16};
+use super::{
+    BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, OpsTable, QK_K, QK8_0, RowsTable, attn, block_table,
+};
+use memwall_format::blocks::{
+    BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
+    BlockQ5_1, BlockQ5K, BlockQ6K, F16, IQ4NL_GRID, bf16_to_f32, f16_to_f32,
+};
 
 /// Quantizes `x` to Q8_0 blocks: `d = max|x| / 127`, `q = round(x / d)`
 /// (half away from zero, like C's `roundf`), as `quantize_row_q8_0_ref`.
@@ -22,7 +27,7 @@ pub fn quantize_row_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
         let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        b.d = f32_to_f16(d);
+        b.d = F16::from_f32(d);
         for (q, &v) in b.qs.iter_mut().zip(x) {
             *q = (v * id).round() as i8;
         }
@@ -37,13 +42,13 @@ pub fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
         let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        b.d = f32_to_f16(d);
+        b.d = F16::from_f32(d);
         let mut sum = 0i32;
         for (q, &v) in b.qs.iter_mut().zip(x) {
             *q = (v * id).round() as i8;
             sum += i32::from(*q);
         }
-        b.s = f32_to_f16(sum as f32 * d);
+        b.s = F16::from_f32(sum as f32 * d);
     }
 }
 
@@ -89,33 +94,17 @@ fn le16(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
 
-fn f16(b: &[u8], at: usize) -> f32 {
-    f16_to_f32(le16(b, at))
-}
-
 /// The scalar table: the specification.
-pub(crate) static TABLE: DotTable = DotTable {
+pub(crate) static TABLE: DotTable = memwall_format::block_types!([block_table] dot {
     f32: dot_f32w,
     f16: dot_f16w,
     bf16: dot_bf16w,
-    q4_0: dot_q4_0,
-    q5_0: dot_q5_0,
-    q8_0: dot_q8_0,
-    iq4_nl: dot_iq4_nl,
-    q4_1: dot_q4_1,
-    q5_1: dot_q5_1,
-    q2_k: dot_q2_k,
-    q3_k: dot_q3_k,
-    q4_k: dot_q4_k,
-    q5_k: dot_q5_k,
-    q6_k: dot_q6_k,
-    iq4_xs: dot_iq4_xs,
-    dot_f32,
-    dot_f16_f32,
-    dot_f16_f16,
+    dot_f32: dot_f32,
+    dot_f16_f32: dot_f16_f32,
+    dot_f16_f16: dot_f16_f16,
     rows: RowsTable::NONE,
     ops: OPS,
-};
+});
 
 /// The scalar float loops: the specification of every backend's [`OpsTable`].
 pub(crate) const OPS: OpsTable = OpsTable {
@@ -276,7 +265,7 @@ pub(crate) fn dot_f32w(w: &[u8], a: &[f32]) -> f32 {
 /// F16 weights · f16 activations.
 pub(crate) fn dot_f16w(w: &[u8], a: &[u16]) -> f32 {
     float_dot(a.len().min(w.len() / 2), |i| {
-        f16(w, 2 * i) * f16_to_f32(a[i])
+        f16_to_f32(le16(w, 2 * i)) * f16_to_f32(a[i])
     })
 }
 
@@ -304,151 +293,206 @@ pub(crate) fn dot_f16_f16(a: &[u16], b: &[u16]) -> f32 {
     })
 }
 
-/// Σ over 16 nibble pairs of a 32-weight block: `(lo − off)·y[j] + (hi − off)·y[j+16]`.
-fn nibble_sum(qs: &[u8], y: &[i8; 32], off: i32) -> i32 {
-    let mut s = 0;
-    for (j, &q) in qs[..16].iter().enumerate() {
-        s += (i32::from(q & 0xf) - off) * i32::from(y[j]);
-        s += (i32::from(q >> 4) - off) * i32::from(y[j + 16]);
+/// The dot products of the block types, one per line of
+/// [`memwall_format::block_types!`] (the names the scalar `TABLE` takes).
+pub(crate) mod dot {
+    use super::*;
+
+    /// Σ over 16 nibble pairs of a 32-weight block: `(lo − off)·y[j] + (hi − off)·y[j+16]`.
+    fn nibble_sum(qs: &[u8; 16], y: &[i8; 32], off: i32) -> i32 {
+        let mut s = 0;
+        for (j, &q) in qs.iter().enumerate() {
+            s += (i32::from(q & 0xf) - off) * i32::from(y[j]);
+            s += (i32::from(q >> 4) - off) * i32::from(y[j + 16]);
+        }
+        s
     }
-    s
-}
 
-pub(crate) fn dot_q4_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-    block_dot(
-        w.chunks_exact(18)
-            .zip(a)
-            .map(|(b, y)| term(f16(b, 0), f16_to_f32(y.d), nibble_sum(&b[2..], &y.qs, 8))),
-    )
-}
-
-pub(crate) fn dot_q4_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
-    block_dot(w.chunks_exact(20).zip(a).map(|(b, y)| {
-        let isum = nibble_sum(&b[4..], &y.qs, 0);
-        term_min(f16(b, 0), f16_to_f32(y.d), isum, f16(b, 2), f16_to_f32(y.s))
-    }))
-}
-
-/// Σ over a Q5 block: 5-bit values (nibble + fifth bit from `qh`) minus `off`, times `y`.
-fn q5_sum(qh: &[u8], qs: &[u8], y: &[i8; 32], off: i32) -> i32 {
-    let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
-    let mut s = 0;
-    for (j, &q) in qs[..16].iter().enumerate() {
-        let h0 = ((qh >> j) & 1) << 4;
-        let h1 = ((qh >> (j + 16)) & 1) << 4;
-        s += ((u32::from(q & 0xf) | h0) as i32 - off) * i32::from(y[j]);
-        s += ((u32::from(q >> 4) | h1) as i32 - off) * i32::from(y[j + 16]);
-    }
-    s
-}
-
-pub(crate) fn dot_q5_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-    block_dot(w.chunks_exact(22).zip(a).map(|(b, y)| {
-        term(
-            f16(b, 0),
-            f16_to_f32(y.d),
-            q5_sum(&b[2..6], &b[6..], &y.qs, 16),
+    pub(crate) fn q4_0(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
+        block_dot(
+            w.iter()
+                .zip(a)
+                .map(|(b, y)| term(b.d.to_f32(), y.d.to_f32(), nibble_sum(&b.qs, &y.qs, 8))),
         )
-    }))
-}
-
-pub(crate) fn dot_q5_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
-    block_dot(w.chunks_exact(24).zip(a).map(|(b, y)| {
-        let isum = q5_sum(&b[4..8], &b[8..], &y.qs, 0);
-        term_min(f16(b, 0), f16_to_f32(y.d), isum, f16(b, 2), f16_to_f32(y.s))
-    }))
-}
-
-pub(crate) fn dot_q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-    block_dot(w.chunks_exact(34).zip(a).map(|(b, y)| {
-        let isum: i32 = b[2..]
-            .iter()
-            .zip(&y.qs)
-            .map(|(&q, &v)| i32::from(q as i8) * i32::from(v))
-            .sum();
-        term(f16(b, 0), f16_to_f32(y.d), isum)
-    }))
-}
-
-pub(crate) fn dot_iq4_nl(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-    block_dot(w.chunks_exact(18).zip(a).map(|(b, y)| {
-        let mut isum = 0i32;
-        for (j, &q) in b[2..].iter().enumerate() {
-            isum += i32::from(IQ4NL_GRID[usize::from(q & 0xf)]) * i32::from(y.qs[j]);
-            isum += i32::from(IQ4NL_GRID[usize::from(q >> 4)]) * i32::from(y.qs[j + 16]);
-        }
-        term(f16(b, 0), f16_to_f32(y.d), isum)
-    }))
-}
-
-/// `Σ_j bsums[j] · m[j / per]`: the minimum correction of a K-quant super-block.
-fn bsum_dot(y: &BlockQ8K, m: impl Fn(usize) -> i32) -> i32 {
-    y.bsums
-        .iter()
-        .enumerate()
-        .map(|(j, &s)| i32::from(s) * m(j))
-        .sum()
-}
-
-fn dot16(q: impl Iterator<Item = i32>, y: &[i8]) -> i32 {
-    q.zip(y).map(|(q, &v)| q * i32::from(v)).sum()
-}
-
-pub(crate) fn dot_q2_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    block_dot(w.chunks_exact(84).zip(a).map(|(b, y)| {
-        let (sc, qs) = (&b[..16], &b[16..80]);
-        let summs = bsum_dot(y, |j| i32::from(sc[j] >> 4));
-        let mut isum = 0i32;
-        for (k, q) in qs.chunks_exact(32).enumerate() {
-            for j in 0..4 {
-                let y = &y.qs[128 * k + 32 * j..][..32];
-                let g = 8 * k + 2 * j;
-                let v = |l: usize| i32::from((q[l] >> (2 * j)) & 3);
-                isum += i32::from(sc[g] & 0xf) * dot16((0..16).map(v), &y[..16]);
-                isum += i32::from(sc[g + 1] & 0xf) * dot16((16..32).map(v), &y[16..]);
-            }
-        }
-        term_kmin(f16(b, 80), f16(b, 82), y.d, isum, summs)
-    }))
-}
-
-/// The 16 Q3_K scales, unbiased (−32..31), from their 12 packed bytes.
-pub(crate) fn q3k_scales(p: &[u8]) -> [i8; 16] {
-    let mut s = [0i8; 16];
-    for (j, o) in s.iter_mut().enumerate() {
-        let low = if j < 8 { p[j] & 0xf } else { p[j - 8] >> 4 };
-        let high = (p[8 + j % 4] >> (2 * (j / 4))) & 3;
-        *o = (low | (high << 4)) as i8 - 32;
     }
-    s
-}
 
-pub(crate) fn dot_q3_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    block_dot(w.chunks_exact(110).zip(a).map(|(b, y)| {
-        let (hmask, qs) = (&b[..32], &b[32..96]);
-        let sc = q3k_scales(&b[96..108]);
-        let mut isum = 0i32;
-        for (k, q) in qs.chunks_exact(32).enumerate() {
-            for j in 0..4 {
-                let y = &y.qs[128 * k + 32 * j..][..32];
-                let m = 1u8 << (4 * k + j);
-                let v = |l: usize| {
-                    i32::from((q[l] >> (2 * j)) & 3) - if hmask[l] & m != 0 { 0 } else { 4 }
-                };
-                let g = 8 * k + 2 * j;
-                isum += i32::from(sc[g]) * dot16((0..16).map(v), &y[..16]);
-                isum += i32::from(sc[g + 1]) * dot16((16..32).map(v), &y[16..]);
-            }
+    pub(crate) fn q4_1(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
+        block_dot(w.iter().zip(a).map(|(b, y)| {
+            let isum = nibble_sum(&b.qs, &y.qs, 0);
+            term_min(b.d.to_f32(), y.d.to_f32(), isum, b.m.to_f32(), y.s.to_f32())
+        }))
+    }
+
+    /// Σ over a Q5 block: 5-bit values (nibble + fifth bit from `qh`) minus `off`, times `y`.
+    fn q5_sum(qh: [u8; 4], qs: &[u8; 16], y: &[i8; 32], off: i32) -> i32 {
+        let qh = u32::from_le_bytes(qh);
+        let mut s = 0;
+        for (j, &q) in qs.iter().enumerate() {
+            let h0 = ((qh >> j) & 1) << 4;
+            let h1 = ((qh >> (j + 16)) & 1) << 4;
+            s += ((u32::from(q & 0xf) | h0) as i32 - off) * i32::from(y[j]);
+            s += ((u32::from(q >> 4) | h1) as i32 - off) * i32::from(y[j + 16]);
         }
-        term(f16(b, 108), y.d, isum)
-    }))
+        s
+    }
+
+    pub(crate) fn q5_0(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
+        block_dot(
+            w.iter()
+                .zip(a)
+                .map(|(b, y)| term(b.d.to_f32(), y.d.to_f32(), q5_sum(b.qh, &b.qs, &y.qs, 16))),
+        )
+    }
+
+    pub(crate) fn q5_1(w: &[BlockQ5_1], a: &[BlockQ8_1]) -> f32 {
+        block_dot(w.iter().zip(a).map(|(b, y)| {
+            let isum = q5_sum(b.qh, &b.qs, &y.qs, 0);
+            term_min(b.d.to_f32(), y.d.to_f32(), isum, b.m.to_f32(), y.s.to_f32())
+        }))
+    }
+
+    pub(crate) fn q8_0(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
+        block_dot(w.iter().zip(a).map(|(b, y)| {
+            let isum: i32 =
+                b.qs.iter()
+                    .zip(&y.qs)
+                    .map(|(&q, &v)| i32::from(q) * i32::from(v))
+                    .sum();
+            term(b.d.to_f32(), y.d.to_f32(), isum)
+        }))
+    }
+
+    pub(crate) fn iq4_nl(w: &[BlockIq4Nl], a: &[BlockQ8_0]) -> f32 {
+        block_dot(w.iter().zip(a).map(|(b, y)| {
+            let mut isum = 0i32;
+            for (j, &q) in b.qs.iter().enumerate() {
+                isum += i32::from(IQ4NL_GRID[usize::from(q & 0xf)]) * i32::from(y.qs[j]);
+                isum += i32::from(IQ4NL_GRID[usize::from(q >> 4)]) * i32::from(y.qs[j + 16]);
+            }
+            term(b.d.to_f32(), y.d.to_f32(), isum)
+        }))
+    }
+
+    /// `Σ_j bsums[j] · m[j / per]`: the minimum correction of a K-quant super-block.
+    fn bsum_dot(y: &BlockQ8K, m: impl Fn(usize) -> i32) -> i32 {
+        y.bsums
+            .iter()
+            .enumerate()
+            .map(|(j, &s)| i32::from(s) * m(j))
+            .sum()
+    }
+
+    fn dot16(q: impl Iterator<Item = i32>, y: &[i8]) -> i32 {
+        q.zip(y).map(|(q, &v)| q * i32::from(v)).sum()
+    }
+
+    pub(crate) fn q2_k(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
+        block_dot(w.iter().zip(a).map(|(b, y)| {
+            let sc = &b.scales;
+            let summs = bsum_dot(y, |j| i32::from(sc[j] >> 4));
+            let mut isum = 0i32;
+            for (k, q) in b.qs.chunks_exact(32).enumerate() {
+                for j in 0..4 {
+                    let y = &y.qs[128 * k + 32 * j..][..32];
+                    let g = 8 * k + 2 * j;
+                    let v = |l: usize| i32::from((q[l] >> (2 * j)) & 3);
+                    isum += i32::from(sc[g] & 0xf) * dot16((0..16).map(v), &y[..16]);
+                    isum += i32::from(sc[g + 1] & 0xf) * dot16((16..32).map(v), &y[16..]);
+                }
+            }
+            term_kmin(b.d.to_f32(), b.dmin.to_f32(), y.d, isum, summs)
+        }))
+    }
+
+    pub(crate) fn q3_k(w: &[BlockQ3K], a: &[BlockQ8K]) -> f32 {
+        block_dot(w.iter().zip(a).map(|(b, y)| {
+            let hmask = &b.hmask;
+            let sc = b.sub_scales();
+            let mut isum = 0i32;
+            for (k, q) in b.qs.chunks_exact(32).enumerate() {
+                for j in 0..4 {
+                    let y = &y.qs[128 * k + 32 * j..][..32];
+                    let m = 1u8 << (4 * k + j);
+                    let v = |l: usize| {
+                        i32::from((q[l] >> (2 * j)) & 3) - if hmask[l] & m != 0 { 0 } else { 4 }
+                    };
+                    let g = 8 * k + 2 * j;
+                    isum += i32::from(sc[g]) * dot16((0..16).map(v), &y[..16]);
+                    isum += i32::from(sc[g + 1]) * dot16((16..32).map(v), &y[16..]);
+                }
+            }
+            term(b.d.to_f32(), y.d, isum)
+        }))
+    }
+
+    pub(crate) fn q4_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+        block_dot(w.iter().zip(a).map(|(b, y)| {
+            let (sc, m) = k4_scales(&b.scales);
+            let summs = bsum_dot(y, |j| i32::from(m[j / 2]));
+            let mut isum = 0i32;
+            for (c, q) in b.qs.chunks_exact(32).enumerate() {
+                let y = &y.qs[64 * c..][..64];
+                isum +=
+                    i32::from(sc[2 * c]) * dot16(q.iter().map(|&q| i32::from(q & 0xf)), &y[..32]);
+                isum += i32::from(sc[2 * c + 1])
+                    * dot16(q.iter().map(|&q| i32::from(q >> 4)), &y[32..]);
+            }
+            term_kmin(b.d.to_f32(), b.dmin.to_f32(), y.d, isum, summs)
+        }))
+    }
+
+    pub(crate) fn q5_k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
+        block_dot(w.iter().zip(a).map(|(b, y)| {
+            let (sc, m) = k4_scales(&b.scales);
+            let qh = &b.qh;
+            let summs = bsum_dot(y, |j| i32::from(m[j / 2]));
+            let mut isum = 0i32;
+            for (c, q) in b.qs.chunks_exact(32).enumerate() {
+                let y = &y.qs[64 * c..][..64];
+                let hi = |l: usize, bit: usize| i32::from((qh[l] >> bit) & 1) << 4;
+                let lo = (0..32).map(|l| i32::from(q[l] & 0xf) + hi(l, 2 * c));
+                let up = (0..32).map(|l| i32::from(q[l] >> 4) + hi(l, 2 * c + 1));
+                isum += i32::from(sc[2 * c]) * dot16(lo, &y[..32]);
+                isum += i32::from(sc[2 * c + 1]) * dot16(up, &y[32..]);
+            }
+            term_kmin(b.d.to_f32(), b.dmin.to_f32(), y.d, isum, summs)
+        }))
+    }
+
+    pub(crate) fn q6_k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+        block_dot(w.iter().zip(a).map(|(b, y)| {
+            let mut isum = 0i32;
+            for (g, &s) in b.scales.iter().enumerate() {
+                let v = (16 * g..16 * g + 16).map(|i| q6k_value(b, i));
+                isum += i32::from(s) * dot16(v, &y.qs[16 * g..][..16]);
+            }
+            term(b.d.to_f32(), y.d, isum)
+        }))
+    }
+
+    pub(crate) fn iq4_xs(w: &[BlockIq4Xs], a: &[BlockQ8K]) -> f32 {
+        block_dot(w.iter().zip(a).map(|(b, y)| {
+            let sc = b.sub_scales();
+            let mut isum = 0i32;
+            for (ib, q) in b.qs.chunks_exact(16).enumerate() {
+                let y = &y.qs[32 * ib..][..32];
+                let mut s = 0i32;
+                for (j, &q) in q.iter().enumerate() {
+                    s += i32::from(IQ4NL_GRID[usize::from(q & 0xf)]) * i32::from(y[j]);
+                    s += i32::from(IQ4NL_GRID[usize::from(q >> 4)]) * i32::from(y[j + 16]);
+                }
+                isum += sc[ib] * s;
+            }
+            term(b.d.to_f32(), y.d, isum)
+        }))
+    }
 }
 
 /// The 8 scales and 8 minimums of a Q4_K/Q5_K block: [`scale_min_k4`](memwall_format::blocks::scale_min_k4) for
 /// `j = 0..8`, four bytes at a time on the three little-endian words of the
 /// twelve scale bytes (a per-byte loop was a third of the single-row Q4_K
 /// product's instructions).
-pub(crate) fn k4_scales(p: &[u8]) -> ([u8; 8], [u8; 8]) {
+pub(crate) fn k4_scales(p: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
     const LOW6: u32 = 0x3f3f_3f3f;
     const LOW4: u32 = 0x0f0f_0f0f;
     const TOP2: u32 = 0x0303_0303;
@@ -463,88 +507,14 @@ pub(crate) fn k4_scales(p: &[u8]) -> ([u8; 8], [u8; 8]) {
     (join(w0 & LOW6, sc_hi), join(w1 & LOW6, m_hi))
 }
 
-pub(crate) fn dot_q4_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    block_dot(w.chunks_exact(144).zip(a).map(|(b, y)| {
-        let (sc, m) = k4_scales(&b[4..16]);
-        let summs = bsum_dot(y, |j| i32::from(m[j / 2]));
-        let mut isum = 0i32;
-        for (c, q) in b[16..].chunks_exact(32).enumerate() {
-            let y = &y.qs[64 * c..][..64];
-            isum += i32::from(sc[2 * c]) * dot16(q.iter().map(|&q| i32::from(q & 0xf)), &y[..32]);
-            isum +=
-                i32::from(sc[2 * c + 1]) * dot16(q.iter().map(|&q| i32::from(q >> 4)), &y[32..]);
-        }
-        term_kmin(f16(b, 0), f16(b, 2), y.d, isum, summs)
-    }))
-}
-
-pub(crate) fn dot_q5_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    block_dot(w.chunks_exact(176).zip(a).map(|(b, y)| {
-        let (sc, m) = k4_scales(&b[4..16]);
-        let qh = &b[16..48];
-        let summs = bsum_dot(y, |j| i32::from(m[j / 2]));
-        let mut isum = 0i32;
-        for (c, q) in b[48..].chunks_exact(32).enumerate() {
-            let y = &y.qs[64 * c..][..64];
-            let hi = |l: usize, bit: usize| i32::from((qh[l] >> bit) & 1) << 4;
-            let lo = (0..32).map(|l| i32::from(q[l] & 0xf) + hi(l, 2 * c));
-            let up = (0..32).map(|l| i32::from(q[l] >> 4) + hi(l, 2 * c + 1));
-            isum += i32::from(sc[2 * c]) * dot16(lo, &y[..32]);
-            isum += i32::from(sc[2 * c + 1]) * dot16(up, &y[32..]);
-        }
-        term_kmin(f16(b, 0), f16(b, 2), y.d, isum, summs)
-    }))
-}
-
 /// The 6-bit value `i` (0..256) of a Q6_K block, minus 32.
-pub(crate) fn q6k_value(ql: &[u8], qh: &[u8], i: usize) -> i32 {
+pub(crate) fn q6k_value(b: &BlockQ6K, i: usize) -> i32 {
     let (n, r) = (i / 128, i % 128);
     let (quarter, l) = (r / 32, r % 32);
-    let lowb = ql[64 * n + l + 32 * (quarter & 1)];
+    let lowb = b.ql[64 * n + l + 32 * (quarter & 1)];
     let low = if quarter < 2 { lowb & 0xf } else { lowb >> 4 };
-    let high = (qh[32 * n + l] >> (2 * quarter)) & 3;
+    let high = (b.qh[32 * n + l] >> (2 * quarter)) & 3;
     i32::from(low | (high << 4)) - 32
-}
-
-pub(crate) fn dot_q6_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    block_dot(w.chunks_exact(210).zip(a).map(|(b, y)| {
-        let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);
-        let mut isum = 0i32;
-        for (g, &s) in sc.iter().enumerate() {
-            let v = (16 * g..16 * g + 16).map(|i| q6k_value(ql, qh, i));
-            isum += i32::from(s as i8) * dot16(v, &y.qs[16 * g..][..16]);
-        }
-        term(f16(b, 208), y.d, isum)
-    }))
-}
-
-/// The 8 IQ4_XS scales, unbiased (−32..31).
-pub(crate) fn iq4xs_scales(b: &[u8]) -> [i32; 8] {
-    let h = le16(b, 2);
-    let mut s = [0i32; 8];
-    for (ib, o) in s.iter_mut().enumerate() {
-        let low = (b[4 + ib / 2] >> (4 * (ib % 2))) & 0xf;
-        let high = ((h >> (2 * ib)) & 3) as u8;
-        *o = i32::from(low | (high << 4)) - 32;
-    }
-    s
-}
-
-pub(crate) fn dot_iq4_xs(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    block_dot(w.chunks_exact(136).zip(a).map(|(b, y)| {
-        let sc = iq4xs_scales(b);
-        let mut isum = 0i32;
-        for (ib, q) in b[8..].chunks_exact(16).enumerate() {
-            let y = &y.qs[32 * ib..][..32];
-            let mut s = 0i32;
-            for (j, &q) in q.iter().enumerate() {
-                s += i32::from(IQ4NL_GRID[usize::from(q & 0xf)]) * i32::from(y[j]);
-                s += i32::from(IQ4NL_GRID[usize::from(q >> 4)]) * i32::from(y[j + 16]);
-            }
-            isum += sc[ib] * s;
-        }
-        term(f16(b, 0), y.d, isum)
-    }))
 }
 
 #[cfg(test)]

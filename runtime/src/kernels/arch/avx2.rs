@@ -17,8 +17,7 @@
 use std::arch::x86_64::*;
 
 use super::super::scalar::{
-    Blocks, FLOAT_PARTIALS, FloatSum, f16_tail_step, iq4xs_scales, k4_scales, q3k_scales, term,
-    term_kmin,
+    Blocks, FLOAT_PARTIALS, FloatSum, f16_tail_step, k4_scales, term, term_kmin,
 };
 use crate::forward::math::{
     EXP_FAST_C, EXP_FAST_MAX, EXP_FAST_MIN, LN2_HI_F32, LN2_LO_F32, LOG2E_F32, ROUND_F32, exp_fast,
@@ -26,9 +25,12 @@ use crate::forward::math::{
 use crate::kernels::attn::{self, KEY_TILE, by_heads};
 use crate::kernels::{
     BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, OpsTable, Q8_GROUP_BYTES, Q8KRows, Q8Rows, QK8_0,
-    RowsTable,
+    RowsTable, Scaled, block_entries, block_table,
 };
-use memwall_format::blocks::{IQ4NL_GRID, f16_to_f32, f32_to_f16};
+use memwall_format::blocks::{
+    Block, BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
+    BlockQ5_1, BlockQ5K, BlockQ6K, F16, IQ4NL_GRID, f16_to_f32, f32_to_f16,
+};
 
 /// Declares a safe entry point for a `#[target_feature]` kernel.
 macro_rules! entry {
@@ -44,47 +46,36 @@ macro_rules! entry {
 entry!(e_f32w, f32w, &[u8], &[f32]);
 entry!(e_f16w, f16w, &[u8], &[u16]);
 entry!(e_bf16w, bf16w, &[u8], &[u16]);
-entry!(e_q4_0, q4_0, &[u8], &[BlockQ8_0]);
-entry!(e_q5_0, q5_0, &[u8], &[BlockQ8_0]);
-entry!(e_q8_0, q8_0, &[u8], &[BlockQ8_0]);
-entry!(e_iq4_nl, iq4_nl, &[u8], &[BlockQ8_0]);
-entry!(e_q4_1, q4_1, &[u8], &[BlockQ8_1]);
-entry!(e_q5_1, q5_1, &[u8], &[BlockQ8_1]);
-entry!(e_q2_k, q2_k, &[u8], &[BlockQ8K]);
-entry!(e_q3_k, q3_k, &[u8], &[BlockQ8K]);
-entry!(e_q4_k, q4_k, &[u8], &[BlockQ8K]);
-entry!(e_q5_k, q5_k, &[u8], &[BlockQ8K]);
-entry!(e_q6_k, q6_k, &[u8], &[BlockQ8K]);
-entry!(e_iq4_xs, iq4_xs, &[u8], &[BlockQ8K]);
 entry!(e_dot_f32, dot_f32, &[f32], &[f32]);
 entry!(e_dot_f16_f32, dot_f16_f32, &[u16], &[f32]);
 entry!(e_dot_f16_f16, dot_f16_f16, &[u16], &[u16]);
+memwall_format::block_types!([block_entries]);
 
 /// Declares a safe entry point for a several-row kernel: [`rows_grouped`]
-/// for blocks of `$ts` bytes unpacked by `$unpack`, `$shift` as there.
+/// for blocks of `$b` unpacked by `$unpack`, `$shift` as there.
 macro_rules! rows_entry {
-    ($name:ident, $ts:literal, $unpack:ident, $shift:literal) => {
-        fn $name(w: &[u8], rows: usize, a: Q8Rows<'_>, out: &mut [f32], stride: usize) {
+    ($name:ident, $b:ty, $unpack:ident, $shift:literal) => {
+        fn $name(w: &[$b], rows: usize, a: Q8Rows<'_>, out: &mut [f32], stride: usize) {
             // SAFETY: as for `entry!`.
-            let row = |w: &[u8], out: &mut [f32]| unsafe {
-                rows_grouped::<$shift>(w, $ts, |b| $unpack(b), a.groups, out)
+            let row = |w: &[$b], out: &mut [f32]| unsafe {
+                rows_grouped::<_, $shift>(w, |b| $unpack(b), a.groups, out)
             };
             super::each_row(w, rows, out, stride, a.tokens, row);
         }
     };
 }
 
-rows_entry!(r_q4_0, 18, unpack_q4_0, 3);
-rows_entry!(r_q5_0, 22, unpack_q5_0, 4);
-rows_entry!(r_q8_0, 34, unpack_q8_0, 0);
-rows_entry!(r_iq4_nl, 18, unpack_iq4_nl, 0);
+rows_entry!(r_q4_0, BlockQ4_0, unpack_q4_0, 3);
+rows_entry!(r_q5_0, BlockQ5_0, unpack_q5_0, 4);
+rows_entry!(r_q8_0, BlockQ8_0, unpack_q8_0, 0);
+rows_entry!(r_iq4_nl, BlockIq4Nl, unpack_iq4_nl, 0);
 
-pub(super) fn r_q4_k(w: &[u8], a: Q8KRows<'_>, out: &mut [f32]) {
+pub(super) fn r_q4_k(w: &[BlockQ4K], a: Q8KRows<'_>, out: &mut [f32]) {
     // SAFETY: as for `entry!`.
     unsafe { q4_k_rows(w, a.blocks, out) }
 }
 
-pub(super) fn r_q6_k(w: &[u8], a: Q8KRows<'_>, out: &mut [f32]) {
+pub(super) fn r_q6_k(w: &[BlockQ6K], a: Q8KRows<'_>, out: &mut [f32]) {
     // SAFETY: as for `entry!`.
     unsafe { q6_k_rows(w, a.blocks, out) }
 }
@@ -108,22 +99,10 @@ fn r_f16_wide(w: &[f32], cols: usize, a: &[f32], out: &mut [f32], stride: usize)
 }
 
 /// The AVX2 table: every type.
-pub(crate) static TABLE: DotTable = DotTable {
+pub(crate) static TABLE: DotTable = memwall_format::block_types!([block_table] entry {
     f32: e_f32w,
     f16: e_f16w,
     bf16: e_bf16w,
-    q4_0: e_q4_0,
-    q5_0: e_q5_0,
-    q8_0: e_q8_0,
-    iq4_nl: e_iq4_nl,
-    q4_1: e_q4_1,
-    q5_1: e_q5_1,
-    q2_k: e_q2_k,
-    q3_k: e_q3_k,
-    q4_k: e_q4_k,
-    q5_k: e_q5_k,
-    q6_k: e_q6_k,
-    iq4_xs: e_iq4_xs,
     dot_f32: e_dot_f32,
     dot_f16_f32: e_dot_f16_f32,
     dot_f16_f16: e_dot_f16_f16,
@@ -139,7 +118,7 @@ pub(crate) static TABLE: DotTable = DotTable {
         q8k_groups: false,
     },
     ops: OPS,
-};
+});
 
 /// The AVX2 float loops: attention's tiles compiled for 256-bit vectors,
 /// F16C conversions, `exp` on eight lanes, the Q8_0 quantizer and 8 × 8
@@ -291,7 +270,7 @@ fn q8_0_block(x: &[f32], b: &mut BlockQ8_0) {
     let amax = lanes.iter().fold(0f32, |a, &l| a.max(l));
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    b.d = f32_to_f16(d);
+    b.d = F16::from_f32(d);
     let q: [__m256i; 4] = v.map(|v| {
         let p = _mm256_mul_ps(v, _mm256_set1_ps(id));
         let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(p);
@@ -585,29 +564,28 @@ fn srl16(v: __m256i, n: i32) -> __m256i {
     _mm256_srl_epi16(v, _mm_cvtsi32_si128(n))
 }
 
-/// A row of 32-weight blocks of `ts` bytes in the canonical order: eight
+/// A row of 32-weight blocks in the canonical order: eight
 /// blocks per step, `isum(b, y)` giving a block's integer sum in eight `i32`
 /// lanes and `scales(b, y)` the f16 bits of `[d_w, d_a, m_w, s_a]` (the last
 /// two only read with `MIN`); the last `nb % 8` blocks are a short group.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-pub(super) fn blocks32<Y, const MIN: bool>(
-    w: &[u8],
+pub(super) fn blocks32<B: Block, Y, const MIN: bool>(
+    w: &[B],
     a: &[Y],
-    ts: usize,
-    isum: impl Fn(&[u8], &Y) -> __m256i,
-    scales: impl Fn(&[u8], &Y) -> [u16; 4],
+    isum: impl Fn(&B, &Y) -> __m256i,
+    scales: impl Fn(&B, &Y) -> [u16; 4],
 ) -> f32 {
-    let nb = a.len().min(w.len() / ts);
+    let nb = a.len().min(w.len());
     let mut acc = _mm256_setzero_ps();
     // The last group may be short (`nb % 8` blocks): the missing blocks get
     // zero sums and zero scales, so their terms are +0, which leaves a
     // partial unchanged (a partial is never −0: it starts at +0).
-    for (wg, ag) in w[..nb * ts].chunks(8 * ts).zip(a[..nb].chunks(8)) {
-        prefetch_ahead(wg, 8 * ts);
+    for (wg, ag) in w[..nb].chunks(8).zip(a[..nb].chunks(8)) {
+        prefetch_ahead(wg, 8 * size_of::<B>());
         let mut v = [_mm256_setzero_si256(); 8];
         let mut sc = [[0u16; 8]; 4];
-        for (k, (b, y)) in wg.chunks_exact(ts).zip(ag).enumerate() {
+        for (k, (b, y)) in wg.iter().zip(ag).enumerate() {
             v[k] = isum(b, y);
             let s = scales(b, y);
             for j in 0..4 {
@@ -638,8 +616,8 @@ const PREFETCH_DISTANCE: usize = 8192;
 /// memory never read, which cannot fault.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn prefetch_ahead(w: &[u8], len: usize) {
-    let p = w.as_ptr().wrapping_add(PREFETCH_DISTANCE);
+pub(super) fn prefetch_ahead<T>(w: &[T], len: usize) {
+    let p = w.as_ptr().cast::<u8>().wrapping_add(PREFETCH_DISTANCE);
     for off in (0..len).step_by(64) {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off).cast());
     }
@@ -716,62 +694,42 @@ pub(super) fn le16(b: &[u8], at: usize) -> u16 {
 // ---- Q8_0 family ----
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q4_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-    blocks32::<_, false>(
+fn q4_0(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
+    blocks32::<_, _, false>(
         w,
         a,
-        18,
-        |b, y| {
-            let q = _mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8));
-            mul_sum_i8(q, ld256(&y.qs))
-        },
-        |b, y| [le16(b, 0), y.d, 0, 0],
+        |b, y| mul_sum_i8(unpack_q4_0(b), ld256(&y.qs)),
+        |b, y| [b.d.bits(), y.d.bits(), 0, 0],
     )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q5_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-    blocks32::<_, false>(
+fn q5_0(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
+    blocks32::<_, _, false>(
         w,
         a,
-        22,
-        |b, y| {
-            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-            // A clear fifth bit means q − 16 < 0: set the byte's high nibble (−16 in two's complement).
-            let hi = _mm256_andnot_si256(bit_bytes(qh), _mm256_set1_epi8(0xf0u8 as i8));
-            let q = _mm256_or_si256(nibbles(&b[6..22]), hi);
-            mul_sum_i8(q, ld256(&y.qs))
-        },
-        |b, y| [le16(b, 0), y.d, 0, 0],
+        |b, y| mul_sum_i8(unpack_q5_0(b), ld256(&y.qs)),
+        |b, y| [b.d.bits(), y.d.bits(), 0, 0],
     )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-    blocks32::<_, false>(
+fn q8_0(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
+    blocks32::<_, _, false>(
         w,
         a,
-        34,
-        |b, y| mul_sum_i8(ld256(&b[2..34]), ld256(&y.qs)),
-        |b, y| [le16(b, 0), y.d, 0, 0],
+        |b, y| mul_sum_i8(ld256(&b.qs), ld256(&y.qs)),
+        |b, y| [b.d.bits(), y.d.bits(), 0, 0],
     )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn iq4_nl(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-    let grid = ld128(&IQ4NL_GRID);
-    let m = _mm_set1_epi8(0xf);
-    blocks32::<_, false>(
+fn iq4_nl(w: &[BlockIq4Nl], a: &[BlockQ8_0]) -> f32 {
+    blocks32::<_, _, false>(
         w,
         a,
-        18,
-        |b, y| {
-            let q = ld128(&b[2..18]);
-            let lo = _mm_shuffle_epi8(grid, _mm_and_si128(q, m));
-            let hi = _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(q, 4), m));
-            mul_sum_i8(_mm256_set_m128i(hi, lo), ld256(&y.qs))
-        },
-        |b, y| [le16(b, 0), y.d, 0, 0],
+        |b, y| mul_sum_i8(unpack_iq4_nl(b), ld256(&y.qs)),
+        |b, y| [b.d.bits(), y.d.bits(), 0, 0],
     )
 }
 
@@ -792,7 +750,7 @@ fn iq4_nl(w: &[u8], a: &[BlockQ8_0]) -> f32 {
 /// Activation rows per pass (each weight group is transposed once per pass).
 const GROUP_TOKENS: usize = 16;
 
-/// One weight row of 32-weight blocks of `ts` bytes (`unpack` gives a
+/// One weight row of 32-weight blocks (`unpack` gives a
 /// block's weights as signed bytes; with `SHIFT > 0` they must lie in
 /// `-2^SHIFT..2^SHIFT`) against `out.len()` regrouped Q8_0 activation rows
 /// `groups`, each in the canonical order of the single product. A row's
@@ -800,14 +758,13 @@ const GROUP_TOKENS: usize = 16;
 /// `+0`, which leaves a partial unchanged.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn rows_grouped<const SHIFT: i32>(
-    w: &[u8],
-    ts: usize,
-    unpack: impl Fn(&[u8]) -> __m256i,
+fn rows_grouped<B: Scaled, const SHIFT: i32>(
+    w: &[B],
+    unpack: impl Fn(&B) -> __m256i,
     groups: &[u8],
     out: &mut [f32],
 ) {
-    let nb = w.len() / ts;
+    let nb = w.len();
     let ng = nb.div_ceil(8);
     let (records, _) = groups.as_chunks::<Q8_GROUP_BYTES>();
     assert!(records.len() == out.len() * ng, "grouped rows lengths");
@@ -830,7 +787,7 @@ fn rows_grouped<const SHIFT: i32>(
     {
         let mut acc = [_mm256_setzero_ps(); GROUP_TOKENS];
         for (g, b0) in (0..nb).step_by(8).enumerate() {
-            let (q, dw) = weight_group(w, b0, ts, &unpack);
+            let (q, dw) = weight_group(w, b0, &unpack);
             // Unsigned weights for `vpmaddubsw`: offset, or magnitudes.
             let u = q.map(|q| {
                 if SHIFT > 0 {
@@ -876,18 +833,17 @@ fn rows_grouped<const SHIFT: i32>(
 /// bytes, transposed as the regrouped activations are, and their scales.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-pub(super) fn weight_group(
-    w: &[u8],
+pub(super) fn weight_group<B: Scaled>(
+    w: &[B],
     b0: usize,
-    ts: usize,
-    unpack: &impl Fn(&[u8]) -> __m256i,
+    unpack: &impl Fn(&B) -> __m256i,
 ) -> ([__m256i; 8], __m256) {
     let mut q = [_mm256_setzero_si256(); 8];
     let mut dws = [0u16; 8];
-    prefetch_ahead(&w[b0 * ts..], 8 * ts);
-    for (l, b) in w[b0 * ts..].chunks_exact(ts).take(8).enumerate() {
+    prefetch_ahead(&w[b0..], 8 * size_of::<B>());
+    for (l, b) in w[b0..].iter().take(8).enumerate() {
         q[l] = unpack(b);
-        dws[l] = le16(b, 0);
+        dws[l] = b.scale().bits();
     }
     (transpose_dwords(q), halves(dws))
 }
@@ -928,33 +884,33 @@ pub(super) fn transpose_dwords(v: [__m256i; 8]) -> [__m256i; 8] {
 /// A Q4_0 block's weights as signed bytes.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn unpack_q4_0(b: &[u8]) -> __m256i {
-    _mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8))
+pub(super) fn unpack_q4_0(b: &BlockQ4_0) -> __m256i {
+    _mm256_sub_epi8(nibbles(&b.qs), _mm256_set1_epi8(8))
 }
 
 /// A Q5_0 block's weights as signed bytes.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn unpack_q5_0(b: &[u8]) -> __m256i {
-    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+pub(super) fn unpack_q5_0(b: &BlockQ5_0) -> __m256i {
+    let qh = u32::from_le_bytes(b.qh);
     // A clear fifth bit means q − 16 < 0: set the byte's high nibble (−16 in two's complement).
     let hi = _mm256_andnot_si256(bit_bytes(qh), _mm256_set1_epi8(0xf0u8 as i8));
-    _mm256_or_si256(nibbles(&b[6..22]), hi)
+    _mm256_or_si256(nibbles(&b.qs), hi)
 }
 
 /// A Q8_0 block's weights.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn unpack_q8_0(b: &[u8]) -> __m256i {
-    ld256(&b[2..34])
+pub(super) fn unpack_q8_0(b: &BlockQ8_0) -> __m256i {
+    ld256(&b.qs)
 }
 
 /// An IQ4_NL block's weights (grid values) as signed bytes.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn unpack_iq4_nl(b: &[u8]) -> __m256i {
+pub(super) fn unpack_iq4_nl(b: &BlockIq4Nl) -> __m256i {
     let (grid, m) = (ld128(&IQ4NL_GRID), _mm_set1_epi8(0xf));
-    let q = ld128(&b[2..18]);
+    let q = ld128(&b.qs);
     let lo = _mm_shuffle_epi8(grid, _mm_and_si128(q, m));
     let hi = _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(q, 4), m));
     _mm256_set_m128i(hi, lo)
@@ -963,58 +919,54 @@ pub(super) fn unpack_iq4_nl(b: &[u8]) -> __m256i {
 // ---- Q8_1 family ----
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q4_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
-    blocks32::<_, true>(
+fn q4_1(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
+    blocks32::<_, _, true>(
         w,
         a,
-        20,
-        |b, y| mul_sum_u8_i8(nibbles(&b[4..20]), ld256(&y.qs)),
-        |b, y| [le16(b, 0), y.d, le16(b, 2), y.s],
+        |b, y| mul_sum_u8_i8(nibbles(&b.qs), ld256(&y.qs)),
+        |b, y| [b.d.bits(), y.d.bits(), b.m.bits(), y.s.bits()],
     )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q5_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
-    blocks32::<_, true>(
+fn q5_1(w: &[BlockQ5_1], a: &[BlockQ8_1]) -> f32 {
+    blocks32::<_, _, true>(
         w,
         a,
-        24,
         |b, y| {
-            let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-            let hi = _mm256_and_si256(bit_bytes(qh), _mm256_set1_epi8(0x10));
-            let q = _mm256_or_si256(nibbles(&b[8..24]), hi);
+            let hi = _mm256_and_si256(bit_bytes(u32::from_le_bytes(b.qh)), _mm256_set1_epi8(0x10));
+            let q = _mm256_or_si256(nibbles(&b.qs), hi);
             mul_sum_u8_i8(q, ld256(&y.qs))
         },
-        |b, y| [le16(b, 0), y.d, le16(b, 2), y.s],
+        |b, y| [b.d.bits(), y.d.bits(), b.m.bits(), y.s.bits()],
     )
 }
 
 // ---- K-quants (Q8_K activations) ----
 
-/// A row of `ts`-byte K-quant super-blocks in the canonical order, like
+/// A row of K-quant super-blocks in the canonical order, like
 /// [`blocks32`]: `sums(b, y)` gives the super-block's integer sum `isum` and
 /// (read with `MIN`) its minimum sum `summs`, each in eight `i32` lanes, and
 /// `scales(b)` the f16 bits of `[d_w, m_w]`.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-pub(super) fn blocks256<const MIN: bool>(
-    w: &[u8],
+pub(super) fn blocks256<B: Block, const MIN: bool>(
+    w: &[B],
     a: &[BlockQ8K],
-    ts: usize,
-    sums: impl Fn(&[u8], &BlockQ8K) -> (__m256i, __m256i),
-    scales: impl Fn(&[u8]) -> [u16; 2],
+    sums: impl Fn(&B, &BlockQ8K) -> (__m256i, __m256i),
+    scales: impl Fn(&B) -> [u16; 2],
 ) -> f32 {
-    let nb = a.len().min(w.len() / ts);
+    let nb = a.len().min(w.len());
     let mut acc = _mm256_setzero_ps();
-    let (wg, ag) = (w[..nb * ts].chunks_exact(8 * ts), a[..nb].chunks_exact(8));
+    let (wg, ag) = (w[..nb].chunks_exact(8), a[..nb].chunks_exact(8));
     let done = 8 * wg.len();
     for (wg, ag) in wg.zip(ag) {
         let mut v = [_mm256_setzero_si256(); 8];
         let mut m = [_mm256_setzero_si256(); 8];
         let mut sc = [[0u16; 8]; 2];
         let mut da = [0f32; 8];
-        for (k, (b, y)) in wg.chunks_exact(ts).zip(ag).enumerate() {
-            prefetch_ahead(b, ts);
+        for (k, (b, y)) in wg.iter().zip(ag).enumerate() {
+            prefetch_ahead(std::slice::from_ref(b), size_of::<B>());
             (v[k], m[k]) = sums(b, y);
             [sc[0][k], sc[1][k]] = scales(b);
             da[k] = y.d;
@@ -1030,8 +982,8 @@ pub(super) fn blocks256<const MIN: bool>(
     }
     let mut sum = Blocks::new(lanes_ps(acc));
     for i in done..nb {
-        let (b, y) = (&w[i * ts..(i + 1) * ts], &a[i]);
-        prefetch_ahead(b, ts);
+        let (b, y) = (&w[i], &a[i]);
+        prefetch_ahead(std::slice::from_ref(b), size_of::<B>());
         let [dw, mw] = scales(b).map(|h| h2f(h));
         let (isum, summs) = sums(b, y);
         let (isum, summs) = (hsum_epi32(isum), hsum_epi32(summs));
@@ -1046,27 +998,26 @@ pub(super) fn blocks256<const MIN: bool>(
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q2_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    blocks256::<true>(
+fn q2_k(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
+    blocks256::<_, true>(
         w,
         a,
-        84,
         |b, y| q2_k_sums(b, y),
-        |b| [le16(b, 80), le16(b, 82)],
+        |b| [b.d.bits(), b.dmin.bits()],
     )
 }
 
 /// A Q2_K super-block's integer sum and minimum sum.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn q2_k_sums(b: &[u8], y: &BlockQ8K) -> (__m256i, __m256i) {
-    let sc = ld128(&b[..16]);
+fn q2_k_sums(b: &BlockQ2K, y: &BlockQ8K) -> (__m256i, __m256i) {
+    let sc = ld128(&b.scales);
     let s16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc, _mm_set1_epi8(0xf)));
     let m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0xf)));
     let mins = _mm256_madd_epi16(m16, ld256(&y.bsums));
     let mut isum = _mm256_setzero_si256();
     for k in 0..2 {
-        let q2 = ld256(&b[16 + 32 * k..48 + 32 * k]);
+        let q2 = ld256(&b.qs[32 * k..][..32]);
         for j in 0..4 {
             let v = _mm256_and_si256(srl16(q2, 2 * j as i32), _mm256_set1_epi8(3));
             let p = _mm256_maddubs_epi16(v, ld256(&y.qs[128 * k + 32 * j..]));
@@ -1078,22 +1029,22 @@ fn q2_k_sums(b: &[u8], y: &BlockQ8K) -> (__m256i, __m256i) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q3_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    blocks256::<false>(w, a, 110, |b, y| q3_k_sums(b, y), |b| [le16(b, 108), 0])
+fn q3_k(w: &[BlockQ3K], a: &[BlockQ8K]) -> f32 {
+    blocks256::<_, false>(w, a, |b, y| q3_k_sums(b, y), |b| [b.d.bits(), 0])
 }
 
 /// A Q3_K super-block's integer sum.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn q3_k_sums(b: &[u8], y: &BlockQ8K) -> (__m256i, __m256i) {
-    let sc = q3k_scales(&b[96..108]);
+fn q3_k_sums(b: &BlockQ3K, y: &BlockQ8K) -> (__m256i, __m256i) {
+    let sc = b.sub_scales();
     let s16 = _mm256_cvtepi8_epi16(ld128(&sc));
-    let hm = ld256(&b[..32]);
+    let hm = ld256(&b.hmask);
     // Σ (u − 4)·y·s = Σ u·y·s − 4·Σ s·bsums, with u = q₂ + 4·hbit in 0..8.
     let corr = _mm256_slli_epi32(_mm256_madd_epi16(s16, ld256(&y.bsums)), 2);
     let mut isum = _mm256_sub_epi32(_mm256_setzero_si256(), corr);
     for k in 0..2 {
-        let q2 = ld256(&b[32 + 32 * k..64 + 32 * k]);
+        let q2 = ld256(&b.qs[32 * k..][..32]);
         for j in 0..4 {
             let v = _mm256_and_si256(srl16(q2, 2 * j as i32), _mm256_set1_epi8(3));
             let h = _mm256_and_si256(srl16(hm, (4 * k + j) as i32), _mm256_set1_epi8(1));
@@ -1116,20 +1067,19 @@ pub(super) fn k4_mins(m: &[u8; 8], y: &BlockQ8K) -> __m256i {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q4_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    blocks256::<true>(
+fn q4_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+    blocks256::<_, true>(
         w,
         a,
-        144,
         |b, y| q4_k_sums(b, y),
-        |b| [le16(b, 0), le16(b, 2)],
+        |b| [b.d.bits(), b.dmin.bits()],
     )
 }
 
 /// A Q4_K super-block's integer sum and minimum sum.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn q4_k_sums(b: &[u8], y: &BlockQ8K) -> (__m256i, __m256i) {
+fn q4_k_sums(b: &BlockQ4K, y: &BlockQ8K) -> (__m256i, __m256i) {
     q4_k_sums_of(&q4_k_prep(b), y)
 }
 
@@ -1143,11 +1093,11 @@ struct Q4kBlock {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn q4_k_prep(b: &[u8]) -> Q4kBlock {
-    let (sc, m) = k4_scales(&b[4..16]);
+fn q4_k_prep(b: &BlockQ4K) -> Q4kBlock {
+    let (sc, m) = k4_scales(&b.scales);
     let m4 = _mm256_set1_epi8(0xf);
     let q = std::array::from_fn(|i| {
-        let q = ld256(&b[16 + 32 * (i / 2)..][..32]);
+        let q = ld256(&b.qs[32 * (i / 2)..][..32]);
         if i % 2 == 0 {
             _mm256_and_si256(q, m4)
         } else {
@@ -1172,27 +1122,26 @@ fn q4_k_sums_of(p: &Q4kBlock, y: &BlockQ8K) -> (__m256i, __m256i) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q5_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    blocks256::<true>(
+fn q5_k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
+    blocks256::<_, true>(
         w,
         a,
-        176,
         |b, y| q5_k_sums(b, y),
-        |b| [le16(b, 0), le16(b, 2)],
+        |b| [b.d.bits(), b.dmin.bits()],
     )
 }
 
 /// A Q5_K super-block's integer sum and minimum sum.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn q5_k_sums(b: &[u8], y: &BlockQ8K) -> (__m256i, __m256i) {
-    let (sc, m) = k4_scales(&b[4..16]);
+fn q5_k_sums(b: &BlockQ5K, y: &BlockQ8K) -> (__m256i, __m256i) {
+    let (sc, m) = k4_scales(&b.scales);
     let mins = k4_mins(&m, y);
-    let qh = ld256(&b[16..48]);
+    let qh = ld256(&b.qh);
     let one = _mm256_set1_epi8(1);
     let mut isum = _mm256_setzero_si256();
     for c in 0..4 {
-        let q = ld256(&b[48 + 32 * c..80 + 32 * c]);
+        let q = ld256(&b.qs[32 * c..][..32]);
         let h_lo = _mm256_and_si256(srl16(qh, 2 * c as i32), one);
         let h_hi = _mm256_and_si256(srl16(qh, 2 * c as i32 + 1), one);
         let lo = _mm256_and_si256(q, _mm256_set1_epi8(0xf));
@@ -1209,14 +1158,14 @@ fn q5_k_sums(b: &[u8], y: &BlockQ8K) -> (__m256i, __m256i) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q6_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    blocks256::<false>(w, a, 210, |b, y| q6_k_sums(b, y), |b| [le16(b, 208), 0])
+fn q6_k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+    blocks256::<_, false>(w, a, |b, y| q6_k_sums(b, y), |b| [b.d.bits(), 0])
 }
 
 /// A Q6_K super-block's integer sum.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn q6_k_sums(b: &[u8], y: &BlockQ8K) -> (__m256i, __m256i) {
+fn q6_k_sums(b: &BlockQ6K, y: &BlockQ8K) -> (__m256i, __m256i) {
     q6_k_sums_of(&q6_k_prep(b), y)
 }
 
@@ -1229,14 +1178,14 @@ struct Q6kBlock {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn q6_k_prep(b: &[u8]) -> Q6kBlock {
-    let s16 = _mm256_cvtepi8_epi16(ld128(&b[192..208]));
+fn q6_k_prep(b: &BlockQ6K) -> Q6kBlock {
+    let s16 = _mm256_cvtepi8_epi16(ld128(&b.scales));
     let m4 = _mm256_set1_epi8(0xf);
     let mut u = [_mm256_setzero_si256(); 8];
     for n in 0..2 {
-        let ql0 = ld256(&b[64 * n..64 * n + 32]);
-        let ql1 = ld256(&b[64 * n + 32..64 * n + 64]);
-        let qh = ld256(&b[128 + 32 * n..160 + 32 * n]);
+        let ql0 = ld256(&b.ql[64 * n..][..32]);
+        let ql1 = ld256(&b.ql[64 * n + 32..][..32]);
+        let qh = ld256(&b.qh[32 * n..][..32]);
         let h = |mask: i8| _mm256_and_si256(qh, _mm256_set1_epi8(mask));
         u[4 * n] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(h(0x03), 4));
         u[4 * n + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_slli_epi16(h(0x0c), 2));
@@ -1262,30 +1211,29 @@ fn q6_k_sums_of(p: &Q6kBlock, y: &BlockQ8K) -> (__m256i, __m256i) {
     (isum, _mm256_setzero_si256())
 }
 
-/// Several activation rows against one row of `ts`-byte K-quant
+/// Several activation rows against one row of K-quant
 /// super-blocks: `prep` unpacks a super-block once for [`K_GROUP`] rows,
 /// `sums` gives its integer sums against one activation block. Each row's
 /// blocks go through the scalar term into their partial (`b % 8`), the
 /// operations [`blocks256`] vectorises, so the bits are the single product's.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn rows256<const MIN: bool, P>(
-    w: &[u8],
+fn rows256<B: Block, const MIN: bool, P>(
+    w: &[B],
     a: &[BlockQ8K],
-    ts: usize,
-    prep: impl Fn(&[u8]) -> P,
+    prep: impl Fn(&B) -> P,
     sums: impl Fn(&P, &BlockQ8K) -> (__m256i, __m256i),
-    scales: impl Fn(&[u8]) -> [u16; 2],
+    scales: impl Fn(&B) -> [u16; 2],
     out: &mut [f32],
 ) {
-    let (n, nb) = (out.len(), w.len() / ts);
+    let (n, nb) = (out.len(), w.len());
     assert_eq!(a.len(), n * nb, "rows256 lengths");
     for t0 in (0..n).step_by(K_GROUP) {
         let m = K_GROUP.min(n - t0);
         let mut acc = [Blocks::default(); K_GROUP];
         for i in 0..nb {
-            let b = &w[i * ts..][..ts];
-            prefetch_ahead(b, ts);
+            let b = &w[i];
+            prefetch_ahead(std::slice::from_ref(b), size_of::<B>());
             let p = prep(b);
             let [dw, mw] = scales(b).map(|h| h2f(h));
             for (j, acc) in acc.iter_mut().enumerate().take(m) {
@@ -1309,34 +1257,35 @@ fn rows256<const MIN: bool, P>(
 const K_GROUP: usize = 4;
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q4_k_rows(w: &[u8], a: &[BlockQ8K], out: &mut [f32]) {
-    let prep = |b: &[u8]| q4_k_prep(b);
+fn q4_k_rows(w: &[BlockQ4K], a: &[BlockQ8K], out: &mut [f32]) {
+    let prep = |b: &BlockQ4K| q4_k_prep(b);
     let sums = |p: &Q4kBlock, y: &BlockQ8K| q4_k_sums_of(p, y);
-    rows256::<true, _>(w, a, 144, prep, sums, |b| [le16(b, 0), le16(b, 2)], out)
+    let scales = |b: &BlockQ4K| [b.d.bits(), b.dmin.bits()];
+    rows256::<_, true, _>(w, a, prep, sums, scales, out)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q6_k_rows(w: &[u8], a: &[BlockQ8K], out: &mut [f32]) {
-    let prep = |b: &[u8]| q6_k_prep(b);
+fn q6_k_rows(w: &[BlockQ6K], a: &[BlockQ8K], out: &mut [f32]) {
+    let prep = |b: &BlockQ6K| q6_k_prep(b);
     let sums = |p: &Q6kBlock, y: &BlockQ8K| q6_k_sums_of(p, y);
-    rows256::<false, _>(w, a, 210, prep, sums, |b| [le16(b, 208), 0], out)
+    rows256::<_, false, _>(w, a, prep, sums, |b| [b.d.bits(), 0], out)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn iq4_xs(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    blocks256::<false>(w, a, 136, |b, y| iq4_xs_sums(b, y), |b| [le16(b, 0), 0])
+fn iq4_xs(w: &[BlockIq4Xs], a: &[BlockQ8K]) -> f32 {
+    blocks256::<_, false>(w, a, |b, y| iq4_xs_sums(b, y), |b| [b.d.bits(), 0])
 }
 
 /// An IQ4_XS super-block's integer sum.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn iq4_xs_sums(b: &[u8], y: &BlockQ8K) -> (__m256i, __m256i) {
+fn iq4_xs_sums(b: &BlockIq4Xs, y: &BlockQ8K) -> (__m256i, __m256i) {
     let grid = ld128(&IQ4NL_GRID);
     let m = _mm_set1_epi8(0xf);
-    let sc = iq4xs_scales(b);
+    let sc = b.sub_scales();
     let mut isum = _mm256_setzero_si256();
     for (ib, &s) in sc.iter().enumerate() {
-        let q = ld128(&b[8 + 16 * ib..24 + 16 * ib]);
+        let q = ld128(&b.qs[16 * ib..][..16]);
         let lo = _mm_shuffle_epi8(grid, _mm_and_si128(q, m));
         let hi = _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(q, 4), m));
         let v = _mm256_set_m128i(hi, lo);
@@ -1748,7 +1697,7 @@ mod tests {
                 let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
                 let d = amax / 127.0;
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-                want.d = f32_to_f16(d);
+                want.d = F16::from_f32(d);
                 for (q, &v) in want.qs.iter_mut().zip(&x) {
                     *q = (v * id).round() as i8;
                 }

@@ -22,8 +22,8 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use super::avx2::{
-    self, halves, ld256, ldps, le16, transpose_dwords, tree8_ps, unpack_iq4_nl, unpack_q4_0,
-    unpack_q5_0, unpack_q8_0,
+    self, halves, ld256, ldps, transpose_dwords, tree8_ps, unpack_iq4_nl, unpack_q4_0, unpack_q5_0,
+    unpack_q8_0,
 };
 use crate::forward::math::{
     EXP_FAST_C, EXP_FAST_MAX, EXP_FAST_MIN, LN2_HI_F32, LN2_LO_F32, LOG2E_F32, ROUND_F32, exp_fast,
@@ -32,8 +32,9 @@ use crate::kernels::attn::{self, KEY_TILE, by_heads};
 use crate::kernels::scalar::k4_scales;
 use crate::kernels::{
     BlockQ8_0, BlockQ8K, DotTable, OpsTable, Q8_GROUP_BYTES, Q8K_GROUP_BYTES, Q8KRows, Q8Rows,
-    RowsTable,
+    RowsTable, Scaled,
 };
+use memwall_format::blocks::{Block, BlockIq4Nl, BlockQ4_0, BlockQ4K, BlockQ5_0};
 
 macro_rules! entry {
     ($name:ident, $kernel:ident, $w:ty, $a:ty) => {
@@ -46,27 +47,26 @@ macro_rules! entry {
     };
 }
 
-entry!(e_q4_k, q4_k, &[u8], &[BlockQ8K]);
-entry!(e_q4_0, q4_0, &[u8], &[BlockQ8_0]);
-entry!(e_q5_0, q5_0, &[u8], &[BlockQ8_0]);
-entry!(e_q8_0, q8_0, &[u8], &[BlockQ8_0]);
-entry!(e_iq4_nl, iq4_nl, &[u8], &[BlockQ8_0]);
+entry!(e_q4_k, q4_k, &[BlockQ4K], &[BlockQ8K]);
+entry!(e_q4_0, q4_0, &[BlockQ4_0], &[BlockQ8_0]);
+entry!(e_q5_0, q5_0, &[BlockQ5_0], &[BlockQ8_0]);
+entry!(e_q8_0, q8_0, &[BlockQ8_0], &[BlockQ8_0]);
+entry!(e_iq4_nl, iq4_nl, &[BlockIq4Nl], &[BlockQ8_0]);
 
 /// Declares a safe entry point for a several-row kernel.
 macro_rules! rows_entry {
-    ($name:ident, $ts:literal, $unpack:ident) => {
-        fn $name(w: &[u8], rows: usize, a: Q8Rows<'_>, out: &mut [f32], stride: usize) {
+    ($name:ident, $b:ty, $unpack:ident) => {
+        fn $name(w: &[$b], rows: usize, a: Q8Rows<'_>, out: &mut [f32], stride: usize) {
             let n = a.tokens;
-            let row_bytes = (w.len() / rows.max(1)).max(1);
-            let mut pairs = w.chunks_exact(2 * row_bytes).take(rows / 2);
+            let row_len = (w.len() / rows.max(1)).max(1);
+            let mut pairs = w.chunks_exact(2 * row_len).take(rows / 2);
             for (p, w) in (&mut pairs).enumerate() {
                 let (out_a, out_b) = out[2 * p * stride..].split_at_mut(stride);
-                let (wa, wb) = w.split_at(row_bytes);
+                let (wa, wb) = w.split_at(row_len);
                 // SAFETY: as for `entry!`.
                 unsafe {
                     rows_grouped_pair(
                         [wa, wb],
-                        $ts,
                         |b| $unpack(b),
                         a.groups,
                         [&mut out_a[..n], &mut out_b[..n]],
@@ -79,8 +79,7 @@ macro_rules! rows_entry {
                 // SAFETY: as for `entry!`.
                 unsafe {
                     rows_grouped(
-                        &w[r * row_bytes..(r + 1) * row_bytes],
-                        $ts,
+                        &w[r * row_len..(r + 1) * row_len],
                         |b| $unpack(b),
                         a.groups,
                         out,
@@ -91,12 +90,12 @@ macro_rules! rows_entry {
     };
 }
 
-rows_entry!(r_q4_0, 18, unpack_q4_0);
-rows_entry!(r_q5_0, 22, unpack_q5_0);
-rows_entry!(r_q8_0, 34, unpack_q8_0);
-rows_entry!(r_iq4_nl, 18, unpack_iq4_nl);
+rows_entry!(r_q4_0, BlockQ4_0, unpack_q4_0);
+rows_entry!(r_q5_0, BlockQ5_0, unpack_q5_0);
+rows_entry!(r_q8_0, BlockQ8_0, unpack_q8_0);
+rows_entry!(r_iq4_nl, BlockIq4Nl, unpack_iq4_nl);
 
-fn r_q4_k(w: &[u8], a: Q8KRows<'_>, out: &mut [f32]) {
+fn r_q4_k(w: &[BlockQ4K], a: Q8KRows<'_>, out: &mut [f32]) {
     if a.groups.is_empty() {
         return avx2::r_q4_k(w, a, out);
     }
@@ -269,24 +268,23 @@ fn sign_dot(w: __m256i, y: __m256i) -> __m256i {
 }
 
 macro_rules! q8_family_dot {
-    ($name:ident, $ts:literal, $unpack:ident) => {
+    ($name:ident, $b:ty, $unpack:ident) => {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        fn $name(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-            avx2::blocks32::<_, false>(
+        fn $name(w: &[$b], a: &[BlockQ8_0]) -> f32 {
+            avx2::blocks32::<_, _, false>(
                 w,
                 a,
-                $ts,
                 |b, y| sign_dot($unpack(b), ld256(&y.qs)),
-                |b, y| [le16(b, 0), y.d, 0, 0],
+                |b, y| [b.d.bits(), y.d.bits(), 0, 0],
             )
         }
     };
 }
 
-q8_family_dot!(q4_0, 18, unpack_q4_0);
-q8_family_dot!(q5_0, 22, unpack_q5_0);
-q8_family_dot!(q8_0, 34, unpack_q8_0);
-q8_family_dot!(iq4_nl, 18, unpack_iq4_nl);
+q8_family_dot!(q4_0, BlockQ4_0, unpack_q4_0);
+q8_family_dot!(q5_0, BlockQ5_0, unpack_q5_0);
+q8_family_dot!(q8_0, BlockQ8_0, unpack_q8_0);
+q8_family_dot!(iq4_nl, BlockIq4Nl, unpack_iq4_nl);
 
 // ---- several activation rows per weight row (Q8_0 family) ----
 //
@@ -303,28 +301,27 @@ q8_family_dot!(iq4_nl, 18, unpack_iq4_nl);
 /// Activation rows whose partials are kept together.
 const TOKENS: usize = 16;
 
-/// One weight row of 32-weight blocks of `ts` bytes (`unpack` gives a
+/// One weight row of 32-weight blocks (`unpack` gives a
 /// block's weights as signed bytes) against `out.len()` regrouped Q8_0
 /// activation rows `groups`, each in the canonical order of the single
 /// product. A row's last group is padded with zero blocks on both sides:
 /// their terms are `+0`, which leaves a partial unchanged.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn rows_grouped(
-    w: &[u8],
-    ts: usize,
-    unpack: impl Fn(&[u8]) -> __m256i,
+fn rows_grouped<B: Scaled>(
+    w: &[B],
+    unpack: impl Fn(&B) -> __m256i,
     groups: &[u8],
     out: &mut [f32],
 ) {
-    let nb = w.len() / ts;
+    let nb = w.len();
     let ng = nb.div_ceil(8);
     let (records, _) = groups.as_chunks::<Q8_GROUP_BYTES>();
     assert!(records.len() == out.len() * ng, "grouped rows lengths");
     for (out, records) in out.chunks_mut(TOKENS).zip(records.chunks(TOKENS * ng)) {
         let mut acc = [_mm256_setzero_ps(); TOKENS];
         for (g, b0) in (0..nb).step_by(8).enumerate() {
-            let (wt, dw) = weight_group(w, b0, ts, &unpack);
+            let (wt, dw) = weight_group(w, b0, &unpack);
             for (acc, r) in acc.iter_mut().zip(records[g..].iter().step_by(ng)) {
                 let (mut s0, mut s1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
                 for k in (0..8).step_by(2) {
@@ -349,13 +346,12 @@ fn rows_grouped(
 /// and their scales.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn weight_group(
-    w: &[u8],
+fn weight_group<B: Scaled>(
+    w: &[B],
     b0: usize,
-    ts: usize,
-    unpack: &impl Fn(&[u8]) -> __m256i,
+    unpack: &impl Fn(&B) -> __m256i,
 ) -> ([__m256i; 8], __m256) {
-    let (q, dw) = avx2::weight_group(w, b0, ts, unpack);
+    let (q, dw) = avx2::weight_group(w, b0, unpack);
     let shift = _mm256_set1_epi8(0x80u8 as i8);
     (q.map(|v| _mm256_xor_si256(v, shift)), dw)
 }
@@ -368,14 +364,13 @@ fn weight_group(
 /// bits are the same.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn rows_grouped_pair(
-    w: [&[u8]; 2],
-    ts: usize,
-    unpack: impl Fn(&[u8]) -> __m256i,
+fn rows_grouped_pair<B: Scaled>(
+    w: [&[B]; 2],
+    unpack: impl Fn(&B) -> __m256i,
     groups: &[u8],
     out: [&mut [f32]; 2],
 ) {
-    let nb = w[0].len() / ts;
+    let nb = w[0].len();
     let ng = nb.div_ceil(8);
     let (records, _) = groups.as_chunks::<Q8_GROUP_BYTES>();
     let [out_a, out_b] = out;
@@ -388,8 +383,8 @@ fn rows_grouped_pair(
     for ((out_a, out_b), records) in chunks.zip(records.chunks(TOKENS * ng)) {
         let mut acc = [_mm512_setzero_ps(); TOKENS];
         for (g, b0) in (0..nb).step_by(8).enumerate() {
-            let (qa, da) = weight_group(w[0], b0, ts, &unpack);
-            let (qb, db) = weight_group(w[1], b0, ts, &unpack);
+            let (qa, da) = weight_group(w[0], b0, &unpack);
+            let (qb, db) = weight_group(w[1], b0, &unpack);
             let wt: [__m512i; 8] = std::array::from_fn(|k| join(qa[k], qb[k]));
             let dw = _mm512_castsi512_ps(join(_mm256_castps_si256(da), _mm256_castps_si256(db)));
             for (acc, r) in acc.iter_mut().zip(records[g..].iter().step_by(ng)) {
@@ -436,13 +431,11 @@ fn rows_grouped_pair(
 /// group is unpacked once per pass).
 const K_TOKENS: usize = 16;
 
-/// Zero weights for the padding lanes of a row's last group.
-const ZERO_BLOCK: [u8; 144] = [0; 144];
-
-/// The little-endian 32-bit word at `b[at..at + 4]`.
+/// Little-endian 32-bit word `i` of a Q4_K block's twelve scale bytes.
 #[inline]
-fn le32(b: &[u8], at: usize) -> i32 {
-    i32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+fn scale_word(b: &BlockQ4K, i: usize) -> i32 {
+    let s = &b.scales[4 * i..][..4];
+    i32::from_le_bytes([s[0], s[1], s[2], s[3]])
 }
 
 /// Bits `shift..shift + width` of each lane.
@@ -456,9 +449,10 @@ fn bits(v: __m256i, shift: i32, width: u32) -> __m256i {
 /// One Q4_K weight row against `out.len()` regrouped Q8_K activation rows
 /// `groups`, each in the canonical order of the single product.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn q4_k_rows_grouped(w: &[u8], groups: &[u8], out: &mut [f32]) {
-    const TS: usize = 144;
-    let nb = w.len() / TS;
+fn q4_k_rows_grouped(w: &[BlockQ4K], groups: &[u8], out: &mut [f32]) {
+    // Zero weights for the padding lanes of a row's last group.
+    let zero = BlockQ4K::zero();
+    let nb = w.len();
     let ng = nb.div_ceil(8);
     let (records, _) = groups.as_chunks::<Q8K_GROUP_BYTES>();
     assert!(records.len() == out.len() * ng, "grouped K rows lengths");
@@ -466,15 +460,12 @@ fn q4_k_rows_grouped(w: &[u8], groups: &[u8], out: &mut [f32]) {
     for (out, records) in out.chunks_mut(K_TOKENS).zip(records.chunks(K_TOKENS * ng)) {
         let mut acc = [_mm256_setzero_ps(); K_TOKENS];
         for (g, b0) in (0..nb).step_by(8).enumerate() {
-            avx2::prefetch_ahead(&w[b0 * TS..], 8 * TS);
-            let blk: [&[u8]; 8] = std::array::from_fn(|l| match w.get((b0 + l) * TS..) {
-                Some(b) if b0 + l < nb => &b[..TS],
-                _ => &ZERO_BLOCK[..TS],
-            });
+            avx2::prefetch_ahead(&w[b0..], 8 * size_of::<BlockQ4K>());
+            let blk: [&BlockQ4K; 8] = std::array::from_fn(|l| w.get(b0 + l).unwrap_or(&zero));
             // Scales and minimums, lane `l` from block `l` (ggml's
             // `get_scale_min_k4` on three words of twelve bytes).
-            let [q0, q1, q2] = [4, 8, 12].map(|at| {
-                let v = blk.map(|b| le32(b, at));
+            let [q0, q1, q2] = [0, 1, 2].map(|i| {
+                let v = blk.map(|b| scale_word(b, i));
                 _mm256_setr_epi32(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7])
             });
             // Entry `j` of the scales (`q = q0`, `low = 0`) or minimums (`q1`, `4`):
@@ -497,11 +488,11 @@ fn q4_k_rows_grouped(w: &[u8], groups: &[u8], out: &mut [f32]) {
             let mp: [__m256i; 4] = std::array::from_fn(|i| {
                 _mm256_or_si256(mins[2 * i], _mm256_slli_epi32::<16>(mins[2 * i + 1]))
             });
-            let dw = halves(blk.map(|b| le16(b, 0)));
-            let mw = halves(blk.map(|b| le16(b, 2)));
+            let dw = halves(blk.map(|b| b.d.bits()));
+            let mw = halves(blk.map(|b| b.dmin.bits()));
             let mut isum = [_mm256_setzero_si256(); K_TOKENS];
             for c in 0..4 {
-                let t = transpose_dwords(blk.map(|b| ld256(&b[16 + 32 * c..])));
+                let t = transpose_dwords(blk.map(|b| ld256(&b.qs[32 * c..])));
                 let lo = t.map(|v| _mm256_and_si256(v, m4));
                 let hi = t.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4));
                 for (isum, r) in isum.iter_mut().zip(records[g..].iter().step_by(ng)) {
@@ -835,13 +826,12 @@ fn join(lo: __m256i, hi: __m256i) -> __m512i {
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn q4_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    avx2::blocks256::<true>(
+fn q4_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+    avx2::blocks256::<_, true>(
         w,
         a,
-        144,
         |b, y| q4_k_sums(b, y),
-        |b| [avx2::le16(b, 0), avx2::le16(b, 2)],
+        |b| [b.d.bits(), b.dmin.bits()],
     )
 }
 
@@ -849,15 +839,15 @@ fn q4_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
 /// and minimum sum.
 #[inline]
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn q4_k_sums(b: &[u8], y: &BlockQ8K) -> (__m256i, __m256i) {
+fn q4_k_sums(b: &BlockQ4K, y: &BlockQ8K) -> (__m256i, __m256i) {
     let m4 = _mm256_set1_epi8(0xf);
-    let (sc, m) = k4_scales(&b[4..16]);
+    let (sc, m) = k4_scales(&b.scales);
     let sc32 = _mm512_castsi256_si512(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(
         sc,
     ))));
     let mut isum = _mm512_setzero_si512();
     for c in 0..4 {
-        let q = ld256(&b[16 + 32 * c..48 + 32 * c]);
+        let q = ld256(&b.qs[32 * c..][..32]);
         let lo = _mm256_and_si256(q, m4);
         let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
         let dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), join(lo, hi), ld512(&y.qs[64 * c..]));

@@ -26,16 +26,16 @@ mod neon;
     not(any(target_arch = "x86_64", target_arch = "aarch64")),
     allow(dead_code)
 )]
-fn each_row(
-    w: &[u8],
+fn each_row<T>(
+    w: &[T],
     rows: usize,
     out: &mut [f32],
     stride: usize,
     tokens: usize,
-    mut f: impl FnMut(&[u8], &mut [f32]),
+    mut f: impl FnMut(&[T], &mut [f32]),
 ) {
-    let row_bytes = (w.len() / rows.max(1)).max(1);
-    for (r, w) in w.chunks_exact(row_bytes).take(rows).enumerate() {
+    let row_len = (w.len() / rows.max(1)).max(1);
+    for (r, w) in w.chunks_exact(row_len).take(rows).enumerate() {
         f(w, &mut out[r * stride..r * stride + tokens]);
     }
 }

@@ -16,16 +16,19 @@ use std::arch::aarch64::*;
 use std::arch::asm;
 
 use super::super::scalar::{
-    Blocks, FLOAT_PARTIALS, FloatSum, f16_tail_step, iq4xs_scales, k4_scales, q3k_scales, term,
-    term_kmin, term_min,
+    Blocks, FLOAT_PARTIALS, FloatSum, f16_tail_step, k4_scales, term, term_kmin, term_min,
 };
 use crate::forward::math::{
     EXP_FAST_C, EXP_FAST_MAX, EXP_FAST_MIN, LN2_HI_F32, LN2_LO_F32, LOG2E_F32, ROUND_F32, exp_fast,
 };
 use crate::kernels::{
-    BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, OpsTable, Q8_GROUP_BYTES, Q8Rows, RowsTable,
+    BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, OpsTable, Q8_GROUP_BYTES, Q8Rows, RowsTable, Scaled,
+    block_entries, block_table,
 };
-use memwall_format::blocks::IQ4NL_GRID;
+use memwall_format::blocks::{
+    Block, BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
+    BlockQ5_1, BlockQ5K, BlockQ6K, IQ4NL_GRID,
+};
 
 /// The NEON float loops: `exp` on four lanes; the others are the scalar
 /// table's, which aarch64 (where NEON is always present) already compiles to
@@ -236,28 +239,27 @@ fn madd_exact(acc: float32x4_t, x: float32x4_t, y: float32x4_t) -> float32x4_t {
     vfmaq_f32(acc, x, y)
 }
 
-/// A row of 32-weight blocks of `ts` bytes in the canonical order: four
+/// A row of 32-weight blocks in the canonical order: four
 /// blocks per step, `isum(b, y)` giving a block's integer sum in four `i32`
 /// lanes and `scales(b, y)` the block's `[d_w, d_a, m_w, s_a]` (the last two
 /// only read with `MIN`); steps alternate between the vectors of partials 0–3
 /// and 4–7, and the last `nb % 4` blocks go through the scalar term.
 #[inline]
 #[target_feature(enable = "neon")]
-fn blocks32<Y, const MIN: bool>(
-    w: &[u8],
+fn blocks32<B: Block, Y, const MIN: bool>(
+    w: &[B],
     a: &[Y],
-    ts: usize,
-    isum: impl Fn(&[u8], &Y) -> int32x4_t,
-    scales: impl Fn(&[u8], &Y) -> [f32; 4],
+    isum: impl Fn(&B, &Y) -> int32x4_t,
+    scales: impl Fn(&B, &Y) -> [f32; 4],
 ) -> f32 {
-    let nb = a.len().min(w.len() / ts);
+    let nb = a.len().min(w.len());
     let mut acc = [vdupq_n_f32(0.0); 2];
-    let (wg, ag) = (w[..nb * ts].chunks_exact(4 * ts), a[..nb].chunks_exact(4));
+    let (wg, ag) = (w[..nb].chunks_exact(4), a[..nb].chunks_exact(4));
     let done = 4 * wg.len();
     for (g, (wg, ag)) in wg.zip(ag).enumerate() {
         let mut v = [vdupq_n_s32(0); 4];
         let (mut d, mut ms) = ([0f32; 4], [0f32; 4]);
-        for (k, (b, y)) in wg.chunks_exact(ts).zip(ag).enumerate() {
+        for (k, (b, y)) in wg.iter().zip(ag).enumerate() {
             v[k] = isum(b, y);
             let [dw, da, mw, sa] = scales(b, y);
             d[k] = dw * da;
@@ -274,7 +276,7 @@ fn blocks32<Y, const MIN: bool>(
     let [p4, p5, p6, p7] = lanes(acc[1]);
     let mut sum = Blocks::new([p0, p1, p2, p3, p4, p5, p6, p7]);
     for i in done..nb {
-        let (b, y) = (&w[i * ts..(i + 1) * ts], &a[i]);
+        let (b, y) = (&w[i], &a[i]);
         let [dw, da, mw, sa] = scales(b, y);
         let isum = vaddvq_s32(isum(b, y));
         let t = if MIN {
@@ -309,9 +311,9 @@ fn nibbles(q: &[u8]) -> (uint8x16_t, uint8x16_t) {
 
 #[inline]
 #[target_feature(enable = "neon")]
-fn unpack_q4_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
+fn unpack_q4_0(b: &BlockQ4_0) -> (int8x16_t, int8x16_t) {
     let eight = vdupq_n_s8(8);
-    let (lo, hi) = nibbles(&b[2..18]);
+    let (lo, hi) = nibbles(&b.qs);
     (
         vsubq_s8(vreinterpretq_s8_u8(lo), eight),
         vsubq_s8(vreinterpretq_s8_u8(hi), eight),
@@ -320,11 +322,17 @@ fn unpack_q4_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
 
 #[inline]
 #[target_feature(enable = "neon")]
-fn unpack_q5_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
+fn unpack_q5_0(b: &BlockQ5_0) -> (int8x16_t, int8x16_t) {
     let (sixteen, h) = (vdupq_n_s8(16), vdupq_n_u8(0x10));
-    let (lo, hi) = nibbles(&b[6..22]);
-    let lo = vorrq_u8(lo, vandq_u8(bit_bytes(u16::from_le_bytes([b[2], b[3]])), h));
-    let hi = vorrq_u8(hi, vandq_u8(bit_bytes(u16::from_le_bytes([b[4], b[5]])), h));
+    let (lo, hi) = nibbles(&b.qs);
+    let lo = vorrq_u8(
+        lo,
+        vandq_u8(bit_bytes(u16::from_le_bytes([b.qh[0], b.qh[1]])), h),
+    );
+    let hi = vorrq_u8(
+        hi,
+        vandq_u8(bit_bytes(u16::from_le_bytes([b.qh[2], b.qh[3]])), h),
+    );
     (
         vsubq_s8(vreinterpretq_s8_u8(lo), sixteen),
         vsubq_s8(vreinterpretq_s8_u8(hi), sixteen),
@@ -333,18 +341,15 @@ fn unpack_q5_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
 
 #[inline]
 #[target_feature(enable = "neon")]
-fn unpack_q8_0(b: &[u8]) -> (int8x16_t, int8x16_t) {
-    (
-        vreinterpretq_s8_u8(ld_u8(&b[2..18])),
-        vreinterpretq_s8_u8(ld_u8(&b[18..34])),
-    )
+fn unpack_q8_0(b: &BlockQ8_0) -> (int8x16_t, int8x16_t) {
+    (ld_s8(&b.qs[..16]), ld_s8(&b.qs[16..]))
 }
 
 #[inline]
 #[target_feature(enable = "neon")]
-fn unpack_iq4_nl(b: &[u8]) -> (int8x16_t, int8x16_t) {
+fn unpack_iq4_nl(b: &BlockIq4Nl) -> (int8x16_t, int8x16_t) {
     let grid = ld_s8(&IQ4NL_GRID);
-    let (lo, hi) = nibbles(&b[2..18]);
+    let (lo, hi) = nibbles(&b.qs);
     (vqtbl1q_s8(grid, lo), vqtbl1q_s8(grid, hi))
 }
 
@@ -436,45 +441,22 @@ macro_rules! kernels {
         entry!(e_f32w, f32w, &[u8], &[f32]);
         entry!(e_f16w, f16w, &[u8], &[u16]);
         entry!(e_bf16w, bf16w, &[u8], &[u16]);
-        entry!(e_q4_0, q4_0, &[u8], &[BlockQ8_0]);
-        entry!(e_q5_0, q5_0, &[u8], &[BlockQ8_0]);
-        entry!(e_q8_0, q8_0, &[u8], &[BlockQ8_0]);
-        entry!(e_iq4_nl, iq4_nl, &[u8], &[BlockQ8_0]);
-        entry!(e_q4_1, q4_1, &[u8], &[BlockQ8_1]);
-        entry!(e_q5_1, q5_1, &[u8], &[BlockQ8_1]);
-        entry!(e_q2_k, q2_k, &[u8], &[BlockQ8K]);
-        entry!(e_q3_k, q3_k, &[u8], &[BlockQ8K]);
-        entry!(e_q4_k, q4_k, &[u8], &[BlockQ8K]);
-        entry!(e_q5_k, q5_k, &[u8], &[BlockQ8K]);
-        entry!(e_q6_k, q6_k, &[u8], &[BlockQ8K]);
-        entry!(e_iq4_xs, iq4_xs, &[u8], &[BlockQ8K]);
         entry!(e_dot_f32, dot_f32, &[f32], &[f32]);
         entry!(e_dot_f16_f32, dot_f16_f32, &[u16], &[f32]);
         entry!(e_dot_f16_f16, dot_f16_f16, &[u16], &[u16]);
+        memwall_format::block_types!([block_entries]);
 
         #[doc = $doc]
-        pub(crate) static $table: DotTable = DotTable {
+        pub(crate) static $table: DotTable = memwall_format::block_types!([block_table] entry {
             f32: e_f32w,
             f16: e_f16w,
             bf16: e_bf16w,
-            q4_0: e_q4_0,
-            q5_0: e_q5_0,
-            q8_0: e_q8_0,
-            iq4_nl: e_iq4_nl,
-            q4_1: e_q4_1,
-            q5_1: e_q5_1,
-            q2_k: e_q2_k,
-            q3_k: e_q3_k,
-            q4_k: e_q4_k,
-            q5_k: e_q5_k,
-            q6_k: e_q6_k,
-            iq4_xs: e_iq4_xs,
             dot_f32: e_dot_f32,
             dot_f16_f32: e_dot_f16_f32,
             dot_f16_f16: e_dot_f16_f16,
             rows: $rows,
             ops: OPS,
-        };
+        });
 
         /// Σ over the two 16-byte halves of a 32-weight block.
         #[inline]
@@ -485,71 +467,69 @@ macro_rules! kernels {
 
         /// A row of the Q8_0 family (`unpack` gives a block's signed weights).
         macro_rules! q8_family {
-            ($name:ident, $ts:literal, $unpack:ident) => {
+            ($name:ident, $b:ty, $unpack:ident) => {
                 #[target_feature(enable = $feat)]
-                fn $name(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-                    blocks32::<_, false>(
+                fn $name(w: &[$b], a: &[BlockQ8_0]) -> f32 {
+                    blocks32::<_, _, false>(
                         w,
                         a,
-                        $ts,
                         |b, y| {
                             let (lo, hi) = $unpack(b);
                             dot32(lo, hi, &y.qs)
                         },
-                        |b, y| [f16_at(b, 0), h2f(y.d), 0.0, 0.0],
+                        |b, y| [h2f(b.d.bits()), h2f(y.d.bits()), 0.0, 0.0],
                     )
                 }
             };
         }
 
-        q8_family!(q4_0, 18, unpack_q4_0);
-        q8_family!(q5_0, 22, unpack_q5_0);
-        q8_family!(q8_0, 34, unpack_q8_0);
-        q8_family!(iq4_nl, 18, unpack_iq4_nl);
+        q8_family!(q4_0, BlockQ4_0, unpack_q4_0);
+        q8_family!(q5_0, BlockQ5_0, unpack_q5_0);
+        q8_family!(q8_0, BlockQ8_0, unpack_q8_0);
+        q8_family!(iq4_nl, BlockIq4Nl, unpack_iq4_nl);
 
         #[target_feature(enable = $feat)]
-        fn q4_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
-            blocks32::<_, true>(
+        fn q4_1(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
+            blocks32::<_, _, true>(
                 w,
                 a,
-                20,
                 |b, y| {
-                    let (lo, hi) = nibbles(&b[4..20]);
+                    let (lo, hi) = nibbles(&b.qs);
                     dot32(vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi), &y.qs)
                 },
-                |b, y| [f16_at(b, 0), h2f(y.d), f16_at(b, 2), h2f(y.s)],
+                |b, y| [h2f(b.d.bits()), h2f(y.d.bits()), h2f(b.m.bits()), h2f(y.s.bits())],
             )
         }
 
         #[target_feature(enable = $feat)]
-        fn q5_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
+        fn q5_1(w: &[BlockQ5_1], a: &[BlockQ8_1]) -> f32 {
             let h = vdupq_n_u8(0x10);
-            blocks32::<_, true>(
+            blocks32::<_, _, true>(
                 w,
                 a,
-                24,
                 |b, y| {
-                    let (lo, hi) = nibbles(&b[8..24]);
-                    let lo = vorrq_u8(lo, vandq_u8(bit_bytes(u16::from_le_bytes([b[4], b[5]])), h));
-                    let hi = vorrq_u8(hi, vandq_u8(bit_bytes(u16::from_le_bytes([b[6], b[7]])), h));
+                    let (lo, hi) = nibbles(&b.qs);
+                    let qh = b.qh;
+                    let lo = vorrq_u8(lo, vandq_u8(bit_bytes(u16::from_le_bytes([qh[0], qh[1]])), h));
+                    let hi = vorrq_u8(hi, vandq_u8(bit_bytes(u16::from_le_bytes([qh[2], qh[3]])), h));
                     dot32(vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi), &y.qs)
                 },
-                |b, y| [f16_at(b, 0), h2f(y.d), f16_at(b, 2), h2f(y.s)],
+                |b, y| [h2f(b.d.bits()), h2f(y.d.bits()), h2f(b.m.bits()), h2f(y.s.bits())],
             )
         }
 
         #[target_feature(enable = $feat)]
-        fn q2_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+        fn q2_k(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
             let mut sum = Blocks::default();
-            for (i, (b, y)) in w.chunks_exact(84).zip(a).enumerate() {
-                let sc = &b[..16];
+            for (i, (b, y)) in w.iter().zip(a).enumerate() {
+                let sc = &b.scales;
                 let summs: i32 =
                     y.bsums.iter().zip(sc).map(|(&s, &c)| i32::from(s) * i32::from(c >> 4)).sum();
                 let mut isum = 0i32;
                 let three = vdupq_n_u8(3);
                 for k in 0..2 {
-                    let q0 = ld_u8(&b[16 + 32 * k..]);
-                    let q1 = ld_u8(&b[32 + 32 * k..]);
+                    let q0 = ld_u8(&b.qs[32 * k..]);
+                    let q1 = ld_u8(&b.qs[16 + 32 * k..]);
                     for j in 0..4 {
                         let sh = vdupq_n_s8(-2 * j as i8);
                         let v0 = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(q0, sh), three));
@@ -561,22 +541,22 @@ macro_rules! kernels {
                         isum += i32::from(sc[g] & 0xf) * s0 + i32::from(sc[g + 1] & 0xf) * s1;
                     }
                 }
-                sum.add(i, term_kmin(f16_at(b, 80), f16_at(b, 82), y.d, isum, summs));
+                sum.add(i, term_kmin(h2f(b.d.bits()), h2f(b.dmin.bits()), y.d, isum, summs));
             }
             sum.sum()
         }
 
         #[target_feature(enable = $feat)]
-        fn q3_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+        fn q3_k(w: &[BlockQ3K], a: &[BlockQ8K]) -> f32 {
             let mut sum = Blocks::default();
-            for (i, (b, y)) in w.chunks_exact(110).zip(a).enumerate() {
-                let sc = q3k_scales(&b[96..108]);
-                let (hm0, hm1) = (ld_u8(&b[..16]), ld_u8(&b[16..32]));
+            for (i, (b, y)) in w.iter().zip(a).enumerate() {
+                let sc = b.sub_scales();
+                let (hm0, hm1) = (ld_u8(&b.hmask[..16]), ld_u8(&b.hmask[16..]));
                 let (three, four) = (vdupq_n_u8(3), vdupq_n_u8(4));
                 let mut isum = 0i32;
                 for k in 0..2 {
-                    let q0 = ld_u8(&b[32 + 32 * k..]);
-                    let q1 = ld_u8(&b[48 + 32 * k..]);
+                    let q0 = ld_u8(&b.qs[32 * k..]);
+                    let q1 = ld_u8(&b.qs[16 + 32 * k..]);
                     for j in 0..4 {
                         let sh = vdupq_n_s8(-2 * j as i8);
                         let m = vdupq_n_u8(1 << (4 * k + j));
@@ -594,44 +574,44 @@ macro_rules! kernels {
                         isum += i32::from(sc[g]) * s0 + i32::from(sc[g + 1]) * s1;
                     }
                 }
-                sum.add(i, term(f16_at(b, 108), y.d, isum));
+                sum.add(i, term(h2f(b.d.bits()), y.d, isum));
             }
             sum.sum()
         }
 
         #[target_feature(enable = $feat)]
-        fn q4_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+        fn q4_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
             let mut sum = Blocks::default();
-            for (i, (b, y)) in w.chunks_exact(144).zip(a).enumerate() {
-                let (sc, m) = k4_scales(&b[4..16]);
+            for (i, (b, y)) in w.iter().zip(a).enumerate() {
+                let (sc, m) = k4_scales(&b.scales);
                 let summs = k4_mins(&m, y);
                 let mut isum = 0i32;
                 for c in 0..4 {
-                    let (lo0, hi0) = nibbles(&b[16 + 32 * c..]);
-                    let (lo1, hi1) = nibbles(&b[32 + 32 * c..]);
+                    let (lo0, hi0) = nibbles(&b.qs[32 * c..]);
+                    let (lo1, hi1) = nibbles(&b.qs[16 + 32 * c..]);
                     let yq = &y.qs[64 * c..];
                     let s_lo = dot32(vreinterpretq_s8_u8(lo0), vreinterpretq_s8_u8(lo1), yq);
                     let s_hi = dot32(vreinterpretq_s8_u8(hi0), vreinterpretq_s8_u8(hi1), &yq[32..]);
                     isum += i32::from(sc[2 * c]) * vaddvq_s32(s_lo);
                     isum += i32::from(sc[2 * c + 1]) * vaddvq_s32(s_hi);
                 }
-                sum.add(i, term_kmin(f16_at(b, 0), f16_at(b, 2), y.d, isum, summs));
+                sum.add(i, term_kmin(h2f(b.d.bits()), h2f(b.dmin.bits()), y.d, isum, summs));
             }
             sum.sum()
         }
 
         #[target_feature(enable = $feat)]
-        fn q5_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+        fn q5_k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
             let mut sum = Blocks::default();
-            for (i, (b, y)) in w.chunks_exact(176).zip(a).enumerate() {
-                let (sc, m) = k4_scales(&b[4..16]);
+            for (i, (b, y)) in w.iter().zip(a).enumerate() {
+                let (sc, m) = k4_scales(&b.scales);
                 let summs = k4_mins(&m, y);
-                let (qh0, qh1) = (ld_u8(&b[16..32]), ld_u8(&b[32..48]));
+                let (qh0, qh1) = (ld_u8(&b.qh[..16]), ld_u8(&b.qh[16..]));
                 let h = vdupq_n_u8(0x10);
                 let mut isum = 0i32;
                 for c in 0..4 {
-                    let (lo0, hi0) = nibbles(&b[48 + 32 * c..]);
-                    let (lo1, hi1) = nibbles(&b[64 + 32 * c..]);
+                    let (lo0, hi0) = nibbles(&b.qs[32 * c..]);
+                    let (lo1, hi1) = nibbles(&b.qs[16 + 32 * c..]);
                     let (m_lo, m_hi) = (vdupq_n_u8(1 << (2 * c)), vdupq_n_u8(2 << (2 * c)));
                     let fifth = |q: uint8x16_t, qh: uint8x16_t, m: uint8x16_t| {
                         vreinterpretq_s8_u8(vorrq_u8(q, vandq_u8(vtstq_u8(qh, m), h)))
@@ -642,25 +622,25 @@ macro_rules! kernels {
                     isum += i32::from(sc[2 * c]) * vaddvq_s32(s_lo);
                     isum += i32::from(sc[2 * c + 1]) * vaddvq_s32(s_hi);
                 }
-                sum.add(i, term_kmin(f16_at(b, 0), f16_at(b, 2), y.d, isum, summs));
+                sum.add(i, term_kmin(h2f(b.d.bits()), h2f(b.dmin.bits()), y.d, isum, summs));
             }
             sum.sum()
         }
 
         #[target_feature(enable = $feat)]
-        fn q6_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+        fn q6_k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
             let mut sum = Blocks::default();
             let m4 = vdupq_n_u8(0xf);
             let m3 = vdupq_n_u8(3);
             let off = vdupq_n_s8(32);
-            for (i, (b, y)) in w.chunks_exact(210).zip(a).enumerate() {
-                let sc = &b[192..208];
+            for (i, (b, y)) in w.iter().zip(a).enumerate() {
+                let sc = &b.scales;
                 let mut isum = 0i32;
                 for n in 0..2 {
                     for r in 0..2 {
-                        let ql0 = ld_u8(&b[64 * n + 16 * r..]);
-                        let ql1 = ld_u8(&b[64 * n + 32 + 16 * r..]);
-                        let qh = ld_u8(&b[128 + 32 * n + 16 * r..]);
+                        let ql0 = ld_u8(&b.ql[64 * n + 16 * r..]);
+                        let ql1 = ld_u8(&b.ql[64 * n + 32 + 16 * r..]);
+                        let qh = ld_u8(&b.qh[32 * n + 16 * r..]);
                         let u = [
                             vorrq_u8(vandq_u8(ql0, m4), vshlq_n_u8::<4>(vandq_u8(qh, m3))),
                             vorrq_u8(
@@ -677,28 +657,28 @@ macro_rules! kernels {
                             let g = 8 * n + 2 * quarter + r;
                             let v = vsubq_s8(vreinterpretq_s8_u8(u), off);
                             let s = vaddvq_s32($dot(vdupq_n_s32(0), v, ld_s8(&y.qs[16 * g..])));
-                            isum += i32::from(sc[g] as i8) * s;
+                            isum += i32::from(sc[g]) * s;
                         }
                     }
                 }
-                sum.add(i, term(f16_at(b, 208), y.d, isum));
+                sum.add(i, term(h2f(b.d.bits()), y.d, isum));
             }
             sum.sum()
         }
 
         #[target_feature(enable = $feat)]
-        fn iq4_xs(w: &[u8], a: &[BlockQ8K]) -> f32 {
+        fn iq4_xs(w: &[BlockIq4Xs], a: &[BlockQ8K]) -> f32 {
             let grid = ld_s8(&IQ4NL_GRID);
             let mut sum = Blocks::default();
-            for (i, (b, y)) in w.chunks_exact(136).zip(a).enumerate() {
-                let sc = iq4xs_scales(b);
+            for (i, (b, y)) in w.iter().zip(a).enumerate() {
+                let sc = b.sub_scales();
                 let mut isum = 0i32;
                 for (ib, &s) in sc.iter().enumerate() {
-                    let (lo, hi) = nibbles(&b[8 + 16 * ib..]);
+                    let (lo, hi) = nibbles(&b.qs[16 * ib..]);
                     let p = dot32(vqtbl1q_s8(grid, lo), vqtbl1q_s8(grid, hi), &y.qs[32 * ib..]);
                     isum += s * vaddvq_s32(p);
                 }
-                sum.add(i, term(f16_at(b, 0), y.d, isum));
+                sum.add(i, term(h2f(b.d.bits()), y.d, isum));
             }
             sum.sum()
         }
@@ -827,22 +807,22 @@ mod dot {
 
     /// Declares a safe entry point for a several-row kernel.
     macro_rules! rows_entry {
-        ($name:ident, $ts:literal, $unpack:ident) => {
-            fn $name(w: &[u8], rows: usize, a: Q8Rows<'_>, out: &mut [f32], stride: usize) {
+        ($name:ident, $b:ty, $unpack:ident) => {
+            fn $name(w: &[$b], rows: usize, a: Q8Rows<'_>, out: &mut [f32], stride: usize) {
                 // SAFETY: reachable only through `TABLE_DOT`, which `Kernels::new`
                 // hands out after probing NEON and the dot-product extension.
-                let row = |w: &[u8], out: &mut [f32]| unsafe {
-                    rows_grouped(w, $ts, |b| $unpack(b), a.groups, out)
+                let row = |w: &[$b], out: &mut [f32]| unsafe {
+                    rows_grouped(w, |b| $unpack(b), a.groups, out)
                 };
                 super::super::each_row(w, rows, out, stride, a.tokens, row);
             }
         };
     }
 
-    rows_entry!(r_q4_0, 18, unpack_q4_0);
-    rows_entry!(r_q5_0, 22, unpack_q5_0);
-    rows_entry!(r_q8_0, 34, unpack_q8_0);
-    rows_entry!(r_iq4_nl, 18, unpack_iq4_nl);
+    rows_entry!(r_q4_0, BlockQ4_0, unpack_q4_0);
+    rows_entry!(r_q5_0, BlockQ5_0, unpack_q5_0);
+    rows_entry!(r_q8_0, BlockQ8_0, unpack_q8_0);
+    rows_entry!(r_iq4_nl, BlockIq4Nl, unpack_iq4_nl);
 
     // The activations come regrouped (`Q8_GROUP_BYTES`): per eight blocks,
     // eight 32-byte registers whose four-byte lane `l` holds four quants of
@@ -874,21 +854,20 @@ mod dot {
         .map(|x| vreinterpretq_s8_s64(x))
     }
 
-    /// One weight row of 32-weight blocks of `ts` bytes against
+    /// One weight row of 32-weight blocks against
     /// `out.len()` regrouped Q8_0 activation rows `groups`, each in the
     /// canonical order of the single product. A row's last group is padded
     /// with zero blocks on both sides: their terms are `+0`, which leaves a
     /// partial unchanged.
     #[inline]
     #[target_feature(enable = "neon,dotprod")]
-    fn rows_grouped(
-        w: &[u8],
-        ts: usize,
-        unpack: impl Fn(&[u8]) -> (int8x16_t, int8x16_t),
+    fn rows_grouped<B: Scaled>(
+        w: &[B],
+        unpack: impl Fn(&B) -> (int8x16_t, int8x16_t),
         groups: &[u8],
         out: &mut [f32],
     ) {
-        let nb = w.len() / ts;
+        let nb = w.len();
         let ng = nb.div_ceil(8);
         let (records, _) = groups.as_chunks::<Q8_GROUP_BYTES>();
         assert!(records.len() == out.len() * ng, "grouped rows lengths");
@@ -898,9 +877,9 @@ mod dot {
             for (g, b0) in (0..nb).step_by(8).enumerate() {
                 let mut q = [(zero, zero); 8];
                 let mut dws = [0f32; 8];
-                for (l, b) in w[b0 * ts..].chunks_exact(ts).take(8).enumerate() {
+                for (l, b) in w[b0..].iter().take(8).enumerate() {
                     q[l] = unpack(b);
-                    dws[l] = f16_at(b, 0);
+                    dws[l] = h2f(b.scale().bits());
                 }
                 // wt[h][k]: lane `l` = weights 4k..4k+4 of block 4h + l.
                 let wt: [[int8x16_t; 8]; 2] = std::array::from_fn(|h| {
