@@ -37,7 +37,7 @@ use memwall_format::progress::{Progress, Unit};
 use memwall_quantize::imatrix::Imatrix;
 use memwall_quantize::job::{self, ImatrixInput, Options};
 use memwall_quantize::{IMATRIX_ENCODABLE, quantize_row_imatrix};
-use memwall_runtime::forward::{Arch, Model, Observer};
+use memwall_runtime::forward::{Model, Observer};
 use rayon::prelude::*;
 
 use crate::CalibrateError;
@@ -512,7 +512,7 @@ pub fn run(
         let mut alphas: HashMap<&'static str, (Option<f32>, Option<f64>)> = HashMap::new();
         // 2. AWQ.
         if settings.method.awq() {
-            let parallel = c.arch == Arch::CommandR;
+            let parallel = c.arch.parallel_blocks();
             let moe = c.n_expert > 0;
             // (input, scaled-by, matrices)
             let mut groups: Vec<(&'static str, &'static str, Vec<&'static str>)> = Vec::new();

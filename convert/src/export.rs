@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use memwall_format::blocks::{DEQUANTIZABLE, dequantize_row, f32_to_bf16, f32_to_f16};
 use memwall_format::direct::DirectWriter;
 use memwall_format::gguf::{Array, GgufError, GgufModel, Metadata, TensorInfo};
+use memwall_format::model_info::HyperParams;
 use memwall_format::progress::{Progress, Unit};
 use rayon::prelude::*;
 use serde_json::{Map, Value as Json, json};
@@ -179,43 +180,29 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> ExportError + '_ {
     }
 }
 
-/// Reads GGUF keys for one file, with errors that name the key.
+/// The hyper-parameters of the file (read once), with errors that name the
+/// key for the ones export needs.
 struct Keys<'a> {
-    meta: &'a Metadata,
-    arch: &'a str,
+    hp: &'a HyperParams,
 }
 
 impl Keys<'_> {
-    fn u64(&self, key: &str) -> Result<Option<u64>, String> {
-        let key = format!("{}.{key}", self.arch);
-        self.meta.get_u64(&key).map_err(|e| e.to_string())
-    }
-
-    fn f32(&self, key: &str) -> Result<Option<f64>, String> {
-        let key = format!("{}.{key}", self.arch);
-        let v = self.meta.get_f64(&key).map_err(|e| e.to_string())?;
-        // The shortest decimal that reads back as the same f32, so config.json
-        // says 1e-05 rather than 9.999999747378752e-06.
-        Ok(v.map(|v| format!("{}", v as f32).parse().unwrap_or(v)))
-    }
-
-    fn require(&self, key: &str) -> Result<u64, String> {
-        self.u64(key)?
-            .ok_or_else(|| format!("missing key {}.{key}", self.arch))
+    /// `value`, or an error naming `<arch>.key`.
+    fn require<T>(&self, key: &str, value: Option<T>) -> Result<T, String> {
+        value.ok_or_else(|| format!("missing key {}.{key}", self.hp.architecture))
     }
 }
 
-fn expert_count(keys: &Keys) -> Result<u64, String> {
-    Ok(keys.u64("expert_count")?.unwrap_or(0))
+/// The shortest decimal that reads back as the same f32, so config.json says
+/// 1e-05 rather than 9.999999747378752e-06.
+fn f32_decimal(v: f64) -> f64 {
+    format!("{}", v as f32).parse().unwrap_or(v)
 }
 
 /// The architecture table entry for a GGUF architecture (MoE or not).
-fn target(meta: &Metadata) -> Result<&'static Arch, String> {
-    let name = meta
-        .require_str("general.architecture")
-        .map_err(|e| e.to_string())?;
-    let keys = Keys { meta, arch: name };
-    let moe = expert_count(&keys)? > 0;
+fn target(hp: &HyperParams) -> Result<&'static Arch, String> {
+    let name = hp.architecture.as_str();
+    let moe = hp.expert_count.unwrap_or(0) > 0;
     ARCHS
         .iter()
         .find(|a| a.gguf == name && a.experts.is_some() == moe)
@@ -232,8 +219,7 @@ fn target(meta: &Metadata) -> Result<&'static Arch, String> {
 
 /// The output tensors, in GGUF order with experts unstacked.
 fn pieces(model: &GgufModel, arch: &Arch, keys: &Keys) -> Result<Vec<Piece>, String> {
-    let n_head = keys.require("attention.head_count")?;
-    let n_head_kv = keys.u64("attention.head_count_kv")?.unwrap_or(n_head);
+    let (n_head, n_head_kv) = (keys.hp.head_count, keys.hp.head_count_kv);
     let mut out = Vec::new();
     for (_, t) in model.tensors() {
         if !DEQUANTIZABLE.contains(&t.ty) {
@@ -347,69 +333,60 @@ fn config(
         "vocab_size".into(),
         json!(embd.dims.get(1).copied().unwrap_or(0)),
     );
-    c.insert(
-        "hidden_size".into(),
-        json!(keys.require("embedding_length")?),
-    );
+    let hp = keys.hp;
+    c.insert("hidden_size".into(), json!(hp.embedding_length));
     c.insert(
         "intermediate_size".into(),
-        json!(keys.require("feed_forward_length")?),
+        json!(keys.require("feed_forward_length", hp.feed_forward_length)?),
     );
-    c.insert(
-        "num_hidden_layers".into(),
-        json!(keys.require("block_count")?),
-    );
-    let n_head = keys.require("attention.head_count")?;
-    c.insert("num_attention_heads".into(), json!(n_head));
-    c.insert(
-        "num_key_value_heads".into(),
-        json!(keys.u64("attention.head_count_kv")?.unwrap_or(n_head)),
-    );
-    if let Some(d) = keys.u64("attention.key_length")? {
+    c.insert("num_hidden_layers".into(), json!(hp.block_count));
+    c.insert("num_attention_heads".into(), json!(hp.head_count));
+    c.insert("num_key_value_heads".into(), json!(hp.head_count_kv));
+    if let Some(d) = hp.key_length {
         c.insert("head_dim".into(), json!(d));
     }
-    if let Some(n) = keys.u64("context_length")? {
-        c.insert("max_position_embeddings".into(), json!(n));
+    c.insert("max_position_embeddings".into(), json!(hp.context_length));
+    if let Some(eps) = hp.rms_norm_eps {
+        c.insert("rms_norm_eps".into(), num(f32_decimal(eps)));
     }
-    if let Some(eps) = keys.f32("attention.layer_norm_rms_epsilon")? {
-        c.insert("rms_norm_eps".into(), num(eps));
-    }
-    if let Some(eps) = keys.f32("attention.layer_norm_epsilon")? {
-        c.insert("layer_norm_eps".into(), num(eps));
+    if let Some(eps) = hp.layer_norm_eps {
+        c.insert("layer_norm_eps".into(), num(f32_decimal(eps)));
     }
     c.insert(
         "rope_theta".into(),
-        num(keys.f32("rope.freq_base")?.unwrap_or(10000.0)),
+        num(hp.rope_freq_base.map_or(10000.0, f32_decimal)),
     );
     let scaling_key = format!("{}.rope.scaling.type", arch.gguf);
-    match meta.get_str(&scaling_key).map_err(|e| e.to_string())? {
+    let factor = hp.rope_scaling_factor.map(f32_decimal);
+    match hp.rope_scaling_type.as_deref() {
         None | Some("none") => {}
         Some("linear") => {
-            let factor = keys
-                .f32("rope.scaling.factor")?
-                .ok_or_else(|| format!("{scaling_key} is linear but has no factor"))?;
+            let factor =
+                factor.ok_or_else(|| format!("{scaling_key} is linear but has no factor"))?;
             c.insert(
                 "rope_scaling".into(),
                 json!({"rope_type": "linear", "factor": num(factor)}),
             );
         }
         Some("yarn") => {
-            let factor = keys
-                .f32("rope.scaling.factor")?
-                .ok_or_else(|| format!("{scaling_key} is yarn but has no factor"))?;
-            let original = keys.require("rope.scaling.original_context_length")?;
+            let factor =
+                factor.ok_or_else(|| format!("{scaling_key} is yarn but has no factor"))?;
+            let original = keys.require(
+                "rope.scaling.original_context_length",
+                hp.rope_scaling_original_context_length,
+            )?;
             let mut r = Map::new();
             r.insert("rope_type".into(), json!("yarn"));
             r.insert("factor".into(), num(factor));
             r.insert("original_max_position_embeddings".into(), json!(original));
-            for (k, name) in [
-                ("rope.scaling.yarn_ext_factor", "extrapolation_factor"),
-                ("rope.scaling.yarn_attn_factor", "attention_factor"),
-                ("rope.scaling.yarn_beta_fast", "beta_fast"),
-                ("rope.scaling.yarn_beta_slow", "beta_slow"),
+            for (v, name) in [
+                (hp.yarn_ext_factor, "extrapolation_factor"),
+                (hp.yarn_attn_factor, "attention_factor"),
+                (hp.yarn_beta_fast, "beta_fast"),
+                (hp.yarn_beta_slow, "beta_slow"),
             ] {
-                if let Some(v) = keys.f32(k)? {
-                    r.insert(name.into(), num(v));
+                if let Some(v) = v {
+                    r.insert(name.into(), num(f32_decimal(v)));
                 }
             }
             c.insert("rope_scaling".into(), Json::Object(r));
@@ -426,13 +403,13 @@ fn config(
         json!(model.tensor("output.weight").is_none()),
     );
     if arch.experts.is_some() {
-        let experts = expert_count(keys)?;
-        let used = keys.require("expert_used_count")?;
+        let experts = hp.expert_count.unwrap_or(0);
+        let used = keys.require("expert_used_count", hp.expert_used_count)?;
         if arch.model_type == "mixtral" {
             c.insert("num_local_experts".into(), json!(experts));
         } else {
             c.insert("num_experts".into(), json!(experts));
-            if let Some(n) = keys.u64("expert_feed_forward_length")? {
+            if let Some(n) = hp.expert_feed_forward_length {
                 c.insert("moe_intermediate_size".into(), json!(n));
             }
             // llama.cpp's qwen3moe graph renormalises the chosen experts' weights.
@@ -444,9 +421,7 @@ fn config(
     }
     match arch.gguf {
         "command-r" => {
-            let scale = keys
-                .f32("logit_scale")?
-                .ok_or("missing key command-r.logit_scale")?;
+            let scale = f32_decimal(keys.require("logit_scale", hp.logit_scale)?);
             c.insert("logit_scale".into(), num(scale));
             c.insert(
                 "use_qk_norm".into(),
@@ -561,9 +536,7 @@ fn common_tokenizer_config(
             tc.insert(format!("{kind}_token"), json!(t));
         }
     }
-    if let Some(n) = keys.u64("context_length")? {
-        tc.insert("model_max_length".into(), json!(n));
-    }
+    tc.insert("model_max_length".into(), json!(keys.hp.context_length));
     tc.insert("clean_up_tokenization_spaces".into(), json!(false));
     if let Some(v) = meta
         .get_bool("tokenizer.ggml.add_space_prefix")
@@ -940,11 +913,9 @@ pub fn export(
     let model = GgufModel::open(input)?;
     let meta = model.metadata();
     let fail = |m: String| model_error(input, m);
-    let arch = target(meta).map_err(fail)?;
-    let keys = Keys {
-        meta,
-        arch: arch.gguf,
-    };
+    let hp = HyperParams::try_from(meta).map_err(|e| fail(e.to_string()))?;
+    let arch = target(&hp).map_err(fail)?;
+    let keys = Keys { hp: &hp };
     let pieces = pieces(&model, arch, &keys).map_err(fail)?;
     let config = config(meta, arch, &keys, &model, options.dtype).map_err(fail)?;
     let tokenizer = tokenizer_files(meta, &keys).map_err(fail)?;

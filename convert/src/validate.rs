@@ -6,6 +6,7 @@
 use crate::arch::Arch;
 use crate::checkpoint::Checkpoint;
 use crate::tensors::Planned;
+use memwall_format::arch::{Arch as GgufArch, Dims, Slot};
 
 fn get(config: &serde_json::Value, keys: &[&str]) -> Option<u64> {
     keys.iter()
@@ -40,38 +41,23 @@ pub fn validate(ckpt: &Checkpoint, arch: &Arch, planned: &[Planned]) -> Result<(
         .and_then(|v| v.as_bool())
         .unwrap_or(false);
 
-    // Expected GGUF dims (ne[0] first) of each weight, by GGUF name.
-    let (q, kv) = (heads * head_dim, kv_heads * head_dim);
-    let mut expected: Vec<(String, Vec<u64>)> = vec![
-        ("token_embd.weight".into(), vec![hidden, vocab]),
-        ("output_norm.weight".into(), vec![hidden]),
-    ];
-    if !tied {
-        expected.push(("output.weight".into(), vec![hidden, vocab]));
-    }
-    for l in 0..layers {
-        let b = |n: &str| format!("blk.{l}.{n}.weight");
-        expected.push((b("attn_norm"), vec![hidden]));
-        expected.push((b("attn_q"), vec![hidden, q]));
-        expected.push((b("attn_k"), vec![hidden, kv]));
-        expected.push((b("attn_v"), vec![hidden, kv]));
-        expected.push((b("attn_output"), vec![q, hidden]));
-        if arch.gguf != "command-r" {
-            expected.push((b("ffn_norm"), vec![hidden]));
-        }
-        if experts > 0 {
-            expected.push((b("ffn_gate_inp"), vec![hidden, experts]));
-            expected.push((b("ffn_gate_exps"), vec![hidden, moe_ffn, experts]));
-            expected.push((b("ffn_up_exps"), vec![hidden, moe_ffn, experts]));
-            expected.push((b("ffn_down_exps"), vec![moe_ffn, hidden, experts]));
-        } else {
-            expected.push((b("ffn_gate"), vec![hidden, ffn]));
-            expected.push((b("ffn_up"), vec![hidden, ffn]));
-            expected.push((b("ffn_down"), vec![ffn, hidden]));
-        }
-    }
+    // Expected GGUF dims (ne[0] first) of each tensor, from the architecture's table.
+    let gguf_arch = GgufArch::from_name(arch.gguf)
+        .ok_or_else(|| format!("internal: no tensor table for {}", arch.gguf))?;
+    let expected = gguf_arch.tensors(&Dims {
+        n_layer: layers,
+        n_embd: hidden,
+        n_head: heads,
+        n_head_kv: kv_heads,
+        head_dim,
+        n_ff: ffn,
+        n_expert: experts,
+        n_ff_expert: moe_ffn,
+        n_vocab: vocab,
+        tied_embeddings: tied,
+    });
     let mut problems = Vec::new();
-    for (name, dims) in &expected {
+    for Slot { name, dims } in &expected {
         match planned.iter().find(|p| &p.name == name) {
             None => problems.push(format!("missing {name}")),
             Some(p) if &p.dims != dims => {

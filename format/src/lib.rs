@@ -8,6 +8,7 @@
 //! tokenizer, evaluation) builds on it.
 //!
 //! - [`ggml_type`]: every ggml type id and `llama_ftype` value, in one table each.
+//! - [`arch`]: the architectures, their differences and their tensor tables.
 //! - [`gguf`]: reading GGUF over mmap (zero-copy tensor slices, split models)
 //!   and streaming, atomic writing.
 //! - [`model_info`]: hyper-parameters and tokenizer summary from metadata.
@@ -23,6 +24,7 @@
 // and tests may unwrap (clippy.toml).
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod arch;
 pub mod atomic;
 pub mod blocks;
 pub mod cleanup;

@@ -99,6 +99,21 @@ pub struct HyperParams {
     pub rope_scaling_type: Option<String>,
     /// RoPE scaling factor.
     pub rope_scaling_factor: Option<f64>,
+    /// Training context of the unscaled model (YaRN).
+    pub rope_scaling_original_context_length: Option<u64>,
+    /// Factor on the rotary embedding's magnitude (`rope.scaling.attn_factor`).
+    pub rope_scaling_attn_factor: Option<f64>,
+    /// YaRN's extrapolation mix (`rope.scaling.yarn_ext_factor`).
+    pub yarn_ext_factor: Option<f64>,
+    /// YaRN's stated magnitude (`rope.scaling.yarn_attn_factor`, transformers'
+    /// `attention_factor`), which replaces the computed one.
+    pub yarn_attn_factor: Option<f64>,
+    /// YaRN's `beta_fast`.
+    pub yarn_beta_fast: Option<f64>,
+    /// YaRN's `beta_slow`.
+    pub yarn_beta_slow: Option<f64>,
+    /// YaRN's magnitude log multiplier (`rope.scaling.yarn_log_multiplier`).
+    pub yarn_log_multiplier: Option<f64>,
     /// RMSNorm epsilon.
     pub rms_norm_eps: Option<f64>,
     /// LayerNorm epsilon.
@@ -107,6 +122,12 @@ pub struct HyperParams {
     pub expert_count: Option<u64>,
     /// Experts used per token (MoE).
     pub expert_used_count: Option<u64>,
+    /// FFN width of each expert (MoE).
+    pub expert_feed_forward_length: Option<u64>,
+    /// Factor on the routing weights (`expert_weights_scale`).
+    pub expert_weights_scale: Option<f64>,
+    /// Factor on the logits (`logit_scale`, Command-R).
+    pub logit_scale: Option<f64>,
     /// Vocabulary size: `<arch>.vocab_size`, else the token list length.
     pub vocab_size: Option<u64>,
 }
@@ -152,10 +173,20 @@ impl TryFrom<&Metadata> for HyperParams {
             rope_freq_base: r.f64(&k("rope.freq_base")),
             rope_scaling_type: r.string(&k("rope.scaling.type")).map(str::to_owned),
             rope_scaling_factor: r.f64(&k("rope.scaling.factor")),
+            rope_scaling_original_context_length: r.u64(&k("rope.scaling.original_context_length")),
+            rope_scaling_attn_factor: r.f64(&k("rope.scaling.attn_factor")),
+            yarn_ext_factor: r.f64(&k("rope.scaling.yarn_ext_factor")),
+            yarn_attn_factor: r.f64(&k("rope.scaling.yarn_attn_factor")),
+            yarn_beta_fast: r.f64(&k("rope.scaling.yarn_beta_fast")),
+            yarn_beta_slow: r.f64(&k("rope.scaling.yarn_beta_slow")),
+            yarn_log_multiplier: r.f64(&k("rope.scaling.yarn_log_multiplier")),
             rms_norm_eps: r.f64(&k("attention.layer_norm_rms_epsilon")),
             layer_norm_eps: r.f64(&k("attention.layer_norm_epsilon")),
             expert_count: r.u64(&k("expert_count")),
             expert_used_count: r.u64(&k("expert_used_count")),
+            expert_feed_forward_length: r.u64(&k("expert_feed_forward_length")),
+            expert_weights_scale: r.f64(&k("expert_weights_scale")),
+            logit_scale: r.f64(&k("logit_scale")),
             vocab_size: r.u64(&k("vocab_size")).or_else(|| {
                 let tokens = r.opt(m.get_array(tokenizer_keys::TOKENS));
                 tokens.map(|a| a.len() as u64)

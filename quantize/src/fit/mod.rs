@@ -27,6 +27,7 @@ pub use estimate::{
 };
 
 use memwall_format::GgmlType;
+use memwall_format::arch::{Arch, Dims, Slot};
 use memwall_format::ggml_type::{FileTypeInfo, file_type_by_name};
 
 use crate::recipe::Recipe;
@@ -123,10 +124,6 @@ impl Shape {
         let meta = model.metadata();
         let hp = HyperParams::try_from(meta).map_err(|e| e.to_string())?;
         let arch = hp.architecture.clone();
-        let u = |key: &str| -> Result<Option<u64>, String> {
-            meta.get_u64(&format!("{arch}.{key}"))
-                .map_err(|e| e.to_string())
-        };
         let has = |name: &str| model.tensors().any(|(_, t)| t.name == name);
         let n_vocab = match hp.vocab_size {
             Some(v) => v,
@@ -148,7 +145,7 @@ impl Shape {
             n_vocab,
             n_expert: small(hp.expert_count.unwrap_or(0), "expert_count")?,
             n_expert_used: small(hp.expert_used_count.unwrap_or(0), "expert_used_count")?,
-            n_ff_expert: u("expert_feed_forward_length")?.unwrap_or(0),
+            n_ff_expert: hp.expert_feed_forward_length.unwrap_or(0),
             tied_embeddings: !has("output.weight"),
             ctx_train: hp.context_length,
             arch,
@@ -333,55 +330,34 @@ impl Shape {
     /// The tensors llama.cpp's converter writes for this shape (F16 matrices,
     /// F32 vectors), in llama.cpp's order.
     pub fn tensors(&self) -> Vec<TensorShape> {
-        let e = self.n_embd;
-        let q = u64::from(self.n_head) * self.head_dim;
-        let kv = u64::from(self.n_head_kv) * self.head_dim;
-        let mut out = Vec::new();
-        let mut put = |name: String, dims: Vec<u64>| {
-            // The converter keeps vectors and the MoE router in F32.
-            let ty = if dims.len() > 1 && !name.ends_with("ffn_gate_inp.weight") {
-                GgmlType::F16
-            } else {
-                GgmlType::F32
-            };
-            out.push(TensorShape { name, dims, ty });
+        // Architectures without a table of their own (a GGUF file of another
+        // family) are counted with Llama's tensors.
+        let arch = Arch::from_name(&self.arch).unwrap_or(Arch::Llama);
+        let dims = Dims {
+            n_layer: u64::from(self.n_layer),
+            n_embd: self.n_embd,
+            n_head: u64::from(self.n_head),
+            n_head_kv: u64::from(self.n_head_kv),
+            head_dim: self.head_dim,
+            n_ff: self.n_ff,
+            n_expert: u64::from(self.n_expert),
+            n_ff_expert: self.n_ff_expert,
+            n_vocab: self.n_vocab,
+            tied_embeddings: self.tied_embeddings,
         };
-        put("token_embd.weight".into(), vec![e, self.n_vocab]);
-        put("output_norm.weight".into(), vec![e]);
-        if !self.tied_embeddings {
-            put("output.weight".into(), vec![e, self.n_vocab]);
-        }
-        for l in 0..self.n_layer {
-            let b = |s: &str| format!("blk.{l}.{s}");
-            put(b("attn_norm.weight"), vec![e]);
-            put(b("attn_q.weight"), vec![e, q]);
-            put(b("attn_k.weight"), vec![e, kv]);
-            put(b("attn_v.weight"), vec![e, kv]);
-            put(b("attn_output.weight"), vec![q, e]);
-            if self.arch == "qwen2" {
-                put(b("attn_q.bias"), vec![q]);
-                put(b("attn_k.bias"), vec![kv]);
-                put(b("attn_v.bias"), vec![kv]);
-            }
-            if self.arch.starts_with("qwen3") {
-                put(b("attn_q_norm.weight"), vec![self.head_dim]);
-                put(b("attn_k_norm.weight"), vec![self.head_dim]);
-            }
-            if self.arch != "command-r" {
-                put(b("ffn_norm.weight"), vec![e]);
-            }
-            if self.n_expert > 0 {
-                let (x, f) = (u64::from(self.n_expert), self.n_ff_expert);
-                put(b("ffn_gate_inp.weight"), vec![e, x]);
-                put(b("ffn_gate_exps.weight"), vec![e, f, x]);
-                put(b("ffn_up_exps.weight"), vec![e, f, x]);
-                put(b("ffn_down_exps.weight"), vec![f, e, x]);
-            } else {
-                put(b("ffn_gate.weight"), vec![e, self.n_ff]);
-                put(b("ffn_up.weight"), vec![e, self.n_ff]);
-                put(b("ffn_down.weight"), vec![self.n_ff, e]);
-            }
-        }
+        let mut out: Vec<TensorShape> = arch
+            .tensors(&dims)
+            .into_iter()
+            .map(|Slot { name, dims }| {
+                // The converter keeps vectors and the MoE router in F32.
+                let ty = if dims.len() > 1 && !name.ends_with("ffn_gate_inp.weight") {
+                    GgmlType::F16
+                } else {
+                    GgmlType::F32
+                };
+                TensorShape { name, dims, ty }
+            })
+            .collect();
         out.sort_by(|a, b| llama_order(&a.name, &b.name));
         out
     }

@@ -8,10 +8,13 @@
 //! weights, the ring and nothing else. The pinned part of the model is locked
 //! separately (`mlock` on the mapping).
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+
+use super::{ForwardError, Layer, Matrix, Model, tensor_err};
 
 /// Direct reads start, end and land on multiples of this (the largest
 /// logical block size in use; 4 KiB also satisfies 512-byte devices).
@@ -448,5 +451,155 @@ mod tests {
         );
         drop(s);
         std::fs::remove_file(&path).unwrap();
+    }
+}
+
+/// How weights are kept when the model is larger than the RAM it may use:
+/// `resident_bytes` of the most reused matrices (the output head, then the
+/// matrices of the first layers, in order, each that still fits) are locked
+/// in RAM; the rest is read from the file, a matrix at a time, into a ring of
+/// buffers holding `prefetch` layers' worth of bytes (at least two
+/// matrices), by a background thread that reads ahead of the products, past
+/// the page cache where the system allows. Reading overlaps computing, and
+/// the memory held is the pinned part, the ring and nothing else.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Streaming {
+    /// Bytes of weights to lock in RAM.
+    pub resident_bytes: u64,
+    /// Read ahead this many layers' worth of bytes (the average streamed
+    /// layer; the ring holds at least two matrices).
+    pub prefetch: usize,
+}
+
+/// What [`Model::enable_streaming`] set up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamingReport {
+    /// Bytes of weights locked in RAM.
+    pub pinned_bytes: u64,
+    /// Layers pinned whole (from the first; later matrices may be pinned too).
+    pub pinned_layers: usize,
+    /// Whether the output head is pinned.
+    pub output_pinned: bool,
+    /// Bytes of matrix weights read from storage per token at most (the rest).
+    pub streamed_bytes: u64,
+    /// Bytes of the read-ahead buffers (0 when nothing streams or the reading
+    /// thread could not start: products then read the mapping).
+    pub ring_bytes: u64,
+    /// Whether streamed reads bypass the page cache (`O_DIRECT`).
+    pub direct: bool,
+}
+
+/// Streaming state: the streamed matrices and their reader.
+pub(super) struct Stream<'a> {
+    /// Tensor name → position in the reader's order and the tensor's bytes
+    /// in the mapping.
+    pub(super) by_name: HashMap<&'a str, (usize, &'a [u8])>,
+    pub(super) reader: Streamer,
+}
+
+impl<'a> Model<'a> {
+    /// Streams the weights (see [`Streaming`]). Needs a memory-mapped model;
+    /// fails when the OS refuses to lock the resident part.
+    pub fn enable_streaming(&mut self, s: Streaming) -> Result<StreamingReport, ForwardError> {
+        if !self.gguf.is_mapped() {
+            return Err(ForwardError::Metadata(
+                "streaming needs the model memory-mapped (drop --no-mmap)".into(),
+            ));
+        }
+        // The ring of read-ahead buffers comes out of the budget when not
+        // everything fits: `prefetch` layers' worth of bytes plus one matrix,
+        // in buffers the size of the largest matrix of a layer.
+        let sizes: Vec<u64> = (self.layers.iter())
+            .flat_map(Layer::matrices)
+            .map(|m| m.data.len() as u64)
+            .collect();
+        let all = sizes.iter().sum::<u64>() + self.output.data.len() as u64;
+        let largest = sizes.iter().copied().max().unwrap_or(0).max(1);
+        let per_layer = all / self.layers.len().max(1) as u64;
+        let slots = (per_layer * s.prefetch as u64 / largest + 1).max(2);
+        let mut budget = if s.resident_bytes >= all {
+            s.resident_bytes
+        } else {
+            s.resident_bytes.saturating_sub(slots * largest)
+        };
+        // The output head is read for every token: pinned first, then the
+        // matrices in the order the forward pass multiplies them, each that
+        // still fits.
+        let mut order: Vec<&Matrix<'a>> = Vec::new();
+        let mut pinned: Vec<bool> = Vec::new();
+        let output_pinned = self.output.data.len() as u64 <= budget;
+        if output_pinned {
+            budget -= self.output.data.len() as u64;
+        }
+        let mut pinned_layers = 0;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let mut whole = true;
+            for m in layer.matrices() {
+                let size = m.data.len() as u64;
+                let pin = size <= budget;
+                if pin {
+                    budget -= size;
+                }
+                whole &= pin;
+                order.push(m);
+                pinned.push(pin);
+            }
+            if whole && pinned_layers == l {
+                pinned_layers += 1;
+            }
+        }
+        order.push(&self.output);
+        pinned.push(output_pinned);
+        let mut report = StreamingReport {
+            pinned_bytes: 0,
+            pinned_layers,
+            output_pinned,
+            streamed_bytes: 0,
+            ring_bytes: 0,
+            direct: false,
+        };
+        let mut by_name = HashMap::new();
+        let mut extents = Vec::new();
+        for (m, pin) in order.iter().zip(&pinned) {
+            if *pin {
+                crate::residency::lock_range(self.gguf, m.data).map_err(|e| {
+                    ForwardError::Metadata(format!(
+                        "locking {} of weights in RAM failed ({e}); lower --resident or raise `ulimit -l`",
+                        report.pinned_bytes + m.data.len() as u64
+                    ))
+                })?;
+                report.pinned_bytes += m.data.len() as u64;
+            } else {
+                report.streamed_bytes += m.data.len() as u64;
+                let (file, offset) = self
+                    .gguf
+                    .locate(m.data)
+                    .ok_or_else(|| tensor_err(m.name, "its data lies outside the model's files"))?;
+                by_name.insert(m.name, (extents.len(), m.data));
+                extents.push(Extent {
+                    file,
+                    offset,
+                    len: m.data.len(),
+                });
+            }
+        }
+        let largest = extents.iter().map(|e| e.len as u64).max().unwrap_or(0);
+        // Sized by what streams: an output head that did not fit makes fewer,
+        // larger buffers (at least two matrices are always held).
+        if let Some(fit) = (per_layer * s.prefetch as u64).checked_div(largest) {
+            let slots = (fit + 1).clamp(2, slots) as usize;
+            let paths: Vec<_> = self
+                .gguf
+                .files()
+                .iter()
+                .map(|f| f.path().to_owned())
+                .collect();
+            if let Some(reader) = Streamer::start(&paths, extents, slots) {
+                report.ring_bytes = slots as u64 * largest;
+                report.direct = reader.direct();
+                self.stream = Some(Stream { by_name, reader });
+            }
+        }
+        Ok(report)
     }
 }

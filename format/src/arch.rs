@@ -1,0 +1,278 @@
+//! The GGUF architectures memwall runs, as data: what differs between them,
+//! and the tensors a file of each holds, named and shaped from the model's
+//! dimensions. One table serves the forward pass's loader (names and the
+//! differences), the converter's check of a planned file against
+//! `config.json`, and the planner's tensor list; adding an architecture is its
+//! rows here and its differences in the forward pass.
+//!
+//! Names and shapes follow llama.cpp 0c1e570 (`src/llama-arch.cpp`,
+//! `src/llama-model.cpp`). Shapes are GGUF order: `ne[0]` (the row length)
+//! first.
+
+/// An architecture (`general.architecture`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Arch {
+    /// `llama`: Llama, Mistral, Mixtral.
+    Llama,
+    /// `qwen2`.
+    Qwen2,
+    /// `qwen3`.
+    Qwen3,
+    /// `qwen3moe`.
+    Qwen3Moe,
+    /// `command-r` (Cohere Command-R).
+    CommandR,
+}
+
+impl Arch {
+    /// Every architecture, for messages.
+    pub const ALL: [Arch; 5] = [
+        Arch::Llama,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Qwen3Moe,
+        Arch::CommandR,
+    ];
+
+    /// The `general.architecture` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Qwen3Moe => "qwen3moe",
+            Arch::CommandR => "command-r",
+        }
+    }
+
+    /// The architecture named `name`.
+    pub fn from_name(name: &str) -> Option<Arch> {
+        Arch::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// Rotary embedding in the NEOX layout (halves rotated together) rather
+    /// than NORM (neighbouring pairs).
+    pub fn rope_neox(self) -> bool {
+        matches!(self, Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe)
+    }
+
+    /// LayerNorm (with an optional bias) rather than RMSNorm.
+    pub fn layer_norm(self) -> bool {
+        self == Arch::CommandR
+    }
+
+    /// Parallel blocks: the feed-forward part reads the attention norm's
+    /// output (no `ffn_norm`) and both add to the residual at once.
+    pub fn parallel_blocks(self) -> bool {
+        self == Arch::CommandR
+    }
+
+    /// Whether the Q, K and V projections carry biases in every file.
+    pub fn qkv_bias(self) -> bool {
+        self == Arch::Qwen2
+    }
+
+    /// Whether queries and keys are normalised per head in every file.
+    pub fn qk_norm(self) -> bool {
+        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe)
+    }
+
+    /// The tensors a file of this architecture with dimensions `d` must
+    /// hold, with their shapes: what the converter writes and the planner
+    /// counts. (The loader also reads the optional ones a file may add:
+    /// biases, `rope_freqs`, Command-R's per-head norms.)
+    pub fn tensors(self, d: &Dims) -> Vec<Slot> {
+        let e = d.n_embd;
+        let (q, kv) = (d.n_head * d.head_dim, d.n_head_kv * d.head_dim);
+        let mut out = Vec::new();
+        let mut put = |name: String, dims: Vec<u64>| out.push(Slot { name, dims });
+        put(TOKEN_EMBD.into(), vec![e, d.n_vocab]);
+        put(OUTPUT_NORM.into(), vec![e]);
+        if !d.tied_embeddings {
+            put(OUTPUT.into(), vec![e, d.n_vocab]);
+        }
+        for l in 0..d.n_layer {
+            let b = |t: BlockTensor| t.name(l);
+            put(b(BlockTensor::AttnNorm), vec![e]);
+            put(b(BlockTensor::AttnQ), vec![e, q]);
+            put(b(BlockTensor::AttnK), vec![e, kv]);
+            put(b(BlockTensor::AttnV), vec![e, kv]);
+            put(b(BlockTensor::AttnOutput), vec![q, e]);
+            if self.qkv_bias() {
+                put(b(BlockTensor::AttnQBias), vec![q]);
+                put(b(BlockTensor::AttnKBias), vec![kv]);
+                put(b(BlockTensor::AttnVBias), vec![kv]);
+            }
+            if self.qk_norm() {
+                put(b(BlockTensor::AttnQNorm), vec![d.head_dim]);
+                put(b(BlockTensor::AttnKNorm), vec![d.head_dim]);
+            }
+            if !self.parallel_blocks() {
+                put(b(BlockTensor::FfnNorm), vec![e]);
+            }
+            if d.n_expert > 0 {
+                let (x, f) = (d.n_expert, d.n_ff_expert);
+                put(b(BlockTensor::FfnGateInp), vec![e, x]);
+                put(b(BlockTensor::FfnGateExps), vec![e, f, x]);
+                put(b(BlockTensor::FfnUpExps), vec![e, f, x]);
+                put(b(BlockTensor::FfnDownExps), vec![f, e, x]);
+            } else {
+                put(b(BlockTensor::FfnGate), vec![e, d.n_ff]);
+                put(b(BlockTensor::FfnUp), vec![e, d.n_ff]);
+                put(b(BlockTensor::FfnDown), vec![d.n_ff, e]);
+            }
+        }
+        out
+    }
+}
+
+/// The dimensions a file's tensor shapes follow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Dims {
+    /// Transformer blocks.
+    pub n_layer: u64,
+    /// Hidden size.
+    pub n_embd: u64,
+    /// Query heads.
+    pub n_head: u64,
+    /// Key/value heads.
+    pub n_head_kv: u64,
+    /// Size of one attention head.
+    pub head_dim: u64,
+    /// Dense FFN width.
+    pub n_ff: u64,
+    /// Experts per block (0: dense).
+    pub n_expert: u64,
+    /// FFN width of one expert.
+    pub n_ff_expert: u64,
+    /// Vocabulary size.
+    pub n_vocab: u64,
+    /// The output head reuses the token embeddings (no `output.weight`).
+    pub tied_embeddings: bool,
+}
+
+/// One tensor of the table: its GGUF name and shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Slot {
+    /// GGUF name, e.g. `blk.0.attn_q.weight`.
+    pub name: String,
+    /// Shape in GGUF order.
+    pub dims: Vec<u64>,
+}
+
+/// Token embeddings.
+pub const TOKEN_EMBD: &str = "token_embd.weight";
+/// The final norm.
+pub const OUTPUT_NORM: &str = "output_norm.weight";
+/// The final norm's bias (LayerNorm architectures, optional).
+pub const OUTPUT_NORM_BIAS: &str = "output_norm.bias";
+/// The output head (absent when tied to the embeddings).
+pub const OUTPUT: &str = "output.weight";
+/// Llama 3's rotary frequency factors (optional).
+pub const ROPE_FREQS: &str = "rope_freqs.weight";
+
+/// A tensor of every block (`blk.N.…`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum BlockTensor {
+    AttnNorm,
+    AttnNormBias,
+    AttnQ,
+    AttnK,
+    AttnV,
+    AttnOutput,
+    AttnQBias,
+    AttnKBias,
+    AttnVBias,
+    AttnOutputBias,
+    AttnQNorm,
+    AttnKNorm,
+    FfnNorm,
+    FfnNormBias,
+    FfnGateInp,
+    FfnGate,
+    FfnUp,
+    FfnDown,
+    FfnGateExps,
+    FfnUpExps,
+    FfnDownExps,
+}
+
+impl BlockTensor {
+    /// The name without `blk.N.`, e.g. `attn_q.weight`.
+    pub fn suffix(self) -> &'static str {
+        use BlockTensor as T;
+        match self {
+            T::AttnNorm => "attn_norm.weight",
+            T::AttnNormBias => "attn_norm.bias",
+            T::AttnQ => "attn_q.weight",
+            T::AttnK => "attn_k.weight",
+            T::AttnV => "attn_v.weight",
+            T::AttnOutput => "attn_output.weight",
+            T::AttnQBias => "attn_q.bias",
+            T::AttnKBias => "attn_k.bias",
+            T::AttnVBias => "attn_v.bias",
+            T::AttnOutputBias => "attn_output.bias",
+            T::AttnQNorm => "attn_q_norm.weight",
+            T::AttnKNorm => "attn_k_norm.weight",
+            T::FfnNorm => "ffn_norm.weight",
+            T::FfnNormBias => "ffn_norm.bias",
+            T::FfnGateInp => "ffn_gate_inp.weight",
+            T::FfnGate => "ffn_gate.weight",
+            T::FfnUp => "ffn_up.weight",
+            T::FfnDown => "ffn_down.weight",
+            T::FfnGateExps => "ffn_gate_exps.weight",
+            T::FfnUpExps => "ffn_up_exps.weight",
+            T::FfnDownExps => "ffn_down_exps.weight",
+        }
+    }
+
+    /// The name in block `l`, e.g. `blk.3.attn_q.weight`.
+    pub fn name(self, l: u64) -> String {
+        format!("blk.{l}.{}", self.suffix())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for a in Arch::ALL {
+            assert_eq!(Arch::from_name(a.name()), Some(a));
+        }
+        assert_eq!(Arch::from_name("gemma"), None);
+        assert_eq!(BlockTensor::AttnQ.name(7), "blk.7.attn_q.weight");
+    }
+
+    #[test]
+    fn tables_differ_where_the_architectures_do() {
+        let d = Dims {
+            n_layer: 1,
+            n_embd: 8,
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: 4,
+            n_ff: 16,
+            n_vocab: 10,
+            ..Dims::default()
+        };
+        let names =
+            |a: Arch| -> Vec<String> { a.tensors(&d).into_iter().map(|s| s.name).collect() };
+        let has = |a: Arch, n: &str| names(a).iter().any(|x| x == n);
+        assert!(has(Arch::Qwen2, "blk.0.attn_q.bias") && !has(Arch::Llama, "blk.0.attn_q.bias"));
+        assert!(has(Arch::Qwen3, "blk.0.attn_k_norm.weight"));
+        assert!(!has(Arch::CommandR, "blk.0.ffn_norm.weight"));
+        assert!(has(Arch::Llama, "output.weight"));
+        let moe = Dims {
+            n_expert: 4,
+            n_ff_expert: 6,
+            ..d
+        };
+        let t = Arch::Qwen3Moe.tensors(&moe);
+        let down = t.iter().find(|s| s.name == "blk.0.ffn_down_exps.weight");
+        assert_eq!(down.map(|s| s.dims.clone()), Some(vec![6, 8, 4]));
+        assert!(!t.iter().any(|s| s.name == "blk.0.ffn_gate.weight"));
+    }
+}

@@ -1,0 +1,178 @@
+//! Hooks for calibration: the inputs of every matrix product shown to an
+//! [`Observer`], one layer run at a time, and weights replaced in place.
+
+use super::*;
+
+/// Sees the input of every weight matrix product of the forward pass, in
+/// the order the forward pass computes them (calibration collects its
+/// statistics through this).
+pub trait Observer: Send + Sync {
+    /// `x` holds `tokens` rows of the input to `tensor` (for a tensor that
+    /// stacks experts, expert `expert`'s share of the tokens), one row per
+    /// token, as the product reads them (before any activation rounding).
+    fn matmul_input(&self, tensor: &str, expert: Option<usize>, x: &[f32], tokens: usize);
+}
+
+impl<'a> Model<'a> {
+    /// The embeddings of `tokens`, one row of `n_embd` per token: the input
+    /// of layer 0 for [`Model::forward_layer`].
+    pub fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>, ForwardError> {
+        let e = self.config.n_embd;
+        let mut x = vec![0f32; tokens.len() * e];
+        for (t, &id) in tokens.iter().enumerate() {
+            if id as usize >= self.config.n_vocab {
+                return Err(ForwardError::Token(id));
+            }
+            decode(&self.embd, id as usize, &mut x[t * e..(t + 1) * e])?;
+        }
+        Ok(x)
+    }
+
+    /// Runs layer `l` alone over one sequence whose hidden states (one row of
+    /// `n_embd` per token, positions from 0) are `x`, replacing them with the
+    /// layer's output. Calibration runs a model this way, one layer at a time
+    /// over all its samples.
+    pub fn forward_layer(&self, l: usize, x: &mut [f32]) -> Result<(), ForwardError> {
+        let c = &self.config;
+        let t_n = x.len() / c.n_embd;
+        if l >= c.n_layer || x.len() != t_n * c.n_embd {
+            return Err(ForwardError::Metadata(format!(
+                "layer {l} of {} over {} values (not a multiple of {})",
+                c.n_layer,
+                x.len(),
+                c.n_embd
+            )));
+        }
+        if t_n > c.n_ctx {
+            return Err(ForwardError::ContextFull(c.n_ctx));
+        }
+        let tables: Vec<Vec<(f32, f32)>> = (0..t_n)
+            .map(|t| {
+                let mut table = Vec::new();
+                c.rope.table(t, &mut table);
+                table
+            })
+            .collect();
+        let mut session = self.session();
+        let mut h = vec![0f32; x.len()];
+        self.layer_step(l, x, &mut h, &tables, &mut session)
+    }
+
+    /// Like [`Model::forward_layer`] without changing `x`, but stops as soon
+    /// as the input of matrix `tensor` has been shown to the observer (the
+    /// rest of the layer is not computed). Stacked expert tensors never stop
+    /// the pass: every expert's input is shown.
+    pub fn forward_layer_until(
+        &mut self,
+        l: usize,
+        x: &[f32],
+        tensor: &str,
+    ) -> Result<(), ForwardError> {
+        let mut tmp = x.to_vec();
+        self.stop_at = Some(tensor.to_owned());
+        let result = self.forward_layer(l, &mut tmp);
+        self.stop_at = None;
+        match result {
+            Ok(()) | Err(ForwardError::Stopped(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Replaces the weights of matrix `name` (a tensor the forward pass
+    /// reads) with `data` of type `ty`, which must hold the same shape.
+    pub fn replace_matrix(
+        &mut self,
+        name: &str,
+        ty: GgmlType,
+        data: Arc<[u8]>,
+    ) -> Result<(), ForwardError> {
+        let (cols, rows) = self
+            .all_matrices()
+            .find(|m| m.name == name)
+            .map(|m| (m.cols, m.total_rows))
+            .ok_or_else(|| tensor_err(name, "is not a matrix of this model"))?;
+        if !DEQUANTIZABLE.contains(&ty) {
+            return Err(tensor_err(
+                name,
+                format!("type {} is not decoded", ty.name()),
+            ));
+        }
+        let row_bytes = ty
+            .tensor_size(&[cols as u64])
+            .map_err(|e| tensor_err(name, e.to_string()))?
+            .bytes as usize;
+        if data.len() != rows * row_bytes {
+            return Err(tensor_err(
+                name,
+                format!(
+                    "replacement of {} bytes; {rows} rows of {cols} {} weights take {}",
+                    data.len(),
+                    ty.name(),
+                    rows * row_bytes
+                ),
+            ));
+        }
+        self.replaced.insert(name.to_owned(), (ty, data));
+        Ok(())
+    }
+
+    /// Replaces a norm's weight or bias vector (`blk.N.attn_norm.weight`,
+    /// `blk.N.ffn_norm.bias`, `output_norm.weight`, …).
+    pub fn replace_norm(&mut self, name: &str, values: Vec<f32>) -> Result<(), ForwardError> {
+        let (prefix, field) = name
+            .rsplit_once('.')
+            .ok_or_else(|| tensor_err(name, "is not a norm"))?;
+        let norm = if prefix == "output_norm" {
+            Some(&mut self.output_norm)
+        } else {
+            prefix
+                .strip_prefix("blk.")
+                .and_then(|rest| rest.split_once('.'))
+                .and_then(|(l, kind)| {
+                    let layer = self.layers.get_mut(l.parse::<usize>().ok()?)?;
+                    match kind {
+                        "attn_norm" => Some(&mut layer.attn_norm),
+                        "ffn_norm" => layer.ffn_norm.as_mut(),
+                        _ => None,
+                    }
+                })
+        }
+        .ok_or_else(|| tensor_err(name, "is not a norm of this model"))?;
+        let slot = match field {
+            "weight" => &mut norm.weight,
+            "bias" => norm
+                .bias
+                .as_mut()
+                .ok_or_else(|| tensor_err(name, "this norm has no bias"))?,
+            _ => return Err(tensor_err(name, "is not a norm weight or bias")),
+        };
+        if values.len() != slot.len() || values.iter().any(|v| !v.is_finite()) {
+            return Err(tensor_err(
+                name,
+                format!("replacement must be {} finite values", slot.len()),
+            ));
+        }
+        *slot = values;
+        Ok(())
+    }
+
+    /// Every weight matrix of the model.
+    pub(super) fn all_matrices(&self) -> impl Iterator<Item = &Matrix<'a>> {
+        self.layers
+            .iter()
+            .flat_map(|layer| {
+                let mut v = vec![&layer.wq, &layer.wk, &layer.wv, &layer.wo];
+                match &layer.ffn {
+                    Ffn::Dense { gate, up, down } => v.extend([gate, up, down]),
+                    Ffn::Moe {
+                        router,
+                        gate,
+                        up,
+                        down,
+                    } => v.extend([router, gate, up, down]),
+                }
+                v
+            })
+            .chain([&self.output])
+    }
+}
