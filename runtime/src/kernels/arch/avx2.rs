@@ -604,11 +604,8 @@ pub(super) fn blocks32<B: Block, Y, const MIN: bool>(
 
 /// Bytes ahead of the weights being read that [`prefetch_ahead`] asks for.
 /// Decoding reads every weight once per token, from memory, and the
-/// single-row products stalled on those loads (the first instruction using
-/// each block held most of `perf`'s samples). SmolLM2 tg128, two threads:
-/// without 70–85 t/s (Q8_0), 53–58 (F16); 1 KiB ahead 88–110 / 63; 2 KiB
-/// 108–118 / 68–74; 4 KiB 111–142 / 77–85; 8 KiB 110–138 / 81–94; 16 KiB
-/// 110–131 / 76–86.
+/// single-row products stalled on those loads; 4–8 KiB ahead was the best
+/// distance measured (docs/BENCHMARKS.md, 2026-11-30).
 const PREFETCH_DISTANCE: usize = 8192;
 
 /// Asks for the cache lines `PREFETCH_DISTANCE` bytes past the start of `w`

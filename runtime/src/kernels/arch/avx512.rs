@@ -7,9 +7,8 @@
 //! widened activations in tiles of three rows × four tokens (`f16_rows`,
 //! 512-bit). The several-row Q8_0-family products take two weight rows at a
 //! time, one per 256-bit half of a 512-bit register (`rows_grouped_pair`).
-//! Every other entry is the AVX2 kernel, which these CPUs run too. Single-row
-//! Q4_0 and Q8_0 with two blocks per 512-bit register measured 2× slower than
-//! AVX2 on the reference machine (a virtualised Xeon) and were dropped.
+//! Every other entry is the AVX2 kernel, which these CPUs run too (what was
+//! tried and measured slower is in docs/BENCHMARKS.md).
 //!
 //! Q4_K's float accumulation: AVX2's canonical-order row loop (`blocks256`), fed
 //! with the 512-bit integer sums folded (exactly) to 256 bits, so the results
