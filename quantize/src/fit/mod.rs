@@ -20,6 +20,7 @@
 
 pub mod device;
 pub mod estimate;
+pub mod plan;
 
 pub use device::Device;
 pub use estimate::{

@@ -1,0 +1,377 @@
+//! The plan: for every quantization choice of a model, how much memory it
+//! needs on a device, whether it fits in RAM or must stream from flash, and
+//! how fast it decodes; and which choice to recommend. `memwall plan` renders
+//! this, `memwall push` checks a phone against [`memwall_footprint`].
+
+use memwall_format::GgmlType;
+use memwall_format::gguf::GgufModel;
+
+use super::{
+    Choice, Device, Footprint, KvType, Load, Runtime, Shape, Speed, TensorShape, Token, Weights,
+    footprint, token_speed,
+};
+
+/// The model, as the planner sees it.
+#[derive(Clone, Debug)]
+pub struct Subject {
+    /// What the user named (for messages and commands).
+    pub name: String,
+    /// Its shape.
+    pub shape: Shape,
+    /// Its tensors (GGUF's, or built from `config.json`); empty for bare
+    /// parameter counts.
+    pub tensors: Vec<TensorShape>,
+    /// Total parameters (bare counts only).
+    pub params: u64,
+    /// Parameters each token reads (bare counts only).
+    pub active_params: u64,
+    /// GGUF header bytes (metadata and vocabulary), estimated without a file.
+    pub header_bytes: u64,
+    /// For a GGUF file: the label of its row "as is".
+    pub as_stored: Option<String>,
+}
+
+/// Where a choice's weights live on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fit {
+    /// Everything in RAM.
+    Ram,
+    /// Weights partly streamed from flash (`--resident`).
+    Streaming,
+    /// Not even the KV cache and buffers fit.
+    No,
+}
+
+impl Fit {
+    /// The word `memwall plan` prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fit::Ram => "RAM",
+            Fit::Streaming => "streaming",
+            Fit::No => "no",
+        }
+    }
+}
+
+/// One planned choice.
+#[derive(Clone, Debug)]
+pub struct Row {
+    /// The choice's name (or `as is (…)`, or a nominal row's).
+    pub label: String,
+    /// From the tensor shapes (else the seed's `params × bits ÷ 8`).
+    pub exact: bool,
+    /// Bits per weight over the whole file.
+    pub bits_per_weight: f64,
+    /// Bytes of weights.
+    pub weight_bytes: u64,
+    /// Bytes of the file (weights and header).
+    pub file_bytes: u64,
+    /// What memwall's runtime holds.
+    pub memwall: Footprint,
+    /// What llama.cpp holds.
+    pub llama: Footprint,
+    /// Where it fits.
+    pub fits: Fit,
+    /// Decode speed on the device.
+    pub speed: Speed,
+    /// The choice behind the row (none for "as is" and the nominal rows).
+    pub choice: Option<Choice>,
+}
+
+/// The context, batch and cache type the plan is for.
+#[derive(Clone, Copy, Debug)]
+pub struct Run {
+    /// Context length.
+    pub ctx: u64,
+    /// Prompt batch.
+    pub batch: u64,
+    /// KV cache type (llama.cpp's; memwall's cache is f16).
+    pub kv: KvType,
+}
+
+/// Every row of the plan: the file as it is (for a GGUF), then each choice
+/// (for bare counts: the nominal FP16/INT8/INT4 rows and one row per base
+/// type).
+pub fn rows(
+    subject: &Subject,
+    choices: &[Choice],
+    device: &Device,
+    run: Run,
+) -> Result<Vec<Row>, String> {
+    let shape = &subject.shape;
+    let facts = shape.facts();
+    let mut rows = Vec::new();
+    let mut push_row = |label: String,
+                        exact: bool,
+                        weight_bytes: u64,
+                        bits: f64,
+                        token: Token,
+                        choice: Option<Choice>| {
+        let file_bytes = weight_bytes + subject.header_bytes;
+        let load = Load {
+            file_bytes,
+            header_bytes: subject.header_bytes,
+            ctx: run.ctx,
+            batch: run.batch,
+            kv: run.kv,
+        };
+        // memwall's runtime keeps its KV cache in f16 whatever the plan's type.
+        let memwall = footprint(
+            Runtime::Memwall,
+            shape,
+            &Load {
+                kv: KvType::F16,
+                ..load
+            },
+        );
+        let llama = footprint(Runtime::LlamaCpp, shape, &load);
+        let usable = device.usable_bytes();
+        let rest = memwall.total() - memwall.weights;
+        let fits = if memwall.total() <= usable {
+            Fit::Ram
+        } else if rest + (usable / 10) <= usable {
+            Fit::Streaming
+        } else {
+            Fit::No
+        };
+        let resident = match fits {
+            Fit::Ram => weight_bytes,
+            _ => usable.saturating_sub(rest).min(weight_bytes),
+        };
+        let mut token = token;
+        token.streamed_share = if weight_bytes == 0 {
+            0.0
+        } else {
+            weight_bytes.saturating_sub(resident) as f64 / weight_bytes as f64
+        };
+        let speed = token_speed(device, &token);
+        rows.push(Row {
+            label,
+            exact,
+            bits_per_weight: bits,
+            weight_bytes,
+            file_bytes,
+            memwall,
+            llama,
+            fits,
+            speed,
+            choice,
+        });
+    };
+    let kv_tokens = run.ctx / 2;
+    let attention =
+        2 * u64::from(shape.n_layer) * u64::from(shape.n_head) * shape.head_dim * kv_tokens;
+    let kv_bytes = shape.kv_bytes_per_token(run.kv) * kv_tokens;
+    if let Some(label) = &subject.as_stored {
+        let w = Weights::as_stored(&subject.tensors)?;
+        let token = token_of(&w, shape, kv_bytes, attention);
+        push_row(
+            label.clone(),
+            true,
+            w.bytes(),
+            w.bits_per_weight(),
+            token,
+            None,
+        );
+    }
+    if subject.tensors.is_empty() {
+        // Bare numbers: the seed's arithmetic, params × bits ÷ 8.
+        let nominal = |bits: f64, ty: GgmlType| {
+            let bytes = (subject.params as f64 * bits / 8.0).round() as u64;
+            let token = Token {
+                weight_bytes: (subject.active_params as f64 * bits / 8.0).round() as u64,
+                kv_bytes,
+                products: vec![(ty, subject.active_params)],
+                attention,
+                streamed_share: 0.0,
+                dispatches: shape.dispatches_per_token(),
+                model_bytes: bytes,
+            };
+            (bytes, token)
+        };
+        for (label, bits, ty) in [
+            ("FP16 (nominal)", 16.0, GgmlType::F16),
+            ("INT8 (nominal)", 8.0, GgmlType::Q8_0),
+            ("INT4 (nominal)", 4.0, GgmlType::Q4_K),
+        ] {
+            let (bytes, token) = nominal(bits, ty);
+            push_row(label.into(), false, bytes, bits, token, None);
+        }
+        // One row per distinct base type: a mix's own rules need tensor names.
+        let mut seen = Vec::new();
+        for c in choices.iter().filter(|c| c.recipe.is_none()) {
+            let ty = c.ftype.base.unwrap_or(GgmlType::F16);
+            if seen.contains(&ty) {
+                continue;
+            }
+            seen.push(ty);
+            let bits = nominal_bits(c);
+            let (bytes, token) = nominal(bits, ty);
+            push_row(
+                format!("{} (≈)", c.label),
+                false,
+                bytes,
+                bits,
+                token,
+                Some(c.clone()),
+            );
+        }
+    } else {
+        for c in choices {
+            let w = c
+                .weights(&facts, &subject.tensors)
+                .map_err(|e| format!("planning {}: {e}", c.label))?;
+            let token = token_of(&w, shape, kv_bytes, attention);
+            push_row(
+                c.label.clone(),
+                true,
+                w.bytes(),
+                w.bits_per_weight(),
+                token,
+                Some(c.clone()),
+            );
+        }
+    }
+    Ok(rows)
+}
+
+/// Bits per weight of a file type's base type: the seed's arithmetic for bare numbers.
+pub fn nominal_bits(choice: &Choice) -> f64 {
+    choice
+        .ftype
+        .base
+        .map_or(16.0, |t| (t.type_size() * 8) as f64 / t.block_size() as f64)
+}
+
+/// What one token reads and computes with weights `w`.
+fn token_of(w: &Weights, shape: &Shape, kv_bytes: u64, attention: u64) -> Token {
+    Token {
+        weight_bytes: w.bytes_per_token(shape.n_expert, shape.n_expert_used),
+        kv_bytes,
+        products: w.products_per_token(shape.n_expert, shape.n_expert_used),
+        attention,
+        streamed_share: 0.0,
+        dispatches: shape.dispatches_per_token(),
+        model_bytes: w.bytes(),
+    }
+}
+
+/// The largest (best quality) choice that fits `budget` bytes with memwall
+/// holding everything in RAM.
+pub fn pick_for_budget(rows: &[Row], budget: u64) -> Option<usize> {
+    rows.iter()
+        .enumerate()
+        .filter(|(_, r)| r.choice.is_some() && r.memwall.total() <= budget)
+        .max_by_key(|(_, r)| r.weight_bytes)
+        .map(|(i, _)| i)
+}
+
+/// The best choice that fits in RAM with 10 % of `usable` to spare; else the
+/// best that fits at all; else the smallest that streams (it reads the least
+/// from flash).
+pub fn recommend(rows: &[Row], usable: u64) -> Option<usize> {
+    let best = |ok: &dyn Fn(&Row) -> bool| {
+        rows.iter()
+            .enumerate()
+            .filter(|(_, r)| r.choice.is_some() && ok(r))
+            .max_by_key(|(_, r)| r.weight_bytes)
+            .map(|(i, _)| i)
+    };
+    best(&|r| r.fits == Fit::Ram && r.memwall.total() as f64 <= 0.9 * usable as f64)
+        .or_else(|| best(&|r| r.fits == Fit::Ram))
+        .or_else(|| {
+            rows.iter()
+                .enumerate()
+                .filter(|(_, r)| r.choice.is_some() && r.fits == Fit::Streaming)
+                .min_by_key(|(_, r)| r.weight_bytes)
+                .map(|(i, _)| i)
+        })
+}
+
+/// Bytes of the model's GGUF headers (metadata, vocabulary, tensor infos).
+pub fn header_bytes(model: &GgufModel) -> u64 {
+    model.files().iter().map(|f| f.header().data_offset).sum()
+}
+
+/// What `memwall run --no-mmap -c CTX -b BATCH` holds in memory for `model`
+/// (the planner's model of the runtime; `memwall push` checks phones against it).
+pub fn memwall_footprint(model: &GgufModel, ctx: u64, batch: u64) -> Result<Footprint, String> {
+    let shape = Shape::from_gguf(model)?;
+    let load = Load {
+        file_bytes: model.total_file_size(),
+        header_bytes: header_bytes(model),
+        ctx,
+        batch,
+        kv: KvType::F16,
+    };
+    Ok(footprint(Runtime::Memwall, &shape, &load))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn subject() -> Subject {
+        let shape = Shape::dense("llama", 30, 576, 1536, 9, 3, 64, 49152, true);
+        Subject {
+            name: "smol".into(),
+            tensors: shape.tensors(),
+            shape,
+            params: 0,
+            active_params: 0,
+            header_bytes: 1 << 20,
+            as_stored: None,
+        }
+    }
+
+    fn device(gib: u64) -> Device {
+        let mut d = Device::resolve("phone-16gb").unwrap();
+        d.ram_bytes = gib << 30;
+        d.os_reserve_bytes = 0;
+        d
+    }
+
+    fn run() -> Run {
+        Run {
+            ctx: 4096,
+            batch: 512,
+            kv: KvType::F16,
+        }
+    }
+
+    #[test]
+    fn recommends_the_largest_choice_with_room_to_spare_and_picks_by_budget() {
+        let choices: Vec<Choice> = ["Q4_K_M", "Q8_0", "F16"]
+            .into_iter()
+            .map(|n| Choice::by_name(n).unwrap())
+            .collect();
+        let rows = rows(&subject(), &choices, &device(16), run()).unwrap();
+        assert_eq!(rows.len(), 3);
+        assert!(rows.iter().all(|r| r.fits == Fit::Ram));
+        // Everything fits a 16 GiB device: the largest, F16.
+        let best = recommend(&rows, 16 << 30).unwrap();
+        assert_eq!(rows[best].label, "F16");
+        // A budget between the Q8_0 and F16 footprints takes Q8_0.
+        let [q4, q8, f16] = [0, 1, 2].map(|i| rows[i].memwall.total());
+        assert!(q4 < q8 && q8 < f16);
+        assert_eq!(pick_for_budget(&rows, (q8 + f16) / 2), Some(1));
+        assert_eq!(pick_for_budget(&rows, q4 - 1), None);
+        // Only Q4_K_M fits with 10 % to spare in a usable size just above it.
+        let usable = (q4 as f64 / 0.9) as u64 + 1;
+        assert_eq!(recommend(&rows, usable), Some(0));
+    }
+
+    #[test]
+    fn a_model_larger_than_ram_streams_and_the_smallest_file_is_recommended() {
+        let choices: Vec<Choice> = ["Q4_K_M", "Q8_0"]
+            .into_iter()
+            .map(|n| Choice::by_name(n).unwrap())
+            .collect();
+        let mut s = subject();
+        s.shape = Shape::dense("llama", 64, 5120, 27648, 40, 8, 128, 152064, false);
+        s.tensors = s.shape.tensors();
+        let rows = rows(&s, &choices, &device(8), run()).unwrap();
+        assert!(rows.iter().all(|r| r.fits == Fit::Streaming), "{rows:?}");
+        assert_eq!(recommend(&rows, 8 << 30), Some(0));
+    }
+}
