@@ -498,16 +498,11 @@ pub(super) fn halves(h: [u16; 8]) -> __m256 {
     // Packed into two 64-bit words in general registers first: eight
     // `vpinsrw` (two µops each, one on the shuffle port) were a large share
     // of the one-token Q4_0/Q5_0 products.
-    let word = |h: &[u16]| h.iter().rev().fold(0u64, |w, &v| w << 16 | u64::from(v));
-    halves_packed([word(&h[..4]), word(&h[4..])])
-}
-
-/// Eight f16 values, packed four to a little-endian 64-bit word (value `i`
-/// in bits `16(i % 4)..` of word `i / 4`), to `f32` (exact).
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-pub(super) fn halves_packed(w: [u64; 2]) -> __m256 {
-    _mm256_cvtph_ps(_mm_set_epi64x(w[1] as i64, w[0] as i64))
+    let word = |h: &[u16]| {
+        let w = h.iter().rev().fold(0u64, |w, &v| w << 16 | u64::from(v));
+        w as i64
+    };
+    _mm256_cvtph_ps(_mm_set_epi64x(word(&h[4..]), word(&h[..4])))
 }
 
 /// Σ x·y in 32-bit lanes for signed bytes, |y| ≤ 127 (x may be −128).
@@ -589,18 +584,18 @@ pub(super) fn blocks32<B: Block, Y, const MIN: bool>(
     for (wg, ag) in w[..nb].chunks(8).zip(a[..nb].chunks(8)) {
         prefetch_ahead(wg, 8 * size_of::<B>());
         let mut v = [_mm256_setzero_si256(); 8];
-        // The f16 bits of each scale, four to a 64-bit word as they go in.
-        let mut sc = [[0u64; 2]; 4];
+        let mut sc = [[0u16; 8]; 4];
         for (k, (b, y)) in wg.iter().zip(ag).enumerate() {
             v[k] = isum(b, y);
-            for (sc, s) in sc.iter_mut().zip(scales(b, y)) {
-                sc[k / 4] |= u64::from(s) << (16 * (k % 4));
+            let s = scales(b, y);
+            for j in 0..4 {
+                sc[j][k] = s[j];
             }
         }
-        let d = _mm256_mul_ps(halves_packed(sc[0]), halves_packed(sc[1]));
+        let d = _mm256_mul_ps(halves(sc[0]), halves(sc[1]));
         let mut t = _mm256_mul_ps(d, _mm256_cvtepi32_ps(transpose_sum(&v)));
         if MIN {
-            t = _mm256_add_ps(t, _mm256_mul_ps(halves_packed(sc[2]), halves_packed(sc[3])));
+            t = _mm256_add_ps(t, _mm256_mul_ps(halves(sc[2]), halves(sc[3])));
         }
         acc = _mm256_add_ps(acc, t);
     }
