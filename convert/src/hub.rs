@@ -24,7 +24,72 @@ pub fn is_repo_id(spec: &str) -> bool {
     ok(parts.next()) && ok(parts.next()) && parts.next().is_none() && !id.starts_with('.')
 }
 
-fn cache_root() -> Result<PathBuf, String> {
+/// Why a Hub repository could not be found or fetched.
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    /// No environment variable says where the cache is.
+    #[error("no HF_HUB_CACHE, HF_HOME or HOME to find the Hugging Face cache")]
+    NoCache,
+    /// A cached file outside a snapshot folder.
+    #[error("{}: unexpected cache layout", .0.display())]
+    Layout(PathBuf),
+    /// The repository (at that revision) is not in the cache.
+    #[error("{id} (revision {revision}) is not in the Hugging Face cache at {}", root.display())]
+    NotCached {
+        /// `org/name`.
+        id: String,
+        /// The revision asked for.
+        revision: String,
+        /// The cache folder.
+        root: PathBuf,
+    },
+    /// Not cached, and downloads are off.
+    #[error(
+        "{0}, and HF_HUB_OFFLINE is set: unset it to download, or pass a local checkpoint folder"
+    )]
+    Offline(Box<HubError>),
+    /// `config.json` is not cached and downloads are off.
+    #[error("{0} is not in the Hugging Face cache and HF_HUB_OFFLINE is set")]
+    OfflineConfig(String),
+    /// The download client could not be set up.
+    #[error("cannot set up downloads: {0}")]
+    Client(String),
+    /// Listing the repository failed.
+    #[error(
+        "{id} (revision {revision}): cannot list the repository: {message} (gated repositories need HF_TOKEN)"
+    )]
+    List {
+        /// `org/name`.
+        id: String,
+        /// The revision asked for.
+        revision: String,
+        /// The client's message.
+        message: String,
+    },
+    /// The repository is not a checkpoint memwall converts.
+    #[error("{id}: {what}")]
+    NotConvertible {
+        /// `org/name`.
+        id: String,
+        /// What it lacks.
+        what: &'static str,
+    },
+    /// A file could not be downloaded.
+    #[error("{id}: downloading {file}: {message}{}", if *gated_hint { " (gated repositories need HF_TOKEN)" } else { "" })]
+    Download {
+        /// `org/name`.
+        id: String,
+        /// The file.
+        file: String,
+        /// The client's message.
+        message: String,
+        /// Whether to say that gated repositories need a token (the first
+        /// request to a repository).
+        gated_hint: bool,
+    },
+}
+
+fn cache_root() -> Result<PathBuf, HubError> {
     if let Some(p) = std::env::var_os("HF_HUB_CACHE") {
         return Ok(PathBuf::from(p));
     }
@@ -33,12 +98,12 @@ fn cache_root() -> Result<PathBuf, String> {
     }
     std::env::var_os("HOME")
         .map(|h| PathBuf::from(h).join(".cache/huggingface/hub"))
-        .ok_or_else(|| "no HF_HUB_CACHE, HF_HOME or HOME to find the Hugging Face cache".into())
+        .ok_or(HubError::NoCache)
 }
 
 /// The snapshot folder of `org/name[@revision]` (default revision `main`) in
 /// the local cache.
-pub fn resolve(spec: &str) -> Result<PathBuf, String> {
+pub fn resolve(spec: &str) -> Result<PathBuf, HubError> {
     let (id, revision) = match spec.split_once('@') {
         Some((id, rev)) => (id, rev),
         None => (spec, "main"),
@@ -54,7 +119,7 @@ pub fn resolve(spec: &str) -> Result<PathBuf, String> {
         return config
             .parent()
             .map(PathBuf::from)
-            .ok_or_else(|| format!("{}: unexpected cache layout", config.display()));
+            .ok_or_else(|| HubError::Layout(config.clone()));
     }
     // A commit hash names its snapshot folder directly.
     let snapshot = root
@@ -64,10 +129,11 @@ pub fn resolve(spec: &str) -> Result<PathBuf, String> {
     if snapshot.join("config.json").is_file() {
         return Ok(snapshot);
     }
-    Err(format!(
-        "{id} (revision {revision}) is not in the Hugging Face cache at {}",
-        root.display()
-    ))
+    Err(HubError::NotCached {
+        id: id.to_owned(),
+        revision: revision.to_owned(),
+        root,
+    })
 }
 
 /// Files of a repository that a conversion reads.
@@ -109,7 +175,7 @@ impl hf_hub::api::Progress for Forward<'_> {
 /// Downloads the files of `org/name[@revision]` a conversion needs (safetensors
 /// weights, config, tokenizer, model card) into the Hugging Face cache, skipping
 /// those already there, and returns the snapshot folder.
-pub fn download(spec: &str, progress: &dyn Progress) -> Result<PathBuf, String> {
+pub fn download(spec: &str, progress: &dyn Progress) -> Result<PathBuf, HubError> {
     let (id, revision) = match spec.split_once('@') {
         Some((id, rev)) => (id, rev),
         None => (spec, "main"),
@@ -118,8 +184,10 @@ pub fn download(spec: &str, progress: &dyn Progress) -> Result<PathBuf, String> 
     let api = hub_api(root.clone())?;
     let repo = Repo::with_revision(id.to_owned(), RepoType::Model, revision.to_owned());
     let remote = api.repo(repo.clone());
-    let info = remote.info().map_err(|e| {
-        format!("{id} (revision {revision}): cannot list the repository: {e} (gated repositories need HF_TOKEN)")
+    let info = remote.info().map_err(|e| HubError::List {
+        id: id.to_owned(),
+        revision: revision.to_owned(),
+        message: e.to_string(),
     })?;
     let files: Vec<String> = info
         .siblings
@@ -128,14 +196,16 @@ pub fn download(spec: &str, progress: &dyn Progress) -> Result<PathBuf, String> 
         .filter(|f| wanted(f))
         .collect();
     if !files.iter().any(|f| f == "config.json") {
-        return Err(format!(
-            "{id}: no config.json; not a transformers checkpoint"
-        ));
+        return Err(HubError::NotConvertible {
+            id: id.to_owned(),
+            what: "no config.json; not a transformers checkpoint",
+        });
     }
     if !files.iter().any(|f| f.ends_with(".safetensors")) {
-        return Err(format!(
-            "{id}: no .safetensors weights (memwall converts safetensors checkpoints, not .bin or .pth)"
-        ));
+        return Err(HubError::NotConvertible {
+            id: id.to_owned(),
+            what: "no .safetensors weights (memwall converts safetensors checkpoints, not .bin or .pth)",
+        });
     }
     let cached = Cache::new(root).repo(repo);
     let mut snapshot = None;
@@ -145,26 +215,32 @@ pub fn download(spec: &str, progress: &dyn Progress) -> Result<PathBuf, String> 
             Some(p) => p,
             None => remote
                 .download_with_progress(f, Forward(progress))
-                .map_err(|e| format!("{id}: downloading {f}: {e}"))?,
+                .map_err(|e| HubError::Download {
+                    id: id.to_owned(),
+                    file: f.clone(),
+                    message: e.to_string(),
+                    gated_hint: false,
+                })?,
         };
         if f == "config.json" {
             snapshot = path.parent().map(PathBuf::from);
         }
     }
-    snapshot.ok_or_else(|| format!("{id}: config.json has no snapshot folder"))
+    snapshot.ok_or_else(|| HubError::NotConvertible {
+        id: id.to_owned(),
+        what: "config.json has no snapshot folder",
+    })
 }
 
 /// The checkpoint folder for `org/name[@revision]`: from the cache, else
 /// downloaded, unless `HF_HUB_OFFLINE` is set.
-pub fn resolve_or_download(spec: &str, progress: &dyn Progress) -> Result<PathBuf, String> {
+pub fn resolve_or_download(spec: &str, progress: &dyn Progress) -> Result<PathBuf, HubError> {
     match resolve(spec) {
         Ok(dir) => Ok(dir),
         Err(missing) => {
             let offline = std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| v == "1" || v == "true");
             if offline {
-                return Err(format!(
-                    "{missing}, and HF_HUB_OFFLINE is set: unset it to download, or pass a local checkpoint folder"
-                ));
+                return Err(HubError::Offline(Box::new(missing)));
             }
             download(spec, progress)
         }
@@ -172,7 +248,7 @@ pub fn resolve_or_download(spec: &str, progress: &dyn Progress) -> Result<PathBu
 }
 
 /// The Hub client over the cache at `root`, honouring HF_ENDPOINT and HF_TOKEN.
-fn hub_api(root: PathBuf) -> Result<hf_hub::api::sync::Api, String> {
+fn hub_api(root: PathBuf) -> Result<hf_hub::api::sync::Api, HubError> {
     let mut builder = ApiBuilder::from_cache(Cache::new(root)).with_progress(false);
     if let Ok(endpoint) = std::env::var("HF_ENDPOINT") {
         builder = builder.with_endpoint(endpoint);
@@ -180,18 +256,14 @@ fn hub_api(root: PathBuf) -> Result<hf_hub::api::sync::Api, String> {
     if let Ok(token) = std::env::var("HF_TOKEN") {
         builder = builder.with_token(Some(token));
     }
-    builder
-        .build()
-        .map_err(|e| format!("cannot set up downloads: {e}"))
+    builder.build().map_err(|e| HubError::Client(e.to_string()))
 }
 
 /// Downloads only `config.json` of `org/name[@revision]` into the Hugging Face
 /// cache (what `memwall plan` needs: shapes, not weights) and returns its folder.
-pub fn fetch_config(spec: &str) -> Result<PathBuf, String> {
+pub fn fetch_config(spec: &str) -> Result<PathBuf, HubError> {
     if std::env::var_os("HF_HUB_OFFLINE").is_some_and(|v| v != "0") {
-        return Err(format!(
-            "{spec} is not in the Hugging Face cache and HF_HUB_OFFLINE is set"
-        ));
+        return Err(HubError::OfflineConfig(spec.to_owned()));
     }
     let (id, revision) = match spec.split_once('@') {
         Some((id, rev)) => (id, rev),
@@ -199,10 +271,16 @@ pub fn fetch_config(spec: &str) -> Result<PathBuf, String> {
     };
     let api = hub_api(cache_root()?)?;
     let repo = Repo::with_revision(id.to_owned(), RepoType::Model, revision.to_owned());
-    let path = api.repo(repo).get("config.json").map_err(|e| {
-        format!("{id}: downloading config.json: {e} (gated repositories need HF_TOKEN)")
-    })?;
+    let path = api
+        .repo(repo)
+        .get("config.json")
+        .map_err(|e| HubError::Download {
+            id: id.to_owned(),
+            file: "config.json".into(),
+            message: e.to_string(),
+            gated_hint: true,
+        })?;
     path.parent()
         .map(PathBuf::from)
-        .ok_or_else(|| format!("{}: unexpected cache layout", path.display()))
+        .ok_or(HubError::Layout(path.clone()))
 }

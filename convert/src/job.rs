@@ -69,7 +69,7 @@ pub fn prepare(ckpt: &Checkpoint, options: &Options) -> Result<Conversion, Conve
         .ok_or_else(|| model_err("config.json has no architectures list".into()))?;
     let arch: &Arch = Arch::for_class(class).map_err(model_err)?;
     let tensors = plan(ckpt, arch, options.outtype).map_err(model_err)?;
-    crate::validate::validate(ckpt, arch, &tensors).map_err(model_err)?;
+    crate::validate::validate(ckpt, arch, &tensors).map_err(|e| model_err(e.to_string()))?;
     let counts = parameter_counts(tensors.iter().map(|p| (p.name.as_str(), p.dims.as_slice())));
     let card = crate::model_card::load(ckpt.dir(), counts.0 as i64).map_err(model_err)?;
     let names = naming(ckpt.dir(), ckpt.config(), counts, &card);
@@ -306,8 +306,13 @@ const SUB_WEIGHTS: u64 = 256 << 10;
 /// Rows converted at a time: bounds memory to a few MiB per tensor piece.
 const CHUNK_WEIGHTS: u64 = 4 << 20;
 
+/// A `--split-max-size` that is not a size.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid split size {0:?}: a number, optionally followed by K, M or G")]
+pub struct SplitSizeError(pub String);
+
 /// Parses llama.cpp's `--split-max-size` (`300M`, `2G`, `500K`, or bytes; powers of 1000).
-pub fn parse_split_size(text: &str) -> Result<u64, String> {
+pub fn parse_split_size(text: &str) -> Result<u64, SplitSizeError> {
     let (digits, unit) = match text.char_indices().last() {
         Some((i, 'K')) => (&text[..i], 1_000),
         Some((i, 'M')) => (&text[..i], 1_000_000),
@@ -318,9 +323,7 @@ pub fn parse_split_size(text: &str) -> Result<u64, String> {
         .parse::<u64>()
         .ok()
         .and_then(|n| n.checked_mul(unit))
-        .ok_or_else(|| {
-            format!("invalid split size {text:?}: a number, optionally followed by K, M or G")
-        })
+        .ok_or_else(|| SplitSizeError(text.to_owned()))
 }
 
 /// Groups tensors into files as gguf-py does: a new file starts when the

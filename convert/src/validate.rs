@@ -13,8 +13,23 @@ fn get(config: &serde_json::Value, keys: &[&str]) -> Option<u64> {
         .find_map(|k| config.get(*k).and_then(|v| v.as_u64()))
 }
 
+/// Why a planned conversion does not match `config.json`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MismatchError {
+    /// Keys the shapes follow from are missing (the first name of each).
+    #[error("config.json lacks {}", .0.join(", "))]
+    MissingKeys(Vec<String>),
+    /// Tensors missing, of the wrong shape, or in blocks past the last.
+    #[error("the weights do not match config.json: {}", .0.join("; "))]
+    Tensors(Vec<String>),
+    /// The architecture has no tensor table (a bug: every converted
+    /// architecture has one).
+    #[error("internal: no tensor table for {0}")]
+    NoTable(&'static str),
+}
+
 /// Checks presence and shapes; the error lists every problem found.
-pub fn validate(ckpt: &Checkpoint, arch: &Arch, planned: &[Planned]) -> Result<(), String> {
+pub fn validate(ckpt: &Checkpoint, arch: &Arch, planned: &[Planned]) -> Result<(), MismatchError> {
     let c = ckpt.config();
     let mut missing_keys = Vec::new();
     let mut need = |keys: &[&str]| {
@@ -30,7 +45,7 @@ pub fn validate(ckpt: &Checkpoint, arch: &Arch, planned: &[Planned]) -> Result<(
     let vocab = need(&["vocab_size"]);
     let ffn = need(&["intermediate_size"]);
     if !missing_keys.is_empty() {
-        return Err(format!("config.json lacks {}", missing_keys.join(", ")));
+        return Err(MismatchError::MissingKeys(missing_keys));
     }
     let kv_heads = get(c, &["num_key_value_heads", "n_kv_heads"]).unwrap_or(heads);
     let head_dim = get(c, &["head_dim"]).unwrap_or(hidden.checked_div(heads).unwrap_or(0));
@@ -42,8 +57,7 @@ pub fn validate(ckpt: &Checkpoint, arch: &Arch, planned: &[Planned]) -> Result<(
         .unwrap_or(false);
 
     // Expected GGUF dims (ne[0] first) of each tensor, from the architecture's table.
-    let gguf_arch = GgufArch::from_name(arch.gguf)
-        .ok_or_else(|| format!("internal: no tensor table for {}", arch.gguf))?;
+    let gguf_arch = GgufArch::from_name(arch.gguf).ok_or(MismatchError::NoTable(arch.gguf))?;
     let expected = gguf_arch.tensors(&Dims {
         n_layer: layers,
         n_embd: hidden,
@@ -96,10 +110,7 @@ pub fn validate(ckpt: &Checkpoint, arch: &Arch, planned: &[Planned]) -> Result<(
     if problems.is_empty() {
         Ok(())
     } else {
-        Err(format!(
-            "the weights do not match config.json: {}",
-            problems.join("; ")
-        ))
+        Err(MismatchError::Tensors(problems))
     }
 }
 

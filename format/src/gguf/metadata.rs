@@ -197,17 +197,28 @@ impl Metadata {
 impl Metadata {
     /// The data alignment this metadata declares: `general.alignment`, which
     /// must be a uint32 power of two no larger than [`super::MAX_ALIGNMENT`], or
-    /// [`super::DEFAULT_ALIGNMENT`] when absent. The error describes what was found.
-    pub fn alignment(&self) -> Result<u64, String> {
+    /// [`super::DEFAULT_ALIGNMENT`] when absent.
+    pub fn alignment(&self) -> Result<u64, AlignmentError> {
         match self.get(keys::ALIGNMENT) {
             None => Ok(super::DEFAULT_ALIGNMENT),
             Some(Value::U32(a)) if a.is_power_of_two() && u64::from(*a) <= super::MAX_ALIGNMENT => {
                 Ok(u64::from(*a))
             }
-            Some(Value::U32(a)) => Err(a.to_string()),
-            Some(other) => Err(describe_type(other)),
+            Some(Value::U32(a)) => Err(AlignmentError::Value(*a)),
+            Some(other) => Err(AlignmentError::Type(describe_type(other))),
         }
     }
+}
+
+/// An unusable `general.alignment`; it displays what was found.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AlignmentError {
+    /// A uint32 that is no power of two, or larger than [`super::MAX_ALIGNMENT`].
+    #[error("{0}")]
+    Value(u32),
+    /// A value of another type (its description, e.g. `string`).
+    #[error("{0}")]
+    Type(String),
 }
 
 /// A type description for messages: `uint32`, `array[string]`.

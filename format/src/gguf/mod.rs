@@ -27,7 +27,7 @@ mod write;
 
 pub use error::{FormatError, FormatErrorKind, GgufError};
 pub use file::{GgufFile, LoadMode};
-pub use metadata::{Metadata, MetadataError, describe_type, keys};
+pub use metadata::{AlignmentError, Metadata, MetadataError, describe_type, keys};
 pub use read::parse;
 pub use split::{GgufModel, split_path};
 pub use value::{Array, Value, ValueType};

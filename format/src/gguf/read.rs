@@ -167,7 +167,9 @@ pub fn parse(bytes: &[u8]) -> Result<Header, FormatError> {
 
     let alignment = metadata.alignment().map_err(|found| FormatError {
         offset: alignment_at.unwrap_or(0),
-        kind: FormatErrorKind::BadAlignment { found },
+        kind: FormatErrorKind::BadAlignment {
+            found: found.to_string(),
+        },
     })?;
 
     // A tensor info takes 24 bytes on disk but more in memory; reserve a bounded
