@@ -9,9 +9,11 @@
 //!   AVX-512, NEON), and the threaded matrix product.
 //! - [`tokenizer`]: byte-level BPE and SentencePiece from GGUF metadata, as
 //!   llama.cpp tokenizes.
+//! - [`generate`]: text generation with prefix reuse and stop strings.
 //! - [`sampling`]: greedy and temperature / top-k / top-p / min-p sampling.
 //! - [`eval`]: perplexity and KL divergence, as llama-perplexity computes them.
-//! - [`residency`]: available memory, and pinning a model's pages in RAM.
+//! - [`residency`]: available memory, pinning a model's pages in RAM, bytes
+//!   read from storage.
 
 // Input-derived values never reach `unwrap`/`expect` in the libraries: every
 // remaining one states the invariant it relies on (`#[expect(.., reason)]`),
@@ -20,6 +22,7 @@
 
 pub mod eval;
 pub mod forward;
+pub mod generate;
 pub mod kernels;
 pub mod residency;
 pub mod sampling;

@@ -1,5 +1,6 @@
-//! Memory residency: what the OS has free, and pinning a model's pages in RAM
-//! (`--mlock`, and the matrices streaming keeps resident).
+//! Memory residency: what the OS has free, pinning a model's pages in RAM
+//! (`--mlock`, and the matrices streaming keeps resident), and how much this
+//! process has read from storage.
 
 use memwall_format::gguf::GgufModel;
 
@@ -45,4 +46,13 @@ pub fn available_memory() -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// Bytes this process has read from storage (`read_bytes` of
+/// `/proc/self/io`: reads that reached the device, not the page cache), when
+/// the OS reports it.
+pub fn storage_read_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/io").ok()?;
+    let line = text.lines().find(|l| l.starts_with("read_bytes:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
