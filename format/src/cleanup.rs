@@ -54,6 +54,67 @@ pub fn register_dir(path: &Path) -> Registration {
     register(path, true)
 }
 
+/// A scratch file `<prefix><pid><suffix>` in a folder: listed for the
+/// signal handlers while it exists, removed (with its `.partial`) when
+/// dropped. Creating one first removes the scratch files of the same name
+/// left by memwall processes that are no longer running (killed with
+/// SIGKILL, which no handler sees).
+pub struct ScratchFile {
+    path: std::path::PathBuf,
+    _listed: Registration,
+}
+
+impl ScratchFile {
+    /// The scratch file of this process in `dir` (not created yet).
+    pub fn new(dir: &Path, prefix: &str, suffix: &str) -> ScratchFile {
+        remove_stale(dir, prefix, suffix);
+        let path = dir.join(format!("{prefix}{}{suffix}", std::process::id()));
+        let listed = register_file(&path);
+        ScratchFile {
+            path,
+            _listed: listed,
+        }
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for ScratchFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_file(crate::atomic::AtomicFile::partial_path_for(&self.path));
+    }
+}
+
+/// Removes the scratch files `<prefix><pid><suffix>` in `dir` (and their
+/// `.partial`) that belong to a process no longer running.
+pub fn remove_stale(dir: &Path, prefix: &str, suffix: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let name_without_partial = name.strip_suffix(".partial").unwrap_or(name);
+        let pid = name_without_partial
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.strip_suffix(suffix))
+            .and_then(|pid| pid.parse::<libc::pid_t>().ok());
+        let Some(pid) = pid.filter(|&p| p > 0 && p != std::process::id() as libc::pid_t) else {
+            continue;
+        };
+        // SAFETY: signal 0 only checks whether the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } == -1
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 fn register(path: &Path, dir: bool) -> Registration {
     let Some(path) = c_path(path) else {
         return Registration { slot: None };
@@ -204,6 +265,28 @@ fn empty_dir(_path: *const libc::c_char) {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scratch_file_is_listed_while_it_lives_and_stale_ones_of_dead_processes_go() {
+        let dir = tempfile::tempdir().unwrap();
+        // A process id that no running process has: far above pid_max.
+        let dead = dir.path().join("memwall-test-2147483000.kld");
+        let other = dir.path().join("memwall-test-notapid.kld");
+        std::fs::write(&dead, b"x").unwrap();
+        std::fs::write(&other, b"x").unwrap();
+        let scratch = ScratchFile::new(dir.path(), "memwall-test-", ".kld");
+        assert!(!dead.exists(), "a dead process's scratch file is removed");
+        assert!(other.exists(), "names that are not scratch files are left");
+        assert_eq!(
+            scratch.path(),
+            dir.path()
+                .join(format!("memwall-test-{}.kld", std::process::id()))
+        );
+        std::fs::write(scratch.path(), b"logits").unwrap();
+        let path = scratch.path().to_owned();
+        drop(scratch);
+        assert!(!path.exists(), "dropped, the scratch file is removed");
+    }
 
     #[test]
     fn registered_paths_are_removed_and_unlisted_ones_kept() {

@@ -90,3 +90,34 @@ fn every_backend_gives_the_recorded_perplexity() {
         }
     }
 }
+
+/// A baseline of a model against itself: the same perplexity, KL divergence
+/// 0 but for the rounding of the saved log-probabilities (llama.cpp's format
+/// keeps them in 16 bits), the same top token everywhere; its scratch file is
+/// gone once the baseline is.
+#[test]
+fn a_baseline_compares_models_through_a_scratch_file_it_removes() {
+    let gguf = GgufModel::open(&fixtures().join("tiny-zh/reference/tiny-zh-f16.gguf")).unwrap();
+    let tokenizer = Tokenizer::from_gguf(gguf.metadata()).unwrap();
+    let text = std::fs::read_to_string(fixtures().join("perplexity/heldout-24k.txt")).unwrap();
+    let tokens = tokenizer.encode(&text, true, false);
+    let model = Model::new(&gguf, 128).unwrap();
+    let options = Eval {
+        n_ctx: 128,
+        n_batch: 128,
+        max_chunks: Some(2),
+        bos: tokenizer.add_bos().then(|| tokenizer.bos()).flatten(),
+        all_outputs: false,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let scratch = memwall_format::cleanup::ScratchFile::new(dir.path(), "base-", ".kld");
+    let path = scratch.path().to_owned();
+    let baseline = eval::Baseline::new(&model, &tokens, &options, scratch, &Silent).unwrap();
+    assert!(path.exists());
+    let stats = baseline.compare(&model, &options, &Silent).unwrap();
+    assert!(stats.kld.mean.abs() < 1e-5, "{}", stats.kld.mean);
+    assert_eq!(stats.same_top.mean, 1.0);
+    assert_eq!(stats.ppl.mean, baseline.perplexity.ppl);
+    drop(baseline);
+    assert!(!path.exists());
+}

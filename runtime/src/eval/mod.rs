@@ -18,6 +18,7 @@ pub use logits_file::{LogitsReader, LogitsWriter};
 pub use stats::{KldStats, Summary};
 
 use crate::forward::{ForwardError, Model};
+use memwall_format::cleanup::ScratchFile;
 use memwall_format::progress::{Progress, Unit};
 
 /// Why an evaluation failed.
@@ -198,6 +199,48 @@ pub fn perplexity(
         plus_minus,
         chunk_ppl,
     })
+}
+
+/// A reference model's evaluation on a text, kept for comparing other models
+/// with it: its perplexity, and its log-probabilities in a scratch file
+/// (removed when the baseline is dropped, and by the signal handlers).
+pub struct Baseline {
+    /// The reference's perplexity.
+    pub perplexity: Perplexity,
+    logits: LogitsReader,
+    _scratch: ScratchFile,
+}
+
+impl Baseline {
+    /// Evaluates `reference` on `tokens`, saving its log-probabilities to
+    /// `scratch`.
+    pub fn new(
+        reference: &Model,
+        tokens: &[u32],
+        options: &Options,
+        scratch: ScratchFile,
+        progress: &dyn Progress,
+    ) -> Result<Baseline, EvalError> {
+        let mut writer = LogitsWriter::new(scratch.path());
+        let perplexity = perplexity(reference, tokens, options, Some(&mut writer), progress)?;
+        let logits = LogitsReader::open(scratch.path())?;
+        Ok(Baseline {
+            perplexity,
+            logits,
+            _scratch: scratch,
+        })
+    }
+
+    /// Perplexity, KL divergence and top-token agreement of `model` against
+    /// the reference, over the same windows.
+    pub fn compare(
+        &self,
+        model: &Model,
+        options: &Options,
+        progress: &dyn Progress,
+    ) -> Result<KldStats, EvalError> {
+        kl_divergence(model, &self.logits, options, progress)
+    }
 }
 
 /// KL divergence of `model` from the reference whose log-probabilities `base`
