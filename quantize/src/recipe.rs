@@ -109,9 +109,90 @@ type = "Q4_K"
     ),
 ];
 
+/// Why a recipe, a type name, a layer range or a rule pattern is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RecipeError {
+    /// Not TOML.
+    #[error("{0}")]
+    Toml(String),
+    /// A key the recipe (or a rule) does not have.
+    #[error("unknown key '{key}' (known: {known})")]
+    UnknownKey {
+        /// The key.
+        key: String,
+        /// The keys there are.
+        known: &'static str,
+    },
+    /// A top-level field that must be a string.
+    #[error("'{key}' must be a string, not {found}")]
+    NotAString {
+        /// The field.
+        key: &'static str,
+        /// The TOML type it has.
+        found: &'static str,
+    },
+    /// No `name`.
+    #[error("a recipe needs a name")]
+    NoName,
+    /// No `base`.
+    #[error("a recipe needs a base file type, e.g. base = \"Q4_K_M\"")]
+    NoBase,
+    /// A `base` that is no llama.cpp file type.
+    #[error("unknown base file type '{0}'")]
+    UnknownBase(String),
+    /// A tensor type that is no ggml type.
+    #[error("unknown tensor type '{name}'; memwall encodes {valid}")]
+    UnknownType {
+        /// What was given.
+        name: String,
+        /// The types memwall encodes.
+        valid: String,
+    },
+    /// `rule` is not an array of tables.
+    #[error("'rule' must be an array of tables ([[rule]])")]
+    RulesNotArray,
+    /// A problem of rule `index` (from 1).
+    #[error("rule {index}: {problem}")]
+    Rule {
+        /// Which rule, from 1.
+        index: usize,
+        /// What is wrong with it.
+        problem: Box<RecipeError>,
+    },
+    /// A rule that is not a table.
+    #[error("must be a table")]
+    RuleNotATable,
+    /// A rule without `match`.
+    #[error("needs match = '<regex>'")]
+    NoMatch,
+    /// A rule without `type`.
+    #[error("needs type = \"<ggml type>\"")]
+    NoType,
+    /// A layer number out of range.
+    #[error("bad layer {0}")]
+    BadLayer(i64),
+    /// `layers` of another TOML type.
+    #[error("layers must be a string such as \"0-3, 28-31\"")]
+    LayersNotAString,
+    /// A layer range that does not parse.
+    #[error("bad layer range '{0}' (expected N or N-M, e.g. \"0-3, 28-31\")")]
+    BadLayerRange(String),
+    /// No layer range at all.
+    #[error("empty layer range")]
+    EmptyLayerRange,
+    /// A pattern that is no regular expression.
+    #[error("bad pattern '{pattern}': {message}")]
+    BadPattern {
+        /// The pattern.
+        pattern: String,
+        /// The regex engine's message.
+        message: String,
+    },
+}
+
 /// Parses a type name the way `llama-quantize` does (case-insensitive ggml
 /// type name), with the valid names in the error.
-pub fn parse_type(name: &str) -> Result<GgmlType, String> {
+pub fn parse_type(name: &str) -> Result<GgmlType, RecipeError> {
     GgmlType::all()
         .find(|t| t.name().eq_ignore_ascii_case(name))
         .ok_or_else(|| {
@@ -119,18 +200,18 @@ pub fn parse_type(name: &str) -> Result<GgmlType, String> {
                 .iter()
                 .map(|t| t.name().to_ascii_uppercase())
                 .collect();
-            format!(
-                "unknown tensor type '{name}'; memwall encodes {}",
-                valid.join(", ")
-            )
+            RecipeError::UnknownType {
+                name: name.to_owned(),
+                valid: valid.join(", "),
+            }
         })
 }
 
 /// Parses `"0-3, 28-31, 40"` into inclusive ranges.
-pub fn parse_layers(text: &str) -> Result<Vec<(u32, u32)>, String> {
+pub fn parse_layers(text: &str) -> Result<Vec<(u32, u32)>, RecipeError> {
     let mut ranges = Vec::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let bad = || format!("bad layer range '{part}' (expected N or N-M, e.g. \"0-3, 28-31\")");
+        let bad = || RecipeError::BadLayerRange(part.to_owned());
         let (a, b) = match part.split_once('-') {
             Some((a, b)) => (a.trim(), b.trim()),
             None => (part, part),
@@ -143,7 +224,7 @@ pub fn parse_layers(text: &str) -> Result<Vec<(u32, u32)>, String> {
         ranges.push((a, b));
     }
     if ranges.is_empty() {
-        return Err("empty layer range".into());
+        return Err(RecipeError::EmptyLayerRange);
     }
     Ok(ranges)
 }
@@ -154,8 +235,11 @@ pub fn make_override(
     ty: GgmlType,
     layers: Vec<(u32, u32)>,
     always: bool,
-) -> Result<Override, String> {
-    let regex = regex::Regex::new(pattern).map_err(|e| format!("bad pattern '{pattern}': {e}"))?;
+) -> Result<Override, RecipeError> {
+    let regex = regex::Regex::new(pattern).map_err(|e| RecipeError::BadPattern {
+        pattern: pattern.to_owned(),
+        message: e.to_string(),
+    })?;
     Ok(Override {
         text: pattern.to_owned(),
         regex,
@@ -178,8 +262,10 @@ impl Recipe {
     }
 
     /// Parses recipe TOML. Errors name the offending field or rule.
-    pub fn parse(text: &str) -> Result<Recipe, String> {
-        let doc: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
+    pub fn parse(text: &str) -> Result<Recipe, RecipeError> {
+        let doc: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| RecipeError::Toml(e.to_string()))?;
         const KNOWN: [&str; 6] = [
             "name",
             "description",
@@ -189,24 +275,26 @@ impl Recipe {
             "rule",
         ];
         if let Some(k) = doc.keys().find(|k| !KNOWN.contains(&k.as_str())) {
-            return Err(format!("unknown key '{k}' (known: {})", KNOWN.join(", ")));
+            return Err(RecipeError::UnknownKey {
+                key: k.clone(),
+                known: "name, description, base, output, token_embedding, rule",
+            });
         }
-        let string = |key: &str| -> Result<Option<String>, String> {
+        let string = |key: &'static str| -> Result<Option<String>, RecipeError> {
             match doc.get(key) {
                 None => Ok(None),
                 Some(toml::Value::String(s)) => Ok(Some(s.clone())),
-                Some(other) => Err(format!(
-                    "'{key}' must be a string, not {}",
-                    other.type_str()
-                )),
+                Some(other) => Err(RecipeError::NotAString {
+                    key,
+                    found: other.type_str(),
+                }),
             }
         };
-        let name = string("name")?.ok_or("a recipe needs a name")?;
+        let name = string("name")?.ok_or(RecipeError::NoName)?;
         let description = string("description")?.unwrap_or_default();
-        let base_name =
-            string("base")?.ok_or("a recipe needs a base file type, e.g. base = \"Q4_K_M\"")?;
+        let base_name = string("base")?.ok_or(RecipeError::NoBase)?;
         let base = file_type_by_name(&base_name)
-            .ok_or_else(|| format!("unknown base file type '{base_name}'"))?;
+            .ok_or_else(|| RecipeError::UnknownBase(base_name.clone()))?;
         let output = string("output")?.map(|t| parse_type(&t)).transpose()?;
         let token_embedding = string("token_embedding")?
             .map(|t| parse_type(&t))
@@ -215,36 +303,42 @@ impl Recipe {
         let raw_rules = match doc.get("rule") {
             None => Vec::new(),
             Some(toml::Value::Array(a)) => a.clone(),
-            Some(_) => return Err("'rule' must be an array of tables ([[rule]])".into()),
+            Some(_) => return Err(RecipeError::RulesNotArray),
         };
         for (i, raw) in raw_rules.iter().enumerate() {
-            let at = |msg: String| format!("rule {}: {msg}", i + 1);
-            let t = raw.as_table().ok_or_else(|| at("must be a table".into()))?;
+            let at = |problem: RecipeError| RecipeError::Rule {
+                index: i + 1,
+                problem: Box::new(problem),
+            };
+            let t = raw
+                .as_table()
+                .ok_or_else(|| at(RecipeError::RuleNotATable))?;
             if let Some(k) = t
                 .keys()
                 .find(|k| !["match", "type", "layers"].contains(&k.as_str()))
             {
-                return Err(at(format!(
-                    "unknown key '{k}' (known: match, type, layers)"
-                )));
+                return Err(at(RecipeError::UnknownKey {
+                    key: k.clone(),
+                    known: "match, type, layers",
+                }));
             }
             let pattern = t
                 .get("match")
                 .and_then(toml::Value::as_str)
-                .ok_or_else(|| at("needs match = '<regex>'".into()))?;
+                .ok_or_else(|| at(RecipeError::NoMatch))?;
             let ty = t
                 .get("type")
                 .and_then(toml::Value::as_str)
-                .ok_or_else(|| at("needs type = \"<ggml type>\"".into()))?;
+                .ok_or_else(|| at(RecipeError::NoType))?;
             let ty = parse_type(ty).map_err(at)?;
             let layers = match t.get("layers") {
                 None => Vec::new(),
                 Some(toml::Value::String(s)) => parse_layers(s).map_err(at)?,
                 Some(toml::Value::Integer(n)) => {
-                    let n = u32::try_from(*n).map_err(|_| at(format!("bad layer {n}")))?;
+                    let n = u32::try_from(*n).map_err(|_| at(RecipeError::BadLayer(*n)))?;
                     vec![(n, n)]
                 }
-                Some(_) => return Err(at("layers must be a string such as \"0-3, 28-31\"".into())),
+                Some(_) => return Err(at(RecipeError::LayersNotAString)),
             };
             rules.push(make_override(pattern, ty, layers, true).map_err(at)?);
         }
@@ -337,19 +431,25 @@ type = "q4_k"
         let e = Recipe::parse(
             "name = \"x\"\nbase = \"Q4_K_M\"\n[[rule]]\nmatch = 'a'\ntype = \"Q9_K\"\n",
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             e.contains("rule 1") && e.contains("Q9_K") && e.contains("Q4_K"),
             "{e}"
         );
-        let e = Recipe::parse("name = \"x\"\nbase = \"Q7\"\n").unwrap_err();
+        let e = Recipe::parse("name = \"x\"\nbase = \"Q7\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("Q7"), "{e}");
-        let e = Recipe::parse("name = \"x\"\nbase = \"Q4_K_M\"\nrules = []\n").unwrap_err();
+        let e = Recipe::parse("name = \"x\"\nbase = \"Q4_K_M\"\nrules = []\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown key 'rules'"), "{e}");
         let e = Recipe::parse(
             "name = \"x\"\nbase = \"Q4_K_M\"\n[[rule]]\nmatch = '('\ntype = \"F16\"\n",
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("bad pattern"), "{e}");
         assert!(parse_layers("3-1").is_err());
     }
