@@ -39,7 +39,7 @@ pub struct Args {
     #[arg(short = 'e', long = "escape", overrides_with = "no_escape")]
     pub escape: bool,
     /// Take the text as it is, backslashes included.
-    #[arg(long = "no-escape")]
+    #[arg(long = "no-escape", overrides_with = "escape")]
     pub no_escape: bool,
     /// KEY=TYPE:VALUE,…: read the vocabulary with these metadata values
     /// instead of the file's (e.g. tokenizer.ggml.add_bos_token=bool:false).
