@@ -436,3 +436,50 @@ fn run_reads_the_model_with_override_kv() {
     ]);
     assert!(err.contains("KEY=TYPE:VALUE"), "{err}");
 }
+
+#[test]
+fn run_reads_prompts_and_stop_strings_as_llama_cli_does() {
+    let tokens = |args: &[&str]| {
+        let mut line = vec!["run", TINY, "-n", "1", "--temp", "0", "--json"];
+        line.extend_from_slice(args);
+        json(&line)["prompt_tokens"].as_u64().unwrap()
+    };
+    // Escapes are processed, as llama-cli does unless --no-escape.
+    let newline = tokens(&["-p", "北京\n是"]);
+    assert_eq!(tokens(&["-p", r"北京\n是"]), newline);
+    assert_ne!(tokens(&["-p", r"北京\n是", "--no-escape"]), newline);
+    // -f drops one newline at the end of the file, as llama-cli's -f does.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("prompt.txt");
+    std::fs::write(&file, "北京是\n").unwrap();
+    assert_eq!(tokens(&["-f", s(&file)]), tokens(&["-p", "北京是"]));
+    // --stop "\n" stops at a newline (the text before it is kept).
+    let free = json(&[
+        "run",
+        TINY,
+        "-p",
+        "北京是",
+        "-n",
+        "48",
+        "--temp",
+        "0",
+        "--json",
+    ]);
+    let text = free["text"].as_str().unwrap();
+    let cut = text.find('\n').expect("a newline in 48 greedy tokens");
+    let stopped = json(&[
+        "run",
+        TINY,
+        "-p",
+        "北京是",
+        "-n",
+        "48",
+        "--temp",
+        "0",
+        "--stop",
+        r"\n",
+        "--json",
+    ]);
+    assert_eq!(stopped["text"], &text[..cut]);
+    assert_eq!(stopped["stopped_by"], "stop");
+}

@@ -25,6 +25,54 @@ use memwall_format::kv_override::KvOverride;
 use memwall_quantize::job::JobError;
 use memwall_runtime::residency::{available_memory, lock_model};
 
+/// llama.cpp's `string_process_escapes`: `\n \r \t \' \" \\` and `\xHH`;
+/// any other backslash stays as it is.
+pub fn process_escapes(input: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(input.len());
+    let mut i = 0;
+    while i < input.len() {
+        if input[i] == b'\\' && i + 1 < input.len() {
+            i += 1;
+            match input[i] {
+                b'n' => out.push(b'\n'),
+                b'r' => out.push(b'\r'),
+                b't' => out.push(b'\t'),
+                b'\'' => out.push(b'\''),
+                b'"' => out.push(b'"'),
+                b'\\' => out.push(b'\\'),
+                b'x' if i + 2 < input.len()
+                    && input[i + 1].is_ascii_hexdigit()
+                    && input[i + 2].is_ascii_hexdigit() =>
+                {
+                    let hex = [input[i + 1], input[i + 2]];
+                    let text = std::str::from_utf8(&hex).unwrap_or("00");
+                    out.push(u8::from_str_radix(text, 16).unwrap_or(0));
+                    i += 2;
+                }
+                other => {
+                    out.push(b'\\');
+                    out.push(other);
+                }
+            }
+        } else {
+            out.push(input[i]);
+        }
+        i += 1;
+    }
+    out
+}
+
+/// `text` with llama.cpp's escapes processed (see [`process_escapes`]), which
+/// must leave UTF-8 text; `what` names it in the error.
+pub fn unescape(text: &str, what: &str) -> anyhow::Result<String> {
+    String::from_utf8(process_escapes(text.as_bytes())).map_err(|e| {
+        anyhow::anyhow!(
+            "{what}: its \\xHH escapes make byte {} not UTF-8 (or pass --no-escape)",
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
 /// Parses `--override-kv KEY=TYPE:VALUE` arguments as llama-quantize takes
 /// them: one override each.
 pub fn parse_overrides(specs: &[String]) -> anyhow::Result<Vec<KvOverride>> {
@@ -377,5 +425,18 @@ impl LoadArgs {
             })?;
         }
         Ok(gguf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::process_escapes;
+
+    #[test]
+    fn escapes_are_llama_cpps() {
+        assert_eq!(process_escapes(br#"a\nb\tc\\d\'e\"f"#), b"a\nb\tc\\d'e\"f");
+        assert_eq!(process_escapes(br"\x41\x4"), b"A\\x4");
+        assert_eq!(process_escapes(br"\q\"), b"\\q\\");
+        assert_eq!(process_escapes(br"\xe4\xb8\xad"), "中".as_bytes());
     }
 }

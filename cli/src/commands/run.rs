@@ -25,7 +25,8 @@ pub struct Args {
     /// The prompt (in chat mode: the first user message).
     #[arg(short = 'p', long = "prompt", conflicts_with = "file")]
     pub prompt: Option<String>,
-    /// Read the prompt from FILE.
+    /// Read the prompt from FILE (one newline at its end is dropped, as
+    /// llama-cli does).
     #[arg(short = 'f', long = "file", value_name = "FILE")]
     pub file: Option<PathBuf>,
     /// Tokens to generate at most (per reply in chat mode).
@@ -56,6 +57,13 @@ pub struct Args {
     /// Stop when the output contains TEXT (repeatable); TEXT is not printed.
     #[arg(long = "stop", value_name = "TEXT")]
     pub stop: Vec<String>,
+    /// Process escapes (\n, \t, \\, \xHH, …) in the prompt and --stop, as
+    /// llama-cli does by default.
+    #[arg(short = 'e', long = "escape", overrides_with = "no_escape")]
+    pub escape: bool,
+    /// Take the prompt and --stop as they are, backslashes included.
+    #[arg(long = "no-escape", overrides_with = "escape")]
+    pub no_escape: bool,
     /// Context length (default: the model's, at most 4096).
     #[arg(short = 'c', long = "ctx-size", visible_alias = "ctx", value_name = "N",
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
@@ -354,18 +362,36 @@ pub fn run(args: Args) -> Result<()> {
     };
     let prompt = match (&args.prompt, &args.file) {
         (Some(p), _) => Some(p.clone()),
-        (None, Some(f)) => Some(
-            std::fs::read_to_string(f)
-                .with_context(|| format!("{}: cannot read the prompt", f.display()))?,
-        ),
+        (None, Some(f)) => {
+            let mut text = std::fs::read_to_string(f)
+                .with_context(|| format!("{}: cannot read the prompt", f.display()))?;
+            if text.ends_with('\n') {
+                text.pop();
+            }
+            Some(text)
+        }
         (None, None) => None,
+    };
+    // llama-cli processes escapes in the prompt and its reverse prompts.
+    let escape = !args.no_escape;
+    let prompt = match prompt {
+        Some(p) if escape => Some(super::unescape(&p, "the prompt")?),
+        p => p,
+    };
+    let stops: Vec<String> = if escape {
+        args.stop
+            .iter()
+            .map(|s| super::unescape(s, "--stop"))
+            .collect::<Result<_>>()?
+    } else {
+        args.stop.clone()
     };
     if !chat {
         let Some(prompt) = prompt else {
             bail!("give a prompt with -p TEXT or -f FILE, or talk to the model with --chat");
         };
         let tokens = engine.tokenizer.encode(&prompt, true, true);
-        return one_shot(&mut engine, &tokens, &args, Some(&prompt));
+        return one_shot(&mut engine, &tokens, &args, &stops, Some(&prompt));
     }
     let template = chat_template(&gguf, args.json)?;
     let special = |id: Option<u32>| {
@@ -385,9 +411,9 @@ pub fn run(args: Args) -> Result<()> {
         messages.push(Message::new("user", &prompt));
         let text = template.render_isolated(&messages, true, &bos, &eos)?;
         let tokens = engine.tokenizer.encode(&text, false, true);
-        return one_shot(&mut engine, &tokens, &args, None);
+        return one_shot(&mut engine, &tokens, &args, &stops, None);
     }
-    repl(&mut engine, &template, messages, &args, &bos, &eos)
+    repl(&mut engine, &template, messages, &args, &stops, &bos, &eos)
 }
 
 /// The model's chat template, or ChatML with a warning.
@@ -487,7 +513,13 @@ impl TerminalText {
 }
 
 /// Generates once after `tokens` and prints the result.
-fn one_shot(engine: &mut Engine, tokens: &[u32], args: &Args, echo: Option<&str>) -> Result<()> {
+fn one_shot(
+    engine: &mut Engine,
+    tokens: &[u32],
+    args: &Args,
+    stops: &[String],
+    echo: Option<&str>,
+) -> Result<()> {
     let mut out = std::io::stdout().lock();
     let mut terminal = TerminalText::default();
     if !args.json {
@@ -503,7 +535,7 @@ fn one_shot(engine: &mut Engine, tokens: &[u32], args: &Args, echo: Option<&str>
             let _ = out.flush();
         }
     };
-    let (text, stats) = engine.generate(tokens, args.n_predict, &args.stop, &mut emit)?;
+    let (text, stats) = engine.generate(tokens, args.n_predict, stops, &mut emit)?;
     if json {
         let mut report = stats_json(&stats);
         report["text"] = json!(text);
@@ -521,6 +553,7 @@ fn repl(
     template: &ChatTemplate,
     start: Vec<Message>,
     args: &Args,
+    stops: &[String],
     bos: &str,
     eos: &str,
 ) -> Result<()> {
@@ -561,7 +594,7 @@ fn repl(
                 let _ = out.flush();
             }
         };
-        let (reply, stats) = engine.generate(&tokens, args.n_predict, &args.stop, &mut emit)?;
+        let (reply, stats) = engine.generate(&tokens, args.n_predict, stops, &mut emit)?;
         drop(out);
         if json {
             let mut turn = stats_json(&stats);

@@ -50,43 +50,6 @@ pub struct Args {
     pub log_disable: bool,
 }
 
-/// llama.cpp's `string_process_escapes`: `\n \r \t \' \" \\` and `\xHH`;
-/// any other backslash stays as it is.
-fn process_escapes(input: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(input.len());
-    let mut i = 0;
-    while i < input.len() {
-        if input[i] == b'\\' && i + 1 < input.len() {
-            i += 1;
-            match input[i] {
-                b'n' => out.push(b'\n'),
-                b'r' => out.push(b'\r'),
-                b't' => out.push(b'\t'),
-                b'\'' => out.push(b'\''),
-                b'"' => out.push(b'"'),
-                b'\\' => out.push(b'\\'),
-                b'x' if i + 2 < input.len()
-                    && input[i + 1].is_ascii_hexdigit()
-                    && input[i + 2].is_ascii_hexdigit() =>
-                {
-                    let hex = [input[i + 1], input[i + 2]];
-                    let text = std::str::from_utf8(&hex).unwrap_or("00");
-                    out.push(u8::from_str_radix(text, 16).unwrap_or(0));
-                    i += 2;
-                }
-                other => {
-                    out.push(b'\\');
-                    out.push(other);
-                }
-            }
-        } else {
-            out.push(input[i]);
-        }
-        i += 1;
-    }
-    out
-}
-
 /// Runs the command.
 pub fn run(args: Args) -> Result<()> {
     let path = args.model.path()?.to_owned();
@@ -118,7 +81,11 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         args.prompt.clone().unwrap_or_default().into_bytes()
     };
-    let bytes = if escape { process_escapes(&raw) } else { raw };
+    let bytes = if escape {
+        super::process_escapes(&raw)
+    } else {
+        raw
+    };
     let text = String::from_utf8(bytes).map_err(|e| {
         anyhow::anyhow!(
             "the text is not UTF-8 (byte {} of it{}); memwall tokenizes UTF-8 text",
@@ -148,17 +115,4 @@ pub fn run(args: Args) -> Result<()> {
     }
     out.flush()?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::process_escapes;
-
-    #[test]
-    fn escapes_are_llama_cpps() {
-        assert_eq!(process_escapes(br#"a\nb\tc\\d\'e\"f"#), b"a\nb\tc\\d'e\"f");
-        assert_eq!(process_escapes(br"\x41\x4"), b"A\\x4");
-        assert_eq!(process_escapes(br"\q\"), b"\\q\\");
-        assert_eq!(process_escapes(br"\xe4\xb8\xad"), "中".as_bytes());
-    }
 }
