@@ -263,14 +263,14 @@ where
         .map_err(plot_error)?;
     }
     let marker = RGBColor(31, 119, 180);
-    ctx.draw_series(chart.points.iter().map(|p| {
-        // Labels right of the marker, or left of it near the right edge.
-        let (offset, h) = if p.x > 0.75 * x_max {
-            ((-10, -6), HPos::Right)
-        } else {
-            ((10, -6), HPos::Left)
-        };
-        let style = (FAMILY, 15)
+    let at: Vec<(i32, i32)> = chart
+        .points
+        .iter()
+        .map(|p| ctx.backend_coord(&(p.x, p.y)))
+        .collect();
+    let offsets = label_offsets(chart, x_max, &at);
+    ctx.draw_series(chart.points.iter().zip(offsets).map(|(p, (offset, h))| {
+        let style = (FAMILY, LABEL_SIZE)
             .into_font()
             .color(&BLACK)
             .pos(Pos::new(h, VPos::Bottom));
@@ -280,6 +280,52 @@ where
     }))
     .map_err(plot_error)?;
     Ok(())
+}
+
+/// Font size of the point labels, in pixels.
+const LABEL_SIZE: i32 = 15;
+/// A label's height and a generous width per character (text is not measured,
+/// so that the SVG needs no font).
+const LABEL_HEIGHT: i32 = LABEL_SIZE + 3;
+const LABEL_CHAR_WIDTH: i32 = 9;
+
+/// Where each label goes relative to its marker (at pixel `at`): right of it,
+/// or left of it near the right edge, its bottom 6 pixels above the marker's
+/// centre; a label that would overlap one placed before (points of the same
+/// size and quality sit on top of each other) moves down or up a line at a
+/// time until it is clear.
+fn label_offsets(chart: &Scatter, x_max: f64, at: &[(i32, i32)]) -> Vec<((i32, i32), HPos)> {
+    let mut order: Vec<usize> = (0..chart.points.len()).collect();
+    order.sort_by_key(|&i| (at[i].1, at[i].0));
+    let mut placed: Vec<(i32, i32, i32, i32)> = Vec::new();
+    let mut result = vec![((0, 0), HPos::Left); chart.points.len()];
+    for i in order {
+        let p = &chart.points[i];
+        let width = LABEL_CHAR_WIDTH * p.label.chars().count() as i32;
+        let (dx, h) = if p.x > 0.75 * x_max {
+            (-10, HPos::Right)
+        } else {
+            (10, HPos::Left)
+        };
+        let (x0, x1) = match h {
+            HPos::Right => (at[i].0 + dx - width, at[i].0 + dx),
+            _ => (at[i].0 + dx, at[i].0 + dx + width),
+        };
+        let clear = |bottom: i32| {
+            let (y0, y1) = (bottom - LABEL_HEIGHT, bottom);
+            placed
+                .iter()
+                .all(|&(a0, a1, b0, b1)| x1 <= a0 || a1 <= x0 || y1 <= b0 || b1 <= y0)
+        };
+        let dy = (0..64)
+            .map(|k: i32| -6 + if k % 2 == 1 { k / 2 + 1 } else { -(k / 2) } * LABEL_HEIGHT)
+            .find(|&dy| clear(at[i].1 + dy))
+            .unwrap_or(-6);
+        let bottom = at[i].1 + dy;
+        placed.push((x0, x1, bottom - LABEL_HEIGHT, bottom));
+        result[i] = ((dx, dy), h);
+    }
+    result
 }
 
 /// Decimals that tell apart the ticks of a linear axis spanning `span`
@@ -331,6 +377,43 @@ mod tests {
         let svg = svg(&chart(&[0.5, 0.01, 0.002])).unwrap();
         assert_eq!(svg.matches("<circle").count(), 3);
         assert!(svg.contains(">p1<") || svg.contains("p1\n"));
+    }
+
+    /// The y of each `<text>` holding one of `labels`, in the SVG.
+    fn label_ys(svg: &str, labels: &[&str]) -> Vec<f64> {
+        let doc = roxmltree::Document::parse(svg).unwrap();
+        labels
+            .iter()
+            .map(|label| {
+                doc.descendants()
+                    .find(|n| n.has_tag_name("text") && n.text().map(str::trim) == Some(*label))
+                    .and_then(|n| n.attribute("y"))
+                    .unwrap_or_else(|| panic!("no label {label}"))
+                    .parse()
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn labels_of_points_on_top_of_each_other_do_not_overlap() {
+        // Q4_K_M and its calibrated twin: the same size, nearly the same KLD.
+        let mut c = chart(&[0.0055, 0.0054, 0.002]);
+        c.points[0].label = "tiny-zh-Q4_K_M".into();
+        c.points[1].label = "tiny-zh-Q4_K_M-awq-gptq".into();
+        c.points[1].x = c.points[0].x;
+        let ys = label_ys(
+            &svg(&c).unwrap(),
+            &["tiny-zh-Q4_K_M", "tiny-zh-Q4_K_M-awq-gptq"],
+        );
+        assert!(
+            (ys[0] - ys[1]).abs() >= f64::from(LABEL_SIZE),
+            "labels at y {ys:?} overlap"
+        );
+        // Points far apart keep their labels beside them.
+        let apart = chart(&[0.5, 0.01, 0.002]);
+        let ys = label_ys(&svg(&apart).unwrap(), &["p0", "p1", "p2"]);
+        assert!(ys.windows(2).all(|w| w[0] != w[1]), "{ys:?}");
     }
 
     #[test]

@@ -3,12 +3,14 @@
 //! place in memwall that prints.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod args;
 mod chart;
 mod chat;
 mod commands;
 mod progress;
 mod render;
 mod signals;
+mod spellings;
 
 use std::process::ExitCode;
 
@@ -81,10 +83,15 @@ A split model (name-00001-of-00003.gguf) is opened as one model from any of its 
   memwall quantize model-f16.gguf out.gguf --recipe attn-f16-ffn-q4
   memwall quantize model-f16.gguf Q4_K_M --dry-run       the plan: types, sizes, file size
   memwall quantize model-f16.gguf Q4_K_M --dry-run --json
+  memwall quantize model-f16.gguf out.gguf Q4_K_M 8       llama-quantize's trailing thread count
+  memwall quantize model-f16.gguf out.gguf Q8_0 --override-kv general.name=str:mine
 
 TYPE: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q2_K_S Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M
-      Q5_K_S Q5_K_M Q6_K IQ4_NL IQ4_XS F16 BF16 F32 (the IQ1-IQ3, TQ and MXFP4
-      types can be planned with --dry-run but not written yet).
+      Q5_K_S Q5_K_M Q6_K IQ4_NL IQ4_XS F16 BF16 F32, or llama-quantize's number
+      (15 = Q4_K_M); the IQ1-IQ3, TQ and MXFP4 types can be planned with
+      --dry-run but not written yet. As with llama-quantize, a thread count may
+      follow TYPE. The short form names the output after the input without its
+      -f16/-bf16/-f32: model-f16.gguf Q4_K_M writes model-Q4_K_M.gguf.
 Built-in recipes: attn-f16-ffn-q4, attn-q8-ffn-q4, attn-q8-ffn-q4-down-q6; a
 recipe file is TOML (see docs/RECIPES.md). The output records the recipe in
 the memwall.recipe metadata key.")]
@@ -156,6 +163,18 @@ at -n tokens, at a --stop string or when the context (-c) is full. Afterwards
 the prompt and decode speed, first-token latency and peak memory are printed
 to standard error (in the JSON with --json).")]
     Run(commands::run::Args),
+    /// Show how a model's tokenizer splits a text: ids and pieces, as
+    /// llama-tokenize prints them.
+    #[command(after_help = "Examples:
+  memwall tokenize -m model.gguf -p \"Hello world\"
+  memwall tokenize -m model.gguf -f prompt.txt --ids
+  cat prompt.txt | memwall tokenize model.gguf --stdin --show-count
+
+The same options and output as llama-tokenize: one `id -> 'piece'` line per
+token, or --ids for a list; BOS as the model adds it (--no-bos leaves it
+out); special tokens in the text are parsed (--no-parse-special reads them
+as text); escapes such as \\n are processed (--no-escape keeps them).")]
+    Tokenize(commands::tokenize::Args),
     /// Send a model (and the memwall runtime) to an Android phone through adb:
     /// checks storage and RAM first, resumes an interrupted push, verifies SHA-256.
     #[command(after_help = "Examples:
@@ -222,6 +241,17 @@ fn release_large_buffers() {
     }
 }
 
+/// Hands the heap pages the argument parser used (its description of every
+/// command and option, freed by now) back to the system, so that the
+/// process's peak memory is the model's: what `memwall plan` predicts.
+fn return_parser_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory at the top of glibc's heaps.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Runs one parsed command.
 fn execute(command: Command) -> anyhow::Result<()> {
     match command {
@@ -234,6 +264,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
         Command::Compare(args) => commands::compare::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Run(args) => commands::run::run(args),
+        Command::Tokenize(args) => commands::tokenize::run(args),
         Command::Push(args) => commands::push::run(args),
         Command::Calibrate(command) => commands::calibrate::run(command),
         Command::Plan(args) => commands::plan::run(args),
@@ -247,7 +278,11 @@ fn execute(command: Command) -> anyhow::Result<()> {
 
 /// Parses and runs `memwall ARGS…` in this process (the demo's steps).
 pub(crate) fn run_line(args: &[String]) -> anyhow::Result<()> {
-    let line = std::iter::once("memwall".to_owned()).chain(args.iter().cloned());
+    let line = std::iter::once("memwall".to_owned())
+        .chain(args.iter().cloned())
+        .map(std::ffi::OsString::from)
+        .collect();
+    let line = spellings::translate(line).map_err(anyhow::Error::msg)?;
     let cli = Cli::try_parse_from(line).map_err(|e| anyhow::anyhow!("{e}"))?;
     execute(cli.command)
 }
@@ -255,7 +290,16 @@ pub(crate) fn run_line(args: &[String]) -> anyhow::Result<()> {
 fn main() -> ExitCode {
     signals::install();
     release_large_buffers();
-    let cli = Cli::parse();
+    // llama.cpp's spellings first: a usage error, as clap's are.
+    let line = match spellings::translate(std::env::args_os().collect()) {
+        Ok(line) => line,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = Cli::parse_from(line);
+    return_parser_memory();
     let result = execute(cli.command);
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -266,5 +310,50 @@ fn main() -> ExitCode {
             }
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Columns a line takes in a terminal (CJK characters take two).
+    fn columns(line: &str) -> usize {
+        line.chars()
+            .map(|c| {
+                if ('\u{1100}'..='\u{ffef}').contains(&c) {
+                    2
+                } else {
+                    1
+                }
+            })
+            .sum()
+    }
+
+    #[test]
+    fn help_examples_never_wrap_mid_command() {
+        // clap wraps help at 100 columns at most; an example line longer than
+        // that would break in the middle of a command.
+        fn check(cmd: &clap::Command, path: &str) {
+            let path = format!("{path} {}", cmd.get_name());
+            if let Some(text) = cmd.get_after_help() {
+                for line in text.to_string().lines() {
+                    assert!(
+                        columns(line) <= 100,
+                        "{path}: {} columns: {line}",
+                        columns(line)
+                    );
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                check(sub, &path);
+            }
+        }
+        check(&super::Cli::command(), "");
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        super::Cli::command().debug_assert();
     }
 }

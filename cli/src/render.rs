@@ -118,6 +118,20 @@ pub fn value_json(value: &Value, full: bool) -> serde_json::Value {
     }
 }
 
+/// `text` as one word of a shell command line: as it is when it holds only
+/// characters no shell treats specially, else in single quotes.
+pub fn shell_word(text: &str) -> String {
+    if !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=+:,@%".contains(c))
+    {
+        text.to_owned()
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -152,12 +152,12 @@ fn compares_quantizations_and_reuses_them() {
     assert!((bpw(base_row) - 16.0).abs() < 0.1, "F16 plus F32 norms");
     assert_eq!(
         q4["path"].as_str().unwrap(),
-        s(&cache.join("tiny-zh-f16-Q4_K_M.gguf"))
+        s(&cache.join("tiny-zh-Q4_K_M.gguf"))
     );
 
     // compare.md: the table and what was measured.
     let md = std::fs::read_to_string(out.join("compare.md")).unwrap();
-    assert!(md.contains("| tiny-zh-f16-Q6_K.gguf | Q6_K |"), "{md}");
+    assert!(md.contains("| tiny-zh-Q6_K.gguf | Q6_K |"), "{md}");
     assert!(md.contains("8 windows of 128 tokens"), "{md}");
     assert!(md.contains("phone-16gb"), "{md}");
 
@@ -194,7 +194,7 @@ fn compares_quantizations_and_reuses_them() {
     // A second run reuses every quantization and gives the same numbers.
     let made: Vec<PathBuf> = ["Q4_K_M", "Q6_K", "attn-f16-ffn-q4"]
         .iter()
-        .map(|t| cache.join(format!("tiny-zh-f16-{t}.gguf")))
+        .map(|t| cache.join(format!("tiny-zh-{t}.gguf")))
         .collect();
     let before: Vec<SystemTime> = made.iter().map(|p| mtime(p)).collect();
     let again = ok(&compare(
@@ -234,10 +234,10 @@ fn a_changed_base_is_quantized_again() {
             f(&r["ppl"]["value"]),
         )
     };
-    let quantized = cache.join("tiny-zh-f16-Q4_K_M.gguf");
+    let quantized = cache.join("tiny-zh-Q4_K_M.gguf");
     let (first, ppl) = source(&ok(&compare(&base, &out, &cache, "2", &types)));
     assert_eq!(first, "made");
-    assert!(cache.join("tiny-zh-f16-Q4_K_M.gguf.json").exists());
+    assert!(cache.join("tiny-zh-Q4_K_M.gguf.json").exists());
     assert_eq!(
         source(&ok(&compare(&base, &out, &cache, "2", &types))).0,
         "cached"
@@ -295,7 +295,7 @@ fn a_file_of_another_vocabulary_is_refused() {
         "{stderr}"
     );
     // Refused before any work: nothing quantized, nothing written.
-    assert!(!cache.join("tiny-zh-f16-Q4_K_M.gguf").exists());
+    assert!(!cache.join("tiny-zh-Q4_K_M.gguf").exists());
     assert!(!out.exists());
 }
 

@@ -1,7 +1,8 @@
 //! `memwall demo`: the whole workflow on the built-in tiny-zh, as CI runs it.
 //! Checks what it prints (every step's command), what it writes (the GGUF
 //! files, the calibration set, the comparison and its chart) and that the
-//! numbers make sense (calibration helps, more bits lose less).
+//! numbers make sense (calibration helps, more bits lose less), and that it
+//! warns about nothing it chose itself.
 
 mod common;
 
@@ -43,11 +44,21 @@ fn the_demo_runs_every_step_and_writes_what_it_says() {
         stdout.contains(&format!("Everything is in {}", dir.display())),
         "{stdout}"
     );
-    // The plan recommends a choice and the commands to run it.
+    // The plan recommends a choice and the commands to run it, with the
+    // demo's real path (the file exists: it is the F16 as it is).
     assert!(
         stdout.contains("Recommended: ") && stdout.contains("llama-cli -m "),
         "{stdout}"
     );
+    let f16 = dir.join("tiny-zh-f16.gguf");
+    assert!(
+        stdout.contains(&format!("  memwall run -m {} --chat", f16.display())),
+        "{stdout}"
+    );
+    // The demo does not warn about choices it made itself (it passed --chat
+    // to calibrate dataset, whose chat rows asked for it).
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("warning"), "{stderr}");
     // A Chinese reply: the chat step prints CJK text.
     let chat = &stdout[stdout.find("step 10/10").unwrap()..];
     assert!(

@@ -385,3 +385,120 @@ fn bad_input_gets_a_clear_error() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// The command lines under "Recommended:" in `plan`'s text.
+fn recommended_lines(text: &str) -> Vec<String> {
+    text.lines()
+        .skip_while(|l| !l.starts_with("Recommended:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .map(|l| l.trim().to_owned())
+        .collect()
+}
+
+/// Runs a printed `memwall …` line in `dir` (plain words: these paths have no spaces).
+fn paste(dir: &std::path::Path, line: &str, stdin: &str) -> String {
+    use std::io::Write;
+    let words: Vec<&str> = line.split(' ').collect();
+    assert_eq!(words[0], "memwall", "{line}");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_memwall"))
+        .args(&words[1..])
+        .current_dir(dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{line}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn the_recommended_commands_run_as_pasted() {
+    // From a GGUF, in another folder: the quantize line makes the file the run line runs.
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    std::fs::create_dir(&models).unwrap();
+    let f16 = models.join("tiny-zh-f16.gguf");
+    std::fs::copy(repo().join(TINY), &f16).unwrap();
+    let budget = ["-c", "512", "--types", "Q4_K_M,Q8_0", "--budget", "24"];
+    let mut line = vec!["plan", f16.to_str().unwrap()];
+    line.extend_from_slice(&budget);
+    let text = stdout_of(&line);
+    let lines = recommended_lines(&text);
+    let q4 = models.join("tiny-zh-Q4_K_M.gguf");
+    assert_eq!(
+        lines[0],
+        format!("memwall quantize {} {} Q4_K_M", f16.display(), q4.display()),
+        "{text}"
+    );
+    assert!(lines[1].starts_with(&format!("memwall run -m {} --chat", q4.display())));
+    assert!(lines[2].starts_with(&format!("llama-cli -m {}", q4.display())));
+    paste(dir.path(), &lines[0], "");
+    let reply = paste(dir.path(), &lines[1], "北京是哪个国家的首都？\n");
+    assert!(!reply.trim().is_empty());
+    // Now that the file exists, there is nothing to make.
+    let again = recommended_lines(&stdout_of(&line));
+    assert!(again[0].starts_with("memwall run -m "), "{again:?}");
+
+    // A quantized file is recommended as it is, never a bigger one it cannot become.
+    let text = stdout_of(&["plan", q4.to_str().unwrap()]);
+    assert!(
+        text.contains("Recommended: tiny-zh-Q4_K_M.gguf as it is"),
+        "{text}"
+    );
+    let lines = recommended_lines(&text);
+    assert!(
+        lines[0].starts_with(&format!("memwall run -m {} ", q4.display())),
+        "{lines:?}"
+    );
+    let json = plan_json(&[q4.to_str().unwrap()]);
+    assert_eq!(json["recommended"], "as is (tiny-zh-Q4_K_M)");
+
+    // From a checkpoint: convert, then quantize, then run, in the current folder.
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let ckpt = repo().join("fixtures/tiny-zh");
+    let out = common::memwall_in(
+        &work,
+        &[
+            "plan",
+            ckpt.to_str().unwrap(),
+            "-c",
+            "512",
+            "--types",
+            "Q4_K_M,Q8_0",
+            "--budget",
+            "24",
+        ],
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines = recommended_lines(&text);
+    assert_eq!(
+        lines[0],
+        format!("memwall convert {}", ckpt.display()),
+        "{text}"
+    );
+    assert_eq!(
+        lines[1],
+        "memwall quantize tiny-zh-f16.gguf tiny-zh-Q4_K_M.gguf Q4_K_M"
+    );
+    // tiny-zh's tokenizer is its own: the plan says convert will ask for --pre.
+    assert!(lines[4].contains("convert asks for --pre NAME"), "{text}");
+    let err = common::memwall_in(&work, &lines[0].split(' ').skip(1).collect::<Vec<_>>());
+    assert!(String::from_utf8_lossy(&err.stderr).contains("name it with --pre"));
+    paste(&work, &format!("{} --pre gpt-2", lines[0]), "");
+    paste(&work, &lines[1], "");
+    paste(&work, &lines[2], "你好\n");
+}

@@ -338,3 +338,50 @@ fn a_template_that_eats_memory_is_a_clear_error() {
     assert!(stderr.contains("the chat template failed: "), "{stderr}");
     assert!(stderr.contains("no system role"), "{stderr}");
 }
+
+#[test]
+fn escape_sequences_never_reach_the_terminal() {
+    // The prompt is echoed: a colour and a window title in it are dropped whole.
+    let prompt = "\u{1b}[31m北京\u{1b}[0m\u{1b}]0;title\u{7}是";
+    let args = ["run", TINY, "-p", prompt, "-n", "8", "--temp", "0"];
+    let out = memwall(&args);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("北京是"), "{text:?}");
+    assert!(!text.contains('\u{1b}') && !text.contains("[31m") && !text.contains("title"));
+    // The reply follows, as --json gives it.
+    let mut json = args.to_vec();
+    json.push("--json");
+    let v: Value = serde_json::from_str(&stdout_of(&json)).unwrap();
+    assert_eq!(text, format!("北京是{}\n", v["text"].as_str().unwrap()));
+}
+
+#[test]
+fn a_piped_chat_prints_its_statistics_to_standard_error() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memwall"))
+        .args(["run", TINY, "--chat", "-n", "8", "--temp", "0"])
+        .current_dir(repo())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all("北京是哪个国家的首都？\n你好\n".as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let stats: Vec<&str> = stderr.lines().filter(|l| l.starts_with('[')).collect();
+    assert_eq!(stats.len(), 2, "one line per reply: {stderr}");
+    assert!(stats.iter().all(|l| l.contains("generated at")), "{stderr}");
+    // stdout holds only the replies.
+    assert!(
+        !String::from_utf8(out.stdout)
+            .unwrap()
+            .contains("prompt tokens")
+    );
+}

@@ -144,7 +144,8 @@ impl Arch {
                     .flat_map(|a| a.hf_classes.iter().copied())
                     .collect();
                 format!(
-                    "architecture {class} is not supported; memwall converts {}",
+                    "architecture {class} is not supported{}; memwall converts {}",
+                    memwall_format::suggest::did_you_mean(class, all.iter().copied()),
                     all.join(", ")
                 )
             })

@@ -742,6 +742,34 @@ const PROBE: &str = include_str!("../data/chktxt.txt");
 /// llama.cpp's table of probe hashes → pre-tokenizer names (see the file's header).
 const PRE_TOKENIZERS: &str = include_str!("../data/pre_tokenizers.tsv");
 
+/// Pre-tokenizer names llama.cpp's loader accepts that its converter's
+/// table does not name (`llama-vocab.cpp` at 0c1e570).
+const LOADER_ONLY_PRE_TOKENIZERS: [&str; 9] = [
+    "default",
+    "glm5",
+    "jina-de",
+    "jina-es",
+    "llada-moe",
+    "llama-v3",
+    "llama3",
+    "mpt",
+    "whitespace",
+];
+
+/// Every `tokenizer.ggml.pre` name llama.cpp knows (its converter's table and
+/// its loader), sorted: what `--pre` may name.
+pub fn known_pre_tokenizers() -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = PRE_TOKENIZERS
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split('\t').nth(1))
+        .chain(LOADER_ONLY_PRE_TOKENIZERS)
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
 /// The SHA-256 llama.cpp computes for a tokenizer: of Python's `str()` of the
 /// ids the tokenizer gives the probe text (special tokens added, as
 /// `tokenizer.encode` does).

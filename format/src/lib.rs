@@ -18,6 +18,8 @@
 //! - [`direct`]: large outputs written around the page cache.
 //! - [`cleanup`]: unfinished outputs that signal handlers remove before exiting.
 //! - [`progress`]: the trait through which libraries report long work.
+//! - [`kv_override`]: `KEY=TYPE:VALUE` metadata overrides (llama.cpp's `--override-kv`).
+//! - [`suggest`]: "did you mean …?" for names users type.
 
 // Input-derived values never reach `unwrap`/`expect` in the libraries: every
 // remaining one states the invariant it relies on (`#[expect(.., reason)]`),
@@ -31,8 +33,10 @@ pub mod cleanup;
 pub mod direct;
 pub mod ggml_type;
 pub mod gguf;
+pub mod kv_override;
 pub mod model_info;
 pub mod progress;
+pub mod suggest;
 pub mod validate;
 
 pub use ggml_type::GgmlType;

@@ -20,6 +20,7 @@ use memwall_format::ggml_type::FileTypeInfo;
 use memwall_format::gguf::{
     GgufError, GgufModel, GgufWriter, Metadata, TensorSpec, keys, split_path,
 };
+use memwall_format::kv_override::KvOverride;
 use memwall_format::progress::{Progress, Unit};
 use rayon::prelude::*;
 
@@ -110,6 +111,12 @@ pub struct Options {
     pub recipe: Option<Recipe>,
     /// `--imatrix`.
     pub imatrix: Option<ImatrixInput>,
+    /// `--override-kv`: metadata of the output (and of the type rules, which
+    /// read the model's hyper-parameters), as llama-quantize applies them.
+    pub kv_overrides: Vec<KvOverride>,
+    /// `--prune-layers`: blocks left out of the output; the others are
+    /// renumbered from 0 and `{arch}.block_count` says how many remain.
+    pub prune_layers: Vec<u32>,
 }
 
 impl Options {
@@ -126,6 +133,8 @@ impl Options {
             tensor_types: Vec::new(),
             recipe: None,
             imatrix: None,
+            kv_overrides: Vec::new(),
+            prune_layers: Vec::new(),
         }
     }
 }
@@ -146,8 +155,11 @@ pub enum ImatrixUse {
 /// One tensor of the plan.
 #[derive(Clone, Debug)]
 pub struct TensorPlan {
-    /// Name.
+    /// Name in the output.
     pub name: String,
+    /// Name in the input (differs from `name` when `--prune-layers`
+    /// renumbers the blocks); the importance matrix is looked up by it.
+    pub source_name: String,
     /// Shape, GGUF order.
     pub dims: Vec<u64>,
     /// Type in the input.
@@ -263,7 +275,19 @@ pub fn plan(model: &GgufModel, input: &Path, options: &Options) -> Result<Plan, 
         path: input.to_owned(),
         message,
     };
-    let facts = ModelFacts::from_metadata(model.metadata()).map_err(meta_err)?;
+    // llama-quantize loads the model with the overrides: the type rules see them.
+    let facts = if options.kv_overrides.is_empty() {
+        ModelFacts::from_metadata(model.metadata())
+    } else {
+        let mut meta = model.metadata().clone();
+        for o in &options.kv_overrides {
+            meta.set(o.key.clone(), o.loaded());
+        }
+        ModelFacts::from_metadata(&meta)
+    }
+    .map_err(meta_err)?;
+    let mut pruned =
+        Pruning::new(&options.prune_layers, facts.n_layer).map_err(JobError::Options)?;
     let recipe = options.recipe.as_ref();
     let mut overrides = options.tensor_types.clone();
     if let Some(r) = recipe {
@@ -283,10 +307,16 @@ pub fn plan(model: &GgufModel, input: &Path, options: &Options) -> Result<Plan, 
 
     // llama.cpp's order: by layer then name; with --keep-split, by file then offset.
     let mut order: Vec<(usize, &memwall_format::gguf::TensorInfo)> = model.tensors().collect();
+    order.sort_by(|a, b| llama_order(&a.1.name, &b.1.name));
+    // Output names, in llama.cpp's order (its renumbering walks that order).
+    let renamed = pruned.rename(order.iter().map(|(_, t)| t.name.as_str()));
+    let mut order: Vec<(usize, &memwall_format::gguf::TensorInfo, String)> = order
+        .into_iter()
+        .zip(renamed)
+        .filter_map(|((f, t), name)| Some((f, t, name?)))
+        .collect();
     if options.keep_split {
-        order.sort_by_key(|&(f, t)| (f, t.offset));
-    } else {
-        order.sort_by(|a, b| llama_order(&a.1.name, &b.1.name));
+        order.sort_by_key(|&(f, t, _)| (f, t.offset));
     }
     let n_files = if options.keep_split {
         model.files().len()
@@ -294,21 +324,22 @@ pub fn plan(model: &GgufModel, input: &Path, options: &Options) -> Result<Plan, 
         1
     };
 
-    let mut mixer = Mixer::new(facts, mix, order.iter().map(|(_, t)| t.name.as_str()));
+    let mut mixer = Mixer::new(facts, mix, order.iter().map(|(_, _, name)| name.as_str()));
     let mut warnings = Vec::new();
     let mut tensors = Vec::with_capacity(order.len());
     let imatrix = options.imatrix.as_ref().map(|i| &i.data);
     let mut imatrix_hits = 0;
-    for &(file, t) in &order {
+    for (file, t, name) in &order {
+        let (file, name) = (*file, name.as_str());
         let choice = mixer
-            .choose(&t.name, &t.dims, t.ty)
+            .choose(name, &t.dims, t.ty)
             .map_err(|message| JobError::Tensor {
-                tensor: t.name.clone(),
+                tensor: name.to_owned(),
                 message,
             })?;
         let target = choice.ty;
         let size = target.tensor_size(&t.dims).map_err(|e| JobError::Tensor {
-            tensor: t.name.clone(),
+            tensor: name.to_owned(),
             message: format!(
                 "cannot be stored as {target}: {e} (choose a type whose block divides {})",
                 t.dims.first().copied().unwrap_or(0)
@@ -316,13 +347,14 @@ pub fn plan(model: &GgufModel, input: &Path, options: &Options) -> Result<Plan, 
         })?;
         if let Reason::Fallback(from) = choice.reason {
             warnings.push(format!(
-                "{}: rows of {} weights do not fit {from} blocks; using {target}",
-                t.name, t.dims[0]
+                "{name}: rows of {} weights do not fit {from} blocks; using {target}",
+                t.dims[0]
             ));
         }
         let converts = target != t.ty;
         let mut use_ = ImatrixUse::None;
         if let (Some(m), true) = (imatrix, converts) {
+            // llama.cpp looks the entry up under the input's name.
             use_ = match m.entries.get(&t.name) {
                 None => ImatrixUse::Missing,
                 Some(v) => {
@@ -330,11 +362,11 @@ pub fn plan(model: &GgufModel, input: &Path, options: &Options) -> Result<Plan, 
                     if v.len() as u64 == t.dims[0] * experts {
                         imatrix_hits += 1;
                         ImatrixUse::Used
-                    } else if Category::of(&t.name) == Category::TokenEmbd {
+                    } else if Category::of(name) == Category::TokenEmbd {
                         ImatrixUse::Ignored
                     } else {
                         return Err(JobError::Tensor {
-                            tensor: t.name.clone(),
+                            tensor: name.to_owned(),
                             message: format!(
                                 "the importance matrix has {} values for it, the tensor needs {} \
                                  ({} per row × {experts} experts): is the imatrix for another model?",
@@ -348,27 +380,23 @@ pub fn plan(model: &GgufModel, input: &Path, options: &Options) -> Result<Plan, 
             };
             if use_ == ImatrixUse::Missing {
                 warnings.push(format!(
-                    "{}: no importance matrix entry; quantized without one",
-                    t.name
+                    "{name}: no importance matrix entry; quantized without one"
                 ));
             }
         }
         let needs_imatrix = options.ftype.name == "Q2_K_S"
             && target == GgmlType::Q2_K
-            && !matches!(
-                Category::of(&t.name),
-                Category::TokenEmbd | Category::Output
-            );
+            && !matches!(Category::of(name), Category::TokenEmbd | Category::Output);
         // As llama-quantize: a plan (--dry-run) warns, a run refuses (see `run`).
         let requires_imatrix = needs_imatrix && use_ != ImatrixUse::Used;
         if requires_imatrix {
             warnings.push(format!(
-                "{}: Q2_K_S needs an importance matrix for this tensor; quantizing will fail without --imatrix",
-                t.name
+                "{name}: Q2_K_S needs an importance matrix for this tensor; quantizing will fail without --imatrix"
             ));
         }
         tensors.push(TensorPlan {
-            name: t.name.clone(),
+            name: name.to_owned(),
+            source_name: t.name.clone(),
             dims: t.dims.clone(),
             source: t.ty,
             target,
@@ -393,12 +421,12 @@ pub fn plan(model: &GgufModel, input: &Path, options: &Options) -> Result<Plan, 
         }
     }
     for o in &mixer.options().overrides {
-        if !order.iter().any(|(_, t)| o.matches(&t.name)) {
+        if !order.iter().any(|(_, _, name)| o.matches(name)) {
             warnings.push(format!("rule '{}' = {} matches no tensor", o.text, o.ty));
         }
     }
 
-    let metadata = output_metadata(model, options, n_files)?;
+    let metadata = output_metadata(model, options, n_files, &pruned, tensors.len())?;
     let alignment = metadata[0]
         .alignment()
         .map_err(|found| meta_err(format!("general.alignment is not a power of two: {found}")))?;
@@ -412,11 +440,97 @@ pub fn plan(model: &GgufModel, input: &Path, options: &Options) -> Result<Plan, 
     })
 }
 
+/// `--prune-layers`: which blocks go, and the new number of those that stay.
+struct Pruning {
+    /// Sorted, without duplicates.
+    layers: Vec<u32>,
+    /// The blocks the renumbering reached (set by [`Pruning::rename`]).
+    count: Option<u32>,
+}
+
+impl Pruning {
+    /// Refuses a block the model does not have (llama-quantize ignores it).
+    fn new(layers: &[u32], n_layer: u32) -> Result<Pruning, String> {
+        let mut layers = layers.to_vec();
+        layers.sort_unstable();
+        layers.dedup();
+        if let Some(&bad) = layers.iter().find(|&&l| l >= n_layer) {
+            return Err(format!(
+                "--prune-layers {bad}: the model has blocks 0 to {}",
+                n_layer.saturating_sub(1)
+            ));
+        }
+        if !layers.is_empty() && layers.len() as u32 >= n_layer {
+            return Err("--prune-layers would remove every block".into());
+        }
+        Ok(Pruning {
+            layers,
+            count: None,
+        })
+    }
+
+    /// The block number in a tensor name (`blk.N.`), where llama.cpp's
+    /// `blk\.(\d+)\.` finds it first, and the byte range of N.
+    fn block(name: &str) -> Option<(u32, std::ops::Range<usize>)> {
+        let mut from = 0;
+        while let Some(at) = name[from..].find("blk.") {
+            let start = from + at + 4;
+            let digits = name[start..].bytes().take_while(u8::is_ascii_digit).count();
+            if digits > 0 && name[start + digits..].starts_with('.') {
+                let n = name[start..start + digits].parse().ok()?;
+                return Some((n, start..start + digits));
+            }
+            from = start;
+        }
+        None
+    }
+
+    /// The output name of each input name (in llama.cpp's order), `None` for
+    /// a pruned tensor: kept blocks are renumbered in the order met, as
+    /// llama-quantize's `remap_layer` does.
+    fn rename<'a>(&mut self, names: impl Iterator<Item = &'a str>) -> Vec<Option<String>> {
+        let Some(&first) = self.layers.first() else {
+            return names.map(|n| Some(n.to_owned())).collect();
+        };
+        let mut mapped: std::collections::HashMap<u32, Option<u32>> = Default::default();
+        let mut next = 0;
+        let renamed = names
+            .map(|name| {
+                let Some((blk, digits)) = Self::block(name) else {
+                    return Some(name.to_owned());
+                };
+                let to = *mapped.entry(blk).or_insert_with(|| {
+                    if self.layers.contains(&blk) {
+                        None
+                    } else if blk < first {
+                        next = blk + 1;
+                        Some(blk)
+                    } else {
+                        next += 1;
+                        Some(next - 1)
+                    }
+                });
+                to.map(|n| format!("{}{n}{}", &name[..digits.start], &name[digits.end..]))
+            })
+            .collect();
+        self.count = Some(next);
+        renamed
+    }
+
+    /// The `{arch}.block_count` to write, when blocks were pruned: the number
+    /// llama-quantize's renumbering reached.
+    fn block_count(&self) -> Option<u32> {
+        self.count
+    }
+}
+
 /// The metadata llama-quantize writes (see the module docs).
 fn output_metadata(
     model: &GgufModel,
     options: &Options,
     n_files: usize,
+    pruned: &Pruning,
+    n_tensors: usize,
 ) -> Result<Vec<Metadata>, JobError> {
     let mut meta = model.metadata().clone();
     let put = |meta: &mut Metadata, key: &str, value: memwall_format::gguf::Value| {
@@ -431,6 +545,9 @@ fn output_metadata(
     put(&mut meta, keys::FILE_TYPE, options.ftype.id.into());
     for k in [keys::SPLIT_NO, keys::SPLIT_COUNT, keys::SPLIT_TENSORS_COUNT] {
         meta.remove(k);
+    }
+    for o in &options.kv_overrides {
+        put(&mut meta, &o.key, o.written());
     }
     if let Some(im) = &options.imatrix {
         // llama-quantize copies strings into 128-byte buffers.
@@ -458,6 +575,16 @@ fn output_metadata(
             );
         }
     }
+    if let Some(blocks) = pruned.block_count() {
+        let arch = model
+            .metadata()
+            .get_str(keys::ARCHITECTURE)
+            .ok()
+            .flatten()
+            .unwrap_or("llama")
+            .to_owned();
+        put(&mut meta, &format!("{arch}.block_count"), blocks.into());
+    }
     if let Some(r) = &options.recipe {
         put(&mut meta, "memwall.recipe.name", r.name.clone().into());
         put(&mut meta, "memwall.recipe", r.to_toml().into());
@@ -465,7 +592,7 @@ fn output_metadata(
     if n_files == 1 {
         return Ok(vec![meta]);
     }
-    let total = model.tensor_count() as i32;
+    let total = n_tensors as i32;
     let mut files = vec![meta];
     files.extend((1..n_files).map(|_| Metadata::new()));
     for (i, m) in files.iter_mut().enumerate() {
@@ -627,7 +754,7 @@ fn write_file(
         let mut produced = Ok(());
         for (i, t) in tensors.iter().enumerate() {
             progress.item(&format!("[{}/{}] {}", i + 1, tensors.len(), t.name));
-            let Some((_, data)) = model.tensor(&t.name) else {
+            let Some((_, data)) = model.tensor(&t.source_name) else {
                 produced = Err(JobError::Tensor {
                     tensor: t.name.clone(),
                     message: "vanished from the input".into(),
@@ -635,21 +762,21 @@ fn write_file(
                 break;
             };
             let weights = match (t.imatrix, imatrix) {
-                (ImatrixUse::Used, Some(m)) => m.entries.get(&t.name).map(Vec::as_slice),
+                (ImatrixUse::Used, Some(m)) => m.entries.get(&t.source_name).map(Vec::as_slice),
                 _ => None,
             };
             let mut outlet = Outlet {
                 emit: &mut |chunk| send.send(chunk).is_ok(),
                 buffer: &mut || reuse.try_recv().unwrap_or_default(),
                 // Bounded memory: input pages already encoded need not stay resident.
-                release: &|range| model.release(&t.name, range),
+                release: &|range| model.release(&t.source_name, range),
                 progress,
             };
             produced = encode_tensor(i, t, data, weights, &mut outlet);
             if produced.is_err() {
                 break;
             }
-            model.release(&t.name, 0..t.source_bytes);
+            model.release(&t.source_name, 0..t.source_bytes);
         }
         drop(send);
         let written = writer

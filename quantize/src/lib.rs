@@ -32,6 +32,7 @@ pub mod job;
 mod kquants;
 mod lanes;
 mod legacy;
+pub mod names;
 pub mod recipe;
 pub mod rules;
 mod weights;

@@ -2,7 +2,6 @@
 //! as llama-bench measures them (`pp N`: N tokens evaluated in batches from an
 //! empty cache; `tg N`: N tokens decoded one at a time), repeated and averaged.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -13,9 +12,8 @@ use serde_json::json;
 /// Arguments of `memwall bench`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The GGUF model.
-    #[arg(short = 'm', long = "model", value_name = "MODEL.gguf")]
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub model: crate::args::ModelArg,
     /// Prompt lengths to process (comma-separated; 0 skips).
     #[arg(
         short = 'p',
@@ -48,14 +46,34 @@ pub struct Args {
     pub repetitions: usize,
     #[command(flatten)]
     pub load: super::LoadArgs,
+    /// Output format, as llama-bench's -o: a markdown table or JSON (= --json).
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_enum,
+        default_value = "md",
+        value_name = "FORMAT"
+    )]
+    pub output: Output,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
 }
 
+/// llama-bench's output formats that memwall writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// A markdown table and the recommended settings.
+    Md,
+    /// One JSON object.
+    Json,
+}
+
 /// Runs the command.
 pub fn run(args: Args) -> Result<()> {
-    let gguf = args.load.open(&args.model)?;
+    let path = args.model.path()?.to_owned();
+    let json_out = args.json || args.output == Output::Json;
+    let gguf = args.load.open(&path)?;
     let longest = args
         .prompt
         .iter()
@@ -67,11 +85,11 @@ pub fn run(args: Args) -> Result<()> {
         bail!("nothing to measure: give -p and/or -n above 0, and -r of at least 1");
     }
     let mut model = Model::new(&gguf, longest + 1)
-        .with_context(|| format!("{}: cannot run this model", args.model.display()))?;
+        .with_context(|| format!("{}: cannot run this model", path.display()))?;
     let streaming = args.load.stream(&mut model)?;
     let kernels = Kernels::from_env()?;
     let threads = if args.threads.is_empty() {
-        vec![std::thread::available_parallelism().map_or(1, |n| n.get())]
+        vec![crate::args::all_cores()]
     } else {
         args.threads.clone()
     };
@@ -143,10 +161,10 @@ pub fn run(args: Args) -> Result<()> {
             .map(|r| json!({"threads": r["threads"], "n_batch": r["n_batch"], "tokens_per_second": r["tokens_per_second"]}))
     };
     let recommended = json!({"prompt": best("pp"), "decode": best("tg")});
-    if args.json {
+    if json_out {
         let report = json!({
             "recommended": recommended,
-            "model": args.model, "size_bytes": size,
+            "model": path, "size_bytes": size,
             "architecture": model.config.arch.name(),
             "kernels": kernels.backend().name(), "results": rows,
             "streaming": streaming.as_ref().map(|r| json!({
@@ -161,8 +179,7 @@ pub fn run(args: Args) -> Result<()> {
     println!(
         "| model | size | backend | threads | n_batch | test | t/s |\n| --- | ---: | --- | ---: | ---: | ---: | ---: |"
     );
-    let name = args
-        .model
+    let name = path
         .file_name()
         .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
     for r in &rows {

@@ -14,11 +14,13 @@ use crate::render::human_bytes;
 
 /// Arguments of `memwall convert`.
 #[derive(clap::Args)]
+#[command(mut_arg("model", |a| a.help("A local checkpoint folder (config.json, *.safetensors, \
+    tokenizer.json), or a Hugging Face repo id `org/name[@revision]`: taken from the local Hugging \
+    Face cache, else downloaded into it (HF_ENDPOINT, HF_TOKEN and HF_HUB_OFFLINE are honoured); \
+    or give it with -m").value_name("CHECKPOINT")))]
 pub struct Args {
-    /// A local checkpoint folder (config.json, *.safetensors, tokenizer.json), or a
-    /// Hugging Face repo id `org/name[@revision]`: taken from the local Hugging Face cache,
-    /// else downloaded into it (HF_ENDPOINT, HF_TOKEN and HF_HUB_OFFLINE are honoured).
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub model: crate::args::ModelArg,
     /// Output file (default: `<folder name>-<outtype>.gguf` in the current folder).
     #[arg(long, short = 'o', value_name = "OUT.gguf")]
     pub outfile: Option<PathBuf>,
@@ -48,42 +50,67 @@ fn quantize(ty: memwall_format::GgmlType, x: &[f32], y: &mut [u8]) -> Result<(),
 
 /// Runs the command.
 pub fn run(args: Args) -> Result<()> {
+    let given = args.model.path()?.to_owned();
     let Some(outtype) = OutType::parse(&args.outtype) else {
         bail!(
             "unknown --outtype '{}'; use f32, f16, bf16 or q8_0",
             args.outtype
         );
     };
-    // A folder, or a repo id found in the local Hugging Face cache.
-    let text = args.model.to_string_lossy().into_owned();
-    let (model, name) = if args.model.is_dir() {
-        let name = args
-            .model
+    if let Some(pre) = &args.pre {
+        let known = memwall_convert::vocab::known_pre_tokenizers();
+        if !known.contains(&pre.as_str()) {
+            bail!(
+                "--pre {pre}: llama.cpp knows no pre-tokenizer of that name{}; it knows {}",
+                memwall_format::suggest::did_you_mean(pre, known.iter().copied()),
+                known.join(", ")
+            );
+        }
+    }
+    // A folder, or a repo id found in the local Hugging Face cache (else downloaded).
+    let text = given.to_string_lossy().into_owned();
+    let repo = !given.is_dir() && memwall_convert::hub::is_repo_id(&text);
+    let name = if given.is_dir() {
+        given
             .canonicalize()
             .ok()
-            .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()));
-        (args.model.clone(), name)
-    } else if memwall_convert::hub::is_repo_id(&text) {
-        let bar = Bar::new(!args.json);
-        let dir = memwall_convert::hub::resolve_or_download(&text, &bar)
-            .map_err(|e| anyhow::anyhow!(e))?;
-        let repo_name = text
-            .split('@')
+            .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
+    } else if repo {
+        text.split('@')
             .next()
             .and_then(|id| id.split('/').nth(1))
-            .map(str::to_owned);
-        (dir, repo_name)
+            .map(str::to_owned)
+    } else if given.is_file() {
+        bail!(
+            "{}: a file, not a checkpoint folder; convert reads a Hugging Face checkpoint \
+             folder (config.json, *.safetensors, tokenizer files){}",
+            given.display(),
+            if text.ends_with(".gguf") {
+                " — this is already GGUF: quantize it with memwall quantize"
+            } else {
+                ""
+            }
+        );
     } else {
         bail!(
-            "{}: not a checkpoint folder (nor an org/name repo id)",
-            args.model.display()
+            "{}: not a checkpoint folder (there is no such folder) nor a Hugging Face repo id \
+             (org/name)",
+            given.display()
         );
     };
-    let pre = args.pre.clone();
     let out = args.outfile.clone().unwrap_or_else(|| {
         let name = name.clone().unwrap_or_else(|| "model".into());
         PathBuf::from(format!("{name}-{}.gguf", args.outtype.to_ascii_lowercase()))
     });
+    // Before any download or conversion.
+    super::check_output_file(&out, "the GGUF file")?;
+    let model = if repo {
+        let bar = Bar::new(!args.json);
+        memwall_convert::hub::resolve_or_download(&text, &bar).map_err(|e| anyhow::anyhow!(e))?
+    } else {
+        given.clone()
+    };
+    let pre = args.pre.clone();
     let options = Options {
         outtype,
         pre,

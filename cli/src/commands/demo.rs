@@ -66,9 +66,8 @@ pub struct Args {
     /// memwall-demo-N). An existing folder is only used if it is empty.
     #[arg(short = 'o', long = "output", value_name = "DIR")]
     pub output: Option<PathBuf>,
-    /// Threads (default: every core).
-    #[arg(short = 't', long = "threads", value_name = "N")]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub threads: crate::args::Threads,
 }
 
 /// Runs the demo.
@@ -79,7 +78,7 @@ pub fn run(args: Args) -> Result<()> {
     unpack(&inputs)?;
     let p = |name: &str| dir.join(name).display().to_string();
     let i = |name: &str| inputs.join(name).display().to_string();
-    let threads = args.threads.map(|t| t.to_string());
+    let threads = args.threads.given().map(|t| t.to_string());
     let with_threads = |mut v: Vec<String>| {
         if let Some(t) = &threads {
             v.push("-t".into());
@@ -115,7 +114,8 @@ pub fn run(args: Args) -> Result<()> {
             "attn-f16-ffn-q4",
         ]),
     ));
-    let mut dataset = strings(&["calibrate", "dataset", "-m", &f16]);
+    // tiny-zh is a chat model: its QA and chat rows go through its template.
+    let mut dataset = strings(&["calibrate", "dataset", "-m", &f16, "--chat"]);
     for (name, _) in CALIBRATION {
         dataset.push(i(&format!("calib-zh/{name}")));
     }
@@ -129,7 +129,7 @@ pub fn run(args: Args) -> Result<()> {
         &p("calib-zh.jsonl"),
     ]));
     steps.push((
-        "Build a calibration set from the bundled Chinese QA data",
+        "Build a calibration set from the bundled Chinese QA data, as the model sees chats",
         dataset,
     ));
     steps.push((
@@ -245,15 +245,7 @@ fn strings(v: &[&str]) -> Vec<String> {
 /// shell characters quoted).
 fn shell_line(args: &[String]) -> String {
     args.iter()
-        .map(|a| {
-            if a.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_./=+:,".contains(c))
-            {
-                a.clone()
-            } else {
-                format!("'{}'", a.replace('\'', "'\\''"))
-            }
-        })
+        .map(|a| crate::render::shell_word(a))
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -284,7 +276,10 @@ fn output_dir(requested: Option<&Path>) -> Result<PathBuf> {
             .find(|p| free(p))
             .context("no free memwall-demo-N folder here; name one with -o")?,
     };
-    std::fs::create_dir_all(&dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+    if !dir.is_dir() {
+        super::check_output_dir(&dir, "the demo folder")?;
+        std::fs::create_dir(&dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+    }
     Ok(dir)
 }
 

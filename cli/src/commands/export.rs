@@ -14,10 +14,11 @@ use crate::render::human_bytes;
 /// Arguments of `memwall export`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The GGUF model (any type memwall dequantizes; the first file of a split model).
-    pub input: PathBuf,
+    #[command(flatten)]
+    pub model: crate::args::ModelArg,
     /// The checkpoint folder to write; it must not exist or be empty.
-    pub out_dir: PathBuf,
+    #[arg(value_name = "OUT_DIR", index = 2)]
+    pub out_dir: Option<PathBuf>,
     /// Element type of the safetensors: bf16, f16 or f32 (f32 keeps every
     /// dequantized value exactly).
     #[arg(long, default_value = "bf16", value_name = "TYPE")]
@@ -33,6 +34,19 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> Result<()> {
+    // With -m, clap puts OUT_DIR in the model's place.
+    let (input, shifted) = args.model.split()?;
+    let out_dir = match (shifted, &args.out_dir) {
+        (Some(out), None) => out,
+        (None, Some(out)) => out.clone(),
+        (None, None) => bail!("give the checkpoint folder to write: memwall export MODEL OUT_DIR"),
+        (Some(_), Some(extra)) => bail!(
+            "unexpected argument {}: memwall export MODEL OUT_DIR (or -m MODEL OUT_DIR)",
+            extra.display()
+        ),
+    };
+    super::check_model_path(&input)?;
+    super::check_output_dir(&out_dir, "the checkpoint folder")?;
     let Some(dtype) = ExportDtype::parse(&args.dtype) else {
         bail!("unknown --dtype '{}'; use bf16, f16 or f32", args.dtype);
     };
@@ -44,11 +58,11 @@ pub fn run(args: Args) -> Result<()> {
     };
     let bar = Bar::new(!args.json);
     let started = Instant::now();
-    let summary = export(&args.input, &args.out_dir, &options, &bar)?;
+    let summary = export(&input, &out_dir, &options, &bar)?;
     let seconds = started.elapsed().as_secs_f64();
     if args.json {
         let report = json!({
-            "out_dir": args.out_dir, "architecture": summary.hf_class, "tensors": summary.tensors,
+            "out_dir": out_dir, "architecture": summary.hf_class, "tensors": summary.tensors,
             "bytes": summary.bytes, "dtype": args.dtype.to_ascii_lowercase(),
             "files": summary.files, "seconds": seconds,
         });
@@ -56,7 +70,7 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         println!(
             "wrote {} ({}, {} tensors, {} of weights) in {seconds:.1} s: {}",
-            args.out_dir.display(),
+            out_dir.display(),
             summary.hf_class,
             summary.tensors,
             human_bytes(summary.bytes),
@@ -64,7 +78,7 @@ pub fn run(args: Args) -> Result<()> {
         );
         println!(
             "next: memwall convert {} (or load it with transformers)",
-            args.out_dir.display()
+            out_dir.display()
         );
     }
     Ok(())

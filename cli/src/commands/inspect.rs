@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use memwall_format::ggml_type::{GgmlType, file_type};
@@ -15,14 +14,21 @@ use crate::render::{float_text, human_bytes, human_count, quote, value_json, val
 /// Arguments of `memwall inspect`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// A GGUF file; for a split model, any one of its files.
-    pub file: PathBuf,
+    #[command(flatten)]
+    pub model: crate::args::ModelArg,
     /// Show every array element and whole strings instead of previews.
     #[arg(long)]
     pub full: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+impl Args {
+    /// The file named (`run` has checked that there is one).
+    fn path(&self) -> &std::path::Path {
+        self.model.path().unwrap_or(std::path::Path::new(""))
+    }
 }
 
 /// Per-type totals.
@@ -43,7 +49,7 @@ fn bpw(bytes: u64, elements: u64) -> f64 {
 
 /// Runs the command.
 pub fn run(args: Args) -> Result<()> {
-    let model = GgufModel::open(&args.file)?;
+    let model = super::open_model(args.model.path()?)?;
     let out = if args.json {
         json_report(&model, &args)?
     } else {
@@ -86,7 +92,7 @@ fn text_report(model: &GgufModel, args: &Args) -> String {
     let first = &model.files()[0];
     let h = first.header();
     // Writing to a String cannot fail; `let _ =` keeps the lines short.
-    let _ = writeln!(o, "File         {}", args.file.display());
+    let _ = writeln!(o, "File         {}", args.path().display());
     if model.files().len() > 1 {
         let _ = writeln!(o, "Split        {} files", model.files().len());
         for f in model.files() {
@@ -400,7 +406,7 @@ fn json_report(model: &GgufModel, args: &Args) -> Result<String> {
     };
     let file_type = m.get_u64(keys::FILE_TYPE).ok().flatten();
     let report = json!({
-        "path": args.file,
+        "path": args.path(),
         "size": model.total_file_size(),
         "files": files,
         "architecture": m.get_str(keys::ARCHITECTURE).ok().flatten(),

@@ -13,13 +13,176 @@ pub mod plan;
 pub mod push;
 pub mod quantize;
 pub mod run;
+pub mod tokenize;
 pub mod validate;
 
 use memwall_convert::export::ExportError;
 use memwall_convert::job::ConvertError;
+use std::path::Path;
+
 use memwall_format::gguf::{GgufError, GgufModel, LoadMode};
+use memwall_format::kv_override::KvOverride;
 use memwall_quantize::job::JobError;
 use memwall_runtime::residency::{available_memory, lock_model};
+
+/// llama.cpp's `string_process_escapes`: `\n \r \t \' \" \\` and `\xHH`;
+/// any other backslash stays as it is.
+pub fn process_escapes(input: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(input.len());
+    let mut i = 0;
+    while i < input.len() {
+        if input[i] == b'\\' && i + 1 < input.len() {
+            i += 1;
+            match input[i] {
+                b'n' => out.push(b'\n'),
+                b'r' => out.push(b'\r'),
+                b't' => out.push(b'\t'),
+                b'\'' => out.push(b'\''),
+                b'"' => out.push(b'"'),
+                b'\\' => out.push(b'\\'),
+                b'x' if i + 2 < input.len()
+                    && input[i + 1].is_ascii_hexdigit()
+                    && input[i + 2].is_ascii_hexdigit() =>
+                {
+                    let hex = [input[i + 1], input[i + 2]];
+                    let text = std::str::from_utf8(&hex).unwrap_or("00");
+                    out.push(u8::from_str_radix(text, 16).unwrap_or(0));
+                    i += 2;
+                }
+                other => {
+                    out.push(b'\\');
+                    out.push(other);
+                }
+            }
+        } else {
+            out.push(input[i]);
+        }
+        i += 1;
+    }
+    out
+}
+
+/// `text` with llama.cpp's escapes processed (see [`process_escapes`]), which
+/// must leave UTF-8 text; `what` names it in the error.
+pub fn unescape(text: &str, what: &str) -> anyhow::Result<String> {
+    String::from_utf8(process_escapes(text.as_bytes())).map_err(|e| {
+        anyhow::anyhow!(
+            "{what}: its \\xHH escapes make byte {} not UTF-8 (or pass --no-escape)",
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
+/// Parses `--override-kv KEY=TYPE:VALUE` arguments as llama-quantize takes
+/// them: one override each.
+pub fn parse_overrides(specs: &[String]) -> anyhow::Result<Vec<KvOverride>> {
+    specs
+        .iter()
+        .map(|s| KvOverride::parse(s).map_err(anyhow::Error::from))
+        .collect()
+}
+
+/// Parses `--override-kv` arguments as llama-cli takes them: each a
+/// comma-separated list.
+pub fn parse_override_lists(specs: &[String]) -> anyhow::Result<Vec<KvOverride>> {
+    let mut all = Vec::new();
+    for s in specs {
+        all.extend(KvOverride::parse_list(s)?);
+    }
+    Ok(all)
+}
+
+/// Opens a model to run, with `--override-kv` applied to what is read of it.
+pub fn apply_overrides(gguf: &mut GgufModel, overrides: &[KvOverride]) {
+    for o in overrides {
+        gguf.metadata_mut().set(o.key.clone(), o.loaded());
+    }
+}
+
+/// Refuses a model path that is a folder, before anything is mapped (mapping
+/// a folder fails with "No such device"): a checkpoint folder gets the
+/// command that converts it.
+pub fn check_model_path(path: &Path) -> anyhow::Result<()> {
+    if path.is_dir() {
+        if path.join("config.json").is_file() {
+            anyhow::bail!(
+                "{}: this is a Hugging Face checkpoint folder, not a GGUF file; convert it \
+                 first: memwall convert {}",
+                path.display(),
+                path.display()
+            );
+        }
+        anyhow::bail!(
+            "{}: this is a folder; give a .gguf file (for a split model, any of its files)",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// Opens the GGUF model the user named (see [`check_model_path`]).
+pub fn open_model(path: &Path) -> anyhow::Result<GgufModel> {
+    check_model_path(path)?;
+    Ok(GgufModel::open(path)?)
+}
+
+/// The folder an output path goes into (`.` for a bare file name).
+fn folder_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// Checks, before any work, that the file `path` (`what`: "the output", "the
+/// recipe"…) can be written where the user asked: its folder exists (memwall
+/// creates no missing folders, for every command) and `path` is not a folder.
+pub fn check_output_file(path: &Path, what: &str) -> anyhow::Result<()> {
+    if path.is_dir() {
+        anyhow::bail!(
+            "{}: is a folder; name a file for {what} (e.g. {})",
+            path.display(),
+            path.join("out.gguf").display()
+        );
+    }
+    check_parent(path, what)
+}
+
+/// Checks that the folder an output folder `path` goes into exists; `path`
+/// itself is created by the command.
+pub fn check_output_dir(path: &Path, what: &str) -> anyhow::Result<()> {
+    if path.exists() && !path.is_dir() {
+        anyhow::bail!(
+            "{}: is a file; {what} is a folder: name a folder that does not exist yet",
+            path.display()
+        );
+    }
+    check_parent(path, what)
+}
+
+fn check_parent(path: &Path, what: &str) -> anyhow::Result<()> {
+    let folder = folder_of(path);
+    if folder.is_dir() {
+        return Ok(());
+    }
+    // The nearest existing ancestor tells a missing folder from a file in the way.
+    let blocked = folder.ancestors().find(|a| a.exists() && !a.is_dir());
+    match blocked {
+        Some(file) => anyhow::bail!(
+            "{}: cannot write {what} there: a folder in the path is a file ({}); choose \
+             another path",
+            path.display(),
+            file.display()
+        ),
+        None => anyhow::bail!(
+            "{}: cannot write {what} there: the folder {} does not exist (memwall creates no \
+             missing folders: `mkdir -p {}` first, or choose another path)",
+            path.display(),
+            folder.display(),
+            folder.display()
+        ),
+    }
+}
 
 /// A next step for the user, for errors where there is an obvious one.
 pub fn hint(err: &anyhow::Error) -> Option<&'static str> {
@@ -61,6 +224,9 @@ pub fn hint(err: &anyhow::Error) -> Option<&'static str> {
         }
         GgufError::Split { .. } => {
             "keep all files of a split model in one folder with the names llama-gguf-split gave them"
+        }
+        GgufError::Io { path, .. } if path.extension().is_some_and(|e| e == "partial") => {
+            "the output could not be written: check that its folder exists and is writable"
         }
         GgufError::Io { .. } => "check that the path exists and is readable",
         GgufError::Write { .. } => return None,
@@ -239,6 +405,7 @@ impl LoadArgs {
         } else {
             LoadMode::Mmap
         };
+        check_model_path(path)?;
         let gguf = GgufModel::open_with(path, mode)?;
         if self.mlock {
             let size = gguf.total_file_size();
@@ -258,5 +425,18 @@ impl LoadArgs {
             })?;
         }
         Ok(gguf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::process_escapes;
+
+    #[test]
+    fn escapes_are_llama_cpps() {
+        assert_eq!(process_escapes(br#"a\nb\tc\\d\'e\"f"#), b"a\nb\tc\\d'e\"f");
+        assert_eq!(process_escapes(br"\x41\x4"), b"A\\x4");
+        assert_eq!(process_escapes(br"\q\"), b"\\q\\");
+        assert_eq!(process_escapes(br"\xe4\xb8\xad"), "中".as_bytes());
     }
 }

@@ -18,44 +18,35 @@ use crate::progress::Bar;
 
 /// Arguments of `memwall perplexity`.
 #[derive(clap::Args)]
+#[command(mut_arg("ctx", |a| a.help("Tokens per window; the second half of each window is scored")))]
 pub struct Args {
-    /// The GGUF model (the first file of a split model).
-    #[arg(short = 'm', long = "model", value_name = "MODEL.gguf")]
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub model: crate::args::ModelArg,
     /// The text to score (UTF-8). Not needed with --kl-divergence, whose file
     /// holds the tokens.
     #[arg(short = 'f', long = "file", value_name = "TEXT")]
     pub file: Option<PathBuf>,
-    /// Tokens per window; the second half of each window is scored.
-    #[arg(
-        short = 'c',
-        long = "ctx-size",
-        default_value_t = 512,
-        value_name = "N"
-    )]
-    pub ctx: usize,
-    /// Tokens per forward call (at most the context is used).
-    #[arg(
-        short = 'b',
-        long = "batch-size",
-        default_value_t = 2048,
-        value_name = "N"
-    )]
-    pub batch: usize,
-    /// Threads for the matrix products (default: every core).
-    #[arg(short = 't', long = "threads", value_name = "N")]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub ctx: crate::args::Ctx512,
+    #[command(flatten)]
+    pub batch: crate::args::Batch2048,
+    #[command(flatten)]
+    pub threads: crate::args::Threads,
     /// Score at most this many windows.
     #[arg(long, value_name = "N")]
     pub chunks: Option<usize>,
     /// Save the log-probabilities of every scored token to FILE (the reference
     /// of a later --kl-divergence; llama-perplexity's --kl-divergence-base format).
-    #[arg(long, value_name = "FILE", conflicts_with = "kl_divergence")]
-    pub save_logits: Option<PathBuf>,
-    /// Compare with the reference log-probabilities in FILE: KL divergence,
-    /// top-token agreement and Δp statistics.
     #[arg(long, value_name = "FILE")]
-    pub kl_divergence: Option<PathBuf>,
+    pub save_logits: Option<PathBuf>,
+    /// llama-perplexity's spelling: the file of base log-probabilities, written
+    /// (as --save-logits), or read when --kl-divergence is given without a FILE.
+    #[arg(long, value_name = "FILE")]
+    pub kl_divergence_base: Option<PathBuf>,
+    /// Compare with the reference log-probabilities in FILE (or in
+    /// --kl-divergence-base FILE): KL divergence, top-token agreement and Δp statistics.
+    #[arg(long, value_name = "FILE", num_args = 0..=1)]
+    pub kl_divergence: Option<Option<PathBuf>>,
     #[command(flatten)]
     pub load: super::LoadArgs,
     /// Print JSON instead of text (and no progress bar).
@@ -63,31 +54,76 @@ pub struct Args {
     pub json: bool,
 }
 
+/// What happens to log-probabilities: saved for later, or compared with saved ones.
+#[derive(Debug, PartialEq)]
+enum Logits {
+    None,
+    Save(PathBuf),
+    Compare(PathBuf),
+}
+
+/// Resolves --save-logits, --kl-divergence and llama-perplexity's
+/// --kl-divergence-base into one meaning (llama.cpp's where it spells it).
+fn logits(args: &Args) -> Result<Logits> {
+    let same = |a: &PathBuf, b: &PathBuf| a == b;
+    match (
+        &args.save_logits,
+        &args.kl_divergence_base,
+        &args.kl_divergence,
+    ) {
+        (Some(_), _, Some(_)) => bail!(
+            "--save-logits writes a reference and --kl-divergence reads one; give one of them"
+        ),
+        (None, base, Some(Some(file))) => match base {
+            Some(b) if !same(b, file) => bail!(
+                "--kl-divergence {} and --kl-divergence-base {}: two references; give one",
+                file.display(),
+                b.display()
+            ),
+            _ => Ok(Logits::Compare(file.clone())),
+        },
+        (None, Some(base), Some(None)) => Ok(Logits::Compare(base.clone())),
+        (None, None, Some(None)) => bail!(
+            "--kl-divergence needs the reference: --kl-divergence FILE (or llama-perplexity's \
+             --kl-divergence-base FILE --kl-divergence)"
+        ),
+        (Some(save), Some(base), None) if !same(save, base) => bail!(
+            "--save-logits {} and --kl-divergence-base {}: give one file",
+            save.display(),
+            base.display()
+        ),
+        (Some(save), _, None) | (None, Some(save), None) => Ok(Logits::Save(save.clone())),
+        (None, None, None) => Ok(Logits::None),
+    }
+}
+
 /// Runs the command.
 pub fn run(args: Args) -> Result<()> {
-    let gguf = args.load.open(&args.model)?;
+    let path = args.model.path()?.to_owned();
+    let logits = logits(&args)?;
+    if let Logits::Save(out) = &logits {
+        super::check_output_file(out, "the log-probabilities")?;
+    }
+    let gguf = args.load.open(&path)?;
     let tokenizer = Tokenizer::from_gguf(gguf.metadata())
-        .with_context(|| format!("{}: tokenizer", args.model.display()))?;
+        .with_context(|| format!("{}: tokenizer", path.display()))?;
     if tokenizer.add_eos() {
         bail!(
             "{}: the vocabulary appends EOS to every text, which perplexity does not support (neither does llama-perplexity)",
-            args.model.display()
+            path.display()
         );
     }
-    let n_ctx = match &args.kl_divergence {
-        Some(path) => LogitsReader::open(path)?.n_ctx(),
-        None => args.ctx,
+    let n_ctx = match &logits {
+        Logits::Compare(file) => LogitsReader::open(file)?.n_ctx(),
+        _ => args.ctx.ctx,
     };
     let mut model = Model::new(&gguf, n_ctx.max(1))
-        .with_context(|| format!("{}: cannot run this model", args.model.display()))?;
+        .with_context(|| format!("{}: cannot run this model", path.display()))?;
     args.load.stream(&mut model)?;
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    model.set_compute(Kernels::from_env()?, threads);
+    model.set_compute(Kernels::from_env()?, args.threads.count());
     let options = Options {
         n_ctx,
-        n_batch: args.batch,
+        n_batch: args.batch.batch,
         max_chunks: args.chunks,
         bos: tokenizer.add_bos().then(|| tokenizer.bos()).flatten(),
         all_outputs: false,
@@ -96,11 +132,11 @@ pub fn run(args: Args) -> Result<()> {
     let started = Instant::now();
     let (kernels, threads) = model.compute();
     let setup = json!({
-        "model": args.model, "n_ctx": n_ctx, "n_batch": args.batch.min(n_ctx),
+        "model": path, "n_ctx": n_ctx, "n_batch": args.batch.batch.min(n_ctx),
         "threads": threads, "kernels": kernels.backend().name(),
     });
-    if let Some(path) = &args.kl_divergence {
-        let base = LogitsReader::open(path)?;
+    if let Logits::Compare(file) = &logits {
+        let base = LogitsReader::open(file)?;
         let stats = eval::kl_divergence(&model, &base, &options, &bar)?;
         let seconds = started.elapsed().as_secs_f64();
         if args.json {
@@ -125,7 +161,11 @@ pub fn run(args: Args) -> Result<()> {
     let text = std::fs::read_to_string(file)
         .with_context(|| format!("{}: cannot read the text (UTF-8 expected)", file.display()))?;
     let tokens = tokenizer.encode(&text, true, false);
-    let mut writer = args.save_logits.as_deref().map(LogitsWriter::new);
+    let save = match &logits {
+        Logits::Save(p) => Some(p.clone()),
+        _ => None,
+    };
+    let mut writer = save.as_deref().map(LogitsWriter::new);
     let result = eval::perplexity(&model, &tokens, &options, writer.as_mut(), &bar)?;
     let seconds = started.elapsed().as_secs_f64();
     let evaluated = result.chunks * n_ctx;
@@ -135,7 +175,7 @@ pub fn run(args: Args) -> Result<()> {
             "scored": result.scored, "ppl": result.ppl, "plus_minus": result.plus_minus,
             "chunk_ppl": result.chunk_ppl, "seconds": seconds,
             "tokens_per_second": evaluated as f64 / seconds,
-            "saved_logits": args.save_logits,
+            "saved_logits": save,
         });
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -150,7 +190,7 @@ pub fn run(args: Args) -> Result<()> {
             threads,
             kernels.backend().name()
         );
-        if let Some(path) = &args.save_logits {
+        if let Some(path) = &save {
             println!(
                 "saved log-probabilities to {}; next: memwall perplexity -m QUANTIZED.gguf --kl-divergence {}",
                 path.display(),

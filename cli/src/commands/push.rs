@@ -47,9 +47,12 @@ const LLAMA_THREADS: u32 = 4;
 
 /// Arguments of `memwall push`.
 #[derive(clap::Args)]
+#[command(mut_arg("model", |a| a.help("The GGUF model to send (a single file); or give it with -m")))]
+#[command(mut_arg("ctx", |a| a.help("Context length the RAM check sizes the KV cache for (and the \
+    printed commands use)")))]
 pub struct Args {
-    /// The GGUF model to send (a single file).
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub model: crate::args::ModelArg,
     /// The device, as `adb devices` lists it (needed when several are
     /// attached; default: the ANDROID_SERIAL variable, as adb reads it).
     #[arg(short = 's', long, value_name = "SERIAL")]
@@ -67,16 +70,8 @@ pub struct Args {
         require_equals = true
     )]
     pub with_runtime: Option<Option<PathBuf>>,
-    /// Context length the RAM check sizes the KV cache for (and the printed
-    /// commands use).
-    #[arg(
-        short = 'c',
-        long = "ctx",
-        visible_alias = "ctx-size",
-        default_value_t = 2048,
-        value_name = "N"
-    )]
-    pub ctx: u64,
+    #[command(flatten)]
+    pub ctx: crate::args::Ctx2048,
     /// The adb program (default: the ADB variable, else `adb` on PATH).
     #[arg(long, value_name = "PATH")]
     pub adb: Option<PathBuf>,
@@ -129,25 +124,27 @@ pub fn run(args: Args) -> Result<()> {
     };
 
     // Everything local first: the model, its name, the runtime binary.
-    let model = GgufModel::open(&args.model)?;
+    let model_path = args.model.path()?.to_owned();
+    let ctx = args.ctx.ctx as u64;
+    let model = super::open_model(&model_path)?;
     if model.files().len() > 1 {
         bail!(
             "{}: a split model ({} files); `memwall push` sends single files: merge it first \
              with `llama-gguf-split --merge {} merged.gguf`",
-            args.model.display(),
+            model_path.display(),
             model.files().len(),
-            args.model.display()
+            model_path.display()
         );
     }
-    let name = file_name(&args.model)?;
+    let name = file_name(&model_path)?;
     if name == RUNTIME_NAME {
         bail!(
             "{}: rename the model: on the phone `{RUNTIME_NAME}` is the runtime's name",
-            args.model.display()
+            model_path.display()
         );
     }
     let data = model.files()[0].bytes();
-    let ram_need = ram_needed(&model, args.ctx);
+    let ram_need = ram_needed(&model, ctx);
 
     let runtime = match &args.with_runtime {
         None => None,
@@ -305,7 +302,7 @@ pub fn run(args: Args) -> Result<()> {
                 human_bytes(total),
                 human_bytes(avail),
                 human_bytes(ram_need),
-                args.ctx
+                ctx
             ));
             if ram_need > total {
                 // What is left once the KV cache, buffers and process are in
@@ -320,7 +317,7 @@ pub fn run(args: Args) -> Result<()> {
                          only run with mmap streaming (`memwall run --resident {mib}`), reading \
                          weights from storage for every token",
                         human_bytes(ram_need),
-                        args.ctx,
+                        ctx,
                         human_bytes(total)
                     ),
                 );
@@ -331,7 +328,7 @@ pub fn run(args: Args) -> Result<()> {
                         "{name} needs about {} of RAM at -c {}, more than the {} available now: \
                          close other apps before running it",
                         human_bytes(ram_need),
-                        args.ctx,
+                        ctx,
                         human_bytes(avail)
                     ),
                 );
@@ -375,7 +372,7 @@ pub fn run(args: Args) -> Result<()> {
     let resident = resident_mib.map_or(String::new(), |mib| format!(" --resident {mib}"));
     let on_phone = format!(
         "{remote_runtime} run -m {remote_model} --chat -c {}{resident}",
-        args.ctx
+        ctx
     );
     let memwall_cmd = if remote_model == uploads[0].remote && !remote_runtime.starts_with('\'') {
         format!("{adb_shell} {on_phone}")
@@ -384,7 +381,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     let llama_cmd = format!(
         "llama-cli -m {remote_model} -c {} -t {LLAMA_THREADS} -cnv",
-        args.ctx
+        ctx
     );
 
     let m = &uploads[0];
@@ -400,7 +397,7 @@ pub fn run(args: Args) -> Result<()> {
             "serial": serial, "abi": abi, "dest": m.remote, "bytes": m.data.len(),
             "bytes_pushed": m.pushed, "resumed_from": m.resume, "sha256": m.sha256,
             "skipped": m.skipped, "free_bytes": free, "ram_total": ram_total,
-            "ram_available": ram_available, "ram_needed": ram_need, "ctx": args.ctx,
+            "ram_available": ram_available, "ram_needed": ram_need, "ctx": ctx,
             "runtime": runtime_json, "runtime_on_phone": runtime_on_phone,
             "warnings": warnings,
             "commands": {"memwall": memwall_cmd, "llama_cli": llama_cmd},
@@ -415,7 +412,7 @@ pub fn run(args: Args) -> Result<()> {
     if !runtime_on_phone {
         println!(
             "  (the runtime is not on the phone yet: push it with `memwall push {} --with-runtime`)",
-            args.model.display()
+            model_path.display()
         );
     }
     println!("or with llama.cpp's llama-cli (built for Android, in `{adb_shell}`):");

@@ -1,15 +1,16 @@
-//! `memwall quantize IN [OUT] TYPE`: llama-quantize's command, byte for byte,
-//! plus recipes, `--dry-run` and `--json`.
+//! `memwall quantize IN [OUT] TYPE [THREADS]`: llama-quantize's command, byte
+//! for byte, plus recipes, `--dry-run` and `--json`.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use memwall_format::ggml_type::{FILE_TYPES, FileTypeInfo, file_type_by_name};
-use memwall_format::gguf::GgufModel;
+use memwall_format::ggml_type::FileTypeInfo;
+use memwall_format::suggest::did_you_mean;
 use memwall_quantize::imatrix::Imatrix;
 use memwall_quantize::job::{self, ImatrixInput, ImatrixUse, Options, Plan};
+use memwall_quantize::names;
 use memwall_quantize::recipe::{self, PRESETS, Recipe};
 use memwall_quantize::rules::Reason;
 use serde_json::json;
@@ -19,12 +20,16 @@ use crate::render::human_bytes;
 
 /// Arguments of `memwall quantize`.
 #[derive(clap::Args)]
+#[command(mut_arg("model", |a| a.help("Input GGUF (F32, F16 or BF16; any file of a split model); \
+    or give it with -m").value_name("IN")))]
 pub struct Args {
-    /// Input GGUF (F32, F16 or BF16; any file of a split model).
-    pub input: PathBuf,
-    /// `OUT TYPE`, or just `TYPE` (the output is then `<input>-<TYPE>.gguf`
-    /// next to the input), or just `OUT` with --recipe.
-    #[arg(value_name = "OUT|TYPE", num_args = 0..=2)]
+    #[command(flatten)]
+    pub model: crate::args::ModelArg,
+    /// `OUT TYPE`, or just `TYPE` (the output is then the input's name without
+    /// its -f16/-bf16/-f32 ending, plus -TYPE.gguf, next to it:
+    /// model-f16.gguf → model-Q4_K_M.gguf), or just `OUT` with --recipe; then,
+    /// as llama-quantize takes it, a thread count.
+    #[arg(value_name = "[OUT] TYPE [THREADS]", num_args = 0..=3, index = 2)]
     pub rest: Vec<String>,
     /// A recipe: a TOML file or a built-in name (attn-f16-ffn-q4,
     /// attn-q8-ffn-q4, attn-q8-ffn-q4-down-q6). TYPE, if given, replaces its base.
@@ -48,6 +53,18 @@ pub struct Args {
     /// REGEX=TYPE: tensors whose name matches get TYPE; first match wins (repeatable).
     #[arg(long, value_name = "REGEX=TYPE")]
     pub tensor_type: Vec<String>,
+    /// A file of --tensor-type rules (REGEX=TYPE), separated by spaces or
+    /// newlines; they take its place among the --tensor-type rules.
+    #[arg(long, value_name = "FILE")]
+    pub tensor_type_file: Vec<PathBuf>,
+    /// Leave these blocks out (comma-separated numbers); the others are
+    /// renumbered and the block count follows. Advanced: the model loses those layers.
+    #[arg(long, value_name = "L0,L1,…", value_delimiter = ',')]
+    pub prune_layers: Vec<u32>,
+    /// KEY=TYPE:VALUE: set this metadata value in the output (TYPE int,
+    /// float, bool or str; repeatable), as llama-quantize's --override-kv.
+    #[arg(long, value_name = "KEY=TYPE:VALUE")]
+    pub override_kv: Vec<String>,
     /// Give every quantizable tensor the base type (no mix rules).
     #[arg(long)]
     pub pure: bool,
@@ -60,9 +77,12 @@ pub struct Args {
     /// Write one output file per input split file.
     #[arg(long)]
     pub keep_split: bool,
-    /// Worker threads (default: all cores). The output does not depend on it.
-    #[arg(long, short = 't', value_name = "N")]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub threads: crate::args::Threads,
+    /// llama-quantize's row buffer limit; accepted and not needed: memwall
+    /// holds at most a few 16 MiB slabs of rows whatever the tensor.
+    #[arg(long, value_name = "MiB")]
+    pub max_buffer_size: Option<u64>,
     /// Print the plan (each tensor's type and size, totals, file size); write nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -71,70 +91,139 @@ pub struct Args {
     pub json: bool,
 }
 
-/// Valid TYPE names, for messages.
+/// Valid TYPE names, for messages: what memwall writes, then what it only plans.
 pub(crate) fn ftype_names() -> String {
-    FILE_TYPES
-        .iter()
-        .filter(|f| f.base.is_some())
-        .map(|f| f.name)
-        .collect::<Vec<_>>()
-        .join(", ")
+    names::file_type_list()
 }
 
+/// A file type by llama-quantize's name or number.
 pub(crate) fn parse_ftype(name: &str) -> Option<&'static FileTypeInfo> {
-    file_type_by_name(name)
+    names::parse_file_type(name)
 }
 
-fn parse_type(name: &str, flag: &str) -> Result<memwall_format::GgmlType> {
-    recipe::parse_type(name).map_err(|e| anyhow::anyhow!("{flag}: {e}"))
+/// A file type, or the error that names the nearest one and the valid list.
+pub(crate) fn ftype_or_error(name: &str) -> Result<&'static FileTypeInfo> {
+    parse_ftype(name).ok_or_else(|| anyhow::anyhow!(names::unknown_file_type(name)))
 }
 
-/// Resolves the positional arguments into (output, file type).
-fn outputs(args: &Args, recipe: Option<&Recipe>) -> Result<(PathBuf, &'static FileTypeInfo)> {
-    let unknown = |t: &str| {
-        anyhow::anyhow!(
-            "unknown quantization type '{t}'. Valid types: {}",
-            ftype_names()
-        )
+/// A tensor type given with `flag`; a plan (`--dry-run`) may name types
+/// memwall cannot encode yet.
+fn parse_type(name: &str, flag: &str, dry_run: bool) -> Result<memwall_format::GgmlType> {
+    let planned = memwall_format::GgmlType::all().find(|t| t.name().eq_ignore_ascii_case(name));
+    match (dry_run, planned) {
+        (true, Some(t)) => Ok(t),
+        _ => names::parse_tensor_type(name).map_err(|e| anyhow::anyhow!("{flag}: {e}")),
+    }
+}
+
+/// The input's name without .gguf and without the -f16/-bf16/-f32 (or
+/// .f16…) its converter gave it: what quantized files made from it are named after.
+pub(crate) fn output_stem(input: &Path) -> String {
+    let stem = input
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    let lower = stem.to_ascii_lowercase();
+    ["-f16", "-bf16", "-f32", ".f16", ".bf16", ".f32"]
+        .iter()
+        .find(|s| lower.ends_with(*s))
+        .map_or(stem.clone(), |s| stem[..stem.len() - s.len()].to_owned())
+}
+
+/// `<output_stem>-<suffix>.gguf` next to the input: the short form's output.
+pub(crate) fn default_output(input: &Path, suffix: &str) -> PathBuf {
+    input.with_file_name(format!("{}-{suffix}.gguf", output_stem(input)))
+}
+
+/// What the positional arguments say: the output, the file type and
+/// llama-quantize's trailing thread count.
+struct Positional {
+    out: PathBuf,
+    ftype: &'static FileTypeInfo,
+    threads: Option<usize>,
+}
+
+fn thread_count(text: &str, usage: &str) -> Result<usize> {
+    match text.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => bail!("'{text}' is not a thread count (a number above 0): {usage}"),
+    }
+}
+
+/// Resolves `[OUT] TYPE [THREADS]` as llama-quantize reads them: a first
+/// argument that names a type is the type (short form), else it is the output.
+fn positional(input: &Path, rest: &[String], recipe: Option<&Recipe>) -> Result<Positional> {
+    const USAGE: &str = "memwall quantize IN [OUT] TYPE [THREADS]";
+    let is_type = |s: &str| parse_ftype(s).is_some();
+    let looks_like_path = |s: &str| s.ends_with(".gguf") || s.contains('/');
+    let short = |ftype: &'static FileTypeInfo, threads: Option<usize>| Positional {
+        out: default_output(input, ftype.name),
+        ftype,
+        threads,
     };
-    let default_out = |suffix: &str| -> PathBuf {
-        let stem = args
-            .input
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into());
-        let lower = stem.to_ascii_lowercase();
-        let base = ["-f16", "-bf16", "-f32", ".f16", ".bf16", ".f32"]
-            .iter()
-            .find(|s| lower.ends_with(*s))
-            .map_or(stem.as_str(), |s| &stem[..stem.len() - s.len()]);
-        args.input.with_file_name(format!("{base}-{suffix}.gguf"))
-    };
-    match (args.rest.as_slice(), recipe) {
-        ([out, ty], _) => Ok((
-            PathBuf::from(out),
-            parse_ftype(ty).ok_or_else(|| unknown(ty))?,
-        )),
-        ([one], Some(r)) => match parse_ftype(one) {
-            Some(ft) => Ok((default_out(&r.name), ft)),
-            None => Ok((PathBuf::from(one), r.base)),
-        },
-        ([ty], None) => {
-            let ft = parse_ftype(ty).ok_or_else(|| {
-                if ty.ends_with(".gguf") {
-                    anyhow::anyhow!(
-                        "missing TYPE after the output {ty}. Valid types: {}",
-                        ftype_names()
-                    )
-                } else {
-                    unknown(ty)
-                }
-            })?;
-            Ok((default_out(ft.name), ft))
+    match (rest, recipe) {
+        ([], Some(r)) => Ok(Positional {
+            out: default_output(input, &r.name),
+            ftype: r.base,
+            threads: None,
+        }),
+        ([], None) => bail!("missing TYPE (or --recipe): {USAGE}. {}", ftype_names()),
+        ([one], _) if is_type(one) => {
+            let ftype = ftype_or_error(one)?;
+            Ok(match recipe {
+                Some(r) => Positional {
+                    out: default_output(input, &r.name),
+                    ftype,
+                    threads: None,
+                },
+                None => short(ftype, None),
+            })
         }
-        ([], Some(r)) => Ok((default_out(&r.name), r.base)),
-        ([], None) => bail!("missing TYPE (or --recipe). Valid types: {}", ftype_names()),
-        _ => bail!("too many arguments: expected IN [OUT] TYPE"),
+        ([one], Some(r)) => Ok(Positional {
+            out: PathBuf::from(one),
+            ftype: r.base,
+            threads: None,
+        }),
+        ([one], None) if looks_like_path(one) => bail!(
+            "missing TYPE after the output {one}: {USAGE} (e.g. memwall quantize {} {one} \
+             Q4_K_M). {}",
+            input.display(),
+            ftype_names()
+        ),
+        ([one], None) => Err(ftype_or_error(one).unwrap_err()),
+        ([ty, second], _) if is_type(ty) => {
+            if looks_like_path(second) || second.parse::<usize>().is_err() {
+                bail!(
+                    "{second} after the type {ty}: the output comes before the type: memwall \
+                     quantize {} {second} {ty}",
+                    input.display()
+                );
+            }
+            let ftype = ftype_or_error(ty)?;
+            let threads = Some(thread_count(second, USAGE)?);
+            Ok(match recipe {
+                Some(r) => Positional {
+                    out: default_output(input, &r.name),
+                    ftype,
+                    threads,
+                },
+                None => short(ftype, threads),
+            })
+        }
+        ([out, ty], _) => Ok(Positional {
+            out: PathBuf::from(out),
+            ftype: ftype_or_error(ty)?,
+            threads: None,
+        }),
+        ([ty, _, _], _) if is_type(ty) => bail!(
+            "too many arguments after the type {ty}: {USAGE} (the output comes before the type)"
+        ),
+        ([out, ty, threads], _) => Ok(Positional {
+            out: PathBuf::from(out),
+            ftype: ftype_or_error(ty)?,
+            threads: Some(thread_count(threads, USAGE)?),
+        }),
+        _ => bail!("too many arguments: {USAGE}"),
     }
 }
 
@@ -146,7 +235,8 @@ pub(crate) fn load_recipe(spec: &str) -> Result<Recipe> {
     if !path.exists() {
         let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
         bail!(
-            "no recipe file {spec} and no built-in recipe of that name (built-in: {})",
+            "no recipe file {spec} and no built-in recipe of that name{} (built-in: {})",
+            did_you_mean(spec, names.iter().copied()),
             names.join(", ")
         );
     }
@@ -156,23 +246,57 @@ pub(crate) fn load_recipe(spec: &str) -> Result<Recipe> {
 
 /// Runs the command.
 pub fn run(args: Args) -> Result<()> {
+    let (input, shifted) = args.model.split()?;
+    let mut rest = args.rest.clone();
+    if let Some(first) = shifted {
+        // With -m, clap put the first of [OUT] TYPE [THREADS] in the input's place.
+        rest.insert(0, first.to_string_lossy().into_owned());
+    }
     let recipe = args.recipe.as_deref().map(load_recipe).transpose()?;
-    let (out, ftype) = outputs(&args, recipe.as_ref())?;
+    let Positional {
+        out,
+        ftype,
+        threads: trailing,
+    } = positional(&input, &rest, recipe.as_ref())?;
+    if let (Some(t), Some(given)) = (trailing, args.threads.given()) {
+        if t != given {
+            bail!("two thread counts: -t {given} and {t} after the type; give one");
+        }
+    }
+    if !args.dry_run {
+        // Before any work: what memwall cannot write, and where it cannot write.
+        names::check_writable(ftype).map_err(anyhow::Error::msg)?;
+        if ftype.name == "Q2_K_S" && args.imatrix.is_none() {
+            bail!(
+                "Q2_K_S needs an importance matrix: pass --imatrix FILE (make one with \
+                 `memwall calibrate imatrix -m {} -f TEXT`), or choose Q2_K",
+                input.display()
+            );
+        }
+        super::check_output_file(&out, "the quantized model")?;
+    }
     let mut options = Options::new(ftype);
     options.pure = args.pure;
     options.leave_output = args.leave_output_tensor;
     options.allow_requantize = args.allow_requantize;
     options.keep_split = args.keep_split;
+    options.kv_overrides = super::parse_overrides(&args.override_kv)?;
+    options.prune_layers = args.prune_layers.clone();
     options.output_type = args
         .output_tensor_type
         .as_deref()
-        .map(|t| parse_type(t, "--output-tensor-type"))
+        .map(|t| parse_type(t, "--output-tensor-type", args.dry_run))
         .transpose()?;
     options.token_embedding_type = args
         .token_embedding_type
         .as_deref()
-        .map(|t| parse_type(t, "--token-embedding-type"))
+        .map(|t| parse_type(t, "--token-embedding-type", args.dry_run))
         .transpose()?;
+    if !args.tensor_type_file.is_empty() {
+        // The command line's translation (crate::spellings) puts each file's
+        // rules in its place among --tensor-type; one left here was not read.
+        bail!("--tensor-type-file must be given on the command line");
+    }
     for spec in &args.tensor_type {
         let Some((pattern, ty)) = spec.split_once('=') else {
             bail!("--tensor-type {spec}: expected REGEX=TYPE, e.g. attn_v=q8_0");
@@ -181,7 +305,7 @@ pub fn run(args: Args) -> Result<()> {
             bail!("--tensor-type {spec}: both the pattern and the type are needed");
         }
         // llama-quantize lower-cases the pattern.
-        let ty = parse_type(ty, "--tensor-type")?;
+        let ty = parse_type(ty, "--tensor-type", args.dry_run)?;
         let rule = recipe::make_override(&pattern.to_lowercase(), ty, Vec::new(), false)
             .map_err(|e| anyhow::anyhow!("--tensor-type {spec}: {e}"))?;
         options.tensor_types.push(rule);
@@ -201,16 +325,16 @@ pub fn run(args: Args) -> Result<()> {
         bail!("--include-weights and --exclude-weights select imatrix entries; pass --imatrix too");
     }
 
-    let model = GgufModel::open(&args.input)?;
-    let plan = job::plan(&model, &args.input, &options)?;
+    let model = super::open_model(&input)?;
+    let plan = job::plan(&model, &input, &options)?;
     let paths = plan.output_paths(&out);
     let sizes = plan.file_sizes()?;
     if args.dry_run {
         let text = if args.json {
-            serde_json::to_string_pretty(&plan_json(&args.input, &plan, &options, &paths, &sizes))?
+            serde_json::to_string_pretty(&plan_json(&input, &plan, &options, &paths, &sizes))?
                 + "\n"
         } else {
-            plan_text(&args.input, &plan, &options, &paths, &sizes)
+            plan_text(&input, &plan, &options, &paths, &sizes)
         };
         print!("{text}");
         return Ok(());
@@ -221,9 +345,7 @@ pub fn run(args: Args) -> Result<()> {
         }
     }
 
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = trailing.unwrap_or_else(|| args.threads.count());
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads.max(1))
         .build()
@@ -236,7 +358,7 @@ pub fn run(args: Args) -> Result<()> {
     let seconds = started.elapsed().as_secs_f64();
     let total: u64 = sizes.iter().sum();
     if args.json {
-        let mut report = plan_json(&args.input, &plan, &options, &written, &sizes);
+        let mut report = plan_json(&input, &plan, &options, &written, &sizes);
         report["seconds"] = json!(seconds);
         report["threads"] = json!(threads);
         println!("{}", serde_json::to_string_pretty(&report)?);

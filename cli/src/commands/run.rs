@@ -20,38 +20,58 @@ const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.cont
 /// Arguments of `memwall run`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The GGUF model.
-    #[arg(short = 'm', long = "model", value_name = "MODEL.gguf")]
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub model: crate::args::ModelArg,
     /// The prompt (in chat mode: the first user message).
     #[arg(short = 'p', long = "prompt", conflicts_with = "file")]
     pub prompt: Option<String>,
-    /// Read the prompt from FILE.
+    /// Read the prompt from FILE (one newline at its end is dropped, as
+    /// llama-cli does).
     #[arg(short = 'f', long = "file", value_name = "FILE")]
     pub file: Option<PathBuf>,
     /// Tokens to generate at most (per reply in chat mode).
-    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        visible_alias = "predict",
+        default_value_t = 256
+    )]
     pub n_predict: usize,
     /// Chat: apply the model's chat template; without -p/-f, an interactive
-    /// conversation on standard input (`/reset` forgets it, `/exit` or end of input ends it).
+    /// conversation on standard input (`/reset` forgets it, `/exit` or end of
+    /// input ends it). With -p/-f, one reply (llama-cli's -cnv -st).
     #[arg(long)]
     pub chat: bool,
-    /// A system message for chat mode.
-    #[arg(long, value_name = "TEXT", requires = "chat")]
+    /// llama-cli's -cnv: an interactive conversation (memwall's --chat without -p).
+    #[arg(long, hide = true)]
+    pub conversation: bool,
+    /// llama-cli's -no-cnv: no conversation (memwall's default).
+    #[arg(long, hide = true, conflicts_with_all = ["conversation", "chat"])]
+    pub no_conversation: bool,
+    /// llama-cli's -st: one reply, then exit (what --chat -p does).
+    #[arg(long, hide = true)]
+    pub single_turn: bool,
+    /// A system message for chat mode (llama-cli's -sys).
+    #[arg(long, visible_alias = "system-prompt", value_name = "TEXT")]
     pub system: Option<String>,
     /// Stop when the output contains TEXT (repeatable); TEXT is not printed.
     #[arg(long = "stop", value_name = "TEXT")]
     pub stop: Vec<String>,
+    /// Process escapes (\n, \t, \\, \xHH, …) in the prompt and --stop, as
+    /// llama-cli does by default.
+    #[arg(short = 'e', long = "escape", overrides_with = "no_escape")]
+    pub escape: bool,
+    /// Take the prompt and --stop as they are, backslashes included.
+    #[arg(long = "no-escape", overrides_with = "escape")]
+    pub no_escape: bool,
     /// Context length (default: the model's, at most 4096).
-    #[arg(short = 'c', long = "ctx-size", value_name = "N")]
+    #[arg(short = 'c', long = "ctx-size", visible_alias = "ctx", value_name = "N",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub ctx: Option<usize>,
-    /// Threads (default: every core).
-    #[arg(short = 't', long = "threads", value_name = "N")]
-    pub threads: Option<usize>,
-    /// Prompt tokens evaluated per batch (bounds the working memory, as llama.cpp's -b).
-    #[arg(short = 'b', long = "batch-size", value_name = "N", default_value_t = 512,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    pub batch: u32,
+    #[command(flatten)]
+    pub threads: crate::args::Threads,
+    #[command(flatten)]
+    pub batch: crate::args::Batch512,
     /// Temperature; 0 is greedy. Below ~0.3 small models start to repeat.
     #[arg(long = "temp", default_value_t = 0.7)]
     pub temperature: f32,
@@ -71,8 +91,12 @@ pub struct Args {
     #[arg(long, default_value_t = 64)]
     pub repeat_last_n: usize,
     /// Seed of the sampler.
-    #[arg(long)]
+    #[arg(short = 's', long)]
     pub seed: Option<u64>,
+    /// KEY=TYPE:VALUE,…: read the model with these metadata values instead of
+    /// the file's (TYPE int, float, bool or str; repeatable), as llama-cli's --override-kv.
+    #[arg(long, value_name = "KEY=TYPE:VALUE,…")]
+    pub override_kv: Vec<String>,
     #[command(flatten)]
     pub load: super::LoadArgs,
     /// Print one JSON object (text and statistics) instead of streaming text.
@@ -261,9 +285,22 @@ fn print_stats(s: &Stats) {
 
 /// Runs the command.
 pub fn run(args: Args) -> Result<()> {
-    let gguf = args.load.open(&args.model)?;
+    let path = args.model.path()?.to_owned();
+    if args.conversation && (args.prompt.is_some() || args.file.is_some()) && !args.single_turn {
+        bail!(
+            "llama-cli's -cnv -p answers the prompt and goes on talking; memwall's --chat -p \
+             answers once (llama-cli's -st): add -st for that, or drop -p for a conversation"
+        );
+    }
+    if args.system.is_some() && !(args.chat || args.conversation) {
+        bail!("--system is a message of chat mode: add --chat");
+    }
+    let chat = args.chat || args.conversation;
+    let overrides = super::parse_override_lists(&args.override_kv)?;
+    let mut gguf = args.load.open(&path)?;
+    super::apply_overrides(&mut gguf, &overrides);
     let tokenizer = Tokenizer::from_gguf(gguf.metadata())
-        .with_context(|| format!("{}: tokenizer", args.model.display()))?;
+        .with_context(|| format!("{}: tokenizer", path.display()))?;
     let trained = gguf
         .metadata()
         .get_str("general.architecture")
@@ -278,8 +315,8 @@ pub fn run(args: Args) -> Result<()> {
         .unwrap_or(4096) as usize;
     let n_ctx = args.ctx.unwrap_or(trained.min(4096));
     let mut model = Model::new(&gguf, n_ctx)
-        .with_context(|| format!("{}: cannot run this model", args.model.display()))?;
-    if let Some(t) = args.threads {
+        .with_context(|| format!("{}: cannot run this model", path.display()))?;
+    if let Some(t) = args.threads.given() {
         model.set_compute(Kernels::from_env()?, t);
     }
     if let Some(r) = args.load.stream(&mut model)? {
@@ -316,7 +353,7 @@ pub fn run(args: Args) -> Result<()> {
         seed: args.seed.unwrap_or(SamplerConfig::default().seed),
     });
     let mut engine = Engine {
-        batch: args.batch as usize,
+        batch: args.batch.batch,
         model,
         tokenizer,
         session,
@@ -325,18 +362,36 @@ pub fn run(args: Args) -> Result<()> {
     };
     let prompt = match (&args.prompt, &args.file) {
         (Some(p), _) => Some(p.clone()),
-        (None, Some(f)) => Some(
-            std::fs::read_to_string(f)
-                .with_context(|| format!("{}: cannot read the prompt", f.display()))?,
-        ),
+        (None, Some(f)) => {
+            let mut text = std::fs::read_to_string(f)
+                .with_context(|| format!("{}: cannot read the prompt", f.display()))?;
+            if text.ends_with('\n') {
+                text.pop();
+            }
+            Some(text)
+        }
         (None, None) => None,
     };
-    if !args.chat {
+    // llama-cli processes escapes in the prompt and its reverse prompts.
+    let escape = !args.no_escape;
+    let prompt = match prompt {
+        Some(p) if escape => Some(super::unescape(&p, "the prompt")?),
+        p => p,
+    };
+    let stops: Vec<String> = if escape {
+        args.stop
+            .iter()
+            .map(|s| super::unescape(s, "--stop"))
+            .collect::<Result<_>>()?
+    } else {
+        args.stop.clone()
+    };
+    if !chat {
         let Some(prompt) = prompt else {
             bail!("give a prompt with -p TEXT or -f FILE, or talk to the model with --chat");
         };
         let tokens = engine.tokenizer.encode(&prompt, true, true);
-        return one_shot(&mut engine, &tokens, &args, Some(&prompt));
+        return one_shot(&mut engine, &tokens, &args, &stops, Some(&prompt));
     }
     let template = chat_template(&gguf, args.json)?;
     let special = |id: Option<u32>| {
@@ -356,9 +411,9 @@ pub fn run(args: Args) -> Result<()> {
         messages.push(Message::new("user", &prompt));
         let text = template.render_isolated(&messages, true, &bos, &eos)?;
         let tokens = engine.tokenizer.encode(&text, false, true);
-        return one_shot(&mut engine, &tokens, &args, None);
+        return one_shot(&mut engine, &tokens, &args, &stops, None);
     }
-    repl(&mut engine, &template, messages, &args, &bos, &eos)
+    repl(&mut engine, &template, messages, &args, &stops, &bos, &eos)
 }
 
 /// The model's chat template, or ChatML with a warning.
@@ -381,48 +436,106 @@ fn chat_template(gguf: &memwall_format::gguf::GgufModel, quiet: bool) -> Result<
     }
 }
 
-/// Generates once after `tokens` and prints the result.
-/// Generated text as it may reach a terminal: control characters other than
-/// newline and tab (escape sequences a model learned from its training text
-/// could recolour or retitle the terminal) become U+FFFD. `--json` keeps the
-/// text as generated.
-fn printable(piece: &str) -> std::borrow::Cow<'_, str> {
-    if piece
-        .chars()
-        .any(|c| c.is_control() && c != '\n' && c != '\t')
-    {
-        piece
-            .chars()
-            .map(|c| {
-                if c.is_control() && c != '\n' && c != '\t' {
-                    '\u{fffd}'
-                } else {
-                    c
+/// Generated text as it may reach a terminal. A model can emit escape
+/// sequences it learned from its training text (colours, window titles,
+/// cursor moves), often split over several tokens: those are dropped whole
+/// (CSI `ESC [ … final`, OSC `ESC ] … BEL` or `ESC \`, other `ESC x`, and the
+/// C1 forms), and any other control character but newline and tab becomes
+/// U+FFFD. `--json` keeps the text as generated.
+#[derive(Default)]
+struct TerminalText {
+    state: Escape,
+}
+
+/// Where a [`TerminalText`] is inside an escape sequence.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+enum Escape {
+    /// Plain text.
+    #[default]
+    None,
+    /// After ESC.
+    Start,
+    /// After ESC and an intermediate byte (`ESC ( B`).
+    Intermediate,
+    /// Inside a control sequence (`ESC [`), until its final byte.
+    Csi,
+    /// Inside a string (OSC, DCS, SOS, PM, APC), until BEL or ST.
+    Text,
+    /// After ESC inside a string (`ESC \` ends it).
+    TextEsc,
+}
+
+impl TerminalText {
+    /// The part of `piece` that may be printed, given what came before.
+    fn push(&mut self, piece: &str) -> String {
+        let mut out = String::with_capacity(piece.len());
+        for c in piece.chars() {
+            self.state = match (self.state, c) {
+                (Escape::None, '\u{1b}') => Escape::Start,
+                (Escape::None, '\u{9b}') => Escape::Csi,
+                (Escape::None, '\u{9d}' | '\u{90}' | '\u{98}' | '\u{9e}' | '\u{9f}') => {
+                    Escape::Text
                 }
-            })
-            .collect::<String>()
-            .into()
-    } else {
-        piece.into()
+                (Escape::None, c) => {
+                    out.push(if c.is_control() && c != '\n' && c != '\t' {
+                        '\u{fffd}'
+                    } else {
+                        c
+                    });
+                    Escape::None
+                }
+                (Escape::Start, '[') => Escape::Csi,
+                (Escape::Start, ']' | 'P' | 'X' | '^' | '_') => Escape::Text,
+                (Escape::Start | Escape::Intermediate, ' '..='/') => Escape::Intermediate,
+                (Escape::Start | Escape::Intermediate, '0'..='~') => Escape::None,
+                (Escape::Csi, ' '..='?') => Escape::Csi,
+                (Escape::Csi, '@'..='~') => Escape::None,
+                // A string ends at BEL or ST; a newline ends it too, so that text
+                // after an unterminated string is not swallowed.
+                (Escape::Text, '\u{7}' | '\u{9c}') => Escape::None,
+                (Escape::Text, '\u{1b}') => Escape::TextEsc,
+                (Escape::TextEsc, '\\') => Escape::None,
+                (Escape::Text | Escape::TextEsc, '\n') => {
+                    out.push('\n');
+                    Escape::None
+                }
+                (Escape::Text | Escape::TextEsc, _) => Escape::Text,
+                // Not a sequence after all: what follows the ESC is text again.
+                (_, c) => {
+                    self.state = Escape::None;
+                    out.push_str(&self.push(&c.to_string()));
+                    self.state
+                }
+            };
+        }
+        out
     }
 }
 
-fn one_shot(engine: &mut Engine, tokens: &[u32], args: &Args, echo: Option<&str>) -> Result<()> {
+/// Generates once after `tokens` and prints the result.
+fn one_shot(
+    engine: &mut Engine,
+    tokens: &[u32],
+    args: &Args,
+    stops: &[String],
+    echo: Option<&str>,
+) -> Result<()> {
     let mut out = std::io::stdout().lock();
+    let mut terminal = TerminalText::default();
     if !args.json {
         if let Some(p) = echo {
-            write!(out, "{p}")?;
+            write!(out, "{}", TerminalText::default().push(p))?;
             out.flush()?;
         }
     }
     let json = args.json;
     let mut emit = |piece: &str| {
         if !json {
-            let _ = out.write_all(printable(piece).as_bytes());
+            let _ = out.write_all(terminal.push(piece).as_bytes());
             let _ = out.flush();
         }
     };
-    let (text, stats) = engine.generate(tokens, args.n_predict, &args.stop, &mut emit)?;
+    let (text, stats) = engine.generate(tokens, args.n_predict, stops, &mut emit)?;
     if json {
         let mut report = stats_json(&stats);
         report["text"] = json!(text);
@@ -440,6 +553,7 @@ fn repl(
     template: &ChatTemplate,
     start: Vec<Message>,
     args: &Args,
+    stops: &[String],
     bos: &str,
     eos: &str,
 ) -> Result<()> {
@@ -473,13 +587,14 @@ fn repl(
         let tokens = engine.tokenizer.encode(&text, false, true);
         let json = args.json;
         let mut out = std::io::stdout().lock();
+        let mut terminal = TerminalText::default();
         let mut emit = |piece: &str| {
             if !json {
-                let _ = out.write_all(printable(piece).as_bytes());
+                let _ = out.write_all(terminal.push(piece).as_bytes());
                 let _ = out.flush();
             }
         };
-        let (reply, stats) = engine.generate(&tokens, args.n_predict, &args.stop, &mut emit)?;
+        let (reply, stats) = engine.generate(&tokens, args.n_predict, stops, &mut emit)?;
         drop(out);
         if json {
             let mut turn = stats_json(&stats);
@@ -489,9 +604,8 @@ fn repl(
             turns.push(turn);
         } else {
             println!();
-            if interactive {
-                print_stats(&stats);
-            }
+            // On standard error, so piped replies stay clean.
+            print_stats(&stats);
         }
         messages.push(Message::new("assistant", reply.trim()));
     }
@@ -502,4 +616,47 @@ fn repl(
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TerminalText;
+
+    fn filtered(pieces: &[&str]) -> String {
+        let mut t = TerminalText::default();
+        pieces.iter().map(|p| t.push(p)).collect()
+    }
+
+    #[test]
+    fn escape_sequences_are_dropped_even_split_across_tokens() {
+        assert_eq!(filtered(&["\u{1b}[33m  -- hi\u{1b}[m"]), "  -- hi");
+        assert_eq!(
+            filtered(&["a\u{1b}", "[3", "1;1", "m", "red", "\u{1b}[0", "m."]),
+            "ared."
+        );
+        // A window title (OSC), ended by BEL or by ST split over two tokens.
+        assert_eq!(filtered(&["x\u{1b}]0;pwned\u{7}y"]), "xy");
+        assert_eq!(filtered(&["x\u{1b}]2;t", "itle\u{1b}", "\\y"]), "xy");
+        // C1 forms and two- and three-character sequences.
+        assert_eq!(filtered(&["a\u{9b}2Jb\u{1b}cd\u{1b}(Be"]), "abde");
+    }
+
+    #[test]
+    fn other_control_characters_become_replacement_characters() {
+        assert_eq!(
+            filtered(&["a\u{7}b\rc\n\td\u{85}"]),
+            "a\u{fffd}b\u{fffd}c\n\td\u{fffd}"
+        );
+        // An ESC before something that ends no sequence: the rest is text.
+        assert_eq!(filtered(&["a\u{1b}", "\u{1b}[1mb"]), "ab");
+        assert_eq!(filtered(&["a\u{1b}é"]), "aé");
+    }
+
+    #[test]
+    fn an_unterminated_string_ends_at_a_newline() {
+        assert_eq!(
+            filtered(&["a\u{1b}]0;never ended", "\nnext line"]),
+            "a\nnext line"
+        );
+    }
 }

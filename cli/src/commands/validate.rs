@@ -21,36 +21,35 @@ const PROBE: &str = "The capital of France is Paris. 北京是中国的首都。
 
 /// Arguments of `memwall validate`.
 #[derive(clap::Args)]
+#[command(mut_arg("ctx", |a| a.help("Tokens per window for perplexity and KL divergence")))]
 pub struct Args {
-    /// The GGUF model to check (the first file of a split model).
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub model: crate::args::ModelArg,
     /// A reference model (usually the F16 the file was quantized from) to
     /// compare with on the text of -f.
     #[arg(long, value_name = "REF.gguf", requires = "file")]
     pub reference: Option<PathBuf>,
-    /// The text for perplexity and KL divergence.
-    #[arg(short = 'f', long = "file", value_name = "TEXT")]
+    /// The text for perplexity and KL divergence against --reference.
+    #[arg(
+        short = 'f',
+        long = "file",
+        value_name = "TEXT",
+        requires = "reference"
+    )]
     pub file: Option<PathBuf>,
     /// Fail when the mean KL divergence from the reference exceeds this (nats).
     #[arg(long, default_value_t = 0.1, value_name = "X")]
     pub max_kld: f64,
     /// Fail when PPL / PPL(reference) exceeds this.
-    #[arg(long, value_name = "X")]
+    #[arg(long, value_name = "X", requires = "reference")]
     pub max_ppl_ratio: Option<f64>,
-    /// Tokens per window for perplexity and KL divergence.
-    #[arg(
-        short = 'c',
-        long = "ctx-size",
-        default_value_t = 512,
-        value_name = "N"
-    )]
-    pub ctx: usize,
+    #[command(flatten)]
+    pub ctx: crate::args::Ctx512,
     /// Score at most this many windows.
     #[arg(long, value_name = "N")]
     pub chunks: Option<usize>,
-    /// Threads for the matrix products (default: every core).
-    #[arg(short = 't', long = "threads", value_name = "N")]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub threads: crate::args::Threads,
     /// Print JSON instead of text (and no progress bar).
     #[arg(long)]
     pub json: bool,
@@ -64,7 +63,7 @@ struct Check {
 }
 
 fn open(path: &Path) -> Result<(GgufModel, Tokenizer)> {
-    let gguf = GgufModel::open(path)?;
+    let gguf = super::open_model(path)?;
     let tokenizer = Tokenizer::from_gguf(gguf.metadata())
         .with_context(|| format!("{}: tokenizer", path.display()))?;
     Ok((gguf, tokenizer))
@@ -88,7 +87,8 @@ fn model<'a>(
 pub fn run(args: Args) -> Result<()> {
     let started = Instant::now();
     let bar = Bar::new(!args.json);
-    let (gguf, tokenizer) = open(&args.model)?;
+    let path = args.model.path()?.to_owned();
+    let (gguf, tokenizer) = open(&path)?;
     let mut checks = Vec::new();
     let (findings, unchecked) = scan_tensors(&gguf, &bar);
     checks.push(Check {
@@ -115,8 +115,8 @@ pub fn run(args: Args) -> Result<()> {
                 .join("; ")
         },
     });
-    let n_ctx = args.ctx.max(64);
-    let built = model(&gguf, &args.model, n_ctx, args.threads);
+    let n_ctx = args.ctx.ctx.max(64);
+    let built = model(&gguf, &path, n_ctx, args.threads.given());
     checks.push(Check {
         name: "structure",
         passed: built.is_ok(),
@@ -147,14 +147,14 @@ pub fn run(args: Args) -> Result<()> {
             let text = std::fs::read_to_string(file).with_context(|| {
                 format!("{}: cannot read the text (UTF-8 expected)", file.display())
             })?;
-            let compared = compare(&args, m, &tokenizer, reference, &text, &bar)?;
+            let compared = compare(&args, &path, m, &tokenizer, reference, &text, &bar)?;
             report["comparison"] = compared.0;
             checks.extend(compared.1);
         }
     }
     let passed = checks.iter().all(|c| c.passed);
     if args.json {
-        report["model"] = json!(args.model);
+        report["model"] = json!(path);
         report["passed"] = json!(passed);
         report["checks"] = checks
             .iter()
@@ -176,7 +176,7 @@ pub fn run(args: Args) -> Result<()> {
         }
     }
     if !passed {
-        bail!("{} failed validation", args.model.display());
+        bail!("{} failed validation", path.display());
     }
     Ok(())
 }
@@ -184,6 +184,7 @@ pub fn run(args: Args) -> Result<()> {
 /// Perplexity of both models and the KL divergence of `model` from the reference.
 fn compare(
     args: &Args,
+    path: &Path,
     model: &Model,
     tokenizer: &Tokenizer,
     reference: &Path,
@@ -195,14 +196,14 @@ fn compare(
     if ref_tokenizer.encode(text, true, false) != tokens {
         bail!(
             "{} and {} tokenize the text differently; compare models of one vocabulary",
-            args.model.display(),
+            path.display(),
             reference.display()
         );
     }
-    let ref_model = model_or_bail(&ref_gguf, reference, args.ctx, args.threads)?;
+    let ref_model = model_or_bail(&ref_gguf, reference, args.ctx.ctx, args.threads.given())?;
     let options = Options {
-        n_ctx: args.ctx,
-        n_batch: args.ctx,
+        n_ctx: args.ctx.ctx,
+        n_batch: args.ctx.ctx,
         max_chunks: args.chunks,
         bos: tokenizer.add_bos().then(|| tokenizer.bos()).flatten(),
         all_outputs: false,

@@ -18,6 +18,55 @@ pub fn memwall(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// Runs `memwall ARGS` in `dir`.
+pub fn memwall_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memwall"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
+/// Runs `memwall ARGS` in the repository root with `input` on standard input.
+pub fn memwall_with_stdin(args: &[&str], input: &[u8]) -> Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memwall"))
+        .args(args)
+        .current_dir(repo())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// Runs `memwall ARGS`, which must fail as a usage error (exit 2); returns stderr.
+pub fn usage_error(args: &[&str]) -> String {
+    let out = memwall(args);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{args:?} should be a usage error: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stderr).unwrap()
+}
+
+/// Runs `memwall ARGS`, which must fail (exit 1) with nothing on stdout; returns stderr.
+pub fn error_of(args: &[&str]) -> String {
+    let out = memwall(args);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{args:?} should fail: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stderr).unwrap()
+}
+
 /// Runs `memwall ARGS`, which must succeed, and returns its stdout.
 pub fn stdout_of(args: &[&str]) -> String {
     let out = memwall(args);

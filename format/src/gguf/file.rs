@@ -122,6 +122,12 @@ impl GgufFile {
         &self.header.metadata
     }
 
+    /// The metadata, to change what readers of this file see (llama.cpp's
+    /// `--override-kv`); the file itself is not changed.
+    pub fn metadata_mut(&mut self) -> &mut Metadata {
+        &mut self.header.metadata
+    }
+
     /// The tensor infos in file order.
     pub fn tensors(&self) -> &[TensorInfo] {
         &self.header.tensors

@@ -168,6 +168,12 @@ impl GgufModel {
         self.files[0].metadata()
     }
 
+    /// The model metadata, to change what readers of the model see (llama.cpp's
+    /// `--override-kv`); the files are not changed.
+    pub fn metadata_mut(&mut self) -> &mut Metadata {
+        self.files[0].metadata_mut()
+    }
+
     /// Number of tensors in all files.
     pub fn tensor_count(&self) -> usize {
         self.tensors.len()

@@ -104,13 +104,11 @@ impl Device {
                 )),
             };
         }
+        let names: Vec<String> = Device::builtins().into_iter().map(|d| d.name).collect();
         Err(format!(
-            "no device profile '{spec}': built-ins are {}, or give a TOML file (see docs/PLAN.md)",
-            Device::builtins()
-                .iter()
-                .map(|d| d.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            "no device profile '{spec}'{}: built-ins are {}, or give a TOML file (see docs/PLAN.md)",
+            memwall_format::suggest::did_you_mean(spec, names.iter().map(String::as_str)),
+            names.join(", ")
         ))
     }
 

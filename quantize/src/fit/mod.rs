@@ -167,9 +167,19 @@ impl Shape {
             "Qwen3MoeForCausalLM" => ("qwen3moe", true),
             "CohereForCausalLM" => ("command-r", false),
             other => {
+                const PLANNED: [&str; 7] = [
+                    "LlamaForCausalLM",
+                    "MistralForCausalLM",
+                    "MixtralForCausalLM",
+                    "Qwen2ForCausalLM",
+                    "Qwen3ForCausalLM",
+                    "Qwen3MoeForCausalLM",
+                    "CohereForCausalLM",
+                ];
                 return Err(format!(
-                    "architecture {other} is not one memwall plans (Llama, Mistral, Mixtral, \
-                     Qwen2, Qwen3, Qwen3-MoE, Command-R); give the numbers instead"
+                    "architecture {other} is not one memwall plans{} (Llama, Mistral, Mixtral, \
+                     Qwen2, Qwen3, Qwen3-MoE, Command-R); give the numbers instead",
+                    memwall_format::suggest::did_you_mean(other, PLANNED)
                 ));
             }
         };

@@ -6,7 +6,6 @@ use anyhow::{Context, Result, bail};
 use memwall_calibrate::dataset::{
     self, ChatMessage, ChatRenderer, Options, Render, Report, SourceSpec, TokenizerInfo,
 };
-use memwall_format::gguf::GgufModel;
 use memwall_runtime::tokenizer::Tokenizer;
 
 use crate::chat::{ChatTemplate, Message};
@@ -22,7 +21,8 @@ use crate::progress::Bar;
   memwall calibrate dataset -m model-f16.gguf qa.jsonl docs/ -o calib.jsonl
   memwall calibrate dataset -m model-f16.gguf --source qa=cmrc.jsonl --source long=manpages/ \\
       --mix qa=0.7,long=0.3 -n 256 --seq-len 512 --min-cjk 0.5 -o calib.jsonl
-  memwall calibrate dataset -m model-f16.gguf train.parquet --template '问：{question}\\n答：{answer}' -o calib.jsonl
+  memwall calibrate dataset -m model-f16.gguf train.parquet \\
+      --template '问：{question}\\n答：{answer}' -o calib.jsonl
   memwall calibrate dataset -m model-f16.gguf chats.jsonl --chat --skip-bad -o calib.jsonl --json
 
 Inputs: .jsonl (one object a line), .json (an array, an object with a `data`
@@ -161,7 +161,8 @@ fn mix(spec: &str) -> Result<Vec<(String, f64)>> {
 
 /// Runs the command.
 pub fn run(args: Args) -> Result<()> {
-    let gguf = GgufModel::open(&args.model)?;
+    crate::commands::check_output_file(&args.output, "the calibration set")?;
+    let gguf = crate::commands::open_model(&args.model)?;
     let meta = gguf.metadata();
     let tokenizer = Tokenizer::from_gguf(meta)
         .with_context(|| format!("{}: tokenizer", args.model.display()))?;

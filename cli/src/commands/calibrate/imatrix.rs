@@ -24,6 +24,7 @@ pub enum Format {
 
 /// Arguments of `memwall calibrate imatrix`.
 #[derive(clap::Args)]
+#[command(mut_arg("ctx", |a| a.help("Tokens per window")))]
 pub struct Args {
     /// The model (F16, BF16 or F32 is best: the sums describe its activations).
     #[arg(short = 'm', long = "model", value_name = "MODEL.gguf")]
@@ -51,31 +52,18 @@ pub struct Args {
     /// Output format (default: GGUF, or .dat when FILE ends in .dat).
     #[arg(long, value_enum, value_name = "FORMAT")]
     pub output_format: Option<Format>,
-    /// Tokens per window.
-    #[arg(
-        short = 'c',
-        long = "ctx-size",
-        default_value_t = 512,
-        value_name = "N"
-    )]
-    pub ctx: usize,
-    /// Tokens per forward call (at most the context is used).
-    #[arg(
-        short = 'b',
-        long = "batch-size",
-        default_value_t = 2048,
-        value_name = "N"
-    )]
-    pub batch: usize,
+    #[command(flatten)]
+    pub ctx: crate::args::Ctx512,
+    #[command(flatten)]
+    pub batch: crate::args::Batch2048,
     /// Use at most this many windows.
     #[arg(long, value_name = "N")]
     pub chunks: Option<usize>,
     /// Also collect the output head's input (output.weight).
     #[arg(long)]
     pub process_output: bool,
-    /// Threads for the matrix products (default: every core).
-    #[arg(short = 't', long = "threads", value_name = "N")]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub threads: crate::args::Threads,
     #[command(flatten)]
     pub load: crate::commands::LoadArgs,
     /// Print a JSON report instead of text (and no progress bar).
@@ -92,6 +80,7 @@ pub fn run(args: Args) -> Result<()> {
             } else {
                 Format::Gguf
             });
+    crate::commands::check_output_file(&args.output, "the importance matrix")?;
     let gguf = args.load.open(&args.model)?;
     let tokenizer = Tokenizer::from_gguf(gguf.metadata())
         .with_context(|| format!("{}: tokenizer", args.model.display()))?;
@@ -101,13 +90,10 @@ pub fn run(args: Args) -> Result<()> {
             args.model.display()
         );
     }
-    let mut model = Model::new(&gguf, args.ctx.max(1))
+    let mut model = Model::new(&gguf, args.ctx.ctx.max(1))
         .with_context(|| format!("{}: cannot run this model", args.model.display()))?;
     args.load.stream(&mut model)?;
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    model.set_compute(Kernels::from_env()?, threads);
+    model.set_compute(Kernels::from_env()?, args.threads.count());
     let bar = Bar::new(!args.json);
     let started = Instant::now();
     let (stats, ppl, tokens) = match (&args.file, &args.dataset) {
@@ -117,8 +103,8 @@ pub fn run(args: Args) -> Result<()> {
             })?;
             let tokens = tokenizer.encode(&text, true, false);
             let options = TextOptions {
-                n_ctx: args.ctx,
-                n_batch: args.batch,
+                n_ctx: args.ctx.ctx,
+                n_batch: args.batch.batch,
                 max_chunks: args.chunks,
                 bos: tokenizer.add_bos().then(|| tokenizer.bos()).flatten(),
                 process_output: args.process_output,
@@ -136,10 +122,10 @@ pub fn run(args: Args) -> Result<()> {
                 samples.truncate(n);
             }
             let longest = samples.iter().map(Vec::len).max().unwrap_or(0);
-            if longest > args.ctx {
+            if longest > args.ctx.ctx {
                 model = Model::new(&gguf, longest)
                     .with_context(|| format!("{}: cannot run this model", args.model.display()))?;
-                model.set_compute(Kernels::from_env()?, threads);
+                model.set_compute(Kernels::from_env()?, args.threads.count());
             }
             let stats = imatrix::from_samples(
                 &mut model,

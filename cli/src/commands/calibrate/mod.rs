@@ -28,9 +28,12 @@ Then: memwall quantize model-f16.gguf Q4_K_M --imatrix imatrix.gguf")]
     /// Quantize with AWQ and/or GPTQ calibration into the same GGUF types
     /// plain quantization writes (stock llama.cpp runs the result).
     #[command(after_help = "Examples:
-  memwall calibrate quantize -m model-f16.gguf --dataset calib.jsonl --type Q4_K_M -o model-Q4_K_M-awq-gptq.gguf
-  memwall calibrate quantize -m model-f16.gguf --dataset calib.jsonl --method gptq --type Q5_K_M -o out.gguf
-  memwall calibrate quantize -m model-f16.gguf -f text.txt --samples 64 --seq-len 512 --method awq --recipe attn-f16-ffn-q4 -o out.gguf
+  memwall calibrate quantize -m model-f16.gguf --dataset calib.jsonl --type Q4_K_M \\
+      -o model-Q4_K_M-awq-gptq.gguf
+  memwall calibrate quantize -m model-f16.gguf --dataset calib.jsonl --method gptq \\
+      --type Q5_K_M -o out.gguf
+  memwall calibrate quantize -m model-f16.gguf -f text.txt --samples 64 --seq-len 512 \\
+      --method awq --recipe attn-f16-ffn-q4 -o out.gguf
 
 Layer by layer: statistics of every matrix input on the calibration samples
 (inputs of layer i+1 come from the already quantized layers up to i), AWQ's

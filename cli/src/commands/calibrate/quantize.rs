@@ -6,7 +6,6 @@ use anyhow::{Context, Result, bail};
 use memwall_calibrate::dataset::Dataset;
 use memwall_calibrate::gptq;
 use memwall_calibrate::quantize::{self, Method, Settings};
-use memwall_format::gguf::GgufModel;
 use memwall_quantize::job::Options;
 use memwall_runtime::forward::Model;
 use memwall_runtime::kernels::Kernels;
@@ -14,7 +13,7 @@ use memwall_runtime::tokenizer::Tokenizer;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::commands::quantize::{ftype_names, load_recipe, parse_ftype};
+use crate::commands::quantize::{ftype_or_error, load_recipe};
 use crate::progress::Bar;
 
 /// The calibration methods.
@@ -66,9 +65,8 @@ pub struct Args {
     /// AWQ exponents tried (α = 0, 1/N, …, (N−1)/N).
     #[arg(long, default_value_t = 20, value_name = "N")]
     pub awq_grid: usize,
-    /// Threads (default: every core).
-    #[arg(short = 't', long = "threads", value_name = "N")]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub threads: crate::args::Threads,
     /// Print a JSON report instead of text (and no progress bar).
     #[arg(long)]
     pub json: bool,
@@ -76,9 +74,7 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> Result<()> {
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = args.threads.count();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -89,19 +85,16 @@ pub fn run(args: Args) -> Result<()> {
 fn calibrate(args: &Args, threads: usize) -> Result<()> {
     let recipe = args.recipe.as_deref().map(load_recipe).transpose()?;
     let ftype = match (&args.ty, &recipe) {
-        (Some(t), _) => parse_ftype(t).ok_or_else(|| {
-            anyhow::anyhow!(
-                "unknown quantization type '{t}'. Valid types: {}",
-                ftype_names()
-            )
-        })?,
+        (Some(t), _) => ftype_or_error(t)?,
         (None, Some(r)) => r.base,
         (None, None) => bail!("give the target with --type TYPE (e.g. Q4_K_M) or --recipe RECIPE"),
     };
+    // Before any work: what memwall cannot write, and where it cannot write.
+    memwall_quantize::names::check_writable(ftype).map_err(anyhow::Error::msg)?;
+    crate::commands::check_output_file(&args.output, "the calibrated model")?;
     let mut options = Options::new(ftype);
     options.recipe = recipe;
-    let gguf = GgufModel::open(&args.model)
-        .with_context(|| format!("{}: cannot open the model", args.model.display()))?;
+    let gguf = crate::commands::open_model(&args.model)?;
     let tokenizer = Tokenizer::from_gguf(gguf.metadata())
         .with_context(|| format!("{}: tokenizer", args.model.display()))?;
     let (samples, label, sha, seq_len) = match (&args.dataset, &args.file) {

@@ -37,19 +37,21 @@ use crate::progress::Bar;
 /// Quantizations made when `--types` is not given.
 pub const DEFAULT_TYPES: [&str; 4] = ["Q4_K_M", "Q5_K_M", "Q6_K", "attn-f16-ffn-q4"];
 /// Device profile of the decode estimate when `--device` is not given.
-pub const DEFAULT_DEVICE: &str = "phone-16gb";
+pub const DEFAULT_DEVICE: &str = crate::args::DEFAULT_DEVICE;
 /// Tokens per window when `-c` is not given.
 pub const DEFAULT_CTX: usize = 512;
 
 /// Arguments of `memwall compare`.
 #[derive(clap::Args)]
+#[command(mut_arg("model", |a| a.help("The reference model (F16/BF16/F32, or any file of a split \
+    model); the quantizations are made from it and KL divergence is measured against it. Or give \
+    it with -m").value_name("BASE.gguf")))]
+#[command(mut_arg("ctx", |a| a.help("Tokens per window; the second half of each window is scored")))]
 pub struct Args {
-    /// The reference model (F16/BF16/F32, or any file of a split model); the
-    /// quantizations are made from it and KL divergence is measured against it.
-    #[arg(value_name = "BASE.gguf")]
-    pub base: PathBuf,
+    #[command(flatten)]
+    pub model: crate::args::ModelArg,
     /// More GGUF files to compare as they are (quantizations of the same model).
-    #[arg(value_name = "FILES")]
+    #[arg(value_name = "FILES", index = 2)]
     pub files: Vec<PathBuf>,
     /// Quantizations of BASE to make and compare: llama.cpp file types,
     /// built-in recipes or recipe TOML files, comma-separated; `none` for only
@@ -61,34 +63,26 @@ pub struct Args {
         default_value = "Q4_K_M,Q5_K_M,Q6_K,attn-f16-ffn-q4"
     )]
     pub types: Vec<String>,
-    /// Text to evaluate on (UTF-8; repeat -f for several, joined with a blank line).
-    #[arg(
-        short = 'f',
-        long = "file",
-        value_name = "TEXT",
-        required_unless_present = "dataset"
-    )]
+    /// Text to evaluate on (UTF-8; repeat -f for several, joined with a blank
+    /// line). Either this or --dataset.
+    #[arg(short = 'f', long = "file", value_name = "TEXT")]
     pub texts: Vec<PathBuf>,
     /// A calibration set from `memwall calibrate dataset` instead of text: each
     /// sample is one window (of the set's length; -c does not apply).
     #[arg(long, value_name = "SET", conflicts_with = "texts")]
     pub dataset: Option<PathBuf>,
-    /// Tokens per window; the second half of each window is scored.
-    #[arg(short = 'c', long = "ctx-size", default_value_t = DEFAULT_CTX, value_name = "N")]
-    pub ctx: usize,
+    #[command(flatten)]
+    pub ctx: crate::args::Ctx512,
     /// Evaluate at most this many windows.
     #[arg(long, value_name = "N")]
     pub chunks: Option<usize>,
-    /// Threads for quantizing and evaluating (default: every core). The numbers
-    /// do not depend on it.
-    #[arg(short = 't', long = "threads", value_name = "N")]
-    pub threads: Option<usize>,
-    /// Device profile of the decode-speed estimate: a built-in name
-    /// (phone-8gb, phone-12gb, phone-16gb, phone-24gb) or a TOML file.
-    #[arg(long, value_name = "PROFILE", default_value = DEFAULT_DEVICE)]
-    pub device: String,
+    #[command(flatten)]
+    pub threads: crate::args::Threads,
+    #[command(flatten)]
+    pub device: crate::args::DeviceArg,
     /// Folder for compare.md, compare.json and the charts (default:
-    /// compare-<BASE stem> in the current folder).
+    /// compare-<BASE stem> in the current folder); created if missing, the
+    /// folder it goes in must exist.
     #[arg(short = 'o', long = "output", value_name = "DIR")]
     pub output: Option<PathBuf>,
     /// Folder of the quantizations made from BASE, reused while BASE is
@@ -279,18 +273,29 @@ pub struct Report {
 }
 
 fn choice(spec: &str) -> Result<Choice> {
-    if let Some(c) = Choice::by_name(spec) {
-        return Ok(c);
-    }
-    if Path::new(spec).is_file() {
-        return Ok(Choice::recipe(super::quantize::load_recipe(spec)?));
-    }
-    let recipes: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
-    bail!(
-        "--types: unknown type or recipe '{spec}'. Types: {}; recipes: {} (or a recipe TOML file)",
-        super::quantize::ftype_names(),
-        recipes.join(", ")
-    )
+    let c = match Choice::by_name(spec) {
+        Some(c) => c,
+        None if Path::new(spec).is_file() => Choice::recipe(super::quantize::load_recipe(spec)?),
+        None => {
+            let recipes: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
+            let names = memwall_format::ggml_type::FILE_TYPES
+                .iter()
+                .filter(|f| f.base.is_some())
+                .map(|f| f.name)
+                .chain(recipes.iter().copied());
+            bail!(
+                "--types: unknown type or recipe '{spec}'{}. Types: {}; recipes: {} (or a \
+                 recipe TOML file)",
+                memwall_format::suggest::did_you_mean(spec, names),
+                super::quantize::ftype_names(),
+                recipes.join(", ")
+            )
+        }
+    };
+    // compare makes these files: refuse what cannot be written before any work.
+    memwall_quantize::names::check_writable(c.ftype)
+        .map_err(|e| anyhow::anyhow!("--types {spec}: {e}"))?;
+    Ok(c)
 }
 
 /// The quantization of a file as its metadata records it.
@@ -368,12 +373,15 @@ pub fn compare(opts: &Options, progress: &dyn Progress) -> Result<Report> {
         .cache
         .clone()
         .unwrap_or_else(|| default_cache_dir(&opts.base));
-    std::fs::create_dir_all(&cache_dir).with_context(|| {
-        format!(
-            "{}: cannot create the cache folder (choose another with --cache)",
-            cache_dir.display()
-        )
-    })?;
+    if !cache_dir.is_dir() {
+        super::check_output_dir(&cache_dir, "the cache folder")?;
+        std::fs::create_dir(&cache_dir).with_context(|| {
+            format!(
+                "{}: cannot create the cache folder (choose another with --cache)",
+                cache_dir.display()
+            )
+        })?;
+    }
     let eval = measure::Eval::new(opts, &windows, &tokenizer)?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(eval.threads)
@@ -385,7 +393,12 @@ pub fn compare(opts: &Options, progress: &dyn Progress) -> Result<Report> {
     if !choices.is_empty() {
         let key = cache::base_key(&base)?;
         for c in &choices {
-            let out = cache_dir.join(format!("{base_stem}-{}.gguf", c.label));
+            // Named as `memwall quantize BASE TYPE` names its output.
+            let out = cache_dir.join(format!(
+                "{}-{}.gguf",
+                super::quantize::output_stem(&opts.base),
+                c.label
+            ));
             let tagged = measure::Tagged::new(progress, &out);
             let (made, plan_warnings) =
                 cache::ensure(&base, &opts.base, &key, c, &out, &pool, &tagged)?;
@@ -490,31 +503,45 @@ pub fn compare(opts: &Options, progress: &dyn Progress) -> Result<Report> {
 
 /// Runs the command.
 pub fn run(args: Args) -> Result<()> {
+    let (base, shifted) = args.model.split()?;
+    let mut files = args.files.clone();
+    if let Some(first) = shifted {
+        // With -m, clap put the first of FILES in the base's place.
+        files.insert(0, first);
+    }
+    super::check_model_path(&base)?;
     // A font given by hand must work before minutes of evaluation, not after.
     if let Some(font) = &args.font {
         crate::chart::use_font(Some(font))?;
     }
-    let input = match &args.dataset {
-        Some(set) => Input::Dataset(set.clone()),
-        None => Input::Text(args.texts.clone()),
+    let input = match (&args.dataset, args.texts.is_empty()) {
+        (Some(set), _) => Input::Dataset(set.clone()),
+        (None, false) => Input::Text(args.texts.clone()),
+        (None, true) => bail!(
+            "give the text to evaluate on with -f TEXT, or a calibration set with --dataset SET"
+        ),
     };
-    let options = Options {
-        files: args.files.clone(),
-        types: args.types.clone(),
-        ctx: args.ctx,
-        chunks: args.chunks,
-        threads: args.threads,
-        device: args.device.clone(),
-        cache: args.cache.clone(),
-        font: args.font.clone(),
-        ..Options::new(args.base.clone(), input)
-    };
-    let bar = Bar::new(!args.json);
-    let report = compare(&options, &bar)?;
     let dir = args
         .output
         .clone()
-        .unwrap_or_else(|| default_output_dir(&args.base));
+        .unwrap_or_else(|| default_output_dir(&base));
+    super::check_output_dir(&dir, "the report folder")?;
+    if let Some(cache) = &args.cache {
+        super::check_output_dir(cache, "the cache folder")?;
+    }
+    let options = Options {
+        files,
+        types: args.types.clone(),
+        ctx: args.ctx.ctx,
+        chunks: args.chunks,
+        threads: args.threads.given(),
+        device: args.device.device.clone(),
+        cache: args.cache.clone(),
+        font: args.font.clone(),
+        ..Options::new(base.clone(), input)
+    };
+    let bar = Bar::new(!args.json);
+    let report = compare(&options, &bar)?;
     // The files first: they are the lasting result, whatever becomes of stdout.
     let outputs: Outputs = write_outputs(&report, &dir)?;
     for w in report.warnings.iter().chain(&outputs.warnings) {

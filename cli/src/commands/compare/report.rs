@@ -326,10 +326,14 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Writes `compare.md`, `compare.json`, `quality-vs-size.svg` and, when a font
-/// is found, `quality-vs-size.png` into `dir` (created if needed), each atomically.
+/// is found, `quality-vs-size.png` into `dir` (created if needed; the folder
+/// it goes in must exist, as for every memwall output), each atomically.
 pub fn write_outputs(report: &Report, dir: &Path) -> Result<Outputs> {
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("{}: cannot create the output folder", dir.display()))?;
+    if !dir.is_dir() {
+        crate::commands::check_output_dir(dir, "the report folder")?;
+        std::fs::create_dir(dir)
+            .with_context(|| format!("{}: cannot create the output folder", dir.display()))?;
+    }
     let mut warnings = Vec::new();
     let chart = scatter(report);
     let svg = dir.join("quality-vs-size.svg");

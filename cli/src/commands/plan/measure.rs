@@ -33,9 +33,10 @@ const TYPES: [GgmlType; 13] = [
 ];
 
 pub fn run(args: &Args) -> Result<()> {
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if let Some(path) = &args.save {
+        crate::commands::check_output_file(path, "the device profile")?;
+    }
+    let threads = args.threads.unwrap_or_else(crate::args::all_cores);
     let (total, available) = meminfo().context("cannot read /proc/meminfo")?;
     if !args.json {
         eprintln!("measuring memory bandwidth, decode kernels and storage on {threads} threads…");

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use memwall_format::GgmlType;
-use memwall_format::gguf::GgufModel;
+use memwall_format::ggml_type::{FileTypeInfo, file_type};
+use memwall_format::gguf::{GgufModel, keys};
 use memwall_quantize::fit::{
     self, Choice, Device, Footprint, KvType, Load, Runtime, Shape, Speed, Token, Weights,
 };
@@ -20,30 +21,32 @@ use crate::render::human_bytes;
 
 /// Arguments of `memwall plan`.
 #[derive(clap::Args)]
+#[command(mut_arg("ctx", |a| a.help("Context length to plan for")))]
+#[command(mut_arg("batch", |a| a.help("Prompt batch size (-b of memwall run and llama-cli)")))]
 pub struct Args {
     /// A GGUF file, a Hugging Face checkpoint folder, or a repo id (its
-    /// config.json is enough). Leave out to plan from --params and friends.
-    #[arg(value_name = "MODEL", required_unless_present_any = ["params", "measure_host", "list_devices"])]
+    /// config.json is enough); or give it with -m. Leave out to plan from
+    /// --params and friends.
+    #[arg(value_name = "MODEL", required_unless_present_any = ["params", "measure_host", "list_devices", "model_flag"])]
     pub model: Option<String>,
-    /// Device profile: a built-in name (see --list-devices) or a TOML file.
+    /// The model, as llama.cpp's tools take it (instead of the first argument).
     #[arg(
-        short = 'd',
-        long,
-        default_value = "phone-16gb",
-        value_name = "PROFILE"
+        short = 'm',
+        long = "model",
+        value_name = "MODEL",
+        id = "model_flag",
+        conflicts_with = "model"
     )]
-    pub device: String,
-    /// Context length to plan for.
-    #[arg(short = 'c', long = "ctx", default_value_t = 2048, value_name = "N",
-          value_parser = clap::value_parser!(u64).range(1..=(1 << 24)))]
-    pub ctx: u64,
+    pub model_flag: Option<String>,
+    #[command(flatten)]
+    pub device: crate::args::DeviceArg,
+    #[command(flatten)]
+    pub ctx: crate::args::Ctx2048,
     /// KV cache type (memwall's runtime keeps f16; q8_0 is for llama.cpp).
     #[arg(long = "kv-type", default_value = "f16", value_name = "f16|q8_0|f32")]
     pub kv_type: String,
-    /// Prompt batch size (-b of memwall run and llama-cli).
-    #[arg(short = 'b', long = "batch", default_value_t = 512, value_name = "N",
-          value_parser = clap::value_parser!(u64).range(1..=65536))]
-    pub batch: u64,
+    #[command(flatten)]
+    pub batch: crate::args::Batch512,
     /// Quantizations to plan: file types and recipe names or files
     /// (default: F16 Q8_0 Q6_K Q5_K_M Q5_K_S Q4_K_M Q4_K_S IQ4_XS Q3_K_M Q3_K_S Q2_K and the built-in recipes).
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
@@ -55,7 +58,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE", requires = "budget")]
     pub write_recipe: Option<PathBuf>,
     /// Bare numbers: total parameters (e.g. 35e9).
-    #[arg(long, value_parser = parse_count, conflicts_with = "model",
+    #[arg(long, value_parser = parse_count, conflicts_with_all = ["model", "model_flag"],
           requires_all = ["layers", "kv_heads", "head_dim", "vocab"])]
     pub params: Option<u64>,
     /// Bare numbers: transformer blocks.
@@ -84,13 +87,13 @@ pub struct Args {
     pub active_params: Option<u64>,
     /// Measure this machine (RAM, memory bandwidth, decode kernels, storage)
     /// and print its device profile (or save it with --save).
-    #[arg(long, conflicts_with_all = ["model", "params"])]
+    #[arg(long, conflicts_with_all = ["model", "model_flag", "params"])]
     pub measure_host: bool,
     /// With --measure-host: write the profile to FILE.
     #[arg(long, value_name = "FILE", requires = "measure_host")]
     pub save: Option<PathBuf>,
     /// With --measure-host: threads to measure with (default: every core).
-    #[arg(short = 't', long, value_name = "N")]
+    #[arg(short = 't', long, value_name = "N", requires = "measure_host")]
     pub threads: Option<usize>,
     /// List the built-in device profiles.
     #[arg(long)]
@@ -98,6 +101,21 @@ pub struct Args {
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
+}
+
+impl Args {
+    /// The model named, by its first argument or -m.
+    fn model_spec(&self) -> Option<&String> {
+        self.model_flag.as_ref().or(self.model.as_ref())
+    }
+
+    fn ctx(&self) -> u64 {
+        self.ctx.ctx as u64
+    }
+
+    fn batch(&self) -> u64 {
+        self.batch.batch as u64
+    }
 }
 
 fn parse_count(s: &str) -> Result<u64, String> {
@@ -112,8 +130,21 @@ fn parse_count(s: &str) -> Result<u64, String> {
 
 /// Where the model's description came from.
 enum Source {
-    Gguf { path: PathBuf },
-    Checkpoint(PathBuf),
+    Gguf {
+        path: PathBuf,
+        /// Its `general.file_type`.
+        ftype: Option<&'static FileTypeInfo>,
+        /// Whether any tensor is quantized (quantizing it again loses quality).
+        quantized: bool,
+    },
+    /// A checkpoint folder, named by `spec` (the folder or a repo id).
+    Checkpoint {
+        dir: PathBuf,
+        spec: String,
+        /// Its BPE tokenizer is one llama.cpp does not recognise: `convert`
+        /// will need `--pre` (SentencePiece, or no tokenizer.json: false).
+        unknown_pre: bool,
+    },
     Numbers,
 }
 
@@ -132,6 +163,7 @@ struct Subject {
 }
 
 /// One planned choice.
+#[derive(Clone)]
 struct Row {
     label: String,
     /// Exact (from tensor shapes) or the seed's arithmetic.
@@ -145,6 +177,8 @@ struct Row {
     speed: Speed,
     /// The choice behind the row, for --write-recipe.
     choice: Option<Choice>,
+    /// The GGUF file as it is (no choice to make: it exists).
+    as_is: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -175,18 +209,29 @@ pub fn run(args: Args) -> Result<()> {
     if args.measure_host {
         return measure::run(&args);
     }
-    let device = Device::resolve(&args.device).map_err(anyhow::Error::msg)?;
+    if args.ctx() > 1 << 24 || args.batch() > 65536 {
+        bail!(
+            "-c {} -b {}: plan for at most 16777216 tokens of context and batches of 65536",
+            args.ctx(),
+            args.batch()
+        );
+    }
+    if let Some(path) = &args.write_recipe {
+        super::check_output_file(path, "the recipe")?;
+    }
+    let device = Device::resolve(&args.device.device).map_err(anyhow::Error::msg)?;
     let kv = KvType::parse(&args.kv_type)
         .with_context(|| format!("--kv-type {}: expected f16, q8_0 or f32", args.kv_type))?;
     let subject = subject(&args)?;
     let choices = choices(&args.types)?;
     let rows = plan_rows(&subject, &choices, &device, &args, kv)?;
+    let ok = eligible(&subject, &rows);
     let budget_pick = match args.budget {
-        Some(mib) => Some(pick_for_budget(&rows, mib << 20).with_context(|| {
+        Some(mib) => Some(pick_for_budget(&rows, &ok, mib << 20).with_context(|| {
             format!(
                 "nothing fits in {mib} MiB at -c {}: the smallest choice needs {}; lower -c or \
                  raise --budget",
-                args.ctx,
+                args.ctx(),
                 rows.iter()
                     .map(|r| r.memwall.total())
                     .min()
@@ -198,7 +243,7 @@ pub fn run(args: Args) -> Result<()> {
     if let (Some(i), Some(path)) = (budget_pick, &args.write_recipe) {
         write_recipe(&rows[i], path)?;
     }
-    let recommended = budget_pick.or_else(|| recommend(&rows, device.usable_bytes()));
+    let recommended = budget_pick.or_else(|| recommend(&rows, &ok, device.usable_bytes()));
     if args.json {
         let value = to_json(
             &subject,
@@ -306,12 +351,20 @@ pub fn memwall_footprint(model: &GgufModel, ctx: u64, batch: u64) -> Result<Foot
 
 /// Reads the model from whatever the user named.
 fn subject(args: &Args) -> Result<Subject> {
-    let Some(spec) = &args.model else {
+    let Some(spec) = args.model_spec() else {
         return numbers_subject(args);
     };
     let path = Path::new(spec);
     if path.is_file() {
-        let model = GgufModel::open(path)?;
+        let model = super::open_model(path)?;
+        let ftype = model
+            .metadata()
+            .get_u64(keys::FILE_TYPE)
+            .ok()
+            .flatten()
+            .and_then(|id| u32::try_from(id).ok())
+            .and_then(file_type);
+        let quantized = model.tensors().any(|(_, t)| t.ty.is_quantized());
         let shape = Shape::from_gguf(&model)
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("{}: cannot plan this model", path.display()))?;
@@ -334,10 +387,19 @@ fn subject(args: &Args) -> Result<Subject> {
             header_bytes,
             source: Source::Gguf {
                 path: path.to_owned(),
+                ftype,
+                quantized,
             },
         });
     }
     let dir = if path.is_dir() {
+        if !path.join("config.json").is_file() {
+            bail!(
+                "{}: a folder without config.json; give a GGUF file, a Hugging Face checkpoint \
+                 folder or a repo id",
+                path.display()
+            );
+        }
         path.to_owned()
     } else if memwall_convert::hub::is_repo_id(spec) {
         memwall_convert::hub::resolve(spec)
@@ -364,7 +426,13 @@ fn subject(args: &Args) -> Result<Subject> {
         tensors,
         params,
         active_params: params,
-        source: Source::Checkpoint(dir),
+        source: Source::Checkpoint {
+            unknown_pre: dir.join("tokenizer.json").is_file()
+                && !dir.join("tokenizer.model").is_file()
+                && memwall_convert::vocab::detect_pre(&dir).is_err(),
+            dir,
+            spec: spec.clone(),
+        },
     })
 }
 
@@ -465,9 +533,15 @@ fn choices(types: &[String]) -> Result<Vec<Choice>> {
                     .with_context(|| format!("{}", path.display()))?;
                 return Ok(Choice::recipe(recipe));
             }
+            let names = memwall_format::ggml_type::FILE_TYPES
+                .iter()
+                .filter(|f| f.base.is_some())
+                .map(|f| f.name)
+                .chain(memwall_quantize::recipe::PRESETS.iter().map(|(n, _)| *n));
             bail!(
                 "--types {t}: not a llama.cpp file type (Q4_K_M, Q8_0, …), a built-in recipe \
-                 (attn-f16-ffn-q4, attn-q8-ffn-q4, attn-q8-ffn-q4-down-q6) or a recipe file"
+                 (attn-f16-ffn-q4, attn-q8-ffn-q4, attn-q8-ffn-q4-down-q6) or a recipe file{}",
+                memwall_format::suggest::did_you_mean(t, names)
             )
         })
         .collect()
@@ -497,12 +571,13 @@ fn plan_rows(
                         bits: f64,
                         token: Token,
                         choice: Option<Choice>| {
+        let as_is = choice.is_none() && exact && !label.ends_with("(nominal)");
         let file_bytes = weight_bytes + subject.header_bytes;
         let load = Load {
             file_bytes,
             header_bytes: subject.header_bytes,
-            ctx: args.ctx,
-            batch: args.batch,
+            ctx: args.ctx(),
+            batch: args.batch(),
             kv,
         };
         // memwall's runtime keeps its KV cache in f16 whatever --kv-type says.
@@ -546,9 +621,10 @@ fn plan_rows(
             fits,
             speed,
             choice,
+            as_is,
         });
     };
-    let kv_tokens = args.ctx / 2;
+    let kv_tokens = args.ctx() / 2;
     let attention =
         2 * u64::from(shape.n_layer) * u64::from(shape.n_head) * shape.head_dim * kv_tokens;
     let kv_bytes = shape.kv_bytes_per_token(kv) * kv_tokens;
@@ -638,23 +714,44 @@ fn token_of(w: &Weights, shape: &Shape, kv_bytes: u64, attention: u64) -> Token 
     }
 }
 
+/// Which rows may be picked: the choices, and the file as it is. A file that
+/// is already quantized is not made bigger (quality lost is not regained):
+/// only choices smaller than it compete with it.
+fn eligible(subject: &Subject, rows: &[Row]) -> Vec<bool> {
+    let quantized = matches!(
+        subject.source,
+        Source::Gguf {
+            quantized: true,
+            ..
+        }
+    );
+    let as_is = rows.iter().find(|r| r.as_is).map(|r| r.weight_bytes);
+    rows.iter()
+        .map(|r| match (r.as_is, quantized, as_is) {
+            (true, _, _) => true,
+            (false, true, Some(bytes)) => r.choice.is_some() && r.weight_bytes < bytes,
+            (false, _, _) => r.choice.is_some(),
+        })
+        .collect()
+}
+
 /// The largest (best quality) choice that fits the budget with memwall in RAM.
-fn pick_for_budget(rows: &[Row], budget: u64) -> Option<usize> {
+fn pick_for_budget(rows: &[Row], ok: &[bool], budget: u64) -> Option<usize> {
     rows.iter()
         .enumerate()
-        .filter(|(_, r)| r.choice.is_some() && r.memwall.total() <= budget)
+        .filter(|&(i, r)| ok[i] && r.choice.is_some() && r.memwall.total() <= budget)
         .max_by_key(|(_, r)| r.weight_bytes)
         .map(|(i, _)| i)
 }
 
 /// The best choice that fits in RAM with 10 % to spare; else the best that
-/// streams.
-fn recommend(rows: &[Row], usable: u64) -> Option<usize> {
-    let best = |ok: &dyn Fn(&Row) -> bool| {
+/// streams. The file as it is wins a tie (nothing to make).
+fn recommend(rows: &[Row], ok: &[bool], usable: u64) -> Option<usize> {
+    let best = |fits: &dyn Fn(&Row) -> bool| {
         rows.iter()
             .enumerate()
-            .filter(|(_, r)| r.choice.is_some() && ok(r))
-            .max_by_key(|(_, r)| r.weight_bytes)
+            .filter(|&(i, r)| ok[i] && fits(r))
+            .max_by_key(|(_, r)| (r.weight_bytes, r.as_is))
             .map(|(i, _)| i)
     };
     best(&|r| r.fits == Fit::Ram && r.memwall.total() as f64 <= 0.9 * usable as f64)
@@ -663,17 +760,15 @@ fn recommend(rows: &[Row], usable: u64) -> Option<usize> {
             // Streaming: the smallest file reads the least from flash.
             rows.iter()
                 .enumerate()
-                .filter(|(_, r)| r.choice.is_some() && r.fits == Fit::Streaming)
-                .min_by_key(|(_, r)| r.weight_bytes)
+                .filter(|&(i, r)| ok[i] && r.fits == Fit::Streaming)
+                .min_by_key(|(_, r)| (r.weight_bytes, !r.as_is))
                 .map(|(i, _)| i)
         })
 }
 
-fn write_recipe(row: &Row, path: &Path) -> Result<()> {
-    let Some(choice) = &row.choice else {
-        bail!("{}: not a quantization choice", row.label);
-    };
-    let recipe = match &choice.recipe {
+/// The recipe `--write-recipe` writes for a choice.
+fn written_recipe(choice: &Choice) -> Recipe {
+    match &choice.recipe {
         Some(r) => r.clone(),
         None => Recipe {
             name: format!("plan-{}", choice.ftype.name.to_ascii_lowercase()),
@@ -686,7 +781,25 @@ fn write_recipe(row: &Row, path: &Path) -> Result<()> {
             token_embedding: None,
             rules: Vec::new(),
         },
+    }
+}
+
+/// The GGUF's file name, for "as it is".
+fn subject_file_name(subject: &Subject) -> String {
+    match &subject.source {
+        Source::Gguf { path, .. } => path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        ),
+        _ => subject.name.clone(),
+    }
+}
+
+fn write_recipe(row: &Row, path: &Path) -> Result<()> {
+    let Some(choice) = &row.choice else {
+        bail!("{}: not a quantization choice", row.label);
     };
+    let recipe = written_recipe(choice);
     use std::io::Write as _;
     let write = || -> std::io::Result<()> {
         let mut f = memwall_format::atomic::AtomicFile::create(path)?;
@@ -697,31 +810,166 @@ fn write_recipe(row: &Row, path: &Path) -> Result<()> {
 }
 
 struct Commands {
+    /// What makes the file when it does not exist yet (convert, quantize).
+    make: Vec<String>,
     memwall: String,
     llama: String,
+    /// Something to know about `make` (requantizing, a placeholder name).
+    note: Option<String>,
+}
+
+/// A path as a shell word (quoted when it has spaces or shell characters).
+fn word(path: &Path) -> String {
+    crate::render::shell_word(&path.display().to_string())
+}
+
+/// `memwall quantize IN OUT TYPE` (or `--recipe R`) for a choice.
+fn quantize_line(
+    input: &Path,
+    out: &Path,
+    choice: &Choice,
+    requantize: bool,
+    types: &[String],
+) -> String {
+    let what = match &choice.recipe {
+        Some(r) => format!(
+            "--recipe {}",
+            crate::render::shell_word(&recipe_arg(r, types))
+        ),
+        None => choice.ftype.name.to_owned(),
+    };
+    let flag = if requantize {
+        " --allow-requantize"
+    } else {
+        ""
+    };
+    format!(
+        "memwall quantize {} {} {what}{flag}",
+        word(input),
+        word(out)
+    )
+}
+
+/// How `--recipe` names a recipe: a built-in's name, else the file of
+/// `--types` it came from.
+fn recipe_arg(recipe: &Recipe, types: &[String]) -> String {
+    if Recipe::preset(&recipe.name).is_some() {
+        return recipe.name.clone();
+    }
+    types
+        .iter()
+        .find(|t| {
+            std::fs::read_to_string(t)
+                .ok()
+                .and_then(|text| Recipe::parse(&text).ok())
+                .is_some_and(|r| r.name == recipe.name)
+        })
+        .cloned()
+        .unwrap_or_else(|| format!("{}.toml", recipe.name))
+}
+
+/// The file a row's commands run, and the commands that make it when it is
+/// not there yet: for a GGUF, `memwall quantize` next to it (the name the short
+/// form gives); for a checkpoint, `memwall convert` and then `quantize` in the
+/// current folder (convert's and quantize's own default names).
+fn file_and_make(
+    subject: &Subject,
+    row: &Row,
+    types: &[String],
+) -> (PathBuf, Vec<String>, Option<String>) {
+    let Some(choice) = &row.choice else {
+        return match &subject.source {
+            Source::Gguf { path, .. } => (path.clone(), Vec::new(), None),
+            _ => (PathBuf::from("MODEL.gguf"), Vec::new(), None),
+        };
+    };
+    let float = choice.recipe.is_none() && matches!(choice.ftype.name, "F16" | "BF16" | "F32");
+    let label = choice.label.trim_end_matches(" (≈)");
+    match &subject.source {
+        Source::Gguf {
+            path,
+            ftype,
+            quantized,
+        } => {
+            if choice.recipe.is_none() && ftype.is_some_and(|f| f.id == choice.ftype.id) {
+                return (path.clone(), Vec::new(), None);
+            }
+            let out = super::quantize::default_output(path, label);
+            let note = quantized.then(|| {
+                format!(
+                    "{} is already quantized: quantizing it again loses quality; better, \
+                     quantize the F16 model",
+                    path.display()
+                )
+            });
+            let make = vec![quantize_line(path, &out, choice, *quantized, types)];
+            (out, make, note)
+        }
+        Source::Checkpoint {
+            dir,
+            spec,
+            unknown_pre,
+        } => {
+            let name = stem(dir);
+            let note = unknown_pre.then(|| {
+                "llama.cpp does not recognise this checkpoint's tokenizer: convert asks for \
+                 --pre NAME (e.g. gpt-2, llama-bpe, qwen2)"
+                    .to_owned()
+            });
+            let outtype = if float {
+                choice.ftype.name.to_ascii_lowercase()
+            } else {
+                "f16".to_owned()
+            };
+            let converted = PathBuf::from(format!("{name}-{outtype}.gguf"));
+            let mut make = Vec::new();
+            make.push(if outtype == "f16" {
+                format!("memwall convert {}", crate::render::shell_word(spec))
+            } else {
+                format!(
+                    "memwall convert {} --outtype {outtype}",
+                    crate::render::shell_word(spec)
+                )
+            });
+            if float {
+                return (converted, make, note);
+            }
+            let out = super::quantize::default_output(&converted, label);
+            make.push(quantize_line(&converted, &out, choice, false, types));
+            (out, make, note)
+        }
+        Source::Numbers => (
+            PathBuf::from(format!("MODEL-{label}.gguf")),
+            Vec::new(),
+            Some(format!(
+                "MODEL-{label}.gguf stands for your model: make it with memwall convert and \
+                 memwall quantize"
+            )),
+        ),
+    }
 }
 
 fn commands(subject: &Subject, row: &Row, device: &Device, args: &Args, kv: KvType) -> Commands {
-    let file = match (&subject.source, &row.choice) {
-        (Source::Gguf { path, .. }, None) => path.display().to_string(),
-        // Float types as the converter names them (model-f16.gguf).
-        (_, Some(c)) if matches!(c.ftype.name, "F16" | "BF16" | "F32") && c.recipe.is_none() => {
-            format!(
-                "{}-{}.gguf",
-                subject_stem(subject),
-                c.ftype.name.to_ascii_lowercase()
-            )
-        }
-        (_, Some(c)) => format!(
-            "{}-{}.gguf",
-            subject_stem(subject),
-            c.label.trim_end_matches(" (≈)")
-        ),
-        _ => "MODEL.gguf".into(),
-    };
+    commands_for(subject, row, &args.types, device, args, kv)
+}
+
+/// [`commands`] with the recipe files `--recipe` may name (`types`).
+fn commands_for(
+    subject: &Subject,
+    row: &Row,
+    types: &[String],
+    device: &Device,
+    args: &Args,
+    kv: KvType,
+) -> Commands {
+    let (file, make, note) = file_and_make(subject, row, types);
+    // Only what is missing: a file that exists needs no making.
+    let make = if file.exists() { Vec::new() } else { make };
+    let file = word(&file);
     let t = device.threads;
-    let (c, b) = (args.ctx, args.batch);
-    let mut memwall = format!("memwall run -m {file} -c {c} -t {t} -b {b}");
+    let (c, b) = (args.ctx(), args.batch());
+    // --chat: like llama-cli, a conversation when no prompt is given.
+    let mut memwall = format!("memwall run -m {file} --chat -c {c} -t {t} -b {b}");
     let mut llama = format!("llama-cli -m {file} -c {c} -t {t} -b {b}");
     if kv == KvType::Q8_0 {
         llama.push_str(" -ctk q8_0 -ctv q8_0 -fa on");
@@ -738,26 +986,11 @@ fn commands(subject: &Subject, row: &Row, device: &Device, args: &Args, kv: KvTy
             // llama.cpp maps the file and lets the page cache stream it.
         }
     }
-    Commands { memwall, llama }
-}
-
-fn subject_stem(subject: &Subject) -> String {
-    match &subject.source {
-        Source::Gguf { path, .. } => {
-            let s = stem(path);
-            // model-F16 → model
-            match s.rsplit_once('-') {
-                Some((head, tail))
-                    if tail.chars().any(|c| c.is_ascii_digit())
-                        || tail.eq_ignore_ascii_case("f16") =>
-                {
-                    head.to_owned()
-                }
-                _ => s,
-            }
-        }
-        Source::Checkpoint(dir) => stem(dir),
-        Source::Numbers => "model".into(),
+    Commands {
+        make,
+        memwall,
+        llama,
+        note,
     }
 }
 
@@ -800,9 +1033,9 @@ fn print_plan(
     }
     println!(
         "KV cache at -c {} ({}): {}  [layers × KV heads × head size × context × 2 × bytes]",
-        args.ctx,
+        args.ctx(),
         kv.name(),
-        human_bytes(s.kv_bytes_per_token(kv) * args.ctx)
+        human_bytes(s.kv_bytes_per_token(kv) * args.ctx())
     );
     println!(
         "Device: {} — {}: {} RAM, {} usable, {:.1} GB/s RAM (× {:.2}), {:.1} GB/s flash, {} threads",
@@ -847,7 +1080,7 @@ fn print_plan(
     }
     println!(
         "memwall = weights + KV + buffers (memwall run --no-mmap); decode speed at {} cached tokens.",
-        args.ctx / 2
+        args.ctx() / 2
     );
     if let Some(i) = budget_pick {
         println!(
@@ -858,8 +1091,7 @@ fn print_plan(
         );
         if let Some(p) = &args.write_recipe {
             println!(
-                "Recipe written to {} (memwall quantize MODEL-F16.gguf OUT.gguf --recipe {})",
-                p.display(),
+                "Recipe written to {} (the commands below make the file with it)",
                 p.display()
             );
         }
@@ -867,10 +1099,32 @@ fn print_plan(
     match recommended {
         Some(i) => {
             let r = &rows[i];
-            let c = commands(subject, r, device, args, kv);
+            let c = match (&args.write_recipe, &r.choice) {
+                // The recommendation is the budget's pick: make it with the recipe written.
+                (Some(p), Some(choice)) if budget_pick == Some(i) => {
+                    let written = Row {
+                        choice: Some(Choice::recipe(written_recipe(choice))),
+                        ..r.clone()
+                    };
+                    commands_for(
+                        subject,
+                        &written,
+                        &[p.display().to_string()],
+                        device,
+                        args,
+                        kv,
+                    )
+                }
+                _ => commands(subject, r, device, args, kv),
+            };
+            let label = if r.as_is {
+                format!("{} as it is", subject_file_name(subject))
+            } else {
+                r.label.clone()
+            };
             println!(
                 "Recommended: {} — {} in memory, ~{:.1} tokens/s on {}{}",
-                r.label,
+                label,
                 human_bytes(r.memwall.total()),
                 r.speed.tokens_per_s,
                 device.name,
@@ -880,8 +1134,14 @@ fn print_plan(
                     ""
                 }
             );
+            for line in &c.make {
+                println!("  {line}");
+            }
             println!("  {}", c.memwall);
             println!("  {}", c.llama);
+            if let Some(note) = &c.note {
+                println!("  ({note})");
+            }
             if kv == KvType::Q8_0 {
                 println!(
                     "  (memwall's runtime keeps its KV cache in f16: plan with --kv-type f16 for it)"
@@ -939,7 +1199,7 @@ fn to_json(
                     "flash_bytes_per_token": r.speed.flash_bytes_per_token,
                 },
                 "recommended": Some(i) == recommended,
-                "commands": {"memwall": c.memwall, "llama_cli": c.llama},
+                "commands": {"make": c.make, "memwall": c.memwall, "llama_cli": c.llama},
             })
         })
         .collect();
@@ -948,7 +1208,7 @@ fn to_json(
             "name": subject.name,
             "source": match &subject.source {
                 Source::Gguf { path, .. } => json!({"gguf": path}),
-                Source::Checkpoint(d) => json!({"checkpoint": d}),
+                Source::Checkpoint { dir, .. } => json!({"checkpoint": dir}),
                 Source::Numbers => json!("numbers"),
             },
             "architecture": s.arch,
@@ -968,10 +1228,10 @@ fn to_json(
                 "int4": subject.params / 2,
             },
         },
-        "ctx": args.ctx,
+        "ctx": args.ctx(),
         "kv_type": kv.name(),
-        "kv_bytes": s.kv_bytes_per_token(kv) * args.ctx,
-        "batch": args.batch,
+        "kv_bytes": s.kv_bytes_per_token(kv) * args.ctx(),
+        "batch": args.batch(),
         "device": device_json(device),
         "rows": rows_json,
         "recommended": recommended.map(|i| rows[i].label.clone()),

@@ -1,0 +1,154 @@
+//! The names users give for what to write: llama.cpp's file types
+//! (`Q4_K_M`, or llama-quantize's number, `15`) and tensor types (`q8_0`),
+//! which of them memwall can write, and the messages for names it does not
+//! know or cannot write yet ("did you mean …?", the valid list).
+
+use memwall_format::GgmlType;
+use memwall_format::ggml_type::{FILE_TYPES, FileTypeInfo, file_type, file_type_by_name};
+use memwall_format::suggest::did_you_mean;
+
+use crate::ENCODABLE;
+
+/// Whether memwall can write a file of this type: its base type has an
+/// encoder (the mixes of such file types only choose types that have one).
+pub fn can_write(ftype: &FileTypeInfo) -> bool {
+    ftype.base.is_some_and(|t| ENCODABLE.contains(&t))
+}
+
+/// The file types memwall writes, in llama-quantize's order of ids.
+pub fn writable_file_types() -> impl Iterator<Item = &'static FileTypeInfo> {
+    FILE_TYPES.iter().filter(|f| can_write(f))
+}
+
+/// The file types `--dry-run` plans that memwall cannot write yet.
+pub fn planned_file_types() -> impl Iterator<Item = &'static FileTypeInfo> {
+    FILE_TYPES
+        .iter()
+        .filter(|f| f.base.is_some() && !can_write(f))
+}
+
+fn names(types: impl Iterator<Item = &'static FileTypeInfo>) -> String {
+    types.map(|f| f.name).collect::<Vec<_>>().join(", ")
+}
+
+/// "Valid types: …; planned (--dry-run only): …", for messages.
+pub fn file_type_list() -> String {
+    format!(
+        "memwall writes {}; planned, --dry-run only: {}",
+        names(writable_file_types()),
+        names(planned_file_types())
+    )
+}
+
+/// A file type by llama-quantize's name (any case) or number.
+pub fn parse_file_type(name: &str) -> Option<&'static FileTypeInfo> {
+    file_type_by_name(name).or_else(|| {
+        name.parse::<u32>()
+            .ok()
+            .and_then(file_type)
+            .filter(|f| f.base.is_some())
+    })
+}
+
+/// The message for a name that is no file type: the nearest name, then the list.
+pub fn unknown_file_type(name: &str) -> String {
+    let candidates = FILE_TYPES
+        .iter()
+        .filter(|f| f.base.is_some())
+        .map(|f| f.name);
+    format!(
+        "unknown quantization type '{name}'{}. {}",
+        did_you_mean(name, candidates),
+        file_type_list()
+    )
+}
+
+/// Refuses a file type memwall cannot write, before any work.
+pub fn check_writable(ftype: &FileTypeInfo) -> Result<(), String> {
+    if can_write(ftype) {
+        return Ok(());
+    }
+    Err(format!(
+        "memwall cannot write {} yet (its {} blocks have no encoder); it can plan it with \
+         --dry-run. {}",
+        ftype.name,
+        ftype.base.map_or("?", GgmlType::name),
+        file_type_list()
+    ))
+}
+
+/// A tensor type (`q8_0`, `F16`; any case) that memwall can encode, or why not.
+pub fn parse_tensor_type(name: &str) -> Result<GgmlType, String> {
+    let encodable = || {
+        ENCODABLE
+            .iter()
+            .map(|t| t.name().to_ascii_uppercase())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match GgmlType::all().find(|t| t.name().eq_ignore_ascii_case(name)) {
+        Some(t) if ENCODABLE.contains(&t) => Ok(t),
+        Some(t) => Err(format!(
+            "memwall cannot encode {} yet; it encodes {}",
+            t.name().to_ascii_uppercase(),
+            encodable()
+        )),
+        None => {
+            let upper: Vec<String> = GgmlType::all()
+                .map(|t| t.name().to_ascii_uppercase())
+                .collect();
+            Err(format!(
+                "unknown tensor type '{name}'{}; memwall encodes {}",
+                did_you_mean(name, upper.iter().map(String::as_str)),
+                encodable()
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_valid_list_names_only_what_can_be_written() {
+        let writable: Vec<&str> = writable_file_types().map(|f| f.name).collect();
+        for name in [
+            "Q4_0", "Q8_0", "Q2_K", "Q2_K_S", "Q4_K_M", "IQ4_XS", "F16", "BF16",
+        ] {
+            assert!(writable.contains(&name), "{name}");
+        }
+        for name in ["IQ2_XS", "IQ1_S", "TQ1_0", "MXFP4_MOE"] {
+            assert!(!writable.contains(&name), "{name}");
+            assert!(planned_file_types().any(|f| f.name == name), "{name}");
+        }
+        let list = file_type_list();
+        let (writes, planned) = list.split_once("planned").unwrap();
+        assert!(
+            writes.contains("Q4_K_M") && !writes.contains("IQ2_XS"),
+            "{list}"
+        );
+        assert!(planned.contains("IQ2_XS"), "{list}");
+    }
+
+    #[test]
+    fn names_and_numbers_parse_as_llama_quantize_reads_them() {
+        assert_eq!(parse_file_type("q4_k_m").unwrap().name, "Q4_K_M");
+        assert_eq!(parse_file_type("15").unwrap().name, "Q4_K_M");
+        assert!(parse_file_type("Q4KM").is_none());
+        assert!(parse_file_type("4").is_none(), "a removed file type");
+    }
+
+    #[test]
+    fn unknown_names_get_the_nearest_one() {
+        let m = unknown_file_type("Q4KM");
+        assert!(m.contains("(did you mean Q4_K_M?)"), "{m}");
+        assert!(!unknown_file_type("out.gguf").contains("did you mean"));
+        let e = parse_tensor_type("q80").unwrap_err();
+        assert!(e.contains("did you mean Q8_0?"), "{e}");
+        let e = parse_tensor_type("iq2_xs").unwrap_err();
+        assert!(e.contains("cannot encode IQ2_XS yet"), "{e}");
+        assert!(check_writable(parse_file_type("IQ2_XS").unwrap()).is_err());
+        assert!(check_writable(parse_file_type("Q4_K_M").unwrap()).is_ok());
+    }
+}
