@@ -22,8 +22,6 @@ use std::process::{Command, Output, Stdio};
 use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
-use memwall_format::gguf::GgufModel;
-use memwall_format::model_info::HyperParams;
 use memwall_format::progress::{Progress, Unit};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -84,29 +82,6 @@ pub struct Args {
     pub chunk_mib: u64,
 }
 
-/// RAM the model needs on the phone at context `ctx`: what `memwall plan`
-/// predicts `memwall run --no-mmap` holds (file, f16 KV cache, buffers, process).
-fn ram_needed(model: &GgufModel, ctx: u64) -> u64 {
-    // The planner's model of `memwall run --no-mmap -c CTX` (docs/PLAN.md); a
-    // file it cannot describe gets file + f16 KV cache + 64 MiB.
-    if let Ok(f) = super::plan::memwall_footprint(model, ctx, 512) {
-        return f.total();
-    }
-    let kv = HyperParams::try_from(model.metadata()).map_or(0, |hp| {
-        let k = hp.head_dim();
-        let v = hp.value_length.unwrap_or(k);
-        hp.block_count
-            .saturating_mul(hp.head_count_kv)
-            .saturating_mul(k.saturating_add(v))
-            .saturating_mul(ctx)
-            .saturating_mul(2)
-    });
-    model
-        .total_file_size()
-        .saturating_add(kv)
-        .saturating_add(64 * MIB)
-}
-
 /// Runs the command.
 pub fn run(args: Args) -> Result<()> {
     let started = Instant::now();
@@ -144,7 +119,7 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     let data = model.files()[0].bytes();
-    let ram_need = ram_needed(&model, ctx);
+    let ram_need = memwall_quantize::fit::plan::ram_needed(&model, ctx);
 
     let runtime = match &args.with_runtime {
         None => None,
@@ -996,7 +971,7 @@ impl TempChunk {
     /// those of pushes that were killed (64 MiB each).
     fn new() -> TempChunk {
         let dir = std::env::temp_dir();
-        super::remove_stale_scratch(&dir, "memwall-push-", ".chunk");
+        memwall_format::cleanup::remove_stale(&dir, "memwall-push-", ".chunk");
         let path = dir.join(format!("memwall-push-{}.chunk", std::process::id()));
         let listed = memwall_format::cleanup::register_file(&path);
         TempChunk(path, listed)

@@ -5,6 +5,7 @@
 
 use memwall_format::GgmlType;
 use memwall_format::gguf::GgufModel;
+use memwall_format::model_info::HyperParams;
 
 use super::{
     Choice, Device, Footprint, KvType, Load, Runtime, Shape, Speed, TensorShape, Token, Weights,
@@ -27,8 +28,17 @@ pub struct Subject {
     pub active_params: u64,
     /// GGUF header bytes (metadata and vocabulary), estimated without a file.
     pub header_bytes: u64,
-    /// For a GGUF file: the label of its row "as is".
-    pub as_stored: Option<String>,
+    /// For a GGUF file: the file as it is.
+    pub as_stored: Option<AsStored>,
+}
+
+/// A GGUF file planned as it is.
+#[derive(Clone, Debug)]
+pub struct AsStored {
+    /// The label of its row.
+    pub label: String,
+    /// Whether any tensor is quantized (quantizing it again loses quality).
+    pub quantized: bool,
 }
 
 /// Where a choice's weights live on the device.
@@ -76,6 +86,8 @@ pub struct Row {
     pub speed: Speed,
     /// The choice behind the row (none for "as is" and the nominal rows).
     pub choice: Option<Choice>,
+    /// The GGUF file as it is (no choice to make: it exists).
+    pub as_is: bool,
 }
 
 /// The context, batch and cache type the plan is for.
@@ -106,7 +118,8 @@ pub fn rows(
                         weight_bytes: u64,
                         bits: f64,
                         token: Token,
-                        choice: Option<Choice>| {
+                        choice: Option<Choice>,
+                        as_is: bool| {
         let file_bytes = weight_bytes + subject.header_bytes;
         let load = Load {
             file_bytes,
@@ -156,22 +169,24 @@ pub fn rows(
             fits,
             speed,
             choice,
+            as_is,
         });
     };
     let kv_tokens = run.ctx / 2;
     let attention =
         2 * u64::from(shape.n_layer) * u64::from(shape.n_head) * shape.head_dim * kv_tokens;
     let kv_bytes = shape.kv_bytes_per_token(run.kv) * kv_tokens;
-    if let Some(label) = &subject.as_stored {
+    if let Some(stored) = &subject.as_stored {
         let w = Weights::as_stored(&subject.tensors)?;
         let token = token_of(&w, shape, kv_bytes, attention);
         push_row(
-            label.clone(),
+            stored.label.clone(),
             true,
             w.bytes(),
             w.bits_per_weight(),
             token,
             None,
+            true,
         );
     }
     if subject.tensors.is_empty() {
@@ -195,7 +210,7 @@ pub fn rows(
             ("INT4 (nominal)", 4.0, GgmlType::Q4_K),
         ] {
             let (bytes, token) = nominal(bits, ty);
-            push_row(label.into(), false, bytes, bits, token, None);
+            push_row(label.into(), false, bytes, bits, token, None, false);
         }
         // One row per distinct base type: a mix's own rules need tensor names.
         let mut seen = Vec::new();
@@ -214,6 +229,7 @@ pub fn rows(
                 bits,
                 token,
                 Some(c.clone()),
+                false,
             );
         }
     } else {
@@ -229,6 +245,7 @@ pub fn rows(
                 w.bits_per_weight(),
                 token,
                 Some(c.clone()),
+                false,
             );
         }
     }
@@ -256,25 +273,40 @@ fn token_of(w: &Weights, shape: &Shape, kv_bytes: u64, attention: u64) -> Token 
     }
 }
 
-/// The largest (best quality) choice that fits `budget` bytes with memwall
-/// holding everything in RAM.
-pub fn pick_for_budget(rows: &[Row], budget: u64) -> Option<usize> {
+/// Which rows may be picked: the choices, and the file as it is. A file that
+/// is already quantized is not made bigger (quality lost is not regained):
+/// only choices smaller than it compete with it.
+pub fn eligible(subject: &Subject, rows: &[Row]) -> Vec<bool> {
+    let quantized = subject.as_stored.as_ref().is_some_and(|s| s.quantized);
+    let as_is = rows.iter().find(|r| r.as_is).map(|r| r.weight_bytes);
+    rows.iter()
+        .map(|r| match (r.as_is, quantized, as_is) {
+            (true, _, _) => true,
+            (false, true, Some(bytes)) => r.choice.is_some() && r.weight_bytes < bytes,
+            (false, _, _) => r.choice.is_some(),
+        })
+        .collect()
+}
+
+/// The largest (best quality) eligible choice (`ok`, from [`eligible`]) that
+/// fits `budget` bytes with memwall holding everything in RAM.
+pub fn pick_for_budget(rows: &[Row], ok: &[bool], budget: u64) -> Option<usize> {
     rows.iter()
         .enumerate()
-        .filter(|(_, r)| r.choice.is_some() && r.memwall.total() <= budget)
+        .filter(|&(i, r)| ok[i] && r.choice.is_some() && r.memwall.total() <= budget)
         .max_by_key(|(_, r)| r.weight_bytes)
         .map(|(i, _)| i)
 }
 
-/// The best choice that fits in RAM with 10 % of `usable` to spare; else the
-/// best that fits at all; else the smallest that streams (it reads the least
-/// from flash).
-pub fn recommend(rows: &[Row], usable: u64) -> Option<usize> {
-    let best = |ok: &dyn Fn(&Row) -> bool| {
+/// The best eligible row that fits in RAM with 10 % of `usable` to spare;
+/// else the best that fits at all; else the smallest that streams (it reads
+/// the least from flash). The file as it is wins a tie (nothing to make).
+pub fn recommend(rows: &[Row], ok: &[bool], usable: u64) -> Option<usize> {
+    let best = |fits: &dyn Fn(&Row) -> bool| {
         rows.iter()
             .enumerate()
-            .filter(|(_, r)| r.choice.is_some() && ok(r))
-            .max_by_key(|(_, r)| r.weight_bytes)
+            .filter(|&(i, r)| ok[i] && fits(r))
+            .max_by_key(|(_, r)| (r.weight_bytes, r.as_is))
             .map(|(i, _)| i)
     };
     best(&|r| r.fits == Fit::Ram && r.memwall.total() as f64 <= 0.9 * usable as f64)
@@ -282,8 +314,8 @@ pub fn recommend(rows: &[Row], usable: u64) -> Option<usize> {
         .or_else(|| {
             rows.iter()
                 .enumerate()
-                .filter(|(_, r)| r.choice.is_some() && r.fits == Fit::Streaming)
-                .min_by_key(|(_, r)| r.weight_bytes)
+                .filter(|&(i, r)| ok[i] && r.fits == Fit::Streaming)
+                .min_by_key(|(_, r)| (r.weight_bytes, !r.as_is))
                 .map(|(i, _)| i)
         })
 }
@@ -305,6 +337,29 @@ pub fn memwall_footprint(model: &GgufModel, ctx: u64, batch: u64) -> Result<Foot
         kv: KvType::F16,
     };
     Ok(footprint(Runtime::Memwall, &shape, &load))
+}
+
+/// RAM `memwall run --no-mmap -c CTX` needs for `model` (`memwall push`
+/// checks a phone against it): [`memwall_footprint`] at the default batch; for
+/// a file the planner cannot describe, the file, an f16 KV cache sized from its
+/// hyperparameters and 64 MiB.
+pub fn ram_needed(model: &GgufModel, ctx: u64) -> u64 {
+    if let Ok(f) = memwall_footprint(model, ctx, 512) {
+        return f.total();
+    }
+    let kv = HyperParams::try_from(model.metadata()).map_or(0, |hp| {
+        let k = hp.head_dim();
+        let v = hp.value_length.unwrap_or(k);
+        hp.block_count
+            .saturating_mul(hp.head_count_kv)
+            .saturating_mul(k.saturating_add(v))
+            .saturating_mul(ctx)
+            .saturating_mul(2)
+    });
+    model
+        .total_file_size()
+        .saturating_add(kv)
+        .saturating_add(64 << 20)
 }
 
 #[cfg(test)]
@@ -345,20 +400,22 @@ mod tests {
             .into_iter()
             .map(|n| Choice::by_name(n).unwrap())
             .collect();
-        let rows = rows(&subject(), &choices, &device(16), run()).unwrap();
+        let s = subject();
+        let rows = rows(&s, &choices, &device(16), run()).unwrap();
+        let ok = eligible(&s, &rows);
         assert_eq!(rows.len(), 3);
         assert!(rows.iter().all(|r| r.fits == Fit::Ram));
         // Everything fits a 16 GiB device: the largest, F16.
-        let best = recommend(&rows, 16 << 30).unwrap();
+        let best = recommend(&rows, &ok, 16 << 30).unwrap();
         assert_eq!(rows[best].label, "F16");
         // A budget between the Q8_0 and F16 footprints takes Q8_0.
         let [q4, q8, f16] = [0, 1, 2].map(|i| rows[i].memwall.total());
         assert!(q4 < q8 && q8 < f16);
-        assert_eq!(pick_for_budget(&rows, (q8 + f16) / 2), Some(1));
-        assert_eq!(pick_for_budget(&rows, q4 - 1), None);
+        assert_eq!(pick_for_budget(&rows, &ok, (q8 + f16) / 2), Some(1));
+        assert_eq!(pick_for_budget(&rows, &ok, q4 - 1), None);
         // Only Q4_K_M fits with 10 % to spare in a usable size just above it.
         let usable = (q4 as f64 / 0.9) as u64 + 1;
-        assert_eq!(recommend(&rows, usable), Some(0));
+        assert_eq!(recommend(&rows, &ok, usable), Some(0));
     }
 
     #[test]
@@ -371,7 +428,41 @@ mod tests {
         s.shape = Shape::dense("llama", 64, 5120, 27648, 40, 8, 128, 152064, false);
         s.tensors = s.shape.tensors();
         let rows = rows(&s, &choices, &device(8), run()).unwrap();
+        let ok = eligible(&s, &rows);
         assert!(rows.iter().all(|r| r.fits == Fit::Streaming), "{rows:?}");
-        assert_eq!(recommend(&rows, 8 << 30), Some(0));
+        assert_eq!(recommend(&rows, &ok, 8 << 30), Some(0));
+    }
+
+    #[test]
+    fn a_quantized_file_is_recommended_as_it_is_and_never_made_bigger() {
+        let choices: Vec<Choice> = ["Q4_K_M", "Q8_0"]
+            .into_iter()
+            .map(|n| Choice::by_name(n).unwrap())
+            .collect();
+        let mut s = subject();
+        let q4 = Choice::by_name("Q4_K_M").unwrap();
+        let facts = s.shape.facts();
+        let w = q4.weights(&facts, &s.tensors).unwrap();
+        // The file as stored: the Q4_K_M tensors.
+        s.tensors = s
+            .tensors
+            .iter()
+            .zip(&w.parts)
+            .map(|(t, p)| TensorShape {
+                ty: p.ty,
+                ..t.clone()
+            })
+            .collect();
+        s.as_stored = Some(AsStored {
+            label: "as is (smol-Q4_K_M)".into(),
+            quantized: true,
+        });
+        let rows = rows(&s, &choices, &device(16), run()).unwrap();
+        let ok = eligible(&s, &rows);
+        assert!(rows[0].as_is);
+        // Q8_0 (bigger than the file) is not eligible; Q4_K_M of the same
+        // size loses the tie to the file itself.
+        assert_eq!(ok, [true, false, false]);
+        assert_eq!(recommend(&rows, &ok, 16 << 30), Some(0));
     }
 }

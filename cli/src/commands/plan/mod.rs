@@ -10,10 +10,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use memwall_format::GgmlType;
 use memwall_format::ggml_type::{FileTypeInfo, file_type};
-use memwall_format::gguf::{GgufModel, keys};
-use memwall_quantize::fit::{
-    self, Choice, Device, Footprint, KvType, Load, Runtime, Shape, Speed, Token, Weights,
-};
+use memwall_format::gguf::keys;
+use memwall_quantize::fit::plan::{self, AsStored, Fit, Row, Run};
+use memwall_quantize::fit::{self, Choice, Device, Footprint, KvType, Shape, Speed};
 use memwall_quantize::recipe::Recipe;
 use serde_json::json;
 
@@ -148,57 +147,10 @@ enum Source {
     Numbers,
 }
 
-/// The model, as the planner sees it.
+/// The model as the planner sees it, and where it came from.
 struct Subject {
-    name: String,
-    shape: Shape,
-    /// Tensor list (GGUF's, or built from config.json); empty for bare numbers.
-    tensors: Vec<fit::TensorShape>,
-    /// Total and per-token parameters for bare numbers.
-    params: u64,
-    active_params: u64,
-    /// GGUF header bytes (metadata and vocabulary), estimated when there is no file.
-    header_bytes: u64,
+    model: plan::Subject,
     source: Source,
-}
-
-/// One planned choice.
-#[derive(Clone)]
-struct Row {
-    label: String,
-    /// Exact (from tensor shapes) or the seed's arithmetic.
-    exact: bool,
-    bits_per_weight: f64,
-    weight_bytes: u64,
-    file_bytes: u64,
-    memwall: Footprint,
-    llama: Footprint,
-    fits: Fit,
-    speed: Speed,
-    /// The choice behind the row, for --write-recipe.
-    choice: Option<Choice>,
-    /// The GGUF file as it is (no choice to make: it exists).
-    as_is: bool,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Fit {
-    /// Everything in RAM.
-    Ram,
-    /// Weights partly streamed from flash (`--resident`).
-    Streaming,
-    /// Not even the KV cache and buffers fit.
-    No,
-}
-
-impl Fit {
-    fn name(self) -> &'static str {
-        match self {
-            Fit::Ram => "RAM",
-            Fit::Streaming => "streaming",
-            Fit::No => "no",
-        }
-    }
 }
 
 /// Runs `memwall plan`.
@@ -224,26 +176,33 @@ pub fn run(args: Args) -> Result<()> {
         .with_context(|| format!("--kv-type {}: expected f16, q8_0 or f32", args.kv_type))?;
     let subject = subject(&args)?;
     let choices = choices(&args.types)?;
-    let rows = plan_rows(&subject, &choices, &device, &args, kv)?;
-    let ok = eligible(&subject, &rows);
+    let run = Run {
+        ctx: args.ctx(),
+        batch: args.batch(),
+        kv,
+    };
+    let rows = plan::rows(&subject.model, &choices, &device, run).map_err(anyhow::Error::msg)?;
+    let ok = plan::eligible(&subject.model, &rows);
     let budget_pick = match args.budget {
-        Some(mib) => Some(pick_for_budget(&rows, &ok, mib << 20).with_context(|| {
-            format!(
-                "nothing fits in {mib} MiB at -c {}: the smallest choice needs {}; lower -c or \
+        Some(mib) => Some(
+            plan::pick_for_budget(&rows, &ok, mib << 20).with_context(|| {
+                format!(
+                    "nothing fits in {mib} MiB at -c {}: the smallest choice needs {}; lower -c or \
                  raise --budget",
-                args.ctx(),
-                rows.iter()
-                    .map(|r| r.memwall.total())
-                    .min()
-                    .map_or("?".into(), human_bytes)
-            )
-        })?),
+                    args.ctx(),
+                    rows.iter()
+                        .map(|r| r.memwall.total())
+                        .min()
+                        .map_or("?".into(), human_bytes)
+                )
+            })?,
+        ),
         None => None,
     };
     if let (Some(i), Some(path)) = (budget_pick, &args.write_recipe) {
         write_recipe(&rows[i], path)?;
     }
-    let recommended = budget_pick.or_else(|| recommend(&rows, &ok, device.usable_bytes()));
+    let recommended = budget_pick.or_else(|| plan::recommend(&rows, &ok, device.usable_bytes()));
     if args.json {
         let value = to_json(
             &subject,
@@ -330,25 +289,6 @@ fn rates_json(rates: &[(GgmlType, f64)]) -> serde_json::Value {
         .into()
 }
 
-/// Bytes of the GGUF header(s): metadata and tensor infos of every file.
-fn header_bytes(model: &GgufModel) -> u64 {
-    model.files().iter().map(|f| f.header().data_offset).sum()
-}
-
-/// What `memwall run --no-mmap -c CTX -b BATCH` holds in memory for `model`
-/// (the planner's model of the runtime; `memwall push` checks phones against it).
-pub fn memwall_footprint(model: &GgufModel, ctx: u64, batch: u64) -> Result<Footprint, String> {
-    let shape = Shape::from_gguf(model)?;
-    let load = Load {
-        file_bytes: model.total_file_size(),
-        header_bytes: header_bytes(model),
-        ctx,
-        batch,
-        kv: KvType::F16,
-    };
-    Ok(fit::footprint(Runtime::Memwall, &shape, &load))
-}
-
 /// Reads the model from whatever the user named.
 fn subject(args: &Args) -> Result<Subject> {
     let Some(spec) = args.model_spec() else {
@@ -369,7 +309,7 @@ fn subject(args: &Args) -> Result<Subject> {
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("{}: cannot plan this model", path.display()))?;
         let tensors = fit::gguf_tensors(&model);
-        let header_bytes = header_bytes(&model);
+        let header_bytes = plan::header_bytes(&model);
         let name = model
             .metadata()
             .get_str("general.name")
@@ -379,12 +319,18 @@ fn subject(args: &Args) -> Result<Subject> {
             .unwrap_or_else(|| stem(path));
         let params = tensors.iter().map(fit::TensorShape::elements).sum();
         return Ok(Subject {
-            name,
-            shape,
-            tensors,
-            params,
-            active_params: params,
-            header_bytes,
+            model: plan::Subject {
+                name,
+                shape,
+                tensors,
+                params,
+                active_params: params,
+                header_bytes,
+                as_stored: Some(AsStored {
+                    label: format!("as is ({})", stem(path)),
+                    quantized,
+                }),
+            },
             source: Source::Gguf {
                 path: path.to_owned(),
                 ftype,
@@ -420,12 +366,15 @@ fn subject(args: &Args) -> Result<Subject> {
     let tensors = shape.tensors();
     let params = tensors.iter().map(fit::TensorShape::elements).sum();
     Ok(Subject {
-        name: stem(&dir),
-        header_bytes: estimated_header(shape.n_vocab),
-        shape,
-        tensors,
-        params,
-        active_params: params,
+        model: plan::Subject {
+            name: stem(&dir),
+            header_bytes: estimated_header(shape.n_vocab),
+            shape,
+            tensors,
+            params,
+            active_params: params,
+            as_stored: None,
+        },
         source: Source::Checkpoint {
             unknown_pre: dir.join("tokenizer.json").is_file()
                 && !dir.join("tokenizer.model").is_file()
@@ -495,12 +444,15 @@ fn numbers_subject(args: &Args) -> Result<Subject> {
     };
     shape.check().map_err(anyhow::Error::msg)?;
     Ok(Subject {
-        name: "bare numbers".into(),
-        shape,
-        tensors: Vec::new(),
-        params,
-        active_params: active,
-        header_bytes: estimated_header(vocab),
+        model: plan::Subject {
+            name: "bare numbers".into(),
+            shape,
+            tensors: Vec::new(),
+            params,
+            active_params: active,
+            header_bytes: estimated_header(vocab),
+            as_stored: None,
+        },
         source: Source::Numbers,
     })
 }
@@ -547,225 +499,6 @@ fn choices(types: &[String]) -> Result<Vec<Choice>> {
         .collect()
 }
 
-/// Bits per weight of a file type's base type: the seed's arithmetic for bare numbers.
-fn nominal_bits(choice: &Choice) -> f64 {
-    choice
-        .ftype
-        .base
-        .map_or(16.0, |t| (t.type_size() * 8) as f64 / t.block_size() as f64)
-}
-
-fn plan_rows(
-    subject: &Subject,
-    choices: &[Choice],
-    device: &Device,
-    args: &Args,
-    kv: KvType,
-) -> Result<Vec<Row>> {
-    let shape = &subject.shape;
-    let facts = shape.facts();
-    let mut rows = Vec::new();
-    let mut push_row = |label: String,
-                        exact: bool,
-                        weight_bytes: u64,
-                        bits: f64,
-                        token: Token,
-                        choice: Option<Choice>| {
-        let as_is = choice.is_none() && exact && !label.ends_with("(nominal)");
-        let file_bytes = weight_bytes + subject.header_bytes;
-        let load = Load {
-            file_bytes,
-            header_bytes: subject.header_bytes,
-            ctx: args.ctx(),
-            batch: args.batch(),
-            kv,
-        };
-        // memwall's runtime keeps its KV cache in f16 whatever --kv-type says.
-        let memwall = fit::footprint(
-            Runtime::Memwall,
-            shape,
-            &Load {
-                kv: KvType::F16,
-                ..load
-            },
-        );
-        let llama = fit::footprint(Runtime::LlamaCpp, shape, &load);
-        let usable = device.usable_bytes();
-        let rest = memwall.total() - memwall.weights;
-        let fits = if memwall.total() <= usable {
-            Fit::Ram
-        } else if rest + (usable / 10) <= usable {
-            Fit::Streaming
-        } else {
-            Fit::No
-        };
-        let resident = match fits {
-            Fit::Ram => weight_bytes,
-            _ => usable.saturating_sub(rest).min(weight_bytes),
-        };
-        let mut token = token;
-        token.streamed_share = if weight_bytes == 0 {
-            0.0
-        } else {
-            weight_bytes.saturating_sub(resident) as f64 / weight_bytes as f64
-        };
-        let speed = fit::token_speed(device, &token);
-        rows.push(Row {
-            label,
-            exact,
-            bits_per_weight: bits,
-            weight_bytes,
-            file_bytes,
-            memwall,
-            llama,
-            fits,
-            speed,
-            choice,
-            as_is,
-        });
-    };
-    let kv_tokens = args.ctx() / 2;
-    let attention =
-        2 * u64::from(shape.n_layer) * u64::from(shape.n_head) * shape.head_dim * kv_tokens;
-    let kv_bytes = shape.kv_bytes_per_token(kv) * kv_tokens;
-    if let Source::Gguf { path, .. } = &subject.source {
-        let w = Weights::as_stored(&subject.tensors).map_err(anyhow::Error::msg)?;
-        let token = token_of(&w, shape, kv_bytes, attention);
-        push_row(
-            format!("as is ({})", stem(path)),
-            true,
-            w.bytes(),
-            w.bits_per_weight(),
-            token,
-            None,
-        );
-    }
-    if subject.tensors.is_empty() {
-        // Bare numbers: the seed's arithmetic, params × bits ÷ 8.
-        let nominal = |bits: f64, ty: GgmlType| {
-            let bytes = (subject.params as f64 * bits / 8.0).round() as u64;
-            let token = Token {
-                weight_bytes: (subject.active_params as f64 * bits / 8.0).round() as u64,
-                kv_bytes,
-                products: vec![(ty, subject.active_params)],
-                attention,
-                streamed_share: 0.0,
-                dispatches: subject.shape.dispatches_per_token(),
-                model_bytes: bytes,
-            };
-            (bytes, token)
-        };
-        for (label, bits, ty) in [
-            ("FP16 (nominal)", 16.0, GgmlType::F16),
-            ("INT8 (nominal)", 8.0, GgmlType::Q8_0),
-            ("INT4 (nominal)", 4.0, GgmlType::Q4_K),
-        ] {
-            let (bytes, token) = nominal(bits, ty);
-            push_row(label.into(), false, bytes, bits, token, None);
-        }
-        // One row per distinct base type: a mix's own rules need tensor names.
-        let mut seen = Vec::new();
-        for c in choices.iter().filter(|c| c.recipe.is_none()) {
-            let ty = c.ftype.base.unwrap_or(GgmlType::F16);
-            if seen.contains(&ty) {
-                continue;
-            }
-            seen.push(ty);
-            let bits = nominal_bits(c);
-            let (bytes, token) = nominal(bits, ty);
-            push_row(
-                format!("{} (≈)", c.label),
-                false,
-                bytes,
-                bits,
-                token,
-                Some(c.clone()),
-            );
-        }
-    } else {
-        for c in choices {
-            let w = c
-                .weights(&facts, &subject.tensors)
-                .map_err(anyhow::Error::msg)
-                .with_context(|| format!("planning {}", c.label))?;
-            let token = token_of(&w, shape, kv_bytes, attention);
-            push_row(
-                c.label.clone(),
-                true,
-                w.bytes(),
-                w.bits_per_weight(),
-                token,
-                Some(c.clone()),
-            );
-        }
-    }
-    Ok(rows)
-}
-
-fn token_of(w: &Weights, shape: &Shape, kv_bytes: u64, attention: u64) -> Token {
-    Token {
-        weight_bytes: w.bytes_per_token(shape.n_expert, shape.n_expert_used),
-        kv_bytes,
-        products: w.products_per_token(shape.n_expert, shape.n_expert_used),
-        attention,
-        streamed_share: 0.0,
-        dispatches: shape.dispatches_per_token(),
-        model_bytes: w.bytes(),
-    }
-}
-
-/// Which rows may be picked: the choices, and the file as it is. A file that
-/// is already quantized is not made bigger (quality lost is not regained):
-/// only choices smaller than it compete with it.
-fn eligible(subject: &Subject, rows: &[Row]) -> Vec<bool> {
-    let quantized = matches!(
-        subject.source,
-        Source::Gguf {
-            quantized: true,
-            ..
-        }
-    );
-    let as_is = rows.iter().find(|r| r.as_is).map(|r| r.weight_bytes);
-    rows.iter()
-        .map(|r| match (r.as_is, quantized, as_is) {
-            (true, _, _) => true,
-            (false, true, Some(bytes)) => r.choice.is_some() && r.weight_bytes < bytes,
-            (false, _, _) => r.choice.is_some(),
-        })
-        .collect()
-}
-
-/// The largest (best quality) choice that fits the budget with memwall in RAM.
-fn pick_for_budget(rows: &[Row], ok: &[bool], budget: u64) -> Option<usize> {
-    rows.iter()
-        .enumerate()
-        .filter(|&(i, r)| ok[i] && r.choice.is_some() && r.memwall.total() <= budget)
-        .max_by_key(|(_, r)| r.weight_bytes)
-        .map(|(i, _)| i)
-}
-
-/// The best choice that fits in RAM with 10 % to spare; else the best that
-/// streams. The file as it is wins a tie (nothing to make).
-fn recommend(rows: &[Row], ok: &[bool], usable: u64) -> Option<usize> {
-    let best = |fits: &dyn Fn(&Row) -> bool| {
-        rows.iter()
-            .enumerate()
-            .filter(|&(i, r)| ok[i] && fits(r))
-            .max_by_key(|(_, r)| (r.weight_bytes, r.as_is))
-            .map(|(i, _)| i)
-    };
-    best(&|r| r.fits == Fit::Ram && r.memwall.total() as f64 <= 0.9 * usable as f64)
-        .or_else(|| best(&|r| r.fits == Fit::Ram))
-        .or_else(|| {
-            // Streaming: the smallest file reads the least from flash.
-            rows.iter()
-                .enumerate()
-                .filter(|&(i, r)| ok[i] && r.fits == Fit::Streaming)
-                .min_by_key(|(_, r)| (r.weight_bytes, !r.as_is))
-                .map(|(i, _)| i)
-        })
-}
-
 /// The recipe `--write-recipe` writes for a choice.
 fn written_recipe(choice: &Choice) -> Recipe {
     match &choice.recipe {
@@ -791,7 +524,7 @@ fn subject_file_name(subject: &Subject) -> String {
             || path.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
         ),
-        _ => subject.name.clone(),
+        _ => subject.model.name.clone(),
     }
 }
 
@@ -1007,7 +740,7 @@ fn print_plan(
     recommended: Option<usize>,
     budget_pick: Option<usize>,
 ) {
-    let s = &subject.shape;
+    let s = &subject.model.shape;
     let kind = if s.n_expert > 0 {
         format!(
             "MoE, {} of {} experts per token",
@@ -1018,17 +751,17 @@ fn print_plan(
     };
     println!(
         "Model: {} ({}, {} layers, {} parameters, {kind}; {} KV heads × {})",
-        subject.name,
+        subject.model.name,
         s.arch,
         s.n_layer,
-        count_label(subject.params),
+        count_label(subject.model.params),
         s.n_head_kv,
         s.head_dim
     );
-    if subject.active_params != subject.params {
+    if subject.model.active_params != subject.model.params {
         println!(
             "       {} parameters per token",
-            count_label(subject.active_params)
+            count_label(subject.model.active_params)
         );
     }
     println!(
@@ -1073,9 +806,9 @@ fn print_plan(
         println!(
             "Rows marked (nominal) and (≈) are params × bits ÷ 8 before overheads (decimal: \
              FP16 {:.1} GB, INT8 {:.1} GB, INT4 {:.1} GB); give a GGUF or a checkpoint for exact bytes.",
-            subject.params as f64 * 2.0 / 1e9,
-            subject.params as f64 / 1e9,
-            subject.params as f64 * 0.5 / 1e9
+            subject.model.params as f64 * 2.0 / 1e9,
+            subject.model.params as f64 / 1e9,
+            subject.model.params as f64 * 0.5 / 1e9
         );
     }
     println!(
@@ -1174,7 +907,7 @@ fn to_json(
     recommended: Option<usize>,
     budget_pick: Option<usize>,
 ) -> serde_json::Value {
-    let s = &subject.shape;
+    let s = &subject.model.shape;
     let rows_json: Vec<_> = rows
         .iter()
         .enumerate()
@@ -1205,7 +938,7 @@ fn to_json(
         .collect();
     json!({
         "model": {
-            "name": subject.name,
+            "name": subject.model.name,
             "source": match &subject.source {
                 Source::Gguf { path, .. } => json!({"gguf": path}),
                 Source::Checkpoint { dir, .. } => json!({"checkpoint": dir}),
@@ -1220,12 +953,12 @@ fn to_json(
             "vocab": s.n_vocab,
             "experts": s.n_expert,
             "experts_used": s.n_expert_used,
-            "params": subject.params,
-            "active_params": subject.active_params,
+            "params": subject.model.params,
+            "active_params": subject.model.active_params,
             "nominal_bytes": {
-                "fp16": subject.params * 2,
-                "int8": subject.params,
-                "int4": subject.params / 2,
+                "fp16": subject.model.params * 2,
+                "int8": subject.model.params,
+                "int4": subject.model.params / 2,
             },
         },
         "ctx": args.ctx(),
