@@ -851,6 +851,62 @@ fn ctrl_c_and_sigterm_remove_unfinished_outputs() {
     interrupted(&PERPLEXITY, libc::SIGINT);
 }
 
+/// `memwall validate --reference` keeps the reference's log-probabilities in
+/// `$TMPDIR/memwall-validate-PID.kld` while it compares: Ctrl-C removes it;
+/// after SIGKILL the next validate does.
+#[test]
+fn an_interrupted_validate_leaves_no_reference_logits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = strings(&[
+        "validate",
+        TINY,
+        "--reference",
+        TINY,
+        "-f",
+        TEXT,
+        "-c",
+        "128",
+    ]);
+    let validate = || {
+        let mut c = command(&args, Setup::Nothing);
+        c.env("TMPDIR", tmp.path());
+        c
+    };
+    let scratch = || names(&tree(tmp.path())).len();
+    for sig in [libc::SIGKILL, libc::SIGINT] {
+        let mut landed = false;
+        for _attempt in 0..12 {
+            let mut child = validate().spawn().unwrap();
+            // Its own file: the one a SIGKILL left may still be there.
+            let own = tmp
+                .path()
+                .join(format!("memwall-validate-{}.kld", child.id()));
+            if wait_until(&mut child, || own.exists()) {
+                signal(&child, sig);
+            }
+            let e = finish(child);
+            if e.status.success() {
+                continue;
+            }
+            if sig == libc::SIGKILL {
+                assert_eq!(e.status.signal(), Some(libc::SIGKILL), "{}", e.describe());
+                assert!(scratch() > 0, "SIGKILL left nothing to clean up");
+            } else {
+                assert_eq!(e.status.code(), Some(130), "{}", e.describe());
+                assert!(e.stderr.contains("memwall: interrupted"), "{}", e.stderr);
+                assert_eq!(scratch(), 0, "{:?}", names(&tree(tmp.path())));
+            }
+            landed = true;
+            break;
+        }
+        assert!(landed, "validate: signal {sig} never landed");
+    }
+    // A validate that runs to the end passes and leaves nothing behind.
+    let e = finish(validate().spawn().unwrap());
+    assert!(e.status.success(), "{}", e.describe());
+    assert_eq!(scratch(), 0, "{:?}", names(&tree(tmp.path())));
+}
+
 /// `memwall push` stages each chunk in `$TMPDIR/memwall-push-PID.chunk` (the
 /// transfer itself is tested in push.rs, against the stand-in adb): Ctrl-C
 /// removes it; after SIGKILL the next push does.

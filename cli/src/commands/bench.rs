@@ -116,7 +116,7 @@ pub fn run(args: Args) -> Result<()> {
             let mut read = Vec::new();
             for rep in 0..=args.repetitions {
                 let mut session = model.session();
-                let read_start = super::storage_read_bytes();
+                let read_start = memwall_runtime::residency::storage_read_bytes();
                 let started = Instant::now();
                 if kind == "pp" {
                     for piece in tokens.chunks(batch) {
@@ -130,7 +130,9 @@ pub fn run(args: Args) -> Result<()> {
                 let rate = n as f64 / started.elapsed().as_secs_f64();
                 if rep > 0 {
                     samples.push(rate);
-                    if let (Some(a), Some(b)) = (read_start, super::storage_read_bytes()) {
+                    if let (Some(a), Some(b)) =
+                        (read_start, memwall_runtime::residency::storage_read_bytes())
+                    {
                         read.push(b.saturating_sub(a) / n as u64);
                     }
                 }

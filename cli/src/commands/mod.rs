@@ -233,33 +233,6 @@ pub fn hint(err: &anyhow::Error) -> Option<&'static str> {
     })
 }
 
-/// Removes the scratch files `<prefix><pid><suffix>` in `dir` (and their
-/// `.partial`) that belong to a memwall process no longer running: one killed
-/// with SIGKILL, whose files no handler could remove.
-pub(crate) fn remove_stale_scratch(dir: &std::path::Path, prefix: &str, suffix: &str) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let name_without_partial = name.strip_suffix(".partial").unwrap_or(name);
-        let pid = name_without_partial
-            .strip_prefix(prefix)
-            .and_then(|rest| rest.strip_suffix(suffix))
-            .and_then(|pid| pid.parse::<libc::pid_t>().ok());
-        let Some(pid) = pid.filter(|&p| p > 0 && p != std::process::id() as libc::pid_t) else {
-            continue;
-        };
-        // SAFETY: signal 0 only checks whether the process exists.
-        let gone = unsafe { libc::kill(pid, 0) } == -1
-            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-        if gone {
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
-}
-
 /// Limits this process's address space (RLIMIT_AS) to `bytes`: an allocation
 /// past it fails, and Rust aborts the process, instead of the system running
 /// out of memory. For the child that renders a chat template.
@@ -385,14 +358,6 @@ impl LoadArgs {
         })?;
         Ok(Some(report))
     }
-}
-
-/// Bytes this process has caused to be read from storage (`read_bytes` of
-/// `/proc/self/io`), where the OS reports it.
-pub fn storage_read_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/self/io").ok()?;
-    let line = text.lines().find(|l| l.starts_with("read_bytes:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 impl LoadArgs {

@@ -3,10 +3,10 @@
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use memwall_runtime::forward::{Model, Session};
+use memwall_runtime::forward::Model;
+use memwall_runtime::generate::{Generator, Stats};
 use memwall_runtime::kernels::Kernels;
 use memwall_runtime::sampling::{Sampler, SamplerConfig};
 use memwall_runtime::tokenizer::Tokenizer;
@@ -104,141 +104,6 @@ pub struct Args {
     pub json: bool,
 }
 
-/// Timings of one generation.
-#[derive(Default)]
-struct Stats {
-    prompt_tokens: usize,
-    prompt_time: Duration,
-    first_token: Duration,
-    generated: usize,
-    decode_time: Duration,
-    stopped_by: &'static str,
-    /// Bytes read from storage while decoding, when the OS reports it.
-    decode_read: Option<u64>,
-}
-
-/// The model, its tokenizer and the tokens its cache holds.
-struct Engine<'a> {
-    model: Model<'a>,
-    tokenizer: Tokenizer,
-    session: Session,
-    evaluated: Vec<u32>,
-    sampler: Sampler,
-    batch: usize,
-}
-
-impl Engine<'_> {
-    /// Evaluates `tokens` after what the cache holds, reusing the longest common
-    /// prefix, and returns the logits of the last one.
-    fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        if tokens.is_empty() {
-            bail!("the prompt is empty (and the model adds no BOS token); give some text");
-        }
-        let common = self
-            .evaluated
-            .iter()
-            .zip(tokens)
-            .take_while(|(a, b)| a == b)
-            .count()
-            .min(tokens.len().saturating_sub(1));
-        self.session.truncate(common);
-        self.evaluated.truncate(common);
-        let rest = &tokens[common..];
-        if self.evaluated.len() + rest.len() > self.model.config.n_ctx {
-            bail!(
-                "the prompt needs {} tokens; the context holds {} (raise -c)",
-                self.evaluated.len() + rest.len(),
-                self.model.config.n_ctx
-            );
-        }
-        // Batches of at most `batch` tokens; only the last token's logits are kept.
-        let mut logits = Vec::new();
-        for chunk in rest.chunks(self.batch) {
-            let last = chunk.as_ptr_range().end == rest.as_ptr_range().end;
-            let first = if last { chunk.len() - 1 } else { chunk.len() };
-            logits = self.model.forward_from(&mut self.session, chunk, first)?;
-            self.evaluated.extend_from_slice(chunk);
-        }
-        Ok(logits)
-    }
-
-    /// Generates after `prompt`, calling `emit` with each piece of whole UTF-8 text.
-    fn generate(
-        &mut self,
-        prompt: &[u32],
-        n_predict: usize,
-        stops: &[String],
-        emit: &mut dyn FnMut(&str),
-    ) -> Result<(String, Stats)> {
-        let started = Instant::now();
-        let mut stats = Stats {
-            prompt_tokens: prompt.len(),
-            stopped_by: "length",
-            ..Stats::default()
-        };
-        for &t in prompt {
-            self.sampler.accept(t);
-        }
-        let mut logits = self.feed(prompt)?;
-        stats.prompt_time = started.elapsed();
-        let mut decoder = self.tokenizer.stream_decoder(false);
-        let mut text = String::new();
-        let mut printed = 0;
-        let hold = stops
-            .iter()
-            .map(String::len)
-            .max()
-            .unwrap_or(1)
-            .saturating_sub(1);
-        let decode_start = Instant::now();
-        let read_start = super::storage_read_bytes();
-        for i in 0..n_predict {
-            let id = self.sampler.sample(&logits);
-            if i == 0 {
-                stats.first_token = started.elapsed();
-            }
-            if self.tokenizer.is_eog(id) {
-                stats.stopped_by = "eog";
-                break;
-            }
-            self.sampler.accept(id);
-            stats.generated += 1;
-            text.push_str(&decoder.push(id));
-            if let Some(at) = stops.iter().filter_map(|s| text.find(s.as_str())).min() {
-                text.truncate(at);
-                stats.stopped_by = "stop";
-                break;
-            }
-            // Print what cannot be the start of a stop string.
-            let mut upto = text.len().saturating_sub(hold);
-            while !text.is_char_boundary(upto) {
-                upto -= 1;
-            }
-            if upto > printed {
-                emit(&text[printed..upto]);
-                printed = upto;
-            }
-            if self.evaluated.len() >= self.model.config.n_ctx {
-                stats.stopped_by = "context";
-                break;
-            }
-            logits = self.model.forward(&mut self.session, &[id])?;
-            self.evaluated.push(id);
-        }
-        // An incomplete UTF-8 character left by the last token is dropped, never
-        // printed as a replacement character.
-        drop(decoder);
-        if text.len() > printed {
-            emit(&text[printed..]);
-        }
-        stats.decode_time = decode_start.elapsed();
-        stats.decode_read = read_start
-            .zip(super::storage_read_bytes())
-            .map(|(a, b)| b.saturating_sub(a));
-        Ok((text, stats))
-    }
-}
-
 /// Peak resident memory of this process, in bytes.
 fn peak_rss() -> u64 {
     // SAFETY: getrusage writes into the zeroed struct we own; RUSAGE_SELF is valid.
@@ -258,7 +123,7 @@ fn stats_json(s: &Stats) -> serde_json::Value {
         "first_token_ms": s.first_token.as_secs_f64() * 1e3,
         "prompt_tokens_per_second": s.prompt_tokens as f64 / s.prompt_time.as_secs_f64().max(1e-9),
         "decode_tokens_per_second": s.generated as f64 / s.decode_time.as_secs_f64().max(1e-9),
-        "stopped_by": s.stopped_by,
+        "stopped_by": s.stopped_by.name(),
         "peak_rss_bytes": peak_rss(),
         "storage_read_bytes_per_token": s.decode_read.map(|b| b / s.generated.max(1) as u64),
     })
@@ -278,7 +143,7 @@ fn print_stats(s: &Stats) {
         s.first_token.as_secs_f64() * 1e3,
         s.generated,
         s.generated as f64 / s.decode_time.as_secs_f64().max(1e-9),
-        s.stopped_by,
+        s.stopped_by.name(),
         crate::render::human_bytes(peak_rss())
     );
 }
@@ -342,7 +207,6 @@ pub fn run(args: Args) -> Result<()> {
             );
         }
     }
-    let session = model.session();
     let sampler = Sampler::new(SamplerConfig {
         temperature: args.temperature,
         top_k: args.top_k,
@@ -352,14 +216,7 @@ pub fn run(args: Args) -> Result<()> {
         repeat_last_n: args.repeat_last_n,
         seed: args.seed.unwrap_or(SamplerConfig::default().seed),
     });
-    let mut engine = Engine {
-        batch: args.batch.batch,
-        model,
-        tokenizer,
-        session,
-        evaluated: Vec::new(),
-        sampler,
-    };
+    let mut engine = Generator::new(model, tokenizer, sampler, args.batch.batch);
     let prompt = match (&args.prompt, &args.file) {
         (Some(p), _) => Some(p.clone()),
         (None, Some(f)) => {
@@ -390,18 +247,18 @@ pub fn run(args: Args) -> Result<()> {
         let Some(prompt) = prompt else {
             bail!("give a prompt with -p TEXT or -f FILE, or talk to the model with --chat");
         };
-        let tokens = engine.tokenizer.encode(&prompt, true, true);
+        let tokens = engine.tokenizer().encode(&prompt, true, true);
         return one_shot(&mut engine, &tokens, &args, &stops, Some(&prompt));
     }
     let template = chat_template(&gguf, args.json)?;
     let special = |id: Option<u32>| {
-        id.and_then(|i| engine.tokenizer.token_text(i))
+        id.and_then(|i| engine.tokenizer().token_text(i))
             .unwrap_or("")
             .to_owned()
     };
     let (bos, eos) = (
-        special(engine.tokenizer.bos()),
-        special(engine.tokenizer.eos()),
+        special(engine.tokenizer().bos()),
+        special(engine.tokenizer().eos()),
     );
     let mut messages = Vec::new();
     if let Some(system) = &args.system {
@@ -410,7 +267,7 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(prompt) = prompt {
         messages.push(Message::new("user", &prompt));
         let text = template.render_isolated(&messages, true, &bos, &eos)?;
-        let tokens = engine.tokenizer.encode(&text, false, true);
+        let tokens = engine.tokenizer().encode(&text, false, true);
         return one_shot(&mut engine, &tokens, &args, &stops, None);
     }
     repl(&mut engine, &template, messages, &args, &stops, &bos, &eos)
@@ -514,7 +371,7 @@ impl TerminalText {
 
 /// Generates once after `tokens` and prints the result.
 fn one_shot(
-    engine: &mut Engine,
+    engine: &mut Generator,
     tokens: &[u32],
     args: &Args,
     stops: &[String],
@@ -549,7 +406,7 @@ fn one_shot(
 
 /// The interactive conversation: one user message per line of standard input.
 fn repl(
-    engine: &mut Engine,
+    engine: &mut Generator,
     template: &ChatTemplate,
     start: Vec<Message>,
     args: &Args,
@@ -577,14 +434,14 @@ fn repl(
             "/exit" | "/quit" => break,
             "/reset" => {
                 messages = start.clone();
-                engine.sampler.reset();
+                engine.sampler_mut().reset();
                 continue;
             }
             _ => {}
         }
         messages.push(Message::new("user", line));
         let text = template.render_isolated(&messages, true, bos, eos)?;
-        let tokens = engine.tokenizer.encode(&text, false, true);
+        let tokens = engine.tokenizer().encode(&text, false, true);
         let json = args.json;
         let mut out = std::io::stdout().lock();
         let mut terminal = TerminalText::default();

@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use memwall_format::cleanup::ScratchFile;
 use memwall_format::gguf::GgufModel;
 use memwall_format::validate::scan_tensors;
-use memwall_runtime::eval::{self, LogitsReader, LogitsWriter, Options};
+use memwall_runtime::eval::{Baseline, Options};
 use memwall_runtime::forward::Model;
 use memwall_runtime::tokenizer::Tokenizer;
 use serde_json::{Value, json};
@@ -208,15 +209,12 @@ fn compare(
         bos: tokenizer.add_bos().then(|| tokenizer.bos()).flatten(),
         all_outputs: false,
     };
-    let scratch = std::env::temp_dir().join(format!("memwall-validate-{}.kld", std::process::id()));
-    let mut writer = LogitsWriter::new(&scratch);
-    let base = eval::perplexity(&ref_model, &tokens, &options, Some(&mut writer), bar);
-    let stats = base.and_then(|_| {
-        let reader = LogitsReader::open(&scratch)?;
-        eval::kl_divergence(model, &reader, &options, bar)
-    });
-    let _ = std::fs::remove_file(&scratch);
-    let stats = stats?;
+    // The reference's log-probabilities, in a scratch file removed on every
+    // way out (an error, Ctrl-C, or at the next run after a SIGKILL).
+    let scratch = ScratchFile::new(&std::env::temp_dir(), "memwall-validate-", ".kld");
+    let baseline = Baseline::new(&ref_model, &tokens, &options, scratch, bar)?;
+    let stats = baseline.compare(model, &options, bar)?;
+    drop(baseline);
     let ratio = stats.ppl.mean / stats.ppl_base.mean;
     let mut checks = vec![Check {
         name: "kld",

@@ -8,10 +8,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use memwall_calibrate::dataset::Dataset;
+use memwall_format::cleanup::ScratchFile;
 use memwall_format::gguf::GgufModel;
 use memwall_format::progress::{Progress, Unit};
 use memwall_quantize::fit::{Device, KvType, Shape, Weights, decode_speed, gguf_tensors};
-use memwall_runtime::eval::{self, KldStats, LogitsReader, LogitsWriter, Perplexity};
+use memwall_runtime::eval::{self, Baseline, KldStats};
 use memwall_runtime::forward::Model;
 use memwall_runtime::kernels::Kernels;
 use memwall_runtime::tokenizer::Tokenizer;
@@ -151,19 +152,18 @@ impl Eval {
         Ok(model)
     }
 
-    /// The base's perplexity, saving its log-probabilities to `logits`.
+    /// The base's perplexity, its log-probabilities saved to `scratch`.
     pub(super) fn base(
         &self,
         gguf: &GgufModel,
         path: &Path,
         tokens: &[u32],
-        logits: &Path,
+        scratch: ScratchFile,
         progress: &dyn Progress,
-    ) -> Result<Perplexity> {
+    ) -> Result<Baseline> {
         let model = self.model(gguf, path)?;
-        let mut writer = LogitsWriter::new(logits);
         let tagged = Tagged::new(progress, path);
-        eval::perplexity(&model, tokens, &self.options, Some(&mut writer), &tagged)
+        Baseline::new(&model, tokens, &self.options, scratch, &tagged)
             .with_context(|| format!("{}: evaluating", path.display()))
     }
 
@@ -172,12 +172,12 @@ impl Eval {
         &self,
         gguf: &GgufModel,
         path: &Path,
-        base: &LogitsReader,
+        base: &Baseline,
         progress: &dyn Progress,
     ) -> Result<KldStats> {
         let model = self.model(gguf, path)?;
         let tagged = Tagged::new(progress, path);
-        eval::kl_divergence(&model, base, &self.options, &tagged)
+        base.compare(&model, &self.options, &tagged)
             .with_context(|| format!("{}: evaluating", path.display()))
     }
 }
@@ -309,34 +309,5 @@ impl Progress for Tagged<'_> {
     }
     fn finish(&self) {
         self.inner.finish();
-    }
-}
-
-/// A scratch file removed when dropped (the base's log-probabilities), and
-/// by the signal handlers.
-pub(super) struct Scratch(
-    pub PathBuf,
-    #[allow(dead_code, reason = "held for its Drop, which unlists the path")]
-    memwall_format::cleanup::Registration,
-);
-
-impl Scratch {
-    /// `.<stem>-base-<pid>.logits` in `dir`, after removing those of
-    /// comparisons that were killed.
-    pub(super) fn new(dir: &std::path::Path, stem: &str) -> Scratch {
-        let prefix = format!(".{stem}-base-");
-        super::super::remove_stale_scratch(dir, &prefix, ".logits");
-        let path = dir.join(format!("{prefix}{}.logits", std::process::id()));
-        let listed = memwall_format::cleanup::register_file(&path);
-        Scratch(path, listed)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-        let _ = std::fs::remove_file(memwall_format::atomic::AtomicFile::partial_path_for(
-            &self.0,
-        ));
     }
 }

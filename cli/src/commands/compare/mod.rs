@@ -22,12 +22,12 @@ mod report;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use memwall_format::cleanup::ScratchFile;
 use memwall_format::ggml_type::file_type;
 use memwall_format::gguf::GgufModel;
 use memwall_format::progress::Progress;
 use memwall_quantize::fit::{Choice, Device};
 use memwall_quantize::recipe::PRESETS;
-use memwall_runtime::eval::LogitsReader;
 
 pub use cache::Made;
 pub use report::{Outputs, render_table, write_outputs};
@@ -419,11 +419,11 @@ pub fn compare(opts: &Options, progress: &dyn Progress) -> Result<Report> {
     }
 
     // The base once: its perplexity and the log-probabilities every file is compared with.
-    let scratch = measure::Scratch::new(&cache_dir, &base_stem);
+    let scratch = ScratchFile::new(&cache_dir, &format!(".{base_stem}-base-"), ".logits");
     let started = std::time::Instant::now();
-    let ppl = eval.base(&base, &opts.base, &windows.tokens, &scratch.0, progress)?;
+    let reference = eval.base(&base, &opts.base, &windows.tokens, scratch, progress)?;
     let base_seconds = started.elapsed().as_secs_f64();
-    let reference = LogitsReader::open(&scratch.0)?;
+    let ppl = reference.perplexity.clone();
     let kv_tokens = (windows.n_ctx / 2) as u64;
     let fp = measure::footprint(&base, &opts.base, &device, kv_tokens)?;
     let mut rows = vec![Row {
@@ -477,7 +477,6 @@ pub fn compare(opts: &Options, progress: &dyn Progress) -> Result<Report> {
         });
     }
     drop(reference);
-    drop(scratch);
     // Smallest first; the base last, as the reference.
     rows.sort_by_key(|r| (r.is_base(), r.bytes, r.name()));
 
