@@ -160,19 +160,7 @@ impl<'a> Model<'a> {
     pub(super) fn all_matrices(&self) -> impl Iterator<Item = &Matrix<'a>> {
         self.layers
             .iter()
-            .flat_map(|layer| {
-                let mut v = vec![&layer.wq, &layer.wk, &layer.wv, &layer.wo];
-                match &layer.ffn {
-                    Ffn::Dense { gate, up, down } => v.extend([gate, up, down]),
-                    Ffn::Moe {
-                        router,
-                        gate,
-                        up,
-                        down,
-                    } => v.extend([router, gate, up, down]),
-                }
-                v
-            })
+            .flat_map(Layer::matrices)
             .chain([&self.output])
     }
 }
