@@ -359,7 +359,7 @@ impl Stats {
     /// The per-column mean squared activations the weighted encoders take,
     /// normalised exactly as when `llama-quantize` reads the GGUF file.
     pub fn to_imatrix(&self) -> Result<Imatrix, CalibrateError> {
-        Imatrix::from_gguf(&self.gguf_bytes()?).map_err(CalibrateError::Input)
+        Ok(Imatrix::from_gguf(&self.gguf_bytes()?)?)
     }
 }
 

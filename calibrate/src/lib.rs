@@ -66,6 +66,9 @@ pub enum CalibrateError {
         /// The tensor whose input was not finite.
         tensor: String,
     },
+    /// An importance matrix that cannot be read back.
+    #[error(transparent)]
+    Imatrix(#[from] memwall_quantize::imatrix::ImatrixFormatError),
     /// Input that cannot be used, with the reason.
     #[error("{0}")]
     Input(String),

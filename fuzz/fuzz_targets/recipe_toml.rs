@@ -113,7 +113,10 @@ fuzz_target!(|data: &[u8]| {
                     planned = Some(w);
                 }
             }
-            Err(e) => assert!(tensors.iter().any(|t| e.contains(&t.name)), "{e}"),
+            Err(e) => assert!(
+                tensors.iter().any(|t| e.to_string().contains(&t.name)),
+                "{e}"
+            ),
         }
     }
 

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use memwall_format::GgmlType;
-use memwall_format::gguf::{GGUF_MAGIC, parse};
+use memwall_format::gguf::{FormatError, GGUF_MAGIC, MetadataError, parse};
 
 /// Why an importance matrix could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -25,12 +25,127 @@ pub enum ImatrixError {
         error: std::io::Error,
     },
     /// The file is not a valid imatrix.
-    #[error("{path}: {message}")]
+    #[error("{path}: {error}")]
     Format {
         /// The file.
         path: PathBuf,
         /// What is wrong.
-        message: String,
+        error: ImatrixFormatError,
+    },
+}
+
+/// What is wrong with the bytes of an importance matrix.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ImatrixFormatError {
+    /// The GGUF container is invalid.
+    #[error(transparent)]
+    Gguf(#[from] FormatError),
+    /// A metadata key has a value of the wrong type.
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
+    /// A GGUF file without the `imatrix.*` keys.
+    #[error(
+        "missing imatrix metadata (imatrix.datasets, imatrix.chunk_count, \
+         imatrix.chunk_size): is this an imatrix from llama-imatrix?"
+    )]
+    NotAnImatrix,
+    /// A required `imatrix.*` key is absent.
+    #[error("{key} missing")]
+    MissingKey {
+        /// The key.
+        key: &'static str,
+    },
+    /// A GGUF imatrix without tensors.
+    #[error("no data: the file has no tensors")]
+    NoTensors,
+    /// A tensor that is not F32.
+    #[error("tensor {tensor} is {ty}; imatrix tensors must be F32")]
+    NotF32 {
+        /// The tensor.
+        tensor: String,
+        /// Its type.
+        ty: GgmlType,
+    },
+    /// A tensor whose data is not in the file.
+    #[error("tensor {tensor} lies beyond the end of the file")]
+    BeyondEnd {
+        /// The tensor.
+        tensor: String,
+    },
+    /// A weight with sums but no counts, or counts but no sums.
+    #[error("mismatched sums and counts for {name}")]
+    Unpaired {
+        /// The weight tensor.
+        name: String,
+    },
+    /// An `in_sum2` tensor without values.
+    #[error("{name}: the in_sum2 tensor has no values")]
+    NoSums {
+        /// The weight tensor.
+        name: String,
+    },
+    /// The sums are not a whole number per expert.
+    #[error("{name}: {sums} sums do not split into {experts} experts")]
+    ExpertSplit {
+        /// The weight tensor.
+        name: String,
+        /// Values of its `in_sum2` tensor.
+        sums: usize,
+        /// Values of its `counts` tensor.
+        experts: usize,
+    },
+    /// A GGUF file with tensors, none of them imatrix data.
+    #[error("no data: no tensor is named <weight>.in_sum2 or <weight>.counts")]
+    NoEntries,
+    /// A legacy file with no entries.
+    #[error("no data in file (not an imatrix, or an empty one)")]
+    Empty,
+    /// A legacy entry with fewer than one value.
+    #[error("entry {name} has {count} values")]
+    ValueCount {
+        /// The entry.
+        name: String,
+        /// Its value count.
+        count: i32,
+    },
+    /// A legacy file that ends early.
+    #[error("file ends while reading the {what} (at byte {at}, {needed} bytes needed)")]
+    Truncated {
+        /// What was being read.
+        what: String,
+        /// Where.
+        at: usize,
+        /// Bytes it needs.
+        needed: usize,
+    },
+    /// A negative length in a legacy file.
+    #[error("negative {what}: {value}")]
+    NegativeLength {
+        /// What the length is of.
+        what: String,
+        /// The length.
+        value: i32,
+    },
+    /// A NaN or infinite value.
+    #[error("entry {name} has a non-finite value at index {index}")]
+    NonFinite {
+        /// The entry.
+        name: String,
+        /// The value's index.
+        index: usize,
+    },
+    /// A negative value.
+    #[error(
+        "entry {name} has a negative value ({value}) at index {index}; \
+         importance values are means of squared activations"
+    )]
+    Negative {
+        /// The entry.
+        name: String,
+        /// The value's index.
+        index: usize,
+        /// The value.
+        value: f32,
     },
 }
 
@@ -62,28 +177,26 @@ impl Imatrix {
         } else {
             Self::from_legacy(&bytes)
         };
-        let imatrix = result.map_err(|message| ImatrixError::Format {
+        let format = |error| ImatrixError::Format {
             path: path.to_owned(),
-            message,
-        })?;
+            error,
+        };
+        let imatrix = result.map_err(format)?;
         for (name, values) in &imatrix.entries {
-            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-                return Err(ImatrixError::Format {
-                    path: path.to_owned(),
-                    message: format!("entry {name} has a non-finite value at index {i}"),
-                });
+            if let Some(index) = values.iter().position(|v| !v.is_finite()) {
+                return Err(format(ImatrixFormatError::NonFinite {
+                    name: name.clone(),
+                    index,
+                }));
             }
             // Means of squares cannot be negative; a negative weight would
             // turn the encoders' weighted least squares into nonsense.
-            if let Some(i) = values.iter().position(|v| *v < 0.0) {
-                return Err(ImatrixError::Format {
-                    path: path.to_owned(),
-                    message: format!(
-                        "entry {name} has a negative value ({}) at index {i}; \
-                         importance values are means of squared activations",
-                        values[i]
-                    ),
-                });
+            if let Some(index) = values.iter().position(|v| *v < 0.0) {
+                return Err(format(ImatrixFormatError::Negative {
+                    name: name.clone(),
+                    index,
+                    value: values[index],
+                }));
             }
         }
         Ok(imatrix)
@@ -91,49 +204,46 @@ impl Imatrix {
 
     /// Parses the GGUF format: sums divided by each expert's token count (1
     /// where the count is 0).
-    pub fn from_gguf(bytes: &[u8]) -> Result<Imatrix, String> {
-        let header = parse(bytes).map_err(|e| e.to_string())?;
+    pub fn from_gguf(bytes: &[u8]) -> Result<Imatrix, ImatrixFormatError> {
+        let header = parse(bytes)?;
         let meta = &header.metadata;
         let has = |k: &str| meta.contains(k);
         if !(has("imatrix.datasets") && has("imatrix.chunk_count") && has("imatrix.chunk_size")) {
-            return Err(
-                "missing imatrix metadata (imatrix.datasets, imatrix.chunk_count, \
-                 imatrix.chunk_size): is this an imatrix from llama-imatrix?"
-                    .into(),
-            );
+            return Err(ImatrixFormatError::NotAnImatrix);
         }
-        let u32_key = |k: &str| -> Result<u32, String> {
-            meta.get_u32(k)
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| format!("{k} missing"))
+        let u32_key = |key: &'static str| -> Result<u32, ImatrixFormatError> {
+            meta.get_u32(key)?
+                .ok_or(ImatrixFormatError::MissingKey { key })
         };
         let datasets = meta
-            .get_str_array("imatrix.datasets")
-            .map_err(|e| e.to_string())?
+            .get_str_array("imatrix.datasets")?
             .map(<[String]>::to_vec)
             .unwrap_or_default();
         let chunk_count = u32_key("imatrix.chunk_count")?;
         let chunk_size = u32_key("imatrix.chunk_size")?;
         if header.tensors.is_empty() {
-            return Err("no data: the file has no tensors".into());
+            return Err(ImatrixFormatError::NoTensors);
         }
-        let data_at = |t: &memwall_format::gguf::TensorInfo| -> Result<Vec<f32>, String> {
-            if t.ty != GgmlType::F32 {
-                return Err(format!(
-                    "tensor {} is {}; imatrix tensors must be F32",
-                    t.name, t.ty
-                ));
-            }
-            let start = header.data_offset + t.offset;
-            let end = start + t.size;
-            let slice = bytes
-                .get(start as usize..end as usize)
-                .ok_or_else(|| format!("tensor {} lies beyond the end of the file", t.name))?;
-            Ok(slice
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect())
-        };
+        let data_at =
+            |t: &memwall_format::gguf::TensorInfo| -> Result<Vec<f32>, ImatrixFormatError> {
+                if t.ty != GgmlType::F32 {
+                    return Err(ImatrixFormatError::NotF32 {
+                        tensor: t.name.clone(),
+                        ty: t.ty,
+                    });
+                }
+                let start = header.data_offset + t.offset;
+                let end = start + t.size;
+                let slice = bytes.get(start as usize..end as usize).ok_or_else(|| {
+                    ImatrixFormatError::BeyondEnd {
+                        tensor: t.name.clone(),
+                    }
+                })?;
+                Ok(slice
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect())
+            };
         let mut pairs: BTreeMap<&str, (Option<&_>, Option<&_>)> = BTreeMap::new();
         for t in &header.tensors {
             if let Some(name) = t.name.strip_suffix(".in_sum2") {
@@ -145,20 +255,24 @@ impl Imatrix {
         let mut entries = BTreeMap::new();
         for (name, pair) in pairs {
             let (Some(sums), Some(counts)) = pair else {
-                return Err(format!("mismatched sums and counts for {name}"));
+                return Err(ImatrixFormatError::Unpaired {
+                    name: name.to_owned(),
+                });
             };
             let sums = data_at(sums)?;
             let counts = data_at(counts)?;
             // A tensor may have a zero dimension; there is nothing to split then.
             if sums.is_empty() {
-                return Err(format!("{name}: the in_sum2 tensor has no values"));
+                return Err(ImatrixFormatError::NoSums {
+                    name: name.to_owned(),
+                });
             }
             if counts.is_empty() || sums.len() % counts.len() != 0 {
-                return Err(format!(
-                    "{name}: {} sums do not split into {} experts",
-                    sums.len(),
-                    counts.len()
-                ));
+                return Err(ImatrixFormatError::ExpertSplit {
+                    name: name.to_owned(),
+                    sums: sums.len(),
+                    experts: counts.len(),
+                });
             }
             let per_expert = sums.len() / counts.len();
             let mut values = Vec::with_capacity(sums.len());
@@ -175,7 +289,7 @@ impl Imatrix {
         }
         // As for a legacy file: an imatrix without entries is not one.
         if entries.is_empty() {
-            return Err("no data: no tensor is named <weight>.in_sum2 or <weight>.counts".into());
+            return Err(ImatrixFormatError::NoEntries);
         }
         Ok(Imatrix {
             entries,
@@ -188,11 +302,11 @@ impl Imatrix {
 
     /// Parses the legacy `.dat` format: for each entry a name, the number of
     /// calls and the values, which are divided by the number of calls.
-    pub fn from_legacy(bytes: &[u8]) -> Result<Imatrix, String> {
+    pub fn from_legacy(bytes: &[u8]) -> Result<Imatrix, ImatrixFormatError> {
         let mut r = Cursor { bytes, at: 0 };
         let n_entries = r.i32("entry count")?;
         if n_entries < 1 {
-            return Err("no data in file (not an imatrix, or an empty one)".into());
+            return Err(ImatrixFormatError::Empty);
         }
         let mut entries = BTreeMap::new();
         for i in 0..n_entries {
@@ -206,7 +320,7 @@ impl Imatrix {
             let ncall = r.i32("call count")?;
             let nval = r.i32("value count")?;
             if nval < 1 {
-                return Err(format!("entry {name} has {nval} values"));
+                return Err(ImatrixFormatError::ValueCount { name, count: nval });
             }
             let raw = r.take(nval as usize * 4, &format!("values of entry {name}"))?;
             let values = raw.chunks_exact(4).map(|b| {
@@ -255,30 +369,32 @@ struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], ImatrixFormatError> {
         let end = self
             .at
             .checked_add(n)
             .filter(|&e| e <= self.bytes.len())
-            .ok_or_else(|| {
-                format!(
-                    "file ends while reading the {what} (at byte {}, {n} bytes needed)",
-                    self.at
-                )
+            .ok_or_else(|| ImatrixFormatError::Truncated {
+                what: what.to_owned(),
+                at: self.at,
+                needed: n,
             })?;
         let slice = &self.bytes[self.at..end];
         self.at = end;
         Ok(slice)
     }
 
-    fn i32(&mut self, what: &str) -> Result<i32, String> {
+    fn i32(&mut self, what: &str) -> Result<i32, ImatrixFormatError> {
         let b = self.take(4, what)?;
         Ok(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
 
-    fn len(&mut self, what: &str) -> Result<usize, String> {
+    fn len(&mut self, what: &str) -> Result<usize, ImatrixFormatError> {
         let n = self.i32(what)?;
-        usize::try_from(n).map_err(|_| format!("negative {what}: {n}"))
+        usize::try_from(n).map_err(|_| ImatrixFormatError::NegativeLength {
+            what: what.to_owned(),
+            value: n,
+        })
     }
 }
 
@@ -332,6 +448,7 @@ mod tests {
         assert!(
             Imatrix::from_legacy(&hostile)
                 .unwrap_err()
+                .to_string()
                 .contains("file ends")
         );
     }

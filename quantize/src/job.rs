@@ -26,7 +26,9 @@ use rayon::prelude::*;
 
 use crate::imatrix::Imatrix;
 use crate::recipe::Recipe;
-use crate::rules::{Category, MixOptions, Mixer, ModelFacts, Override, Reason, llama_order};
+use crate::rules::{
+    Category, FactsError, MixError, MixOptions, Mixer, ModelFacts, Override, Reason, llama_order,
+};
 use crate::{ENCODABLE, quantize_row_imatrix};
 
 /// `general.quantization_version` written by current ggml (`GGML_QNT_VERSION`).
@@ -39,6 +41,14 @@ pub enum JobError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
     /// The input's metadata lacks what the type rules need.
+    #[error("{path}: {error}")]
+    Facts {
+        /// The input.
+        path: PathBuf,
+        /// What is missing or wrong.
+        error: FactsError,
+    },
+    /// The input's metadata is invalid for writing the output.
     #[error("{path}: {message}")]
     Metadata {
         /// The input.
@@ -49,6 +59,17 @@ pub enum JobError {
     /// The options cannot be applied to this model.
     #[error("{0}")]
     Options(String),
+    /// `--prune-layers` cannot be applied to this model.
+    #[error(transparent)]
+    Prune(#[from] PruneError),
+    /// The type rules cannot choose a tensor's type.
+    #[error("tensor {tensor}: {error}")]
+    Mix {
+        /// Tensor name.
+        tensor: String,
+        /// Why.
+        error: MixError,
+    },
     /// A tensor cannot be quantized as planned.
     #[error("tensor {tensor}: {message}")]
     Tensor {
@@ -285,9 +306,11 @@ pub fn plan(model: &GgufModel, input: &Path, options: &Options) -> Result<Plan, 
         }
         ModelFacts::from_metadata(&meta)
     }
-    .map_err(meta_err)?;
-    let mut pruned =
-        Pruning::new(&options.prune_layers, facts.n_layer).map_err(JobError::Options)?;
+    .map_err(|error| JobError::Facts {
+        path: input.to_owned(),
+        error,
+    })?;
+    let mut pruned = Pruning::new(&options.prune_layers, facts.n_layer)?;
     let recipe = options.recipe.as_ref();
     let mut overrides = options.tensor_types.clone();
     if let Some(r) = recipe {
@@ -333,9 +356,9 @@ pub fn plan(model: &GgufModel, input: &Path, options: &Options) -> Result<Plan, 
         let (file, name) = (*file, name.as_str());
         let choice = mixer
             .choose(name, &t.dims, t.ty)
-            .map_err(|message| JobError::Tensor {
+            .map_err(|error| JobError::Mix {
                 tensor: name.to_owned(),
-                message,
+                error,
             })?;
         let target = choice.ty;
         let size = target.tensor_size(&t.dims).map_err(|e| JobError::Tensor {
@@ -440,6 +463,22 @@ pub fn plan(model: &GgufModel, input: &Path, options: &Options) -> Result<Plan, 
     })
 }
 
+/// Why `--prune-layers` cannot be applied.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PruneError {
+    /// A block the model does not have (llama-quantize ignores it).
+    #[error("--prune-layers {layer}: the model has blocks 0 to {}", .n_layer.saturating_sub(1))]
+    NoSuchBlock {
+        /// The block given.
+        layer: u32,
+        /// The model's blocks.
+        n_layer: u32,
+    },
+    /// Every block would go.
+    #[error("--prune-layers would remove every block")]
+    Everything,
+}
+
 /// `--prune-layers`: which blocks go, and the new number of those that stay.
 struct Pruning {
     /// Sorted, without duplicates.
@@ -450,18 +489,15 @@ struct Pruning {
 
 impl Pruning {
     /// Refuses a block the model does not have (llama-quantize ignores it).
-    fn new(layers: &[u32], n_layer: u32) -> Result<Pruning, String> {
+    fn new(layers: &[u32], n_layer: u32) -> Result<Pruning, PruneError> {
         let mut layers = layers.to_vec();
         layers.sort_unstable();
         layers.dedup();
-        if let Some(&bad) = layers.iter().find(|&&l| l >= n_layer) {
-            return Err(format!(
-                "--prune-layers {bad}: the model has blocks 0 to {}",
-                n_layer.saturating_sub(1)
-            ));
+        if let Some(&layer) = layers.iter().find(|&&l| l >= n_layer) {
+            return Err(PruneError::NoSuchBlock { layer, n_layer });
         }
         if !layers.is_empty() && layers.len() as u32 >= n_layer {
-            return Err("--prune-layers would remove every block".into());
+            return Err(PruneError::Everything);
         }
         Ok(Pruning {
             layers,

@@ -63,46 +63,80 @@ pub fn unknown_file_type(name: &str) -> String {
     )
 }
 
+/// Why a file type cannot be written or a tensor type name cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TypeNameError {
+    /// The file type is known, but memwall has no encoder for its base type.
+    #[error(
+        "memwall cannot write {ftype} yet (its {} blocks have no encoder); it can plan it with \
+         --dry-run. {}",
+        .base.map_or("?", GgmlType::name),
+        file_type_list()
+    )]
+    CannotWrite {
+        /// The file type's name (`IQ2_XS`).
+        ftype: &'static str,
+        /// Its base type, if it has one.
+        base: Option<GgmlType>,
+    },
+    /// The tensor type is known, but memwall has no encoder for it.
+    #[error(
+        "memwall cannot encode {} yet; it encodes {}",
+        .ty.name().to_ascii_uppercase(),
+        encodable()
+    )]
+    CannotEncode {
+        /// The type.
+        ty: GgmlType,
+    },
+    /// No tensor type has this name.
+    #[error(
+        "unknown tensor type '{name}'{}; memwall encodes {}",
+        did_you_mean_type(name),
+        encodable()
+    )]
+    UnknownTensorType {
+        /// The name as given.
+        name: String,
+    },
+}
+
+/// The types memwall encodes, upper case, for messages.
+fn encodable() -> String {
+    ENCODABLE
+        .iter()
+        .map(|t| t.name().to_ascii_uppercase())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// " (did you mean Q8_0?)" for the tensor type nearest to `name`, or nothing.
+fn did_you_mean_type(name: &str) -> String {
+    let upper: Vec<String> = GgmlType::all()
+        .map(|t| t.name().to_ascii_uppercase())
+        .collect();
+    did_you_mean(name, upper.iter().map(String::as_str))
+}
+
 /// Refuses a file type memwall cannot write, before any work.
-pub fn check_writable(ftype: &FileTypeInfo) -> Result<(), String> {
+pub fn check_writable(ftype: &FileTypeInfo) -> Result<(), TypeNameError> {
     if can_write(ftype) {
         return Ok(());
     }
-    Err(format!(
-        "memwall cannot write {} yet (its {} blocks have no encoder); it can plan it with \
-         --dry-run. {}",
-        ftype.name,
-        ftype.base.map_or("?", GgmlType::name),
-        file_type_list()
-    ))
+    Err(TypeNameError::CannotWrite {
+        ftype: ftype.name,
+        base: ftype.base,
+    })
 }
 
 /// A tensor type (`q8_0`, `F16`; any case) that memwall can encode, or why not.
-pub fn parse_tensor_type(name: &str) -> Result<GgmlType, String> {
-    let encodable = || {
-        ENCODABLE
-            .iter()
-            .map(|t| t.name().to_ascii_uppercase())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+pub fn parse_tensor_type(name: &str) -> Result<GgmlType, TypeNameError> {
     match GgmlType::all().find(|t| t.name().eq_ignore_ascii_case(name)) {
         Some(t) if ENCODABLE.contains(&t) => Ok(t),
-        Some(t) => Err(format!(
-            "memwall cannot encode {} yet; it encodes {}",
-            t.name().to_ascii_uppercase(),
-            encodable()
-        )),
-        None => {
-            let upper: Vec<String> = GgmlType::all()
-                .map(|t| t.name().to_ascii_uppercase())
-                .collect();
-            Err(format!(
-                "unknown tensor type '{name}'{}; memwall encodes {}",
-                did_you_mean(name, upper.iter().map(String::as_str)),
-                encodable()
-            ))
-        }
+        Some(ty) => Err(TypeNameError::CannotEncode { ty }),
+        None => Err(TypeNameError::UnknownTensorType {
+            name: name.to_owned(),
+        }),
     }
 }
 
@@ -144,9 +178,9 @@ mod tests {
         let m = unknown_file_type("Q4KM");
         assert!(m.contains("(did you mean Q4_K_M?)"), "{m}");
         assert!(!unknown_file_type("out.gguf").contains("did you mean"));
-        let e = parse_tensor_type("q80").unwrap_err();
+        let e = parse_tensor_type("q80").unwrap_err().to_string();
         assert!(e.contains("did you mean Q8_0?"), "{e}");
-        let e = parse_tensor_type("iq2_xs").unwrap_err();
+        let e = parse_tensor_type("iq2_xs").unwrap_err().to_string();
         assert!(e.contains("cannot encode IQ2_XS yet"), "{e}");
         assert!(check_writable(parse_file_type("IQ2_XS").unwrap()).is_err());
         assert!(check_writable(parse_file_type("Q4_K_M").unwrap()).is_ok());

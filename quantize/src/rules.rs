@@ -11,7 +11,7 @@
 
 use memwall_format::GgmlType;
 use memwall_format::ggml_type::FileTypeInfo;
-use memwall_format::gguf::Metadata;
+use memwall_format::gguf::{Metadata, MetadataError};
 
 /// The broad role of a tensor, from its name (`tensor_get_category`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,6 +155,72 @@ pub fn layer_of(name: &str) -> Option<i64> {
     rest[..end].parse().ok()
 }
 
+/// Why the metadata does not tell the type rules what they need.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum FactsError {
+    /// A key has a value of the wrong type.
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
+    /// `general.architecture` is absent.
+    #[error("metadata has no general.architecture")]
+    NoArchitecture,
+    /// A count is not a non-negative integer that fits u32.
+    #[error("metadata key {key} is not a non-negative integer")]
+    NotAnInteger {
+        /// The key.
+        key: String,
+    },
+    /// `{arch}.block_count` is absent.
+    #[error("metadata has no {arch}.block_count")]
+    NoBlockCount {
+        /// The architecture.
+        arch: String,
+    },
+    /// `{arch}.block_count` is 0 or more than 512.
+    #[error("{arch}.block_count is {n_layer}; expected 1 to 512")]
+    BlockCount {
+        /// The architecture.
+        arch: String,
+        /// The count found.
+        n_layer: u32,
+    },
+}
+
+/// Why the type rules cannot choose a tensor's type.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MixError {
+    /// The file type is a removed one: it has no base type.
+    #[error("file type {ftype} has no base type")]
+    NoBaseType {
+        /// The file type's name.
+        ftype: &'static str,
+    },
+    /// The chosen type does not fit the row length and has no fallback.
+    #[error("no fallback is defined for type {ty} ({tensor})")]
+    NoFallback {
+        /// The chosen type.
+        ty: GgmlType,
+        /// The tensor.
+        tensor: String,
+    },
+    /// An FFN tensor of a MoE model has no `blk.N.` in its name.
+    #[error("cannot tell the layer of tensor {tensor}")]
+    UnknownLayer {
+        /// The tensor.
+        tensor: String,
+    },
+    /// An FFN tensor of a MoE model is in a block the model does not have.
+    #[error("tensor {tensor} is in layer {layer}; the model has {n_layer}")]
+    LayerOutOfRange {
+        /// The tensor.
+        tensor: String,
+        /// Its `blk.N` number.
+        layer: i64,
+        /// The model's blocks.
+        n_layer: u32,
+    },
+}
+
 /// What the type choice needs to know about the model.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModelFacts {
@@ -173,13 +239,12 @@ pub struct ModelFacts {
 impl ModelFacts {
     /// Reads the facts from GGUF metadata. Head counts may be per-layer
     /// arrays; llama.cpp's rules look at layer 0.
-    pub fn from_metadata(meta: &Metadata) -> Result<ModelFacts, String> {
+    pub fn from_metadata(meta: &Metadata) -> Result<ModelFacts, FactsError> {
         let arch = meta
-            .get_str("general.architecture")
-            .map_err(|e| e.to_string())?
-            .ok_or("metadata has no general.architecture")?
+            .get_str("general.architecture")?
+            .ok_or(FactsError::NoArchitecture)?
             .to_owned();
-        let int = |key: String| -> Result<Option<u32>, String> {
+        let int = |key: String| -> Result<Option<u32>, FactsError> {
             let Some(v) = meta.get(&key) else {
                 return Ok(None);
             };
@@ -190,14 +255,12 @@ impl ModelFacts {
             first
                 .and_then(|n| u32::try_from(n).ok())
                 .map(Some)
-                .ok_or_else(|| format!("metadata key {key} is not a non-negative integer"))
+                .ok_or(FactsError::NotAnInteger { key })
         };
         let n_layer = int(format!("{arch}.block_count"))?
-            .ok_or_else(|| format!("metadata has no {arch}.block_count"))?;
+            .ok_or_else(|| FactsError::NoBlockCount { arch: arch.clone() })?;
         if n_layer == 0 || n_layer > 512 {
-            return Err(format!(
-                "{arch}.block_count is {n_layer}; expected 1 to 512"
-            ));
+            return Err(FactsError::BlockCount { arch, n_layer });
         }
         let n_head = int(format!("{arch}.attention.head_count"))?.unwrap_or(0);
         let n_head_kv = int(format!("{arch}.attention.head_count_kv"))?.unwrap_or(n_head);
@@ -392,7 +455,7 @@ impl Mixer {
         name: &str,
         dims: &[u64],
         current: GgmlType,
-    ) -> Result<Choice, String> {
+    ) -> Result<Choice, MixError> {
         let keep = Choice {
             ty: current,
             reason: Reason::Kept,
@@ -418,11 +481,9 @@ impl Mixer {
                 reason: Reason::OutputType,
             });
         }
-        let base = self
-            .options
-            .ftype
-            .base
-            .ok_or_else(|| format!("file type {} has no base type", self.options.ftype.name))?;
+        let base = self.options.ftype.base.ok_or(MixError::NoBaseType {
+            ftype: self.options.ftype.name,
+        })?;
         if !base.is_quantized() {
             if let Some(o) = self
                 .options
@@ -467,15 +528,17 @@ impl Mixer {
 
     /// Replaces a type whose block does not divide the row length by its
     /// fallback (`tensor_type_fallback`), or F16 when that does not fit either.
-    fn fit(&mut self, name: &str, dims: &[u64], choice: Choice) -> Result<Choice, String> {
+    fn fit(&mut self, name: &str, dims: &[u64], choice: Choice) -> Result<Choice, MixError> {
         let row = dims.first().copied().unwrap_or(0);
         if row % choice.ty.block_size() == 0 {
             return Ok(choice);
         }
         self.fallbacks += 1;
         let from = choice.ty;
-        let mut ty = fallback_for(from)
-            .ok_or_else(|| format!("no fallback is defined for type {from} ({name})"))?;
+        let mut ty = fallback_for(from).ok_or_else(|| MixError::NoFallback {
+            ty: from,
+            tensor: name.to_owned(),
+        })?;
         if row % ty.block_size() != 0 {
             ty = GgmlType::F16;
         }
@@ -492,7 +555,7 @@ impl Mixer {
         name: &str,
         dims: &[u64],
         category: Category,
-    ) -> Result<GgmlType, String> {
+    ) -> Result<GgmlType, MixError> {
         use GgmlType as T;
         let ft = self.options.ftype.name;
         let f = &self.facts;
@@ -709,15 +772,18 @@ impl Mixer {
     /// The layer of an FFN tensor: the running count for dense models, the
     /// `blk.N.` number for MoE models (whose expert tensors are not in
     /// layer order).
-    fn layer_info(&self, counter: u32, name: &str) -> Result<(u32, u32), String> {
+    fn layer_info(&self, counter: u32, name: &str) -> Result<(u32, u32), MixError> {
         let n = self.facts.n_layer;
         if self.facts.n_expert.max(1) > 1 {
-            let layer =
-                layer_of(name).ok_or_else(|| format!("cannot tell the layer of tensor {name}"))?;
+            let layer = layer_of(name).ok_or_else(|| MixError::UnknownLayer {
+                tensor: name.to_owned(),
+            })?;
             if layer < 0 || layer >= i64::from(n) {
-                return Err(format!(
-                    "tensor {name} is in layer {layer}; the model has {n}"
-                ));
+                return Err(MixError::LayerOutOfRange {
+                    tensor: name.to_owned(),
+                    layer,
+                    n_layer: n,
+                });
             }
             return Ok((layer as u32, n));
         }

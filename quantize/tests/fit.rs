@@ -134,7 +134,7 @@ fn fuzz_weight_count_overflow_is_refused() {
     .unwrap();
     let config: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(
-        Shape::from_hf_config(&config).unwrap_err(),
+        Shape::from_hf_config(&config).unwrap_err().to_string(),
         "the shape has 221360946502473633792 weights; expected at most 17592186044416 (2^44)"
     );
 }
@@ -160,7 +160,8 @@ fn fuzz_saved_device_profiles_load_back() {
         "ram_gb = 0.2\nos_reserve_gb = 0.1",
         "ram_gb = 0.1250000001\nos_reserve_gb = 0.12500000005",
     ))
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert_eq!(
         err,
         "os_reserve_gb (0.12500000005) must be less than ram_gb (0.1250000001)"

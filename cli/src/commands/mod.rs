@@ -197,7 +197,7 @@ pub fn hint(err: &anyhow::Error) -> Option<&'static str> {
                      the original checkpoint",
                 );
             }
-            JobError::Metadata { .. } => {
+            JobError::Metadata { .. } | JobError::Facts { .. } => {
                 return Some(
                     "the file lacks model metadata; is it a model converted by llama.cpp or memwall?",
                 );

@@ -265,7 +265,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     if !args.dry_run {
         // Before any work: what memwall cannot write, and where it cannot write.
-        names::check_writable(ftype).map_err(anyhow::Error::msg)?;
+        names::check_writable(ftype)?;
         if ftype.name == "Q2_K_S" && args.imatrix.is_none() {
             bail!(
                 "Q2_K_S needs an importance matrix: pass --imatrix FILE (make one with \

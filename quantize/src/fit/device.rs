@@ -22,9 +22,12 @@
 //! Q4_K = 6.0                  # stream from RAM (used above cache_mb)
 //! ```
 
-use memwall_format::GgmlType;
+use std::path::PathBuf;
 
-use crate::recipe::parse_type;
+use memwall_format::GgmlType;
+use memwall_format::suggest::did_you_mean;
+
+use crate::recipe::{RecipeError, parse_type};
 
 const BUILTIN: &str = include_str!("devices.toml");
 
@@ -33,6 +36,169 @@ const GIB: f64 = (1u64 << 30) as f64;
 /// Cost of one matrix product besides its arithmetic when a profile does not
 /// say (thread wake-up and join on a phone's big cores).
 const DEFAULT_DISPATCH: f64 = 10e-6;
+
+/// The keys a profile may have.
+const KNOWN: [&str; 15] = [
+    "name",
+    "description",
+    "ram_gb",
+    "os_reserve_gb",
+    "ram_bandwidth_gbs",
+    "bandwidth_efficiency",
+    "storage_read_gbs",
+    "threads",
+    "compute_gweights_s",
+    "dispatch_us",
+    "overlap_loss",
+    "cache_mb",
+    "streaming",
+    "compute",
+    "notes",
+];
+
+/// Why [`Device::resolve`] found no profile.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// The profile file could not be read.
+    #[error("{}: {error}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        error: std::io::Error,
+    },
+    /// The profile file is not a valid profile.
+    #[error("{}: {error}", path.display())]
+    Profile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        error: ProfileError,
+    },
+    /// The file holds several profiles and none was named.
+    #[error(
+        "{}: {} device profiles; name one of them: {}",
+        path.display(),
+        names.len(),
+        names.join(", ")
+    )]
+    Several {
+        /// The file.
+        path: PathBuf,
+        /// Its profiles' names.
+        names: Vec<String>,
+    },
+    /// Neither a built-in profile nor a file.
+    #[error(
+        "no device profile '{spec}'{}: built-ins are {}, or give a TOML file (see docs/PLAN.md)",
+        did_you_mean(spec, builtins.iter().map(String::as_str)),
+        builtins.join(", ")
+    )]
+    Unknown {
+        /// What was given.
+        spec: String,
+        /// The built-in profiles' names.
+        builtins: Vec<String>,
+    },
+}
+
+/// Why a profile file is refused.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ProfileError {
+    /// Not TOML.
+    #[error(transparent)]
+    Toml(#[from] toml::de::Error),
+    /// A `[[device]]` entry that is not a table.
+    #[error("device {index}: must be a table")]
+    NotATable {
+        /// Its position, from 1.
+        index: usize,
+    },
+    /// A `[[device]]` entry with a bad field.
+    #[error("device {index}: {error}")]
+    Device {
+        /// Its position, from 1.
+        index: usize,
+        /// What is wrong.
+        error: FieldError,
+    },
+    /// `device` is not an array of tables.
+    #[error("'device' must be an array of tables ([[device]])")]
+    NotAnArray,
+    /// A profile at the top level with a bad field.
+    #[error(transparent)]
+    Field(#[from] FieldError),
+}
+
+/// What is wrong with a field of one profile.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum FieldError {
+    /// A key profiles do not have.
+    #[error("unknown key '{key}' (known: {})", KNOWN.join(", "))]
+    UnknownKey {
+        /// The key.
+        key: String,
+    },
+    /// A number field holding something else.
+    #[error("'{key}' must be a number, not {found}")]
+    NotANumber {
+        /// The key.
+        key: &'static str,
+        /// The TOML type found.
+        found: &'static str,
+    },
+    /// A required number is absent.
+    #[error("needs '{key}'")]
+    Missing {
+        /// The key.
+        key: &'static str,
+    },
+    /// A number outside its range (or not finite).
+    #[error("'{key}' is {value}; expected {lo} to {hi}")]
+    OutOfRange {
+        /// The key.
+        key: &'static str,
+        /// Its value.
+        value: f64,
+        /// The smallest allowed.
+        lo: f64,
+        /// The largest allowed.
+        hi: f64,
+    },
+    /// No `name`.
+    #[error("needs name = \"...\"")]
+    NoName,
+    /// The OS would keep all the RAM.
+    #[error("os_reserve_gb ({reserve}) must be less than ram_gb ({ram})")]
+    ReserveTooLarge {
+        /// `os_reserve_gb`.
+        reserve: f64,
+        /// `ram_gb`.
+        ram: f64,
+    },
+    /// A rate table names no ggml type.
+    #[error("{key}: {error}")]
+    RateType {
+        /// The table (`compute`, `streaming`).
+        key: &'static str,
+        /// Why.
+        error: RecipeError,
+    },
+    /// A rate that is not a positive number.
+    #[error("{key}.{ty} must be a positive number")]
+    BadRate {
+        /// The table.
+        key: &'static str,
+        /// The type name as written.
+        ty: String,
+    },
+    /// A rate table that is not a table.
+    #[error("'{key}' must be a table of type = rate")]
+    NotARateTable {
+        /// The key.
+        key: &'static str,
+    },
+}
 
 /// A device the model should run on.
 #[derive(Clone, Debug, PartialEq)]
@@ -83,33 +249,32 @@ impl Device {
 
     /// A built-in profile by name, or the profile(s) in a TOML file (`name`
     /// picks one when the file holds several).
-    pub fn resolve(spec: &str) -> Result<Device, String> {
+    pub fn resolve(spec: &str) -> Result<Device, DeviceError> {
         if let Some(d) = Device::builtins().into_iter().find(|d| d.name == spec) {
             return Ok(d);
         }
         let path = std::path::Path::new(spec);
         if path.is_file() {
-            let text =
-                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            let mut all = parse_all(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            let text = std::fs::read_to_string(path).map_err(|error| DeviceError::Read {
+                path: path.to_owned(),
+                error,
+            })?;
+            let mut all = parse_all(&text).map_err(|error| DeviceError::Profile {
+                path: path.to_owned(),
+                error,
+            })?;
             return match all.len() {
                 1 => Ok(all.remove(0)),
-                n => Err(format!(
-                    "{}: {n} device profiles; name one of them: {}",
-                    path.display(),
-                    all.iter()
-                        .map(|d| d.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )),
+                _ => Err(DeviceError::Several {
+                    path: path.to_owned(),
+                    names: all.into_iter().map(|d| d.name).collect(),
+                }),
             };
         }
-        let names: Vec<String> = Device::builtins().into_iter().map(|d| d.name).collect();
-        Err(format!(
-            "no device profile '{spec}'{}: built-ins are {}, or give a TOML file (see docs/PLAN.md)",
-            memwall_format::suggest::did_you_mean(spec, names.iter().map(String::as_str)),
-            names.join(", ")
-        ))
+        Err(DeviceError::Unknown {
+            spec: spec.to_owned(),
+            builtins: Device::builtins().into_iter().map(|d| d.name).collect(),
+        })
     }
 
     /// RAM one app can use: installed minus the OS reserve.
@@ -184,89 +349,69 @@ impl Device {
 }
 
 /// Parses a profile file: `[[device]]` tables, or one profile at the top level.
-pub fn parse_all(text: &str) -> Result<Vec<Device>, String> {
-    let doc: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
+pub fn parse_all(text: &str) -> Result<Vec<Device>, ProfileError> {
+    let doc: toml::Table = text.parse()?;
     match doc.get("device") {
         Some(toml::Value::Array(list)) => list
             .iter()
             .enumerate()
             .map(|(i, v)| {
-                let t = v
-                    .as_table()
-                    .ok_or_else(|| format!("device {}: must be a table", i + 1))?;
-                parse_one(t).map_err(|e| format!("device {}: {e}", i + 1))
+                let index = i + 1;
+                let t = v.as_table().ok_or(ProfileError::NotATable { index })?;
+                parse_one(t).map_err(|error| ProfileError::Device { index, error })
             })
             .collect(),
-        Some(_) => Err("'device' must be an array of tables ([[device]])".into()),
-        None => parse_one(&doc).map(|d| vec![d]),
+        Some(_) => Err(ProfileError::NotAnArray),
+        None => Ok(vec![parse_one(&doc)?]),
     }
 }
 
-fn parse_one(t: &toml::Table) -> Result<Device, String> {
-    const KNOWN: [&str; 15] = [
-        "name",
-        "description",
-        "ram_gb",
-        "os_reserve_gb",
-        "ram_bandwidth_gbs",
-        "bandwidth_efficiency",
-        "storage_read_gbs",
-        "threads",
-        "compute_gweights_s",
-        "dispatch_us",
-        "overlap_loss",
-        "cache_mb",
-        "streaming",
-        "compute",
-        "notes",
-    ];
+fn parse_one(t: &toml::Table) -> Result<Device, FieldError> {
     if let Some(k) = t.keys().find(|k| !KNOWN.contains(&k.as_str())) {
-        return Err(format!("unknown key '{k}' (known: {})", KNOWN.join(", ")));
+        return Err(FieldError::UnknownKey { key: k.clone() });
     }
     let string = |key: &str| t.get(key).and_then(toml::Value::as_str).map(str::to_owned);
-    let number = |key: &str, lo: f64, hi: f64| -> Result<f64, String> {
-        let v = match t.get(key) {
+    let number = |key: &'static str, lo: f64, hi: f64| -> Result<f64, FieldError> {
+        let value = match t.get(key) {
             Some(toml::Value::Float(f)) => *f,
             Some(toml::Value::Integer(i)) => *i as f64,
             Some(other) => {
-                return Err(format!(
-                    "'{key}' must be a number, not {}",
-                    other.type_str()
-                ));
+                return Err(FieldError::NotANumber {
+                    key,
+                    found: other.type_str(),
+                });
             }
-            None => return Err(format!("needs '{key}'")),
+            None => return Err(FieldError::Missing { key }),
         };
-        if !(v.is_finite() && v >= lo && v <= hi) {
-            return Err(format!("'{key}' is {v}; expected {lo} to {hi}"));
+        if !(value.is_finite() && value >= lo && value <= hi) {
+            return Err(FieldError::OutOfRange { key, value, lo, hi });
         }
-        Ok(v)
+        Ok(value)
     };
-    let name = string("name").ok_or("needs name = \"...\"")?;
+    let name = string("name").ok_or(FieldError::NoName)?;
     let ram = number("ram_gb", 0.125, 65536.0)?;
     let reserve = number("os_reserve_gb", 0.0, 65536.0)?;
     let (ram_bytes, os_reserve_bytes) = ((ram * GIB) as u64, (reserve * GIB) as u64);
     // Compared in bytes: two sizes a few bytes apart are the same once rounded.
     if os_reserve_bytes >= ram_bytes {
-        return Err(format!(
-            "os_reserve_gb ({reserve}) must be less than ram_gb ({ram})"
-        ));
+        return Err(FieldError::ReserveTooLarge { reserve, ram });
     }
-    let rates = |key: &str| -> Result<Vec<(GgmlType, f64)>, String> {
+    let rates = |key: &'static str| -> Result<Vec<(GgmlType, f64)>, FieldError> {
         let mut out = Vec::new();
         match t.get(key) {
             None => {}
             Some(toml::Value::Table(c)) => {
                 for (k, v) in c {
-                    let ty = parse_type(k).map_err(|e| format!("{key}: {e}"))?;
+                    let ty = parse_type(k).map_err(|error| FieldError::RateType { key, error })?;
                     let r = v
                         .as_float()
                         .or_else(|| v.as_integer().map(|i| i as f64))
                         .filter(|r| r.is_finite() && *r > 0.0 && *r < 1e6)
-                        .ok_or_else(|| format!("{key}.{k} must be a positive number"))?;
+                        .ok_or_else(|| FieldError::BadRate { key, ty: k.clone() })?;
                     out.push((ty, r * 1e9));
                 }
             }
-            Some(_) => return Err(format!("'{key}' must be a table of type = rate")),
+            Some(_) => return Err(FieldError::NotARateTable { key }),
         }
         Ok(out)
     };
@@ -343,7 +488,7 @@ mod tests {
             ("name = \"x\"", "name = \"x\"\nspeed = 3"),
         ] {
             let text = base.replace(edit, want);
-            let err = parse_all(&text).unwrap_err();
+            let err = parse_all(&text).unwrap_err().to_string();
             let key = want
                 .split(' ')
                 .next()
@@ -354,6 +499,7 @@ mod tests {
         assert!(
             Device::resolve("phone-99gb")
                 .unwrap_err()
+                .to_string()
                 .contains("phone-16gb")
         );
     }

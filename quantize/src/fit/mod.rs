@@ -15,7 +15,7 @@
 //! let shape = Shape::dense("llama", 32, 4096, 14336, 32, 8, 128, 128256, false);
 //! let q4 = Choice::by_name("Q4_K_M").unwrap().weights(&shape.facts(), &shape.tensors())?;
 //! assert!((4.5..5.2).contains(&q4.bits_per_weight()));
-//! # Ok::<(), String>(())
+//! # Ok::<(), memwall_quantize::fit::WeightsError>(())
 //! ```
 
 pub mod device;
@@ -29,10 +29,127 @@ pub use estimate::{
 
 use memwall_format::GgmlType;
 use memwall_format::arch::{Arch, Dims, Slot};
-use memwall_format::ggml_type::{FileTypeInfo, file_type_by_name};
+use memwall_format::ggml_type::{FileTypeInfo, ShapeError, file_type_by_name};
+use memwall_format::model_info::MetadataProblems;
+use memwall_format::suggest::did_you_mean;
 
 use crate::recipe::Recipe;
-use crate::rules::{Category, MixOptions, Mixer, ModelFacts, llama_order};
+use crate::rules::{Category, MixError, MixOptions, Mixer, ModelFacts, llama_order};
+
+/// The `config.json` architectures [`Shape::from_hf_config`] reads.
+const PLANNED: [&str; 7] = [
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "CohereForCausalLM",
+];
+
+/// Why a model's hyper-parameters cannot be planned: read from GGUF metadata
+/// or a `config.json`, or a shape no model has ([`Shape::check`]).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ModelShapeError {
+    /// The GGUF metadata lacks hyper-parameters, or has ill-typed ones.
+    #[error(transparent)]
+    Metadata(#[from] MetadataProblems),
+    /// A GGUF file with neither a vocabulary size nor token embeddings.
+    #[error("the model has neither a vocabulary size nor token embeddings")]
+    NoVocabulary,
+    /// A GGUF count that does not fit u32.
+    #[error("{key} is {value}, too large")]
+    TooLarge {
+        /// The key, without the architecture (`block_count`).
+        key: &'static str,
+        /// Its value.
+        value: u64,
+    },
+    /// A `config.json` without an `architectures` list.
+    #[error("config.json has no architectures list")]
+    NoArchitectures,
+    /// A `config.json` of an architecture memwall does not plan.
+    #[error(
+        "architecture {class} is not one memwall plans{} (Llama, Mistral, Mixtral, \
+         Qwen2, Qwen3, Qwen3-MoE, Command-R); give the numbers instead",
+        did_you_mean(class, PLANNED)
+    )]
+    UnplannedArchitecture {
+        /// The class in `architectures` (`GPT2LMHeadModel`).
+        class: String,
+    },
+    /// A `config.json` key that is not a non-negative integer.
+    #[error("config.json: {key} is not a non-negative integer")]
+    ConfigNotAnInteger {
+        /// The key.
+        key: &'static str,
+    },
+    /// A `config.json` without a required key.
+    #[error("config.json has no {key}")]
+    ConfigMissing {
+        /// The key.
+        key: &'static str,
+    },
+    /// A MoE `config.json` without an expert count.
+    #[error("config.json has no num_local_experts / num_experts")]
+    ConfigNoExperts,
+    /// A `config.json` count that does not fit u32.
+    #[error("config.json: {key} is {value}, too large")]
+    ConfigTooLarge {
+        /// The key.
+        key: &'static str,
+        /// Its value.
+        value: u64,
+    },
+    /// A size outside the range models have.
+    #[error("{what} is {value}; expected {lo} to {hi}")]
+    OutOfRange {
+        /// Which size (`hidden size`).
+        what: &'static str,
+        /// Its value.
+        value: u64,
+        /// The smallest allowed.
+        lo: u64,
+        /// The largest allowed.
+        hi: u64,
+    },
+    /// A MoE shape using none, or more than all, of its experts.
+    #[error("{used} experts used of {experts}: expected 1 to {experts}")]
+    ExpertsUsed {
+        /// Experts each token uses.
+        used: u32,
+        /// Experts per layer.
+        experts: u32,
+    },
+    /// A dense shape without an FFN.
+    #[error("the FFN width is 0")]
+    NoFfn,
+    /// More weights than [`MAX_WEIGHTS`].
+    #[error(
+        "the shape has {weights} weights; expected at most {} (2^44)",
+        MAX_WEIGHTS
+    )]
+    TooManyWeights {
+        /// The shape's weights.
+        weights: u128,
+    },
+}
+
+/// Why the weights of a choice (or of a file as stored) cannot be counted.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum WeightsError {
+    /// llama.cpp's type rules cannot choose a tensor's type.
+    #[error(transparent)]
+    Mix(#[from] MixError),
+    /// A tensor's shape cannot be stored in its type.
+    #[error("{tensor}: {error}")]
+    Size {
+        /// The tensor.
+        tensor: String,
+        /// Why.
+        error: ShapeError,
+    },
+}
 
 /// One tensor: name, GGUF shape and stored type.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -120,10 +237,10 @@ impl Shape {
     }
 
     /// Reads the shape from GGUF metadata and the tensor list.
-    pub fn from_gguf(model: &memwall_format::gguf::GgufModel) -> Result<Shape, String> {
+    pub fn from_gguf(model: &memwall_format::gguf::GgufModel) -> Result<Shape, ModelShapeError> {
         use memwall_format::model_info::HyperParams;
         let meta = model.metadata();
-        let hp = HyperParams::try_from(meta).map_err(|e| e.to_string())?;
+        let hp = HyperParams::try_from(meta)?;
         let arch = hp.architecture.clone();
         let has = |name: &str| model.tensors().any(|(_, t)| t.name == name);
         let n_vocab = match hp.vocab_size {
@@ -132,10 +249,11 @@ impl Shape {
                 .tensors()
                 .find(|(_, t)| t.name == "token_embd.weight")
                 .and_then(|(_, t)| t.dims.get(1).copied())
-                .ok_or("the model has neither a vocabulary size nor token embeddings")?,
+                .ok_or(ModelShapeError::NoVocabulary)?,
         };
-        let small =
-            |v: u64, what: &str| u32::try_from(v).map_err(|_| format!("{what} is {v}, too large"));
+        let small = |value: u64, key: &'static str| {
+            u32::try_from(value).map_err(|_| ModelShapeError::TooLarge { key, value })
+        };
         Ok(Shape {
             n_layer: small(hp.block_count, "block_count")?,
             n_embd: hp.embedding_length,
@@ -155,10 +273,10 @@ impl Shape {
 
     /// Reads the shape from a Hugging Face `config.json` (with transformers'
     /// defaults filled in), for the architectures memwall converts.
-    pub fn from_hf_config(config: &serde_json::Value) -> Result<Shape, String> {
+    pub fn from_hf_config(config: &serde_json::Value) -> Result<Shape, ModelShapeError> {
         let class = config["architectures"][0]
             .as_str()
-            .ok_or("config.json has no architectures list")?;
+            .ok_or(ModelShapeError::NoArchitectures)?;
         let (arch, moe) = match class {
             "LlamaForCausalLM" | "MistralForCausalLM" => ("llama", false),
             "MixtralForCausalLM" => ("llama", true),
@@ -167,33 +285,22 @@ impl Shape {
             "Qwen3MoeForCausalLM" => ("qwen3moe", true),
             "CohereForCausalLM" => ("command-r", false),
             other => {
-                const PLANNED: [&str; 7] = [
-                    "LlamaForCausalLM",
-                    "MistralForCausalLM",
-                    "MixtralForCausalLM",
-                    "Qwen2ForCausalLM",
-                    "Qwen3ForCausalLM",
-                    "Qwen3MoeForCausalLM",
-                    "CohereForCausalLM",
-                ];
-                return Err(format!(
-                    "architecture {other} is not one memwall plans{} (Llama, Mistral, Mixtral, \
-                     Qwen2, Qwen3, Qwen3-MoE, Command-R); give the numbers instead",
-                    memwall_format::suggest::did_you_mean(other, PLANNED)
-                ));
+                return Err(ModelShapeError::UnplannedArchitecture {
+                    class: other.to_owned(),
+                });
             }
         };
         let text = config.get("text_config").unwrap_or(config);
-        let num = |key: &str| -> Result<Option<u64>, String> {
+        let num = |key: &'static str| -> Result<Option<u64>, ModelShapeError> {
             match text.get(key) {
                 None | Some(serde_json::Value::Null) => Ok(None),
                 Some(v) => v
                     .as_u64()
                     .map(Some)
-                    .ok_or_else(|| format!("config.json: {key} is not a non-negative integer")),
+                    .ok_or(ModelShapeError::ConfigNotAnInteger { key }),
             }
         };
-        let need = |key: &str| num(key)?.ok_or_else(|| format!("config.json has no {key}"));
+        let need = |key: &'static str| num(key)?.ok_or(ModelShapeError::ConfigMissing { key });
         let n_embd = need("hidden_size")?;
         let n_head = need("num_attention_heads")?;
         let n_head_kv = num("num_key_value_heads")?.unwrap_or(n_head);
@@ -201,7 +308,7 @@ impl Shape {
         let n_expert = if moe {
             num("num_local_experts")?
                 .or(num("num_experts")?)
-                .ok_or("config.json has no num_local_experts / num_experts")?
+                .ok_or(ModelShapeError::ConfigNoExperts)?
         } else {
             0
         };
@@ -212,8 +319,8 @@ impl Shape {
             0
         };
         let tied_default = arch == "command-r";
-        let small = |v: u64, what: &str| {
-            u32::try_from(v).map_err(|_| format!("config.json: {what} is {v}, too large"))
+        let small = |value: u64, key: &'static str| {
+            u32::try_from(value).map_err(|_| ModelShapeError::ConfigTooLarge { key, value })
         };
         let shape = Shape {
             arch: arch.to_owned(),
@@ -251,7 +358,7 @@ impl Shape {
 
     /// Refuses shapes no model has (zero sizes, absurd counts): the planner's
     /// arithmetic then never overflows.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), ModelShapeError> {
         let fields = [
             ("layers", u64::from(self.n_layer), 1, 4096),
             ("hidden size", self.n_embd, 1, 1 << 20),
@@ -263,28 +370,31 @@ impl Shape {
             ("experts", u64::from(self.n_expert), 0, 4096),
             ("expert FFN width", self.n_ff_expert, 0, 1 << 22),
         ];
-        for (what, v, lo, hi) in fields {
-            if v < lo || v > hi {
-                return Err(format!("{what} is {v}; expected {lo} to {hi}"));
+        for (what, value, lo, hi) in fields {
+            if value < lo || value > hi {
+                return Err(ModelShapeError::OutOfRange {
+                    what,
+                    value,
+                    lo,
+                    hi,
+                });
             }
         }
         if self.n_expert > 0 && (self.n_expert_used == 0 || self.n_expert_used > self.n_expert) {
-            return Err(format!(
-                "{} experts used of {}: expected 1 to {}",
-                self.n_expert_used, self.n_expert, self.n_expert
-            ));
+            return Err(ModelShapeError::ExpertsUsed {
+                used: self.n_expert_used,
+                experts: self.n_expert,
+            });
         }
         if self.n_expert == 0 && self.n_ff == 0 {
-            return Err("the FFN width is 0".into());
+            return Err(ModelShapeError::NoFfn);
         }
         // Each bound above keeps one tensor's size within u64, but not the sums
         // over all of them (4096 layers of 4096 experts of 2^20 × 2^22 weights
         // is about 2^67); the largest published models have about 2^41 weights.
         let weights = self.weight_count();
         if weights > MAX_WEIGHTS {
-            return Err(format!(
-                "the shape has {weights} weights; expected at most {MAX_WEIGHTS} (2^44)"
-            ));
+            return Err(ModelShapeError::TooManyWeights { weights });
         }
         Ok(())
     }
@@ -443,7 +553,11 @@ impl Choice {
 
     /// The weights this choice gives the tensors (llama-quantize's mix without
     /// an importance matrix, with the recipe's rules on top).
-    pub fn weights(&self, facts: &ModelFacts, tensors: &[TensorShape]) -> Result<Weights, String> {
+    pub fn weights(
+        &self,
+        facts: &ModelFacts,
+        tensors: &[TensorShape],
+    ) -> Result<Weights, WeightsError> {
         let recipe = self.recipe.as_ref();
         let options = MixOptions {
             ftype: self.ftype,
@@ -465,8 +579,11 @@ impl Choice {
             let bytes = choice
                 .ty
                 .tensor_size(&t.dims)
-                .map_err(|e| format!("{}: {e}", t.name))?
-                .bytes;
+                .map_err(|error| WeightsError::Size {
+                    tensor: t.name.clone(),
+                    error,
+                })?;
+            let bytes = bytes.bytes;
             parts.push(Part {
                 ty: choice.ty,
                 elements: t.elements(),
@@ -528,22 +645,24 @@ pub struct Weights {
 
 impl Weights {
     /// The weights of `tensors` as they are stored (a GGUF file's own types).
-    pub fn as_stored(tensors: &[TensorShape]) -> Result<Weights, String> {
+    pub fn as_stored(tensors: &[TensorShape]) -> Result<Weights, WeightsError> {
         let parts = tensors
             .iter()
             .map(|t| {
-                let bytes =
+                let size =
                     t.ty.tensor_size(&t.dims)
-                        .map_err(|e| format!("{}: {e}", t.name))?
-                        .bytes;
+                        .map_err(|error| WeightsError::Size {
+                            tensor: t.name.clone(),
+                            error,
+                        })?;
                 Ok(Part {
                     ty: t.ty,
                     elements: t.elements(),
-                    bytes,
+                    bytes: size.bytes,
                     kind: Kind::of(t),
                 })
             })
-            .collect::<Result<Vec<_>, String>>()?;
+            .collect::<Result<Vec<_>, WeightsError>>()?;
         Ok(Weights { parts })
     }
 

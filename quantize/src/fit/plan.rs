@@ -8,9 +8,25 @@ use memwall_format::gguf::GgufModel;
 use memwall_format::model_info::HyperParams;
 
 use super::{
-    Choice, Device, Footprint, KvType, Load, Runtime, Shape, Speed, TensorShape, Token, Weights,
-    footprint, token_speed,
+    Choice, Device, Footprint, KvType, Load, ModelShapeError, Runtime, Shape, Speed, TensorShape,
+    Token, Weights, WeightsError, footprint, token_speed,
 };
+
+/// Why a model cannot be planned.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    /// The file as it is cannot be sized (a tensor its type cannot hold).
+    #[error(transparent)]
+    AsStored(#[from] WeightsError),
+    /// A choice cannot be planned for this model.
+    #[error("planning {label}: {error}")]
+    Planning {
+        /// The choice's label (`Q4_K_M`, a recipe's name).
+        label: String,
+        /// Why.
+        error: WeightsError,
+    },
+}
 
 /// The model, as the planner sees it.
 #[derive(Clone, Debug)]
@@ -109,7 +125,7 @@ pub fn rows(
     choices: &[Choice],
     device: &Device,
     run: Run,
-) -> Result<Vec<Row>, String> {
+) -> Result<Vec<Row>, PlanError> {
     let shape = &subject.shape;
     let facts = shape.facts();
     let mut rows = Vec::new();
@@ -236,7 +252,10 @@ pub fn rows(
         for c in choices {
             let w = c
                 .weights(&facts, &subject.tensors)
-                .map_err(|e| format!("planning {}: {e}", c.label))?;
+                .map_err(|error| PlanError::Planning {
+                    label: c.label.clone(),
+                    error,
+                })?;
             let token = token_of(&w, shape, kv_bytes, attention);
             push_row(
                 c.label.clone(),
@@ -327,7 +346,11 @@ pub fn header_bytes(model: &GgufModel) -> u64 {
 
 /// What `memwall run --no-mmap -c CTX -b BATCH` holds in memory for `model`
 /// (the planner's model of the runtime; `memwall push` checks phones against it).
-pub fn memwall_footprint(model: &GgufModel, ctx: u64, batch: u64) -> Result<Footprint, String> {
+pub fn memwall_footprint(
+    model: &GgufModel,
+    ctx: u64,
+    batch: u64,
+) -> Result<Footprint, ModelShapeError> {
     let shape = Shape::from_gguf(model)?;
     let load = Load {
         file_bytes: model.total_file_size(),

@@ -90,7 +90,7 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
         (None, None) => bail!("give the target with --type TYPE (e.g. Q4_K_M) or --recipe RECIPE"),
     };
     // Before any work: what memwall cannot write, and where it cannot write.
-    memwall_quantize::names::check_writable(ftype).map_err(anyhow::Error::msg)?;
+    memwall_quantize::names::check_writable(ftype)?;
     crate::commands::check_output_file(&args.output, "the calibrated model")?;
     let mut options = Options::new(ftype);
     options.recipe = recipe;

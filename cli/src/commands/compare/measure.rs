@@ -263,9 +263,9 @@ pub(super) fn footprint(
     device: &Device,
     kv_tokens: u64,
 ) -> Result<Footprint> {
-    let err = |e: String| anyhow::anyhow!("{}: {e}", path.display());
-    let shape = Shape::from_gguf(gguf).map_err(err)?;
-    let weights = Weights::as_stored(&gguf_tensors(gguf)).map_err(err)?;
+    let shape = Shape::from_gguf(gguf).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let weights = Weights::as_stored(&gguf_tensors(gguf))
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let speed = decode_speed(device, &shape, &weights, KvType::F16, kv_tokens, u64::MAX);
     Ok(Footprint {
         bytes: gguf.total_file_size(),

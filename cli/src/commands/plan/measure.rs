@@ -246,8 +246,8 @@ fn forward_dispatch(threads: usize, device: &Device) -> Result<f64> {
             }
         }
         let measured = total / f64::from(3 * n);
-        let shape = Shape::from_gguf(&gguf).map_err(anyhow::Error::msg)?;
-        let weights = Weights::as_stored(&gguf_tensors(&gguf)).map_err(anyhow::Error::msg)?;
+        let shape = Shape::from_gguf(&gguf)?;
+        let weights = Weights::as_stored(&gguf_tensors(&gguf))?;
         let mut bare = device.clone();
         bare.dispatch = 0.0;
         // 32 tokens in the cache on average.

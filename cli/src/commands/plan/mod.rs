@@ -171,7 +171,7 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(path) = &args.write_recipe {
         super::check_output_file(path, "the recipe")?;
     }
-    let device = Device::resolve(&args.device.device).map_err(anyhow::Error::msg)?;
+    let device = Device::resolve(&args.device.device)?;
     let kv = KvType::parse(&args.kv_type)
         .with_context(|| format!("--kv-type {}: expected f16, q8_0 or f32", args.kv_type))?;
     let subject = subject(&args)?;
@@ -181,7 +181,7 @@ pub fn run(args: Args) -> Result<()> {
         batch: args.batch(),
         kv,
     };
-    let rows = plan::rows(&subject.model, &choices, &device, run).map_err(anyhow::Error::msg)?;
+    let rows = plan::rows(&subject.model, &choices, &device, run)?;
     let ok = plan::eligible(&subject.model, &rows);
     let budget_pick = match args.budget {
         Some(mib) => Some(
@@ -306,7 +306,6 @@ fn subject(args: &Args) -> Result<Subject> {
             .and_then(file_type);
         let quantized = model.tensors().any(|(_, t)| t.ty.is_quantized());
         let shape = Shape::from_gguf(&model)
-            .map_err(anyhow::Error::msg)
             .with_context(|| format!("{}: cannot plan this model", path.display()))?;
         let tensors = fit::gguf_tensors(&model);
         let header_bytes = plan::header_bytes(&model);
@@ -360,9 +359,8 @@ fn subject(args: &Args) -> Result<Subject> {
     let mut config: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("{}: not JSON", config_path.display()))?;
     memwall_convert::hf_config::with_defaults(&mut config);
-    let shape = Shape::from_hf_config(&config)
-        .map_err(anyhow::Error::msg)
-        .with_context(|| format!("{}", config_path.display()))?;
+    let shape =
+        Shape::from_hf_config(&config).with_context(|| format!("{}", config_path.display()))?;
     let tensors = shape.tensors();
     let params = tensors.iter().map(fit::TensorShape::elements).sum();
     Ok(Subject {
@@ -442,7 +440,7 @@ fn numbers_subject(args: &Args) -> Result<Subject> {
         tied_embeddings: false,
         ctx_train: 0,
     };
-    shape.check().map_err(anyhow::Error::msg)?;
+    shape.check()?;
     Ok(Subject {
         model: plan::Subject {
             name: "bare numbers".into(),
