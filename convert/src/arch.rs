@@ -131,23 +131,33 @@ pub const ARCHS: &[Arch] = &[
     },
 ];
 
+/// A `config.json` architecture class memwall does not convert; the message
+/// suggests a close supported class and lists them all.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "architecture {class} is not supported{}; memwall converts {}",
+    memwall_format::suggest::did_you_mean(class, supported_classes()),
+    supported_classes().collect::<Vec<_>>().join(", ")
+)]
+pub struct UnsupportedArch {
+    /// The `architectures[0]` value.
+    pub class: String,
+}
+
+/// Every Hugging Face class memwall converts, in [`ARCHS`] order.
+fn supported_classes() -> impl Iterator<Item = &'static str> {
+    ARCHS.iter().flat_map(|a| a.hf_classes.iter().copied())
+}
+
 impl Arch {
     /// The architecture for a `config.json`'s `architectures[0]`, or the list of
     /// supported classes.
-    pub fn for_class(class: &str) -> Result<&'static Arch, String> {
+    pub fn for_class(class: &str) -> Result<&'static Arch, UnsupportedArch> {
         ARCHS
             .iter()
             .find(|a| a.hf_classes.contains(&class))
-            .ok_or_else(|| {
-                let all: Vec<&str> = ARCHS
-                    .iter()
-                    .flat_map(|a| a.hf_classes.iter().copied())
-                    .collect();
-                format!(
-                    "architecture {class} is not supported{}; memwall converts {}",
-                    memwall_format::suggest::did_you_mean(class, all.iter().copied()),
-                    all.join(", ")
-                )
+            .ok_or_else(|| UnsupportedArch {
+                class: class.to_owned(),
             })
     }
 }
@@ -232,6 +242,7 @@ mod tests {
         assert!(
             Arch::for_class("GPT2LMHeadModel")
                 .unwrap_err()
+                .to_string()
                 .contains("LlamaForCausalLM")
         );
     }

@@ -12,10 +12,14 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use memwall_format::blocks::{DEQUANTIZABLE, dequantize_row, f32_to_bf16, f32_to_f16};
+use memwall_format::GgmlType;
+use memwall_format::blocks::{
+    DEQUANTIZABLE, DequantError, dequantize_row, f32_to_bf16, f32_to_f16,
+};
 use memwall_format::direct::DirectWriter;
-use memwall_format::gguf::{Array, GgufError, GgufModel, Metadata, TensorInfo};
-use memwall_format::model_info::HyperParams;
+use memwall_format::ggml_type::ShapeError;
+use memwall_format::gguf::{Array, GgufError, GgufModel, Metadata, MetadataError, TensorInfo};
+use memwall_format::model_info::{HyperParams, MetadataProblems};
 use memwall_format::progress::{Progress, Unit};
 use rayon::prelude::*;
 use serde_json::{Map, Value as Json, json};
@@ -115,13 +119,14 @@ pub enum ExportError {
     /// The GGUF could not be read.
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    /// The GGUF holds something a checkpoint cannot express.
-    #[error("{}: {message}", path.display())]
+    /// The GGUF holds something a checkpoint cannot express (or the output
+    /// folder is not empty).
+    #[error("{}: {problem}", path.display())]
     Model {
-        /// The GGUF file.
+        /// The GGUF file (the output folder for [`ModelError::NotEmpty`]).
         path: PathBuf,
         /// What is wrong.
-        message: String,
+        problem: ModelError,
     },
     /// Writing the folder failed (the cause is the error's source).
     #[error("{}", path.display())]
@@ -131,6 +136,195 @@ pub enum ExportError {
         /// The error.
         source: std::io::Error,
     },
+}
+
+/// Why a GGUF cannot be exported as it is ([`ExportError::Model`], which
+/// names the file).
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The hyper-parameters cannot be read.
+    #[error(transparent)]
+    HyperParams(#[from] MetadataProblems),
+    /// A metadata key has the wrong type (or a required one is missing).
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
+    /// A key export needs is missing.
+    #[error("missing key {0}")]
+    MissingKey(String),
+    /// An architecture memwall does not export.
+    #[error(
+        "architecture {arch}{} cannot be exported; memwall exports {}",
+        if *experts { " (with experts)" } else { "" },
+        .known.join(", ")
+    )]
+    Architecture {
+        /// `general.architecture`.
+        arch: String,
+        /// Whether the file has experts.
+        experts: bool,
+        /// The architectures memwall exports.
+        known: Vec<&'static str>,
+    },
+    /// A tensor type memwall cannot dequantize.
+    #[error("tensor {tensor}: type {} cannot be dequantized by memwall yet", .ty.name())]
+    NotDequantizable {
+        /// The tensor.
+        tensor: String,
+        /// Its type.
+        ty: GgmlType,
+    },
+    /// Llama 3's rope factors, which config.json cannot express.
+    #[error(
+        "rope_freqs.weight (Llama 3 rope scaling) cannot be turned back into config.json's rope_scaling"
+    )]
+    RopeFreqs,
+    /// A stacked expert tensor that is not 3-D.
+    #[error("tensor {tensor}: expected [experts, rows, columns], got {shape:?}")]
+    ExpertShape {
+        /// The tensor.
+        tensor: String,
+        /// Its PyTorch shape.
+        shape: Vec<u64>,
+    },
+    /// A tensor without a Hugging Face name.
+    #[error("tensor {tensor} has no Hugging Face name in {model_type}")]
+    NoHfName {
+        /// The tensor.
+        tensor: String,
+        /// The `model_type` exported to.
+        model_type: &'static str,
+    },
+    /// Rows to un-permute that do not split into heads of even size.
+    #[error("tensor {tensor}: {rows} rows do not split into {heads} heads of even size")]
+    Heads {
+        /// The tensor.
+        tensor: String,
+        /// Its rows.
+        rows: u64,
+        /// The head count.
+        heads: u64,
+    },
+    /// A special token kind without a GGUF key (a bug).
+    #[error("internal: no GGUF key for the special token {0}")]
+    NoSpecialKey(&'static str),
+    /// A tensor export needs is missing.
+    #[error("missing tensor {0}")]
+    MissingTensor(&'static str),
+    /// Rope scaling of a type that needs a factor, without one.
+    #[error("{key} is {kind} but has no factor")]
+    RopeFactor {
+        /// `<arch>.rope.scaling.type`.
+        key: String,
+        /// The scaling type.
+        kind: &'static str,
+    },
+    /// A rope scaling type export does not write.
+    #[error(
+        "{key} = {kind} cannot be exported yet (memwall exports default, linear and yarn rope)"
+    )]
+    RopeScaling {
+        /// `<arch>.rope.scaling.type`.
+        key: String,
+        /// The scaling type.
+        kind: String,
+    },
+    /// An array element that is not an integer.
+    #[error("{key}: element {index} is not an integer")]
+    NotInteger {
+        /// The key.
+        key: String,
+        /// The element.
+        index: usize,
+    },
+    /// A vocabulary model export does not write.
+    #[error(
+        "tokenizer.ggml.model = {0}: memwall exports byte-level BPE (gpt2) and SentencePiece (llama) vocabularies"
+    )]
+    TokenizerModel(String),
+    /// `tokenizer.json` could not be serialised.
+    #[error("{0}")]
+    Serialize(serde_json::Error),
+    /// A special token id past the vocabulary (in `tokenizer_config.json`).
+    #[error("the {kind} token id {id} is past the vocabulary")]
+    TokenPastVocabulary {
+        /// The special token kind.
+        kind: &'static str,
+        /// The id.
+        id: u64,
+    },
+    /// A special token id past the vocabulary (in the post-processor).
+    #[error("tokenizer.ggml.{kind}_token_id {id} is past the vocabulary")]
+    SpecialPastVocabulary {
+        /// The special token kind.
+        kind: &'static str,
+        /// The id.
+        id: u64,
+    },
+    /// A named chat template that is missing.
+    #[error("tokenizer.chat_templates names {name} but {key} is missing")]
+    MissingTemplate {
+        /// The template's name.
+        name: String,
+        /// Its key.
+        key: String,
+    },
+    /// Scores of another type than f32.
+    #[error("tokenizer.ggml.scores is not an array of f32")]
+    ScoresType,
+    /// Tokens, token types and scores of different lengths.
+    #[error("{tokens} tokens, {types} token types, {scores} scores")]
+    VocabularyLengths {
+        /// Tokens.
+        tokens: usize,
+        /// Token types.
+        types: usize,
+        /// Scores.
+        scores: usize,
+    },
+    /// A SentencePiece vocabulary without an unknown token.
+    #[error(
+        "a SentencePiece vocabulary needs tokenizer.ggml.unknown_token_id (sentencepiece requires an unknown piece)"
+    )]
+    NoUnknownToken,
+    /// A pre-tokenizer export cannot write as `tokenizer.json`.
+    #[error(
+        "tokenizer.ggml.pre = {0}: memwall does not know its tokenizer.json form; it exports {known}",
+        known = EXPORTED_PRE.join(", ")
+    )]
+    PreTokenizer(String),
+    /// Token types of another count than the tokens.
+    #[error("tokenizer.ggml.token_type has {types} entries for {tokens} tokens")]
+    TokenTypes {
+        /// Token types.
+        types: usize,
+        /// Tokens.
+        tokens: usize,
+    },
+    /// A merge that is not two parts.
+    #[error("tokenizer.ggml.merges: {0:?} is not \"left right\"")]
+    Merge(String),
+    /// A tensor listed but not found when written.
+    #[error("tensor {0} vanished")]
+    Vanished(String),
+    /// A tensor shape its type cannot hold.
+    #[error("tensor {tensor}: {error}")]
+    Shape {
+        /// The tensor.
+        tensor: String,
+        /// What is wrong with the shape.
+        error: ShapeError,
+    },
+    /// A tensor that could not be dequantized.
+    #[error("tensor {tensor}: {error}")]
+    Dequantize {
+        /// The tensor.
+        tensor: String,
+        /// The decoder's error.
+        error: DequantError,
+    },
+    /// The output folder has files.
+    #[error("exists and is not empty; choose a new folder or remove it")]
+    NotEmpty,
 }
 
 /// What was written.
@@ -166,10 +360,10 @@ impl Piece {
     }
 }
 
-fn model_error(path: &Path, message: impl Into<String>) -> ExportError {
+fn model_error(path: &Path, problem: ModelError) -> ExportError {
     ExportError::Model {
         path: path.to_owned(),
-        message: message.into(),
+        problem,
     }
 }
 
@@ -188,8 +382,8 @@ struct Keys<'a> {
 
 impl Keys<'_> {
     /// `value`, or an error naming `<arch>.key`.
-    fn require<T>(&self, key: &str, value: Option<T>) -> Result<T, String> {
-        value.ok_or_else(|| format!("missing key {}.{key}", self.hp.architecture))
+    fn require<T>(&self, key: &str, value: Option<T>) -> Result<T, ModelError> {
+        value.ok_or_else(|| ModelError::MissingKey(format!("{}.{key}", self.hp.architecture)))
     }
 }
 
@@ -200,7 +394,7 @@ fn f32_decimal(v: f64) -> f64 {
 }
 
 /// The architecture table entry for a GGUF architecture (MoE or not).
-fn target(hp: &HyperParams) -> Result<&'static Arch, String> {
+fn target(hp: &HyperParams) -> Result<&'static Arch, ModelError> {
     let name = hp.architecture.as_str();
     let moe = hp.expert_count.unwrap_or(0) > 0;
     ARCHS
@@ -209,33 +403,30 @@ fn target(hp: &HyperParams) -> Result<&'static Arch, String> {
         .ok_or_else(|| {
             let mut known: Vec<&str> = ARCHS.iter().map(|a| a.gguf).collect();
             known.dedup();
-            format!(
-                "architecture {name}{} cannot be exported; memwall exports {}",
-                if moe { " (with experts)" } else { "" },
-                known.join(", ")
-            )
+            ModelError::Architecture {
+                arch: name.to_owned(),
+                experts: moe,
+                known,
+            }
         })
 }
 
 /// The output tensors, in GGUF order with experts unstacked.
-fn pieces(model: &GgufModel, arch: &Arch, keys: &Keys) -> Result<Vec<Piece>, String> {
+fn pieces(model: &GgufModel, arch: &Arch, keys: &Keys) -> Result<Vec<Piece>, ModelError> {
     let (n_head, n_head_kv) = (keys.hp.head_count, keys.hp.head_count_kv);
     let mut out = Vec::new();
     for (_, t) in model.tensors() {
         if !DEQUANTIZABLE.contains(&t.ty) {
-            return Err(format!(
-                "tensor {}: type {} cannot be dequantized by memwall yet",
-                t.name,
-                t.ty.name()
-            ));
+            return Err(ModelError::NotDequantizable {
+                tensor: t.name.clone(),
+                ty: t.ty,
+            });
         }
         let row_len = t.dims[0];
         let rows = t.elements / row_len.max(1);
         let mut shape: Vec<u64> = t.dims.iter().rev().copied().collect();
         if t.name == "rope_freqs.weight" {
-            return Err(
-                "rope_freqs.weight (Llama 3 rope scaling) cannot be turned back into config.json's rope_scaling".into(),
-            );
+            return Err(ModelError::RopeFreqs);
         }
         let stacked = arch.experts.and_then(|e| {
             let (module, suffix) = t.name.rsplit_once('.')?;
@@ -246,10 +437,10 @@ fn pieces(model: &GgufModel, arch: &Arch, keys: &Keys) -> Result<Vec<Piece>, Str
         if let Some((e, blk, proj, suffix)) = stacked {
             let n = shape[0];
             if n == 0 || t.dims.len() != 3 {
-                return Err(format!(
-                    "tensor {}: expected [experts, rows, columns], got {shape:?}",
-                    t.name
-                ));
+                return Err(ModelError::ExpertShape {
+                    tensor: t.name.clone(),
+                    shape,
+                });
             }
             shape.remove(0);
             for x in 0..n {
@@ -266,11 +457,9 @@ fn pieces(model: &GgufModel, arch: &Arch, keys: &Keys) -> Result<Vec<Piece>, Str
             }
             continue;
         }
-        let hf = hf_name(arch, &t.name).ok_or_else(|| {
-            format!(
-                "tensor {} has no Hugging Face name in {}",
-                t.name, arch.model_type
-            )
+        let hf = hf_name(arch, &t.name).ok_or_else(|| ModelError::NoHfName {
+            tensor: t.name.clone(),
+            model_type: arch.model_type,
         })?;
         let heads = match t.name.rsplit('.').nth(1) {
             Some("attn_q") if arch.permute_qk => Some(n_head),
@@ -280,10 +469,11 @@ fn pieces(model: &GgufModel, arch: &Arch, keys: &Keys) -> Result<Vec<Piece>, Str
         let head = match heads {
             Some(h) if h > 0 && rows % (2 * h) == 0 => Some(rows / h),
             Some(h) => {
-                return Err(format!(
-                    "tensor {}: {rows} rows do not split into {h} heads of even size",
-                    t.name
-                ));
+                return Err(ModelError::Heads {
+                    tensor: t.name.clone(),
+                    rows,
+                    heads: h,
+                });
             }
             None => None,
         };
@@ -305,12 +495,12 @@ fn num(v: f64) -> Json {
     serde_json::Number::from_f64(v).map_or(Json::Null, Json::Number)
 }
 
-fn token_id(meta: &Metadata, kind: &str) -> Result<Option<u64>, String> {
+fn token_id(meta: &Metadata, kind: &'static str) -> Result<Option<u64>, ModelError> {
     let (_, key) = SPECIAL
         .iter()
         .find(|(k, _)| *k == kind)
-        .ok_or_else(|| format!("internal: no GGUF key for the special token {kind}"))?;
-    meta.get_u64(key).map_err(|e| e.to_string())
+        .ok_or(ModelError::NoSpecialKey(kind))?;
+    Ok(meta.get_u64(key)?)
 }
 
 /// `config.json` for the exported model.
@@ -320,14 +510,14 @@ fn config(
     keys: &Keys,
     model: &GgufModel,
     dtype: ExportDtype,
-) -> Result<Json, String> {
+) -> Result<Json, ModelError> {
     let mut c = Map::new();
     let class = arch.hf_classes[0];
     c.insert("architectures".into(), json!([class]));
     c.insert("model_type".into(), json!(arch.model_type));
     let embd = model
         .tensor("token_embd.weight")
-        .ok_or("missing tensor token_embd.weight")?
+        .ok_or(ModelError::MissingTensor("token_embd.weight"))?
         .0;
     c.insert(
         "vocab_size".into(),
@@ -361,16 +551,20 @@ fn config(
     match hp.rope_scaling_type.as_deref() {
         None | Some("none") => {}
         Some("linear") => {
-            let factor =
-                factor.ok_or_else(|| format!("{scaling_key} is linear but has no factor"))?;
+            let factor = factor.ok_or_else(|| ModelError::RopeFactor {
+                key: scaling_key.clone(),
+                kind: "linear",
+            })?;
             c.insert(
                 "rope_scaling".into(),
                 json!({"rope_type": "linear", "factor": num(factor)}),
             );
         }
         Some("yarn") => {
-            let factor =
-                factor.ok_or_else(|| format!("{scaling_key} is yarn but has no factor"))?;
+            let factor = factor.ok_or_else(|| ModelError::RopeFactor {
+                key: scaling_key.clone(),
+                kind: "yarn",
+            })?;
             let original = keys.require(
                 "rope.scaling.original_context_length",
                 hp.rope_scaling_original_context_length,
@@ -392,9 +586,10 @@ fn config(
             c.insert("rope_scaling".into(), Json::Object(r));
         }
         Some(other) => {
-            return Err(format!(
-                "{scaling_key} = {other} cannot be exported yet (memwall exports default, linear and yarn rope)"
-            ));
+            return Err(ModelError::RopeScaling {
+                key: scaling_key,
+                kind: other.to_owned(),
+            });
         }
     }
     c.insert("hidden_act".into(), json!("silu"));
@@ -475,14 +670,17 @@ fn pre_tokenizer(pre: &str) -> Option<Json> {
 /// Pre-tokenizers [`pre_tokenizer`] knows, for messages.
 pub const EXPORTED_PRE: &[&str] = &["gpt-2", "smollm", "command-r", "llama-bpe", "qwen2"];
 
-fn ints(meta: &Metadata, key: &str) -> Result<Vec<i64>, String> {
-    match meta.get_array(key).map_err(|e| e.to_string())? {
+fn ints(meta: &Metadata, key: &str) -> Result<Vec<i64>, ModelError> {
+    match meta.get_array(key)? {
         Some(Array::I32(v)) => Ok(v.iter().map(|&x| x as i64).collect()),
         Some(a) => (0..a.len())
             .map(|i| {
                 a.get(i)
                     .and_then(|v| v.as_i64())
-                    .ok_or_else(|| format!("{key}: element {i} is not an integer"))
+                    .ok_or_else(|| ModelError::NotInteger {
+                        key: key.to_owned(),
+                        index: i,
+                    })
             })
             .collect(),
         None => Ok(Vec::new()),
@@ -492,23 +690,22 @@ fn ints(meta: &Metadata, key: &str) -> Result<Vec<i64>, String> {
 /// `tokenizer.json` and `tokenizer_config.json` for a byte-level BPE vocabulary.
 /// The tokenizer files: `tokenizer.json` for byte-level BPE, `tokenizer.model` for
 /// SentencePiece, each with `tokenizer_config.json`; (file name, bytes).
-fn tokenizer_files(meta: &Metadata, keys: &Keys) -> Result<Vec<(&'static str, Vec<u8>)>, String> {
-    let model = meta
-        .require_str("tokenizer.ggml.model")
-        .map_err(|e| e.to_string())?;
+fn tokenizer_files(
+    meta: &Metadata,
+    keys: &Keys,
+) -> Result<Vec<(&'static str, Vec<u8>)>, ModelError> {
+    let model = meta.require_str("tokenizer.ggml.model")?;
     match model {
         "gpt2" => {
             let (tokenizer, config) = tokenizer(meta, keys)?;
-            let tok = serde_json::to_vec(&tokenizer).map_err(|e| e.to_string())?;
+            let tok = serde_json::to_vec(&tokenizer).map_err(ModelError::Serialize)?;
             Ok(vec![
                 ("tokenizer_config.json", pretty(&config)),
                 ("tokenizer.json", tok),
             ])
         }
         "llama" => sentencepiece_files(meta, keys),
-        other => Err(format!(
-            "tokenizer.ggml.model = {other}: memwall exports byte-level BPE (gpt2) and SentencePiece (llama) vocabularies"
-        )),
+        other => Err(ModelError::TokenizerModel(other.to_owned())),
     }
 }
 
@@ -519,12 +716,9 @@ fn common_tokenizer_config(
     keys: &Keys,
     tokens: &[String],
     tc: &mut Map<String, Json>,
-) -> Result<(), String> {
+) -> Result<(), ModelError> {
     for k in ["bos", "eos", "sep"] {
-        if let Some(v) = meta
-            .get_bool(&format!("tokenizer.ggml.add_{k}_token"))
-            .map_err(|e| e.to_string())?
-        {
+        if let Some(v) = meta.get_bool(&format!("tokenizer.ggml.add_{k}_token"))? {
             tc.insert(format!("add_{k}_token"), json!(v));
         }
     }
@@ -532,24 +726,17 @@ fn common_tokenizer_config(
         if let Some(id) = token_id(meta, kind)? {
             let t = tokens
                 .get(id as usize)
-                .ok_or_else(|| format!("the {kind} token id {id} is past the vocabulary"))?;
+                .ok_or(ModelError::TokenPastVocabulary { kind, id })?;
             tc.insert(format!("{kind}_token"), json!(t));
         }
     }
     tc.insert("model_max_length".into(), json!(keys.hp.context_length));
     tc.insert("clean_up_tokenization_spaces".into(), json!(false));
-    if let Some(v) = meta
-        .get_bool("tokenizer.ggml.add_space_prefix")
-        .map_err(|e| e.to_string())?
-    {
+    if let Some(v) = meta.get_bool("tokenizer.ggml.add_space_prefix")? {
         tc.insert("add_prefix_space".into(), json!(v));
     }
-    let default = meta
-        .get_str("tokenizer.chat_template")
-        .map_err(|e| e.to_string())?;
-    let names = meta
-        .get_str_array("tokenizer.chat_templates")
-        .map_err(|e| e.to_string())?;
+    let default = meta.get_str("tokenizer.chat_template")?;
+    let names = meta.get_str_array("tokenizer.chat_templates")?;
     match names {
         // Named templates: the list form of tokenizer_config.json.
         Some(names) if !names.is_empty() => {
@@ -560,10 +747,10 @@ fn common_tokenizer_config(
             for name in names {
                 let key = format!("tokenizer.chat_template.{name}");
                 let t = meta
-                    .get_str(&key)
-                    .map_err(|e| e.to_string())?
-                    .ok_or_else(|| {
-                        format!("tokenizer.chat_templates names {name} but {key} is missing")
+                    .get_str(&key)?
+                    .ok_or_else(|| ModelError::MissingTemplate {
+                        name: name.clone(),
+                        key: key.clone(),
                     })?;
                 list.push(json!({"name": name, "template": t}));
             }
@@ -586,32 +773,25 @@ fn common_tokenizer_config(
 fn sentencepiece_files(
     meta: &Metadata,
     keys: &Keys,
-) -> Result<Vec<(&'static str, Vec<u8>)>, String> {
+) -> Result<Vec<(&'static str, Vec<u8>)>, ModelError> {
     use crate::sentencepiece::{Model, Piece, piece_type, write};
     let tokens = meta
-        .get_str_array("tokenizer.ggml.tokens")
-        .map_err(|e| e.to_string())?
-        .ok_or("missing key tokenizer.ggml.tokens")?;
+        .get_str_array("tokenizer.ggml.tokens")?
+        .ok_or_else(|| ModelError::MissingKey("tokenizer.ggml.tokens".into()))?;
     let types = ints(meta, "tokenizer.ggml.token_type")?;
-    let scores: Vec<f32> = match meta
-        .get_array("tokenizer.ggml.scores")
-        .map_err(|e| e.to_string())?
-    {
+    let scores: Vec<f32> = match meta.get_array("tokenizer.ggml.scores")? {
         Some(Array::F32(v)) => v.clone(),
-        Some(_) => return Err("tokenizer.ggml.scores is not an array of f32".into()),
+        Some(_) => return Err(ModelError::ScoresType),
         None => vec![0.0; tokens.len()],
     };
     if types.len() != tokens.len() || scores.len() != tokens.len() {
-        return Err(format!(
-            "{} tokens, {} token types, {} scores",
-            tokens.len(),
-            types.len(),
-            scores.len()
-        ));
+        return Err(ModelError::VocabularyLengths {
+            tokens: tokens.len(),
+            types: types.len(),
+            scores: scores.len(),
+        });
     }
-    let unk = token_id(meta, "unk")?.ok_or(
-        "a SentencePiece vocabulary needs tokenizer.ggml.unknown_token_id (sentencepiece requires an unknown piece)",
-    )?;
+    let unk = token_id(meta, "unk")?.ok_or(ModelError::NoUnknownToken)?;
     // Trailing ids llama.cpp filled with [PADi] are not pieces.
     let mut n = tokens.len();
     while n > 0
@@ -652,12 +832,12 @@ fn sentencepiece_files(
         });
     }
     let add_dummy_prefix = meta
-        .get_bool("tokenizer.ggml.add_space_prefix")
-        .map_err(|e| e.to_string())?
+        .get_bool("tokenizer.ggml.add_space_prefix")?
         .unwrap_or(true);
     let byte_fallback = pieces.iter().any(|p| p.kind == piece_type::BYTE);
-    let id =
-        |kind: &str| -> Result<Option<u32>, String> { Ok(token_id(meta, kind)?.map(|v| v as u32)) };
+    let id = |kind: &'static str| -> Result<Option<u32>, ModelError> {
+        Ok(token_id(meta, kind)?.map(|v| v as u32))
+    };
     let model = write(
         &Model {
             pieces,
@@ -678,34 +858,22 @@ fn sentencepiece_files(
     ])
 }
 
-fn tokenizer(meta: &Metadata, keys: &Keys) -> Result<(Json, Json), String> {
-    let pre = meta
-        .get_str("tokenizer.ggml.pre")
-        .map_err(|e| e.to_string())?
-        .unwrap_or("default");
-    let pre_tokenizer = pre_tokenizer(pre).ok_or_else(|| {
-        format!(
-            "tokenizer.ggml.pre = {pre}: memwall does not know its tokenizer.json form; it exports {}",
-            EXPORTED_PRE.join(", ")
-        )
-    })?;
+fn tokenizer(meta: &Metadata, keys: &Keys) -> Result<(Json, Json), ModelError> {
+    let pre = meta.get_str("tokenizer.ggml.pre")?.unwrap_or("default");
+    let pre_tokenizer =
+        pre_tokenizer(pre).ok_or_else(|| ModelError::PreTokenizer(pre.to_owned()))?;
     let tokens = meta
-        .get_str_array("tokenizer.ggml.tokens")
-        .map_err(|e| e.to_string())?
-        .ok_or("missing key tokenizer.ggml.tokens")?;
+        .get_str_array("tokenizer.ggml.tokens")?
+        .ok_or_else(|| ModelError::MissingKey("tokenizer.ggml.tokens".into()))?;
     let types = ints(meta, "tokenizer.ggml.token_type")?;
     if !types.is_empty() && types.len() != tokens.len() {
-        return Err(format!(
-            "tokenizer.ggml.token_type has {} entries for {} tokens",
-            types.len(),
-            tokens.len()
-        ));
+        return Err(ModelError::TokenTypes {
+            types: types.len(),
+            tokens: tokens.len(),
+        });
     }
     let ty = |i: usize| types.get(i).copied().unwrap_or(token_type::NORMAL as i64);
-    let merges = meta
-        .get_str_array("tokenizer.ggml.merges")
-        .map_err(|e| e.to_string())?
-        .unwrap_or(&[]);
+    let merges = meta.get_str_array("tokenizer.ggml.merges")?.unwrap_or(&[]);
     let mut vocab = Map::new();
     let mut added = Vec::new();
     for (i, t) in tokens.iter().enumerate() {
@@ -728,24 +896,21 @@ fn tokenizer(meta: &Metadata, keys: &Keys) -> Result<(Json, Json), String> {
         .map(|m| {
             m.split_once(' ')
                 .map(|(a, b)| json!([a, b]))
-                .ok_or_else(|| format!("tokenizer.ggml.merges: {m:?} is not \"left right\""))
+                .ok_or_else(|| ModelError::Merge(m.clone()))
         })
         .collect::<Result<_, _>>()?;
     // Written back only when the GGUF says: llama.cpp writes what the checkpoint said.
-    let flag = |k: &str| -> Result<Option<bool>, String> {
+    let flag = |k: &str| -> Result<Option<bool>, MetadataError> {
         meta.get_bool(&format!("tokenizer.ggml.add_{k}_token"))
-            .map_err(|e| e.to_string())
     };
     let (add_bos, add_eos) = (flag("bos")?, flag("eos")?);
-    let token_of = |kind: &str| -> Result<Option<(u64, String)>, String> {
+    let token_of = |kind: &'static str| -> Result<Option<(u64, String)>, ModelError> {
         Ok(match token_id(meta, kind)? {
             Some(id) => Some((
                 id,
                 tokens
                     .get(id as usize)
-                    .ok_or_else(|| {
-                        format!("tokenizer.ggml.{kind}_token_id {id} is past the vocabulary")
-                    })?
+                    .ok_or(ModelError::SpecialPastVocabulary { kind, id })?
                     .clone(),
             )),
             None => None,
@@ -797,7 +962,7 @@ fn tokenizer(meta: &Metadata, keys: &Keys) -> Result<(Json, Json), String> {
     Ok((tokenizer, Json::Object(tc)))
 }
 
-fn generation_config(meta: &Metadata) -> Result<Json, String> {
+fn generation_config(meta: &Metadata) -> Result<Json, ModelError> {
     let mut g = Map::new();
     for kind in ["bos", "eos", "pad"] {
         if let Some(id) = token_id(meta, kind)? {
@@ -822,11 +987,19 @@ fn write_piece(
     let input = model.files()[0].path();
     let (info, data): (&TensorInfo, &[u8]) = model
         .tensor(&p.source)
-        .ok_or_else(|| model_error(input, format!("tensor {} vanished", p.source)))?;
+        .ok_or_else(|| model_error(input, ModelError::Vanished(p.source.clone())))?;
     let row_bytes = info
         .ty
         .tensor_size(&[p.row_len])
-        .map_err(|e| model_error(input, format!("tensor {}: {e}", p.source)))?
+        .map_err(|error| {
+            model_error(
+                input,
+                ModelError::Shape {
+                    tensor: p.source.clone(),
+                    error,
+                },
+            )
+        })?
         .bytes;
     let row_len = p.row_len as usize;
     // Whole heads per chunk, so that un-permuting stays inside the chunk.
@@ -841,7 +1014,15 @@ fn write_piece(
         x.par_chunks_mut(row_len)
             .zip(src.par_chunks(row_bytes as usize))
             .try_for_each(|(dst, src)| dequantize_row(info.ty, src, dst))
-            .map_err(|e| model_error(input, format!("tensor {}: {e}", p.source)))?;
+            .map_err(|error| {
+                model_error(
+                    input,
+                    ModelError::Dequantize {
+                        tensor: p.source.clone(),
+                        error,
+                    },
+                )
+            })?;
         let mut out = vec![0u8; x.len() * dtype.size() as usize];
         let out_row = row_len * dtype.size() as usize;
         out.par_chunks_mut(out_row).enumerate().for_each(|(s, o)| {
@@ -912,8 +1093,8 @@ pub fn export(
 ) -> Result<ExportSummary, ExportError> {
     let model = GgufModel::open(input)?;
     let meta = model.metadata();
-    let fail = |m: String| model_error(input, m);
-    let hp = HyperParams::try_from(meta).map_err(|e| fail(e.to_string()))?;
+    let fail = |problem: ModelError| model_error(input, problem);
+    let hp = HyperParams::try_from(meta).map_err(|e| fail(e.into()))?;
     let arch = target(&hp).map_err(fail)?;
     let keys = Keys { hp: &hp };
     let pieces = pieces(&model, arch, &keys).map_err(fail)?;
@@ -924,10 +1105,7 @@ pub fn export(
     if out.exists() {
         let empty = fs::read_dir(out).map_err(io_error(out))?.next().is_none();
         if !empty {
-            return Err(model_error(
-                out,
-                "exists and is not empty; choose a new folder or remove it",
-            ));
+            return Err(model_error(out, ModelError::NotEmpty));
         }
     }
     let partial = partial_dir(out);

@@ -7,14 +7,17 @@ use std::path::{Path, PathBuf};
 use memwall_format::gguf::{GgufWriter, Metadata, TensorSpec, Value, split_path};
 use memwall_format::progress::{Progress, Unit};
 
-use crate::arch::Arch;
+use crate::arch::{Arch, UnsupportedArch};
 use crate::checkpoint::Checkpoint;
-use crate::metadata::hparams;
+use crate::metadata::{ConfigValueError, hparams};
+use crate::model_card::CardError;
 use crate::naming::{naming, parameter_counts};
 use crate::tensors::{
-    OutType, Planned, RowEncoder, encode_into, float_rows, is_float_copy, plan, rows,
+    EncodeError, OutType, PlanError, Planned, RowEncoder, encode_into, float_rows, is_float_copy,
+    plan, rows,
 };
-use crate::vocab::{detect_pre, load_bpe, load_sentencepiece, write_vocab};
+use crate::validate::MismatchError;
+use crate::vocab::{VocabError, detect_pre, load_bpe, load_sentencepiece, write_vocab};
 
 /// Why a conversion failed.
 #[derive(Debug, thiserror::Error)]
@@ -26,12 +29,73 @@ pub enum ConvertError {
     #[error(transparent)]
     Gguf(#[from] memwall_format::gguf::GgufError),
     /// The checkpoint cannot be converted as it is.
-    #[error("{}: {message}", dir.display())]
+    #[error("{}: {problem}", dir.display())]
     Model {
         /// The checkpoint folder.
         dir: PathBuf,
-        /// What is wrong.
-        message: String,
+        /// What is wrong (boxed: the vocabulary's errors are large).
+        problem: Box<ModelError>,
+    },
+}
+
+/// Why a checkpoint cannot be converted as it is ([`ConvertError::Model`],
+/// which names the folder).
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// `config.json` does not name the architecture.
+    #[error("config.json has no architectures list")]
+    NoArchitectures,
+    /// An architecture memwall does not convert.
+    #[error(transparent)]
+    Arch(#[from] UnsupportedArch),
+    /// The tensors cannot be mapped to GGUF.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// The tensors do not match `config.json`.
+    #[error(transparent)]
+    Mismatch(#[from] MismatchError),
+    /// The model card cannot be read.
+    #[error(transparent)]
+    Card(#[from] CardError),
+    /// `generation_config.json` has a sampling value of the wrong type.
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    /// A hyper-parameter of `config.json` is missing or unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigValueError),
+    /// The vocabulary cannot be read, or its pre-tokenizer recognised.
+    #[error(transparent)]
+    Vocab(#[from] VocabError),
+    /// A tensor's rows cannot be read or encoded.
+    #[error(transparent)]
+    Encode(#[from] EncodeError),
+    /// The thread writing the output panicked.
+    #[error("the writer thread panicked")]
+    WriterPanicked,
+}
+
+/// A `generation_config.json` sampling value of the wrong type.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SamplingError {
+    /// A value that must be a (32-bit) integer.
+    #[error("{}: {key} must be an integer, got {value}", path.display())]
+    NotInteger {
+        /// `generation_config.json`.
+        path: PathBuf,
+        /// The key.
+        key: &'static str,
+        /// Its value.
+        value: serde_json::Value,
+    },
+    /// A value that must be a number.
+    #[error("{}: {key} must be a number, got {value}", path.display())]
+    NotNumber {
+        /// `generation_config.json`.
+        path: PathBuf,
+        /// The key.
+        key: &'static str,
+        /// Its value.
+        value: serde_json::Value,
     },
 }
 
@@ -60,36 +124,38 @@ pub struct Conversion {
 
 /// Plans the conversion of the checkpoint in `dir`.
 pub fn prepare(ckpt: &Checkpoint, options: &Options) -> Result<Conversion, ConvertError> {
-    let model_err = |message: String| ConvertError::Model {
+    let model_err = |problem: ModelError| ConvertError::Model {
         dir: ckpt.dir().to_owned(),
-        message,
+        problem: Box::new(problem),
     };
     let class = ckpt.config()["architectures"][0]
         .as_str()
-        .ok_or_else(|| model_err("config.json has no architectures list".into()))?;
-    let arch: &Arch = Arch::for_class(class).map_err(model_err)?;
-    let tensors = plan(ckpt, arch, options.outtype).map_err(model_err)?;
-    crate::validate::validate(ckpt, arch, &tensors).map_err(|e| model_err(e.to_string()))?;
+        .ok_or_else(|| model_err(ModelError::NoArchitectures))?;
+    let arch: &Arch = Arch::for_class(class).map_err(|e| model_err(e.into()))?;
+    let tensors = plan(ckpt, arch, options.outtype).map_err(|e| model_err(e.into()))?;
+    crate::validate::validate(ckpt, arch, &tensors).map_err(|e| model_err(e.into()))?;
     let counts = parameter_counts(tensors.iter().map(|p| (p.name.as_str(), p.dims.as_slice())));
-    let card = crate::model_card::load(ckpt.dir(), counts.0 as i64).map_err(model_err)?;
+    let card =
+        crate::model_card::load(ckpt.dir(), counts.0 as i64).map_err(|e| model_err(e.into()))?;
     let names = naming(ckpt.dir(), ckpt.config(), counts, &card);
     let mut meta = Metadata::new();
     meta.set("general.architecture", arch.gguf);
     meta.set("general.type", "model");
-    sampling(&mut meta, ckpt.dir()).map_err(model_err)?;
+    sampling(&mut meta, ckpt.dir()).map_err(|e| model_err(e.into()))?;
     general_keys(&mut meta, &names, &card);
-    hparams(&mut meta, ckpt.config(), arch, options.outtype).map_err(model_err)?;
+    hparams(&mut meta, ckpt.config(), arch, options.outtype).map_err(|e| model_err(e.into()))?;
     // llama.cpp's LlamaModel and Qwen2Model (Qwen3Model) try tokenizer.model first.
     let sentencepiece = matches!(arch.gguf, "llama" | "qwen2" | "qwen3")
         && ckpt.dir().join("tokenizer.model").is_file();
+    let vocab_err = |e: VocabError| model_err(e.into());
     let (vocab, pre) = if sentencepiece {
-        let v = load_sentencepiece(ckpt.dir(), ckpt.config(), arch.gguf).map_err(model_err)?;
+        let v = load_sentencepiece(ckpt.dir(), ckpt.config(), arch.gguf).map_err(vocab_err)?;
         (v, "default".to_owned())
     } else {
-        let v = load_bpe(ckpt.dir(), ckpt.config(), arch.gguf).map_err(model_err)?;
+        let v = load_bpe(ckpt.dir(), ckpt.config(), arch.gguf).map_err(vocab_err)?;
         let pre = match &options.pre {
             Some(p) => p.clone(),
-            None => detect_pre(ckpt.dir()).map_err(model_err)?,
+            None => detect_pre(ckpt.dir()).map_err(vocab_err)?,
         };
         (v, pre)
     };
@@ -192,7 +258,7 @@ fn llama_vocab_quirks(meta: &mut Metadata, config: &serde_json::Value) {
 }
 
 /// The `general.sampling.*` keys gguf-py takes from `generation_config.json`, in its order.
-fn sampling(meta: &mut Metadata, dir: &Path) -> Result<(), String> {
+fn sampling(meta: &mut Metadata, dir: &Path) -> Result<(), SamplingError> {
     let path = dir.join("generation_config.json");
     let Ok(text) = std::fs::read_to_string(&path) else {
         return Ok(());
@@ -202,24 +268,33 @@ fn sampling(meta: &mut Metadata, dir: &Path) -> Result<(), String> {
         return Ok(());
     };
     let get = |k: &str| g.get(k).filter(|v| !v.is_null());
-    let int = |k: &str| -> Result<Option<Value>, String> {
+    let int = |k: &'static str| -> Result<Option<Value>, SamplingError> {
         get(k)
             .map(|v| {
                 v.as_i64()
                     .and_then(|n| i32::try_from(n).ok())
                     .map(Value::I32)
-                    .ok_or_else(|| format!("{}: {k} must be an integer, got {v}", path.display()))
+                    .ok_or_else(|| SamplingError::NotInteger {
+                        path: path.clone(),
+                        key: k,
+                        value: v.clone(),
+                    })
             })
             .transpose()
     };
-    let float = |v: Option<&serde_json::Value>, k: &str| -> Result<Option<Value>, String> {
-        v.map(|v| {
-            v.as_f64()
-                .map(|f| Value::F32(f as f32))
-                .ok_or_else(|| format!("{}: {k} must be a number, got {v}", path.display()))
-        })
-        .transpose()
-    };
+    let float =
+        |v: Option<&serde_json::Value>, k: &'static str| -> Result<Option<Value>, SamplingError> {
+            v.map(|v| {
+                v.as_f64()
+                    .map(|f| Value::F32(f as f32))
+                    .ok_or_else(|| SamplingError::NotNumber {
+                        path: path.clone(),
+                        key: k,
+                        value: v.clone(),
+                    })
+            })
+            .transpose()
+        };
     let entries = [
         (
             "sequence",
@@ -266,12 +341,15 @@ fn encode_rows(
     r: u64,
     n: u64,
     options: &Options,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, EncodeError> {
     use rayon::prelude::*;
     let row_len = p.dims[0].max(1);
     let row_bytes =
         p.ty.tensor_size(&[row_len])
-            .map_err(|e| format!("{}: {e}", p.name))?
+            .map_err(|error| EncodeError::Shape {
+                tensor: p.name.clone(),
+                error,
+            })?
             .bytes as usize;
     let sub = (SUB_WEIGHTS / row_len).max(1) as usize;
     // One buffer for the chunk; each work item fills its rows in place.
@@ -287,12 +365,11 @@ fn encode_rows(
             let x = rows(ckpt, p, start, count)?;
             if !options.allow_nonfinite {
                 if let Some(i) = x.iter().position(|v| !v.is_finite()) {
-                    return Err(format!(
-                        "tensor {} has a non-finite value ({}) at element {} (--allow-nonfinite writes it anyway)",
-                        p.name,
-                        x[i],
-                        start * p.dims[0] + i as u64
-                    ));
+                    return Err(EncodeError::NonFinite {
+                        tensor: p.name.clone(),
+                        value: x[i],
+                        index: start * p.dims[0] + i as u64,
+                    });
                 }
             }
             encode_into(p, &x, piece, options.encode)
@@ -407,9 +484,9 @@ pub fn convert(
         .map(|p| p.dims.iter().product::<u64>())
         .sum();
     progress.start("converting", total, Unit::Items);
-    let model_err = |message: String| ConvertError::Model {
+    let model_err = |problem: ModelError| ConvertError::Model {
         dir: dir.to_owned(),
-        message,
+        problem: Box::new(problem),
     };
     // Encoding runs on the rayon pool, a writer thread appends finished pieces
     // (two in flight), and input pages are released once converted: memory
@@ -438,8 +515,8 @@ pub fn convert(
                             break 'tensors;
                         }
                     }
-                    Err(message) => {
-                        produced = Err(model_err(message));
+                    Err(e) => {
+                        produced = Err(model_err(e.into()));
                         break 'tensors;
                     }
                 }
@@ -459,7 +536,7 @@ pub fn convert(
         drop(send);
         let written = writer
             .join()
-            .unwrap_or_else(|_| Err(model_err("the writer thread panicked".into())));
+            .unwrap_or_else(|_| Err(model_err(ModelError::WriterPanicked)));
         produced?;
         written
     })?;

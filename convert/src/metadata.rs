@@ -13,39 +13,78 @@ use crate::tensors::OutType;
 /// `general.quantization_version` (`GGML_QUANT_VERSION`).
 pub const QUANTIZATION_VERSION: u32 = 2;
 
+/// A `config.json` hyper-parameter that is missing or cannot be written as
+/// llama.cpp's converter writes it.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ConfigValueError {
+    /// A key that must be a non-negative integer (that fits 32 bits) is not.
+    #[error("config.json: {key} must be a non-negative integer, got {value}")]
+    NotUnsigned {
+        /// The key.
+        key: &'static str,
+        /// Its value.
+        value: serde_json::Value,
+    },
+    /// A key that must be a number is not.
+    #[error("config.json: {key} must be a number, got {value}")]
+    NotNumber {
+        /// The key.
+        key: &'static str,
+        /// Its value.
+        value: serde_json::Value,
+    },
+    /// A number that overflows float32.
+    #[error("config.json: {key} = {value} does not fit a 32-bit float")]
+    F32Overflow {
+        /// The key.
+        key: &'static str,
+        /// Its value.
+        value: serde_json::Value,
+    },
+    /// A key the architecture needs is missing.
+    #[error("config.json has no {0}")]
+    Missing(&'static str),
+    /// YaRN rope scaling without its original context length.
+    #[error("config.json: YaRN rope scaling needs original_max_position_embeddings")]
+    YarnOriginalContext,
+    /// A rope type llama.cpp does not know.
+    #[error(
+        "config.json: rope type {0:?} is not one llama.cpp knows (default, linear, yarn, longrope, dynamic, llama3)"
+    )]
+    RopeType(String),
+}
+
 /// Reads `config.json` values as llama.cpp's `find_hparam` does: the first
 /// key present wins.
 struct Hparams<'a>(&'a serde_json::Value);
 
 impl Hparams<'_> {
-    fn find(&self, keys: &[&str]) -> Option<&serde_json::Value> {
+    fn find(&self, keys: &[&'static str]) -> Option<&serde_json::Value> {
         keys.iter()
             .find_map(|k| self.0.get(*k).filter(|v| !v.is_null()))
     }
 
-    fn uint(&self, keys: &[&str]) -> Result<Option<u32>, String> {
+    fn uint(&self, keys: &[&'static str]) -> Result<Option<u32>, ConfigValueError> {
         self.find(keys)
             .map(|v| {
                 v.as_u64()
                     .and_then(|n| u32::try_from(n).ok())
-                    .ok_or_else(|| {
-                        format!(
-                            "config.json: {} must be a non-negative integer, got {v}",
-                            keys[0]
-                        )
+                    .ok_or_else(|| ConfigValueError::NotUnsigned {
+                        key: keys[0],
+                        value: v.clone(),
                     })
             })
             .transpose()
     }
 
-    fn float(&self, keys: &[&str]) -> Result<Option<f32>, String> {
+    fn float(&self, keys: &[&'static str]) -> Result<Option<f32>, ConfigValueError> {
         match self.find(keys) {
             None => Ok(None),
             Some(v) if v.is_number() => float32(keys[0], v),
-            Some(v) => Err(format!(
-                "config.json: {} must be a number, got {v}",
-                keys[0]
-            )),
+            Some(v) => Err(ConfigValueError::NotNumber {
+                key: keys[0],
+                value: v.clone(),
+            }),
         }
     }
 }
@@ -53,7 +92,7 @@ impl Hparams<'_> {
 /// A JSON number as the float32 gguf-py writes (`None` when it is not a
 /// number). gguf-py's `struct.pack` refuses a number that overflows float32,
 /// so memwall does too rather than write infinity.
-fn float32(key: &str, v: &serde_json::Value) -> Result<Option<f32>, String> {
+fn float32(key: &'static str, v: &serde_json::Value) -> Result<Option<f32>, ConfigValueError> {
     let Some(f) = v.as_f64() else {
         return Ok(None);
     };
@@ -61,9 +100,10 @@ fn float32(key: &str, v: &serde_json::Value) -> Result<Option<f32>, String> {
     if x.is_finite() {
         Ok(Some(x))
     } else {
-        Err(format!(
-            "config.json: {key} = {v} does not fit a 32-bit float"
-        ))
+        Err(ConfigValueError::F32Overflow {
+            key,
+            value: v.clone(),
+        })
     }
 }
 
@@ -74,7 +114,7 @@ pub fn hparams(
     config: &serde_json::Value,
     arch: &Arch,
     outtype: OutType,
-) -> Result<(), String> {
+) -> Result<(), ConfigValueError> {
     let h = Hparams(config);
     let a = arch.gguf;
     let key = |k: &str| format!("{a}.{k}");
@@ -85,7 +125,7 @@ pub fn hparams(
     };
     let block_count = h
         .uint(&["n_layers", "num_hidden_layers", "n_layer", "num_layers"])?
-        .ok_or("config.json has no num_hidden_layers")?;
+        .ok_or(ConfigValueError::Missing("num_hidden_layers"))?;
     meta.set(key("block_count"), Value::U32(block_count));
     // Command-R's config understates its context; llama.cpp prefers model_max_length.
     let ctx_keys: &[&str] = if a == "command-r" {
@@ -146,7 +186,7 @@ pub fn hparams(
     let rope_type = rope_get("rope_type")
         .or_else(|| rope_get("type"))
         .and_then(|v| v.as_str());
-    let rope_f32 = |k: &str| rope_get(k).map_or(Ok(None), |v| float32(k, v));
+    let rope_f32 = |k: &'static str| rope_get(k).map_or(Ok(None), |v| float32(k, v));
     match rope_type {
         // llama3 is written as the rope_freqs tensor (tensors::llama3_rope_factors) for
         // llama; llama.cpp writes nothing for it elsewhere, nor for dynamic scaling.
@@ -166,9 +206,7 @@ pub fn hparams(
                     .or_else(|| config.get("original_max_position_embeddings"))
                     .and_then(|v| v.as_u64())
                     .and_then(|n| u32::try_from(n).ok())
-                    .ok_or(
-                        "config.json: YaRN rope scaling needs original_max_position_embeddings",
-                    )?;
+                    .ok_or(ConfigValueError::YarnOriginalContext)?;
                 meta.set(
                     key("rope.scaling.original_context_length"),
                     Value::U32(original),
@@ -198,9 +236,7 @@ pub fn hparams(
             meta.set(key("rope.scaling.type"), "longrope");
         }
         Some(other) => {
-            return Err(format!(
-                "config.json: rope type {other:?} is not one llama.cpp knows (default, linear, yarn, longrope, dynamic, llama3)"
-            ));
+            return Err(ConfigValueError::RopeType(other.to_owned()));
         }
     }
     let theta = rope_f32("rope_theta")?;
@@ -246,16 +282,16 @@ pub fn hparams(
         "llama" => {
             let vocab = h
                 .uint(&["vocab_size"])?
-                .ok_or("config.json has no vocab_size")?;
+                .ok_or(ConfigValueError::Missing("vocab_size"))?;
             meta.set(key("vocab_size"), Value::U32(vocab));
             let rope_dim = match h.uint(&["head_dim"])? {
                 Some(d) => d,
                 None => {
                     let hidden = h
                         .uint(&["hidden_size"])?
-                        .ok_or("config.json has no hidden_size")?;
+                        .ok_or(ConfigValueError::Missing("hidden_size"))?;
                     let heads = h.uint(&["num_attention_heads"])?.filter(|&n| n > 0);
-                    hidden / heads.ok_or("config.json has no num_attention_heads")?
+                    hidden / heads.ok_or(ConfigValueError::Missing("num_attention_heads"))?
                 }
             };
             meta.set(key("rope.dimension_count"), Value::U32(rope_dim));
@@ -275,7 +311,7 @@ pub fn hparams(
         "command-r" => {
             let scale = h
                 .float(&["logit_scale"])?
-                .ok_or("config.json has no logit_scale")?;
+                .ok_or(ConfigValueError::Missing("logit_scale"))?;
             meta.set(key("logit_scale"), Value::F32(scale));
             meta.set(key("rope.scaling.type"), "none");
         }

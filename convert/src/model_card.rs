@@ -7,14 +7,35 @@
 //! two textual fixes (`- no` quoted, tabs as two spaces); PyYAML's YAML 1.1
 //! extras (`yes`/`on` booleans, dates) do not occur in the fields read here.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use yaml_rust2::{Yaml, YamlLoader};
+use yaml_rust2::{ScanError, Yaml, YamlLoader};
 
 use crate::naming::{id_parts, id_to_title};
 
 /// Largest `README.md` read (the front matter is at its top).
 const MAX_CARD: u64 = 4 << 20;
+
+/// Why a model card could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum CardError {
+    /// `README.md` could not be read.
+    #[error("{}: {error}", path.display())]
+    Io {
+        /// The card.
+        path: PathBuf,
+        /// The OS error.
+        error: std::io::Error,
+    },
+    /// The front matter is not YAML.
+    #[error("{}: front matter is not valid YAML: {error}", path.display())]
+    Yaml {
+        /// The card.
+        path: PathBuf,
+        /// The parser's error.
+        error: ScanError,
+    },
+}
 
 /// One base model or dataset entry, fields in gguf-py's writing order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -87,7 +108,7 @@ fn text(y: &Yaml) -> Option<String> {
 }
 
 /// The front matter of `README.md` in `dir` as a YAML mapping, or `None`.
-fn front_matter(dir: &Path) -> Result<Option<Yaml>, String> {
+fn front_matter(dir: &Path) -> Result<Option<Yaml>, CardError> {
     use std::io::Read;
     let path = dir.join("README.md");
     let Ok(file) = std::fs::File::open(&path) else {
@@ -96,7 +117,10 @@ fn front_matter(dir: &Path) -> Result<Option<Yaml>, String> {
     let mut bytes = Vec::new();
     file.take(MAX_CARD)
         .read_to_end(&mut bytes)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(|error| CardError::Io {
+            path: path.clone(),
+            error,
+        })?;
     let content = String::from_utf8_lossy(&bytes);
     let mut lines = content.lines();
     if lines.next() != Some("---") {
@@ -112,8 +136,7 @@ fn front_matter(dir: &Path) -> Result<Option<Yaml>, String> {
     }
     // gguf-py's fixes: the Norway problem, and tabs (as in some Qwen cards).
     let yaml = yaml.replace("- no\n", "- \"no\"\n").replace('\t', "  ");
-    let docs = YamlLoader::load_from_str(&yaml)
-        .map_err(|e| format!("{}: front matter is not valid YAML: {e}", path.display()))?;
+    let docs = YamlLoader::load_from_str(&yaml).map_err(|error| CardError::Yaml { path, error })?;
     Ok(docs
         .into_iter()
         .next()
@@ -202,7 +225,7 @@ fn first_present<'a>(card: &'a Yaml, keys: &[&str]) -> Option<Option<&'a Yaml>> 
 
 /// Reads the model card of the checkpoint in `dir`; an absent card, or one
 /// without front matter, gives an empty [`Card`].
-pub fn load(dir: &Path, total_params: i64) -> Result<Card, String> {
+pub fn load(dir: &Path, total_params: i64) -> Result<Card, CardError> {
     let Some(y) = front_matter(dir)? else {
         return Ok(Card::default());
     };
@@ -295,6 +318,11 @@ mod tests {
         std::fs::write(dir.path().join("README.md"), "# no front matter\n").unwrap();
         assert_eq!(load(dir.path(), 0).unwrap(), Card::default());
         std::fs::write(dir.path().join("README.md"), "---\nkey: [unclosed\n---\n").unwrap();
-        assert!(load(dir.path(), 0).unwrap_err().contains("README.md"));
+        assert!(
+            load(dir.path(), 0)
+                .unwrap_err()
+                .to_string()
+                .contains("README.md")
+        );
     }
 }

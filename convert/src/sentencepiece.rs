@@ -43,6 +43,73 @@ pub struct Model {
     pub add_dummy_prefix: bool,
 }
 
+/// A damaged protobuf encoding.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// The data ends inside a varint.
+    #[error("truncated varint")]
+    TruncatedVarint,
+    /// A varint of more than 10 bytes.
+    #[error("varint longer than 10 bytes")]
+    LongVarint,
+    /// A field longer than the bytes left.
+    #[error("field of {0} bytes runs past the end")]
+    PastEnd(u64),
+    /// A wire type protobuf does not define (or the deprecated groups).
+    #[error("unsupported wire type {wire} in field {field}")]
+    WireType {
+        /// The wire type.
+        wire: u64,
+        /// The field number.
+        field: u64,
+    },
+}
+
+/// Why a `tokenizer.model` is not a SentencePiece model memwall reads.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SentencePieceError {
+    /// The `ModelProto` encoding is damaged.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// A piece's encoding is damaged.
+    #[error("piece {id}: {error}")]
+    PieceWire {
+        /// The piece id.
+        id: usize,
+        /// What is damaged.
+        error: WireError,
+    },
+    /// A piece's text is not UTF-8.
+    #[error("piece {id} is not UTF-8")]
+    NotUtf8 {
+        /// The piece id.
+        id: usize,
+    },
+    /// A piece's type is not a `SentencePiece.Type`.
+    #[error("piece {id} has unknown type {kind}")]
+    UnknownType {
+        /// The piece id.
+        id: usize,
+        /// The type found.
+        kind: u64,
+    },
+    /// A piece's text, score or type has the wrong wire type.
+    #[error("piece {id}: field of the wrong wire type")]
+    PieceWireType {
+        /// The piece id.
+        id: usize,
+    },
+    /// The `normalizer_spec` encoding is damaged.
+    #[error("normalizer_spec: {0}")]
+    NormalizerSpec(WireError),
+    /// `pieces` or `normalizer_spec` has the wrong wire type.
+    #[error("ModelProto field of the wrong wire type")]
+    ModelWireType,
+    /// The model has no pieces.
+    #[error("no pieces (not a SentencePiece model?)")]
+    NoPieces,
+}
+
 struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
@@ -53,25 +120,25 @@ impl<'a> Reader<'a> {
         self.pos >= self.buf.len()
     }
 
-    fn varint(&mut self) -> Result<u64, String> {
+    fn varint(&mut self) -> Result<u64, WireError> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
-            let b = *self.buf.get(self.pos).ok_or("truncated varint")?;
+            let b = *self.buf.get(self.pos).ok_or(WireError::TruncatedVarint)?;
             self.pos += 1;
             v |= u64::from(b & 0x7f) << shift;
             if b & 0x80 == 0 {
                 return Ok(v);
             }
         }
-        Err("varint longer than 10 bytes".into())
+        Err(WireError::LongVarint)
     }
 
-    fn bytes(&mut self, n: u64) -> Result<&'a [u8], String> {
+    fn bytes(&mut self, n: u64) -> Result<&'a [u8], WireError> {
         let end = usize::try_from(n)
             .ok()
             .and_then(|n| self.pos.checked_add(n))
             .filter(|&e| e <= self.buf.len())
-            .ok_or_else(|| format!("field of {n} bytes runs past the end"))?;
+            .ok_or(WireError::PastEnd(n))?;
         let out = &self.buf[self.pos..end];
         self.pos = end;
         Ok(out)
@@ -79,7 +146,7 @@ impl<'a> Reader<'a> {
 
     /// The next field: (number, wire type, payload for length-delimited and
     /// fixed fields, value for varints).
-    fn field(&mut self) -> Result<(u64, Field<'a>), String> {
+    fn field(&mut self) -> Result<(u64, Field<'a>), WireError> {
         let key = self.varint()?;
         let (number, wire) = (key >> 3, key & 7);
         let value = match wire {
@@ -90,7 +157,12 @@ impl<'a> Reader<'a> {
                 Field::Bytes(self.bytes(n)?)
             }
             5 => Field::Bytes(self.bytes(4)?),
-            other => return Err(format!("unsupported wire type {other} in field {number}")),
+            wire => {
+                return Err(WireError::WireType {
+                    wire,
+                    field: number,
+                });
+            }
         };
         Ok((number, value))
     }
@@ -101,7 +173,7 @@ enum Field<'a> {
     Bytes(&'a [u8]),
 }
 
-fn piece(buf: &[u8], id: usize) -> Result<Piece, String> {
+fn piece(buf: &[u8], id: usize) -> Result<Piece, SentencePieceError> {
     let mut r = Reader { buf, pos: 0 };
     let mut p = Piece {
         piece: String::new(),
@@ -109,10 +181,13 @@ fn piece(buf: &[u8], id: usize) -> Result<Piece, String> {
         kind: piece_type::NORMAL,
     };
     while !r.done() {
-        match r.field().map_err(|e| format!("piece {id}: {e}"))? {
+        match r
+            .field()
+            .map_err(|error| SentencePieceError::PieceWire { id, error })?
+        {
             (1, Field::Bytes(b)) => {
                 p.piece = std::str::from_utf8(b)
-                    .map_err(|_| format!("piece {id} is not UTF-8"))?
+                    .map_err(|_| SentencePieceError::NotUtf8 { id })?
                     .to_owned();
             }
             (2, Field::Bytes(b)) if b.len() == 4 => {
@@ -122,9 +197,9 @@ fn piece(buf: &[u8], id: usize) -> Result<Piece, String> {
                 p.kind = i32::try_from(v)
                     .ok()
                     .filter(|k| (1..=6).contains(k))
-                    .ok_or_else(|| format!("piece {id} has unknown type {v}"))?;
+                    .ok_or(SentencePieceError::UnknownType { id, kind: v })?;
             }
-            (1..=3, _) => return Err(format!("piece {id}: field of the wrong wire type")),
+            (1..=3, _) => return Err(SentencePieceError::PieceWireType { id }),
             _ => {}
         }
     }
@@ -132,7 +207,7 @@ fn piece(buf: &[u8], id: usize) -> Result<Piece, String> {
 }
 
 /// Parses a `tokenizer.model`.
-pub fn parse(buf: &[u8]) -> Result<Model, String> {
+pub fn parse(buf: &[u8]) -> Result<Model, SentencePieceError> {
     let mut r = Reader { buf, pos: 0 };
     let mut model = Model {
         pieces: Vec::new(),
@@ -148,18 +223,18 @@ pub fn parse(buf: &[u8]) -> Result<Model, String> {
                 let mut n = Reader { buf: b, pos: 0 };
                 while !n.done() {
                     if let (3, Field::Varint(v)) =
-                        n.field().map_err(|e| format!("normalizer_spec: {e}"))?
+                        n.field().map_err(SentencePieceError::NormalizerSpec)?
                     {
                         model.add_dummy_prefix = v != 0;
                     }
                 }
             }
-            (1 | 3, _) => return Err("ModelProto field of the wrong wire type".into()),
+            (1 | 3, _) => return Err(SentencePieceError::ModelWireType),
             _ => {}
         }
     }
     if model.pieces.is_empty() {
-        return Err("no pieces (not a SentencePiece model?)".into());
+        return Err(SentencePieceError::NoPieces);
     }
     Ok(model)
 }

@@ -8,9 +8,125 @@ use std::collections::BTreeMap;
 
 use memwall_format::GgmlType;
 use memwall_format::blocks::{bf16_to_f32, f16_to_f32, f32_to_bf16};
+use memwall_format::ggml_type::ShapeError;
 
 use crate::arch::{Arch, SKIPPED_SUFFIXES, block_of, gguf_name};
 use crate::checkpoint::{Checkpoint, SourceTensor, SourceType};
+
+/// Why the tensors of a checkpoint could not be planned.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// An MoE config without an expert count (the keys looked for).
+    #[error("config.json has none of {0:?}")]
+    NoExpertCount(&'static [&'static str]),
+    /// An expert of a stacked tensor is missing.
+    #[error("missing expert tensor {0}")]
+    MissingExpert(String),
+    /// Llama 3's rope factors cannot be computed.
+    #[error(transparent)]
+    RopeFactors(#[from] RopeFactorsError),
+    /// Q/K rows are to be permuted but the head count is missing.
+    #[error("config.json has no num_attention_heads")]
+    NoAttentionHeads,
+    /// Tensors the architecture's table does not name.
+    #[error("unexpected tensors for {arch}: {}", .tensors.join(", "))]
+    UnexpectedTensors {
+        /// `general.architecture`.
+        arch: &'static str,
+        /// The Hugging Face names.
+        tensors: Vec<String>,
+    },
+    /// A layer with another number of expert tensors than the config implies.
+    #[error("layer {layer} has {found} expert tensors; expected {expected}")]
+    ExpertTensors {
+        /// The layer.
+        layer: usize,
+        /// Expert tensors found.
+        found: usize,
+        /// Expert tensors the config implies.
+        expected: usize,
+    },
+}
+
+/// Why Llama 3's rope frequency factors cannot be computed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RopeFactorsError {
+    /// No `head_dim`, and no `hidden_size` to derive it from.
+    #[error("config.json has no hidden_size")]
+    NoHiddenSize,
+    /// No `head_dim`, and no (non-zero) `num_attention_heads` to derive it from.
+    #[error("config.json has no num_attention_heads")]
+    NoAttentionHeads,
+}
+
+/// The error of a [`RowEncoder`]: the quantizer's own error type, boxed (this
+/// crate does not depend on the quantizer; the box keeps its type for
+/// `downcast_ref`).
+pub type RowEncodeError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why rows of an output tensor could not be produced or encoded. Every
+/// variant names the tensor (GGUF name).
+#[derive(Debug, thiserror::Error)]
+pub enum EncodeError {
+    /// Rows past the end of a generated tensor.
+    #[error("{tensor}: rows out of range")]
+    RowsOutOfRange {
+        /// The tensor.
+        tensor: String,
+    },
+    /// Rows to permute that do not split into heads of even size.
+    #[error("{tensor}: {rows} rows do not split into {heads} heads of even size")]
+    Heads {
+        /// The tensor.
+        tensor: String,
+        /// Rows per part.
+        rows: usize,
+        /// The head count.
+        heads: usize,
+    },
+    /// The float path asked for a type that is not a float type.
+    #[error("{tensor}: {} is not a float type", .ty.name())]
+    NotFloat {
+        /// The tensor.
+        tensor: String,
+        /// Its type.
+        ty: GgmlType,
+    },
+    /// A NaN or infinite weight (refused unless `--allow-nonfinite`).
+    #[error(
+        "tensor {tensor} has a non-finite value ({value}) at element {index} (--allow-nonfinite writes it anyway)"
+    )]
+    NonFinite {
+        /// The tensor.
+        tensor: String,
+        /// The value.
+        value: f32,
+        /// Its element index in the tensor.
+        index: u64,
+    },
+    /// A shape the output type cannot hold.
+    #[error("{tensor}: {error}")]
+    Shape {
+        /// The tensor.
+        tensor: String,
+        /// What is wrong with the shape.
+        error: ShapeError,
+    },
+    /// The output buffer does not hold whole rows.
+    #[error("{tensor}: rows do not fit the output")]
+    RowsDoNotFit {
+        /// The tensor.
+        tensor: String,
+    },
+    /// The row encoder failed.
+    #[error("{tensor}: {error}")]
+    Row {
+        /// The tensor.
+        tensor: String,
+        /// The encoder's error.
+        error: RowEncodeError,
+    },
+}
 
 /// `--outtype`: the type of the 2-D weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,15 +189,12 @@ fn config_usize(ckpt: &Checkpoint, keys: &[&str]) -> Option<usize> {
 }
 
 /// Plans every output tensor of `ckpt` for `arch`, in llama.cpp's order.
-pub fn plan(ckpt: &Checkpoint, arch: &Arch, outtype: OutType) -> Result<Vec<Planned>, String> {
+pub fn plan(ckpt: &Checkpoint, arch: &Arch, outtype: OutType) -> Result<Vec<Planned>, PlanError> {
     let n_head = config_usize(ckpt, &["num_attention_heads", "n_heads"]);
     let n_head_kv = config_usize(ckpt, &["num_key_value_heads", "n_kv_heads"]).or(n_head);
     let n_experts = arch
         .experts
-        .map(|e| {
-            config_usize(ckpt, e.count_keys)
-                .ok_or(format!("config.json has none of {:?}", e.count_keys))
-        })
+        .map(|e| config_usize(ckpt, e.count_keys).ok_or(PlanError::NoExpertCount(e.count_keys)))
         .transpose()?;
     let index: BTreeMap<&str, usize> = ckpt
         .tensors()
@@ -122,7 +235,7 @@ pub fn plan(ckpt: &Checkpoint, arch: &Arch, outtype: OutType) -> Result<Vec<Plan
                             parts.push(
                                 *index
                                     .get(name.as_str())
-                                    .ok_or(format!("missing expert tensor {name}"))?,
+                                    .ok_or(PlanError::MissingExpert(name))?,
                             );
                         }
                         let first = &ckpt.tensors()[parts[0]];
@@ -156,7 +269,7 @@ pub fn plan(ckpt: &Checkpoint, arch: &Arch, outtype: OutType) -> Result<Vec<Plan
             _ => None,
         };
         if arch.permute_qk && permute_heads.is_none() && name.contains(".attn_q.") {
-            return Err("config.json has no num_attention_heads".into());
+            return Err(PlanError::NoAttentionHeads);
         }
         out.push(Planned {
             name,
@@ -168,20 +281,20 @@ pub fn plan(ckpt: &Checkpoint, arch: &Arch, outtype: OutType) -> Result<Vec<Plan
         });
     }
     if !unknown.is_empty() {
-        return Err(format!(
-            "unexpected tensors for {}: {}",
-            arch.gguf,
-            unknown.join(", ")
-        ));
+        return Err(PlanError::UnexpectedTensors {
+            arch: arch.gguf,
+            tensors: unknown,
+        });
     }
     if let Some((layer, seen)) = pending
         .iter()
         .find(|&(_, &s)| Some(s) != n_experts.map(|n| n * 3))
     {
-        return Err(format!(
-            "layer {layer} has {seen} expert tensors; expected {}",
-            n_experts.unwrap_or(0) * 3
-        ));
+        return Err(PlanError::ExpertTensors {
+            layer: *layer,
+            found: *seen,
+            expected: n_experts.unwrap_or(0) * 3,
+        });
     }
     Ok(out)
 }
@@ -192,7 +305,9 @@ pub fn plan(ckpt: &Checkpoint, arch: &Arch, outtype: OutType) -> Result<Vec<Plan
 /// PyTorch performs it (`scalar / tensor` is a reciprocal, then a product).
 /// The power is computed correctly rounded; PyTorch's is not always, so other
 /// parameters than the recorded Llama 3.1/3.2 ones could differ in a last bit.
-pub fn llama3_rope_factors(config: &serde_json::Value) -> Result<Option<Vec<f32>>, String> {
+pub fn llama3_rope_factors(
+    config: &serde_json::Value,
+) -> Result<Option<Vec<f32>>, RopeFactorsError> {
     let rope = config
         .get("rope_parameters")
         .or_else(|| config.get("rope_scaling"))
@@ -219,12 +334,12 @@ pub fn llama3_rope_factors(config: &serde_json::Value) -> Result<Option<Vec<f32>
             let hidden = config
                 .get("hidden_size")
                 .and_then(|v| v.as_u64())
-                .ok_or("config.json has no hidden_size")?;
+                .ok_or(RopeFactorsError::NoHiddenSize)?;
             let heads = config
                 .get("num_attention_heads")
                 .and_then(|v| v.as_u64())
                 .filter(|&h| h > 0)
-                .ok_or("config.json has no num_attention_heads")?;
+                .ok_or(RopeFactorsError::NoAttentionHeads)?;
             hidden / heads
         }
     };
@@ -330,14 +445,21 @@ impl Planned {
 /// Output rows `[start, start + count)` as `f32`: each row is read from its
 /// source tensor (the expert it belongs to; through llama.cpp's Q/K permutation),
 /// so a tensor is converted in bounded pieces.
-pub fn rows(ckpt: &Checkpoint, p: &Planned, start: u64, count: u64) -> Result<Vec<f32>, String> {
+pub fn rows(
+    ckpt: &Checkpoint,
+    p: &Planned,
+    start: u64,
+    count: u64,
+) -> Result<Vec<f32>, EncodeError> {
     let row_len = p.dims[0] as usize;
     if let Some(values) = &p.generated {
         let (a, b) = (start as usize * row_len, (start + count) as usize * row_len);
         return values
             .get(a..b)
             .map(<[f32]>::to_vec)
-            .ok_or_else(|| format!("{}: rows out of range", p.name));
+            .ok_or_else(|| EncodeError::RowsOutOfRange {
+                tensor: p.name.clone(),
+            });
     }
     let (per_part, perm) = row_mapping(p)?;
     let mut x = vec![0f32; count as usize * row_len];
@@ -350,16 +472,17 @@ pub fn rows(ckpt: &Checkpoint, p: &Planned, start: u64, count: u64) -> Result<Ve
 
 /// How output rows map onto source rows: rows per part, rows per head when
 /// permuted. Errors when the rows do not split into the heads.
-fn row_mapping(p: &Planned) -> Result<(u64, Option<usize>), String> {
+fn row_mapping(p: &Planned) -> Result<(u64, Option<usize>), EncodeError> {
     let per_part = p.rows() / p.parts.len().max(1) as u64;
     let perm = match p.permute_heads {
         Some(heads) => {
             let n = per_part as usize;
             if heads == 0 || n % (2 * heads) != 0 {
-                return Err(format!(
-                    "{}: {n} rows do not split into {heads} heads of even size",
-                    p.name
-                ));
+                return Err(EncodeError::Heads {
+                    tensor: p.name.clone(),
+                    rows: n,
+                    heads,
+                });
             }
             Some(n / heads)
         }
@@ -402,14 +525,19 @@ pub fn float_rows(
     count: u64,
     out: &mut [u8],
     allow_nonfinite: bool,
-) -> Result<(), String> {
+) -> Result<(), EncodeError> {
     use half::slice::HalfFloatSliceExt;
     const BLOCK: usize = 2048;
     let row_len = p.dims[0] as usize;
     let size = match p.ty {
         GgmlType::F32 => 4,
         GgmlType::F16 | GgmlType::BF16 => 2,
-        ty => return Err(format!("{}: {} is not a float type", p.name, ty.name())),
+        ty => {
+            return Err(EncodeError::NotFloat {
+                tensor: p.name.clone(),
+                ty,
+            });
+        }
     };
     let (per_part, perm) = row_mapping(p)?;
     let mut f = [0f32; BLOCK];
@@ -426,12 +554,11 @@ pub fn float_rows(
             // A branch-free test first (it vectorizes); the position only on failure.
             if !allow_nonfinite && f.iter().fold(false, |bad, v| bad | !v.is_finite()) {
                 let i = f.iter().position(|v| !v.is_finite()).unwrap_or(0);
-                return Err(format!(
-                    "tensor {} has a non-finite value ({}) at element {} (--allow-nonfinite writes it anyway)",
-                    p.name,
-                    f[i],
-                    r * row_len as u64 + (b * BLOCK + i) as u64
-                ));
+                return Err(EncodeError::NonFinite {
+                    tensor: p.name.clone(),
+                    value: f[i],
+                    index: r * row_len as u64 + (b * BLOCK + i) as u64,
+                });
             }
             match p.ty {
                 GgmlType::F16 => {
@@ -459,13 +586,16 @@ pub fn float_rows(
 
 /// Encodes one row of weights as a quantized type (the quantizer's
 /// `quantize_row`, passed in so that this crate depends on the runtime only).
-pub type RowEncoder = dyn Fn(GgmlType, &[f32], &mut [u8]) -> Result<(), String> + Sync;
+pub type RowEncoder = dyn Fn(GgmlType, &[f32], &mut [u8]) -> Result<(), RowEncodeError> + Sync;
 
 /// Encodes planned values; `encode` quantizes rows for the quantized types.
-pub fn encode(p: &Planned, x: &[f32], encode: &RowEncoder) -> Result<Vec<u8>, String> {
+pub fn encode(p: &Planned, x: &[f32], encode: &RowEncoder) -> Result<Vec<u8>, EncodeError> {
     let size =
         p.ty.tensor_size(&p.dims)
-            .map_err(|e| format!("{}: {e}", p.name))?;
+            .map_err(|error| EncodeError::Shape {
+                tensor: p.name.clone(),
+                error,
+            })?;
     let mut out = vec![0u8; size.bytes as usize];
     encode_into(p, x, &mut out, encode)?;
     Ok(out)
@@ -477,7 +607,7 @@ pub fn encode_into(
     x: &[f32],
     out: &mut [u8],
     encode: &RowEncoder,
-) -> Result<(), String> {
+) -> Result<(), EncodeError> {
     match p.ty {
         GgmlType::F32 => {
             for (o, v) in out.chunks_exact_mut(4).zip(x) {
@@ -503,11 +633,16 @@ pub fn encode_into(
             let row = p.dims[0] as usize;
             let rows = x.len() / row.max(1);
             if rows == 0 || out.len() % rows != 0 {
-                return Err(format!("{}: rows do not fit the output", p.name));
+                return Err(EncodeError::RowsDoNotFit {
+                    tensor: p.name.clone(),
+                });
             }
             let row_bytes = out.len() / rows;
             for (xs, ys) in x.chunks_exact(row).zip(out.chunks_exact_mut(row_bytes)) {
-                encode(ty, xs, ys).map_err(|e| format!("{}: {e}", p.name))?;
+                encode(ty, xs, ys).map_err(|error| EncodeError::Row {
+                    tensor: p.name.clone(),
+                    error,
+                })?;
             }
         }
     }

@@ -10,10 +10,220 @@
 //! looked up in llama.cpp's table. SentencePiece (`tokenizer.model`) is not
 //! read yet.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use memwall_format::gguf::{Array, Metadata, Value};
 use serde_json::Value as Json;
+
+use crate::sentencepiece::SentencePieceError;
+
+/// Why a vocabulary could not be read or its pre-tokenizer recognised. Every
+/// variant about a file names it.
+#[derive(Debug, thiserror::Error)]
+pub enum VocabError {
+    /// A file could not be read.
+    #[error("{}: {error}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        error: std::io::Error,
+    },
+    /// A file is not JSON.
+    #[error("{}: not valid JSON: {error}", path.display())]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// The parser's error.
+        error: serde_json::Error,
+    },
+    /// No `tokenizer.json`.
+    #[error(
+        "{}: missing (memwall reads byte-level BPE tokenizers from tokenizer.json)",
+        path.display()
+    )]
+    NoTokenizerJson {
+        /// The missing `tokenizer.json`.
+        path: PathBuf,
+    },
+    /// `tokenizer.json`'s model is not BPE.
+    #[error("{}: model type {found} is not BPE", path.display())]
+    NotBpe {
+        /// `tokenizer.json`.
+        path: PathBuf,
+        /// `model.type` (JSON).
+        found: Json,
+    },
+    /// A `tokenizer.model` that llama.cpp reads instead of `tokenizer.json`.
+    #[error("{}: a SentencePiece model is read with load_sentencepiece", path.display())]
+    SentencePieceModel {
+        /// `tokenizer.model`.
+        path: PathBuf,
+    },
+    /// A BPE vocabulary with byte fallback (for llama).
+    #[error(
+        "{}: BPE with byte fallback (a SentencePiece-style vocabulary) is not supported yet",
+        path.display()
+    )]
+    ByteFallback {
+        /// `tokenizer.json`.
+        path: PathBuf,
+    },
+    /// `model.vocab` is not an object.
+    #[error("{}: model.vocab is not an object", path.display())]
+    VocabNotObject {
+        /// `tokenizer.json`.
+        path: PathBuf,
+    },
+    /// A token of `model.vocab` without an id.
+    #[error("{}: token {token:?} has no id", path.display())]
+    TokenWithoutId {
+        /// `tokenizer.json`.
+        path: PathBuf,
+        /// The token.
+        token: String,
+    },
+    /// A token id at or past `vocab_size`.
+    #[error("token id {id} is not below the model's vocab_size {vocab_size}")]
+    IdPastVocabSize {
+        /// The largest token id.
+        id: u64,
+        /// `vocab_size`.
+        vocab_size: u64,
+    },
+    /// A `vocab_size` larger than any real vocabulary.
+    #[error("config.json: vocab_size {0} is implausibly large")]
+    ImplausibleVocabSize(u64),
+    /// A `vocab_size` that does not fit the address space.
+    #[error("vocab_size {0} is too large")]
+    VocabSizeOverflow(u64),
+    /// A merge string that is not two tokens.
+    #[error(
+        "{}: model.merges[{index}] {merge:?} is not two tokens separated by a space",
+        path.display()
+    )]
+    MergeNotTwoTokens {
+        /// `tokenizer.json`.
+        path: PathBuf,
+        /// The merge's index.
+        index: usize,
+        /// The merge.
+        merge: String,
+    },
+    /// A merge pair that is not two strings.
+    #[error("{}: model.merges[{index}] is a pair of non-strings", path.display())]
+    MergeNotStrings {
+        /// `tokenizer.json`.
+        path: PathBuf,
+        /// The merge's index.
+        index: usize,
+    },
+    /// A merge that is neither a string nor a pair.
+    #[error("{}: unknown merges format", path.display())]
+    MergesFormat {
+        /// `tokenizer.json`.
+        path: PathBuf,
+    },
+    /// A merge whose parts or result `model.vocab` lacks.
+    #[error(
+        "{}: model.merges[{index}] ({left:?}, {right:?}) needs the token {token:?}, which model.vocab does not have",
+        path.display()
+    )]
+    MergeWithoutToken {
+        /// `tokenizer.json`.
+        path: PathBuf,
+        /// The merge's index.
+        index: usize,
+        /// Its left part.
+        left: String,
+        /// Its right part.
+        right: String,
+        /// The token missing.
+        token: String,
+    },
+    /// `tokenizer.model` is not a SentencePiece model memwall reads.
+    #[error("{}: {error}", path.display())]
+    SentencePiece {
+        /// `tokenizer.model`.
+        path: PathBuf,
+        /// What is wrong.
+        error: SentencePieceError,
+    },
+    /// `added_tokens.json` is not an object.
+    #[error("{}: not an object", path.display())]
+    AddedNotObject {
+        /// `added_tokens.json`.
+        path: PathBuf,
+    },
+    /// A token of `added_tokens.json` without an id.
+    #[error("{}: {token:?} has no id", path.display())]
+    AddedWithoutId {
+        /// `added_tokens.json`.
+        path: PathBuf,
+        /// The token.
+        token: String,
+    },
+    /// A key of `added_tokens_decoder` that is not an id.
+    #[error("{}: added token id {id:?}", path.display())]
+    AddedBadId {
+        /// `tokenizer_config.json`.
+        path: PathBuf,
+        /// The key.
+        id: String,
+    },
+    /// An entry of `added_tokens_decoder` without content.
+    #[error("{}: added token {id} has no content", path.display())]
+    AddedWithoutContent {
+        /// `tokenizer_config.json`.
+        path: PathBuf,
+        /// The token id.
+        id: usize,
+    },
+    /// A negative special token id.
+    #[error("invalid value for special token type {kind}: {id}")]
+    SpecialId {
+        /// The special token kind (`bos`, `eos`, ...).
+        kind: &'static str,
+        /// The id.
+        id: i64,
+    },
+    /// The `tokenizers` library cannot load `tokenizer.json`.
+    #[error("{}: cannot load the tokenizer: {error}", path.display())]
+    LoadTokenizer {
+        /// `tokenizer.json`.
+        path: PathBuf,
+        /// The library's error.
+        error: tokenizers::Error,
+    },
+    /// The `tokenizers` library cannot tokenize the probe text.
+    #[error("{}: cannot tokenize: {error}", path.display())]
+    Tokenize {
+        /// `tokenizer.json`.
+        path: PathBuf,
+        /// The library's error.
+        error: tokenizers::Error,
+    },
+    /// A pre-tokenizer llama.cpp's table does not have.
+    #[error(
+        "the BPE pre-tokenizer of {} is not one llama.cpp recognises (probe hash {hash}); \
+         if you know which it is, name it with --pre (e.g. llama-bpe, qwen2, smollm, \
+         command-r, gpt-2)",
+        path.display()
+    )]
+    UnknownPreTokenizer {
+        /// `tokenizer.json`.
+        path: PathBuf,
+        /// The probe hash.
+        hash: String,
+    },
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> VocabError + '_ {
+    move |error| VocabError::Io {
+        path: path.to_owned(),
+        error,
+    }
+}
 
 /// GGUF token types (`llama_token_type`).
 pub mod token_type {
@@ -70,14 +280,17 @@ pub struct Vocab {
     pub add_space_prefix: Option<bool>,
 }
 
-fn read_json(path: &Path) -> Result<Option<Json>, String> {
+fn read_json(path: &Path) -> Result<Option<Json>, VocabError> {
     if !path.is_file() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path).map_err(io_error(path))?;
     serde_json::from_str(&text)
         .map(Some)
-        .map_err(|e| format!("{}: not valid JSON: {e}", path.display()))
+        .map_err(|error| VocabError::Json {
+            path: path.to_owned(),
+            error,
+        })
 }
 
 fn looks_special(token: &str) -> bool {
@@ -95,12 +308,12 @@ struct Special {
 
 impl Special {
     /// `_set_special_token`: the first id found for a kind wins; ids past the vocabulary are skipped.
-    fn set(&mut self, typ: &'static str, id: Option<&Json>) -> Result<(), String> {
+    fn set(&mut self, typ: &'static str, id: Option<&Json>) -> Result<(), VocabError> {
         let Some(id) = id.and_then(Json::as_i64) else {
             return Ok(());
         };
         if id < 0 {
-            return Err(format!("invalid value for special token type {typ}: {id}"));
+            return Err(VocabError::SpecialId { kind: typ, id });
         }
         if (id as usize) < self.n_vocab && !self.ids.iter().any(|(t, _)| *t == typ) {
             self.ids.push((typ, id as u32));
@@ -121,35 +334,29 @@ fn add_space_prefix(tc: Option<&Json>, gguf_arch: &str) -> Option<bool> {
 /// Reads the BPE vocabulary of the checkpoint in `dir` (`tokenizer.json`,
 /// `tokenizer_config.json`, `config.json`). `gguf_arch` selects the
 /// architecture-specific keys.
-pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<Vocab, String> {
+pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<Vocab, VocabError> {
     let tokenizer_path = dir.join("tokenizer.json");
-    let tokenizer = read_json(&tokenizer_path)?.ok_or_else(|| {
-        format!(
-            "{}: missing (memwall reads byte-level BPE tokenizers from tokenizer.json)",
-            tokenizer_path.display()
-        )
+    let tokenizer = read_json(&tokenizer_path)?.ok_or_else(|| VocabError::NoTokenizerJson {
+        path: tokenizer_path.clone(),
     })?;
     let model = &tokenizer["model"];
     if model["type"].as_str() != Some("BPE") {
-        return Err(format!(
-            "{}: model type {} is not BPE",
-            tokenizer_path.display(),
-            model["type"]
-        ));
+        return Err(VocabError::NotBpe {
+            path: tokenizer_path,
+            found: model["type"].clone(),
+        });
     }
     // llama.cpp reads tokenizer.model (not this file) for llama, qwen2 and qwen3; the
     // other architectures ignore it.
     if dir.join("tokenizer.model").is_file() && matches!(gguf_arch, "llama" | "qwen2" | "qwen3") {
-        return Err(format!(
-            "{}: a SentencePiece model is read with load_sentencepiece",
-            dir.join("tokenizer.model").display()
-        ));
+        return Err(VocabError::SentencePieceModel {
+            path: dir.join("tokenizer.model"),
+        });
     }
     if gguf_arch == "llama" && model["byte_fallback"].as_bool() == Some(true) {
-        return Err(format!(
-            "{}: BPE with byte fallback (a SentencePiece-style vocabulary) is not supported yet",
-            tokenizer_path.display()
-        ));
+        return Err(VocabError::ByteFallback {
+            path: tokenizer_path,
+        });
     }
     let tc_path = dir.join("tokenizer_config.json");
     // gguf-py treats an empty tokenizer_config.json like a missing one.
@@ -163,16 +370,19 @@ pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<Vocab, Str
     // Tokens: the model's vocabulary plus added tokens, padded to vocab_size.
     let vocab = model["vocab"]
         .as_object()
-        .ok_or_else(|| format!("{}: model.vocab is not an object", tokenizer_path.display()))?;
+        .ok_or_else(|| VocabError::VocabNotObject {
+            path: tokenizer_path.clone(),
+        })?;
     let added = tokenizer["added_tokens"]
         .as_array()
         .cloned()
         .unwrap_or_default();
     let mut by_id: std::collections::BTreeMap<u64, String> = std::collections::BTreeMap::new();
     for (token, id) in vocab {
-        let id = id
-            .as_u64()
-            .ok_or_else(|| format!("{}: token {token:?} has no id", tokenizer_path.display()))?;
+        let id = id.as_u64().ok_or_else(|| VocabError::TokenWithoutId {
+            path: tokenizer_path.clone(),
+            token: token.clone(),
+        })?;
         by_id.insert(id, token.clone());
     }
     for a in &added {
@@ -186,16 +396,15 @@ pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<Vocab, Str
         None => by_id.len() as u64,
     };
     if max_id >= vocab_size {
-        return Err(format!(
-            "token id {max_id} is not below the model's vocab_size {vocab_size}"
-        ));
+        return Err(VocabError::IdPastVocabSize {
+            id: max_id,
+            vocab_size,
+        });
     }
     // Every id up to vocab_size gets a token string: bound it before allocating
     // (as load_sentencepiece does; the embedding has vocab_size rows).
     if vocab_size > 1 << 24 {
-        return Err(format!(
-            "config.json: vocab_size {vocab_size} is implausibly large"
-        ));
+        return Err(VocabError::ImplausibleVocabSize(vocab_size));
     }
     for i in 0..vocab_size {
         let Some(token) = by_id.get(&i) else {
@@ -240,28 +449,28 @@ pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<Vocab, Str
                 Json::String(s) => match s.split(' ').collect::<Vec<_>>()[..] {
                     [left, right] => (left, right),
                     _ => {
-                        return Err(format!(
-                            "{}: model.merges[{i}] {s:?} is not two tokens separated by a space",
-                            tokenizer_path.display()
-                        ));
+                        return Err(VocabError::MergeNotTwoTokens {
+                            path: tokenizer_path,
+                            index: i,
+                            merge: s.clone(),
+                        });
                     }
                 },
                 Json::Array(pair) if pair.len() == 2 => {
                     match (pair[0].as_str(), pair[1].as_str()) {
                         (Some(left), Some(right)) => (left, right),
                         _ => {
-                            return Err(format!(
-                                "{}: model.merges[{i}] is a pair of non-strings",
-                                tokenizer_path.display()
-                            ));
+                            return Err(VocabError::MergeNotStrings {
+                                path: tokenizer_path,
+                                index: i,
+                            });
                         }
                     }
                 }
                 _ => {
-                    return Err(format!(
-                        "{}: unknown merges format",
-                        tokenizer_path.display()
-                    ));
+                    return Err(VocabError::MergesFormat {
+                        path: tokenizer_path,
+                    });
                 }
             };
             let joined = format!("{left}{right}");
@@ -269,10 +478,13 @@ pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<Vocab, Str
                 .into_iter()
                 .find(|t| !vocab.contains_key(*t))
             {
-                return Err(format!(
-                    "{}: model.merges[{i}] ({left:?}, {right:?}) needs the token {t:?}, which model.vocab does not have",
-                    tokenizer_path.display()
-                ));
+                return Err(VocabError::MergeWithoutToken {
+                    path: tokenizer_path,
+                    index: i,
+                    left: left.to_owned(),
+                    right: right.to_owned(),
+                    token: t.to_owned(),
+                });
             }
             let part = |s: &str| -> String {
                 s.chars()
@@ -302,11 +514,11 @@ pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<Vocab, Str
 /// (score -1000; special or special-looking tokens are control tokens, the
 /// others user-defined with `▁` turned into spaces); ids without a token are
 /// `[PADi]` (score -10000, unused). Special ids and flags as gguf-py finds them.
-pub fn load_sentencepiece(dir: &Path, config: &Json, gguf_arch: &str) -> Result<Vocab, String> {
+pub fn load_sentencepiece(dir: &Path, config: &Json, gguf_arch: &str) -> Result<Vocab, VocabError> {
     use crate::sentencepiece::{parse, piece_type};
     let path = dir.join("tokenizer.model");
-    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let model = parse(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let bytes = std::fs::read(&path).map_err(io_error(&path))?;
+    let model = parse(&bytes).map_err(|error| VocabError::SentencePiece { path, error })?;
     let tc_path = dir.join("tokenizer_config.json");
     let tc = read_json(&tc_path)?;
     let mut v = Vocab {
@@ -315,12 +527,12 @@ pub fn load_sentencepiece(dir: &Path, config: &Json, gguf_arch: &str) -> Result<
         ..Vocab::default()
     };
     let n = match config.get("vocab_size").and_then(Json::as_u64) {
-        Some(n) => usize::try_from(n).map_err(|_| format!("vocab_size {n} is too large"))?,
+        Some(n) => usize::try_from(n).map_err(|_| VocabError::VocabSizeOverflow(n))?,
         None => model.pieces.len(),
     };
     // Bounded by the checkpoint: the embedding has vocab_size rows.
     if n > 1 << 24 {
-        return Err(format!("config.json: vocab_size {n} is implausibly large"));
+        return Err(VocabError::ImplausibleVocabSize(n as u64));
     }
     v.tokens = (0..n).map(|i| format!("[PAD{i}]")).collect();
     let mut scores = vec![-10000.0f32; n];
@@ -341,12 +553,14 @@ pub fn load_sentencepiece(dir: &Path, config: &Json, gguf_arch: &str) -> Result<
     if let Some(added) = read_json(&added_path)? {
         let added = added
             .as_object()
-            .ok_or_else(|| format!("{}: not an object", added_path.display()))?;
+            .ok_or_else(|| VocabError::AddedNotObject {
+                path: added_path.clone(),
+            })?;
         for (token, id) in added {
-            let id = id
-                .as_u64()
-                .ok_or_else(|| format!("{}: {token:?} has no id", added_path.display()))?
-                as usize;
+            let id = id.as_u64().ok_or_else(|| VocabError::AddedWithoutId {
+                path: added_path.clone(),
+                token: token.clone(),
+            })? as usize;
             if id < n {
                 v.tokens[id] = token.clone();
                 scores[id] = -1000.0;
@@ -360,12 +574,17 @@ pub fn load_sentencepiece(dir: &Path, config: &Json, gguf_arch: &str) -> Result<
         .and_then(Json::as_object)
     {
         for (id, data) in decoder {
-            let id: usize = id
-                .parse()
-                .map_err(|_| format!("{}: added token id {id:?}", tc_path.display()))?;
-            let content = data["content"]
-                .as_str()
-                .ok_or_else(|| format!("{}: added token {id} has no content", tc_path.display()))?;
+            let id: usize = id.parse().map_err(|_| VocabError::AddedBadId {
+                path: tc_path.clone(),
+                id: id.clone(),
+            })?;
+            let content =
+                data["content"]
+                    .as_str()
+                    .ok_or_else(|| VocabError::AddedWithoutContent {
+                        path: tc_path.clone(),
+                        id,
+                    })?;
             if id >= n {
                 continue;
             }
@@ -408,7 +627,7 @@ fn special_vocab(
     tokenizer: Option<&Json>,
     mut tc: Option<Json>,
     n_vocab: usize,
-) -> Result<SpecialVocab, String> {
+) -> Result<SpecialVocab, VocabError> {
     let mut chat_template = None;
     let mut named = Vec::new();
     // Special tokens (SpecialVocab._try_load_from_tokenizer_json, then config.json).
@@ -592,12 +811,10 @@ fn special_vocab(
         // gguf-py: tokenizer_config's chat_template if the key is there (even null),
         // else chat_template.jinja (with additional_chat_templates/*.jinja as named
         // templates), else chat_template.json's.
-        let alternative = || -> Result<Json, String> {
+        let alternative = || -> Result<Json, VocabError> {
             let jinja = dir.join("chat_template.jinja");
             if jinja.is_file() {
-                let read = |p: &Path| {
-                    std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))
-                };
+                let read = |p: &Path| std::fs::read_to_string(p).map_err(io_error(p));
                 let default = read(&jinja)?;
                 let mut extra: Vec<std::path::PathBuf> =
                     std::fs::read_dir(dir.join("additional_chat_templates"))
@@ -773,14 +990,17 @@ pub fn known_pre_tokenizers() -> Vec<&'static str> {
 /// The SHA-256 llama.cpp computes for a tokenizer: of Python's `str()` of the
 /// ids the tokenizer gives the probe text (special tokens added, as
 /// `tokenizer.encode` does).
-pub fn probe_hash(dir: &Path) -> Result<String, String> {
+pub fn probe_hash(dir: &Path) -> Result<String, VocabError> {
     use sha2::{Digest, Sha256};
     let path = dir.join("tokenizer.json");
-    let tokenizer = tokenizers::Tokenizer::from_file(&path)
-        .map_err(|e| format!("{}: cannot load the tokenizer: {e}", path.display()))?;
-    let encoding = tokenizer
-        .encode(PROBE, true)
-        .map_err(|e| format!("{}: cannot tokenize: {e}", path.display()))?;
+    let tokenizer = match tokenizers::Tokenizer::from_file(&path) {
+        Ok(t) => t,
+        Err(error) => return Err(VocabError::LoadTokenizer { path, error }),
+    };
+    let encoding = match tokenizer.encode(PROBE, true) {
+        Ok(e) => e,
+        Err(error) => return Err(VocabError::Tokenize { path, error }),
+    };
     let ids: Vec<String> = encoding.get_ids().iter().map(u32::to_string).collect();
     Ok(format!(
         "{:x}",
@@ -790,7 +1010,7 @@ pub fn probe_hash(dir: &Path) -> Result<String, String> {
 
 /// Recognises the pre-tokenizer of the BPE tokenizer in `dir` the way llama.cpp
 /// does; an unknown hash is an error that says how to name it by hand.
-pub fn detect_pre(dir: &Path) -> Result<String, String> {
+pub fn detect_pre(dir: &Path) -> Result<String, VocabError> {
     let hash = probe_hash(dir)?;
     PRE_TOKENIZERS
         .lines()
@@ -801,12 +1021,8 @@ pub fn detect_pre(dir: &Path) -> Result<String, String> {
         })
         .find(|(h, _)| *h == hash)
         .map(|(_, name)| name.to_owned())
-        .ok_or_else(|| {
-            format!(
-                "the BPE pre-tokenizer of {} is not one llama.cpp recognises (probe hash {hash}); \
-                 if you know which it is, name it with --pre (e.g. llama-bpe, qwen2, smollm, \
-                 command-r, gpt-2)",
-                dir.join("tokenizer.json").display()
-            )
+        .ok_or_else(|| VocabError::UnknownPreTokenizer {
+            path: dir.join("tokenizer.json"),
+            hash,
         })
 }

@@ -113,7 +113,9 @@ fn corrupt_and_truncated_safetensors_name_the_file() {
 
 #[test]
 fn unknown_architectures_and_tensors_are_listed() {
-    let err = Arch::for_class("FalconForCausalLM").unwrap_err();
+    let err = Arch::for_class("FalconForCausalLM")
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("FalconForCausalLM") && err.contains("Qwen3MoeForCausalLM"),
         "{err}"
@@ -146,7 +148,8 @@ fn unknown_architectures_and_tensors_are_listed() {
         Arch::for_class("LlamaForCausalLM").unwrap(),
         OutType::F16,
     )
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert_eq!(
         err,
         "unexpected tensors for llama: model.layers.0.mlp.mystery.weight, vision_tower.proj.weight"
@@ -157,7 +160,8 @@ fn unknown_architectures_and_tensors_are_listed() {
         Arch::for_class("Qwen3MoeForCausalLM").unwrap(),
         OutType::F16,
     )
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("num_experts"), "{err}");
 }
 
@@ -168,8 +172,10 @@ fn weights_that_do_not_match_the_config_are_listed() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = synth(dir.path(), "tiny-qwen3", u64::MAX);
     let out = dir.path().join("out.gguf");
-    let encode =
-        |_: memwall_format::GgmlType, _: &[f32], _: &mut [u8]| -> Result<(), String> { Ok(()) };
+    let encode = |_: memwall_format::GgmlType,
+                  _: &[f32],
+                  _: &mut [u8]|
+     -> Result<(), memwall_convert::tensors::RowEncodeError> { Ok(()) };
     let options = Convert {
         outtype: OutType::F16,
         pre: Some("gpt-2".into()),
@@ -250,7 +256,9 @@ fn fuzz_tensor_in_two_shards_is_refused() {
 fn load_bpe_err(tokenizer: &serde_json::Value, config: &serde_json::Value) -> String {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
-    let err = memwall_convert::vocab::load_bpe(dir.path(), config, "qwen2").unwrap_err();
+    let err = memwall_convert::vocab::load_bpe(dir.path(), config, "qwen2")
+        .unwrap_err()
+        .to_string();
     err.replace(&dir.path().display().to_string(), "DIR")
 }
 
@@ -315,7 +323,9 @@ fn fuzz_f32_overflow_in_config_is_refused() {
         let mut config = base.clone();
         config[key] = value;
         let mut meta = memwall_format::gguf::Metadata::new();
-        hparams(&mut meta, &config, arch, OutType::F16).unwrap_err()
+        hparams(&mut meta, &config, arch, OutType::F16)
+            .unwrap_err()
+            .to_string()
     };
     assert_eq!(
         err("rms_norm_eps", serde_json::json!(1e39)),

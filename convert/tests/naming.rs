@@ -91,7 +91,9 @@ fn pre_tokenizers_are_recognised_like_llama_cpp() {
     assert_eq!(detect_pre(&fixtures.join("smollm2")).unwrap(), "smollm");
     // tiny-zh's own vocabulary is not in llama.cpp's table either: an error naming
     // the file and the hash, suggesting --pre.
-    let err = detect_pre(&fixtures.join("tiny-zh")).unwrap_err();
+    let err = detect_pre(&fixtures.join("tiny-zh"))
+        .unwrap_err()
+        .to_string();
     let hash = probe_hash(&fixtures.join("tiny-zh")).unwrap();
     assert!(
         err.contains("tiny-zh/tokenizer.json") && err.contains(&hash) && err.contains("--pre"),

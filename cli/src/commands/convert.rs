@@ -44,8 +44,12 @@ pub struct Args {
     pub json: bool,
 }
 
-fn quantize(ty: memwall_format::GgmlType, x: &[f32], y: &mut [u8]) -> Result<(), String> {
-    memwall_quantize::quantize_row(ty, x, y).map_err(|e| e.to_string())
+fn quantize(
+    ty: memwall_format::GgmlType,
+    x: &[f32],
+    y: &mut [u8],
+) -> Result<(), memwall_convert::tensors::RowEncodeError> {
+    Ok(memwall_quantize::quantize_row(ty, x, y)?)
 }
 
 /// Runs the command.

@@ -17,6 +17,10 @@ pub fn sha(b: &[u8]) -> String {
 }
 
 /// The quantizer's row encoder, as the CLI passes it (Q8_0 output).
-pub fn quantize(ty: GgmlType, x: &[f32], y: &mut [u8]) -> Result<(), String> {
-    memwall_quantize::quantize_row(ty, x, y).map_err(|e| e.to_string())
+pub fn quantize(
+    ty: GgmlType,
+    x: &[f32],
+    y: &mut [u8],
+) -> Result<(), memwall_convert::tensors::RowEncodeError> {
+    Ok(memwall_quantize::quantize_row(ty, x, y)?)
 }

@@ -217,8 +217,11 @@ fn forward_dispatch(threads: usize, device: &Device) -> Result<f64> {
         let ckpt = dir.join("tiny-zh");
         crate::commands::demo::unpack_checkpoint(&ckpt)?;
         let out = dir.join("tiny-zh-f16.gguf");
-        let encode = |ty: GgmlType, x: &[f32], y: &mut [u8]| {
-            memwall_quantize::quantize_row(ty, x, y).map_err(|e| e.to_string())
+        let encode = |ty: GgmlType,
+                      x: &[f32],
+                      y: &mut [u8]|
+         -> Result<(), memwall_convert::tensors::RowEncodeError> {
+            Ok(memwall_quantize::quantize_row(ty, x, y)?)
         };
         let options = memwall_convert::job::Options {
             outtype: memwall_convert::tensors::OutType::F16,
