@@ -270,7 +270,6 @@ fn run(
     } else {
         w.rows.div_ceil(threads * 4).max(1)
     };
-    let dot = |r: usize, t: usize| kernels.dot_checked(w.ty, w.row(r), acts.row(t));
     // F16 weights: the activations widened to `f32` once (converting them for
     // every row bound the product), tiles of rows × tokens.
     let wide = acts.widened();
@@ -283,9 +282,8 @@ fn run(
                 rows_f32(w.row_span(c * chunk, ys.len()), w.cols, wide, ys, 1);
                 return;
             }
-            for (i, v) in ys.iter_mut().enumerate() {
-                *v = dot(c * chunk + i, 0);
-            }
+            let span = w.row_span(c * chunk, ys.len());
+            kernels.dot_grid(w.ty, span, ys.len(), 0..1, |t| acts.row(t), ys, 1);
         });
         return Ok(());
     }

@@ -829,9 +829,56 @@ macro_rules! dot_table {
                 _ => None,
             }
         }
+
+        /// [`Kernels::dot_grid`] of a block type.
+        fn dot_blocks_grid<'a>(
+            t: &DotTable,
+            ty: GgmlType,
+            w: &[u8],
+            rows: usize,
+            tokens: std::ops::Range<usize>,
+            act: impl Fn(usize) -> ActRow<'a>,
+            out: &mut [f32],
+            stride: usize,
+        ) -> Option<()> {
+            match ty {
+                $(GgmlType::$t => grid(
+                    t.$f,
+                    as_blocks::<$b>(w),
+                    rows,
+                    tokens,
+                    |k| <$b as VecDot>::acts(act(k)),
+                    out,
+                    stride,
+                ),)*
+                _ => None,
+            }
+        }
     };
 }
 memwall_format::block_types!([dot_table]);
+
+/// `out[i·stride + j]` = `dot(row i of w, act(tokens.start + j))` for the
+/// `rows` equal rows of `w`; `None` if an activation row is not of the
+/// kind `dot` takes.
+#[inline]
+fn grid<'a, W, A: 'a>(
+    dot: fn(&[W], &[A]) -> f32,
+    w: &[W],
+    rows: usize,
+    tokens: std::ops::Range<usize>,
+    act: impl Fn(usize) -> Option<&'a [A]>,
+    out: &mut [f32],
+    stride: usize,
+) -> Option<()> {
+    let per_row = (w.len() / rows.max(1)).max(1);
+    for (i, row) in w.chunks_exact(per_row).take(rows).enumerate() {
+        for (j, k) in tokens.clone().enumerate() {
+            out[i * stride + j] = dot(row, act(k)?);
+        }
+    }
+    Some(())
+}
 
 /// A backend's `DotTable` from the block dot products of module `$m`
 /// (`$m::q4_0` …, named as in [`memwall_format::block_types!`]) and the
@@ -972,6 +1019,69 @@ impl Kernels {
         dot.unwrap_or_else(|| panic!("no dot product of {ty} with {:?} activations", a.kind()))
     }
 
+    /// `out[i·stride + j]` = [`Kernels::dot_checked`] of weight row `i` of
+    /// `w` (the bytes of `rows` rows of `ty`) with activation row
+    /// `act(tokens.start + j)`: the same bits, with the type looked up once
+    /// for all the pairs rather than once per pair (at narrow widths that
+    /// lookup cost a tenth of a decode step's product). Panics as
+    /// `dot_checked` does.
+    pub(crate) fn dot_grid<'a>(
+        &self,
+        ty: GgmlType,
+        w: &[u8],
+        rows: usize,
+        tokens: std::ops::Range<usize>,
+        act: impl Fn(usize) -> ActRow<'a> + Copy,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        let t = self.table;
+        let (w, tk) = (w, tokens.clone());
+        let done = match ty {
+            GgmlType::F32 => grid(
+                t.f32,
+                w,
+                rows,
+                tk,
+                |k| match act(k) {
+                    ActRow::F32(a) => Some(a),
+                    _ => None,
+                },
+                out,
+                stride,
+            ),
+            GgmlType::F16 => grid(
+                t.f16,
+                w,
+                rows,
+                tk,
+                |k| match act(k) {
+                    ActRow::F16(a) => Some(a),
+                    _ => None,
+                },
+                out,
+                stride,
+            ),
+            GgmlType::BF16 => grid(
+                t.bf16,
+                w,
+                rows,
+                tk,
+                |k| match act(k) {
+                    ActRow::BF16(a) => Some(a),
+                    _ => None,
+                },
+                out,
+                stride,
+            ),
+            _ => dot_blocks_grid(t, ty, w, rows, tk, act, out, stride),
+        };
+        done.unwrap_or_else(|| {
+            let kind = act(tokens.start).kind();
+            panic!("no dot product of {ty} with {kind:?} activations")
+        })
+    }
+
     /// The backend's F16 several-row product over activations widened to
     /// `f32` (see [`RowsF16F32`]).
     pub(crate) fn f16_rows_f32(&self) -> Option<RowsF16F32> {
@@ -1025,13 +1135,16 @@ impl Kernels {
             _ => None,
         };
         if done.is_none() {
-            let n = tokens.len();
-            for (i, r) in rows.enumerate() {
-                let out = &mut out[i * stride..i * stride + n];
-                for (o, t) in out.iter_mut().zip(tokens.clone()) {
-                    *o = self.dot_checked(w.ty(), w.row(r), acts.row(t));
-                }
-            }
+            let span = w.row_span(rows.start, rows.len());
+            self.dot_grid(
+                w.ty(),
+                span,
+                rows.len(),
+                tokens,
+                |t| acts.row(t),
+                out,
+                stride,
+            );
         }
     }
 

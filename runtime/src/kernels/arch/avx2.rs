@@ -505,6 +505,14 @@ pub(super) fn halves(h: [u16; 8]) -> __m256 {
     _mm256_cvtph_ps(_mm_set_epi64x(word(&h[4..]), word(&h[..4])))
 }
 
+/// Eight f16 values given four to a 64-bit word (the first in the low bits
+/// of `w[0]`) to `f32` (exact).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn half_words(w: [u64; 2]) -> __m256 {
+    _mm256_cvtph_ps(_mm_set_epi64x(w[1] as i64, w[0] as i64))
+}
+
 /// Σ x·y in 32-bit lanes for signed bytes, |y| ≤ 127 (x may be −128).
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -584,18 +592,19 @@ pub(super) fn blocks32<B: Block, Y, const MIN: bool>(
     for (wg, ag) in w[..nb].chunks(8).zip(a[..nb].chunks(8)) {
         prefetch_ahead(wg, 8 * size_of::<B>());
         let mut v = [_mm256_setzero_si256(); 8];
-        let mut sc = [[0u16; 8]; 4];
+        // The f16 bits of each scale, four blocks to a 64-bit word.
+        let mut sc = [[0u64; 2]; 4];
         for (k, (b, y)) in wg.iter().zip(ag).enumerate() {
             v[k] = isum(b, y);
             let s = scales(b, y);
             for j in 0..4 {
-                sc[j][k] = s[j];
+                sc[j][k / 4] |= u64::from(s[j]) << (16 * (k % 4));
             }
         }
-        let d = _mm256_mul_ps(halves(sc[0]), halves(sc[1]));
+        let d = _mm256_mul_ps(half_words(sc[0]), half_words(sc[1]));
         let mut t = _mm256_mul_ps(d, _mm256_cvtepi32_ps(transpose_sum(&v)));
         if MIN {
-            t = _mm256_add_ps(t, _mm256_mul_ps(halves(sc[2]), halves(sc[3])));
+            t = _mm256_add_ps(t, _mm256_mul_ps(half_words(sc[2]), half_words(sc[3])));
         }
         acc = _mm256_add_ps(acc, t);
     }
