@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::pool::{Pool, for_each_chunk};
-use super::{Activations, KernelError, Kernels, VecDotType};
+use super::{Activations, GridOut, KernelError, Kernels, VecDotType};
 use memwall_format::GgmlType;
 
 /// A weight matrix as stored in a GGUF tensor: `rows` rows of `cols` weights
@@ -282,8 +282,9 @@ fn run(
                 rows_f32(w.row_span(c * chunk, ys.len()), w.cols, wide, ys, 1);
                 return;
             }
-            let span = w.row_span(c * chunk, ys.len());
-            kernels.dot_grid(w.ty, span, ys.len(), 0..1, |t| acts.row(t), ys, 1);
+            let (span, n) = (w.row_span(c * chunk, ys.len()), ys.len());
+            let dst = GridOut { out: ys, stride: 1 };
+            kernels.dot_grid(w.ty, span, n, 0..1, |t| acts.row(t), dst);
         });
         return Ok(());
     }

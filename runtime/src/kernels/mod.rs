@@ -838,8 +838,7 @@ macro_rules! dot_table {
             rows: usize,
             tokens: std::ops::Range<usize>,
             act: impl Fn(usize) -> ActRow<'a>,
-            out: &mut [f32],
-            stride: usize,
+            out: GridOut<'_>,
         ) -> Option<()> {
             match ty {
                 $(GgmlType::$t => grid(
@@ -849,7 +848,6 @@ macro_rules! dot_table {
                     tokens,
                     |k| <$b as VecDot>::acts(act(k)),
                     out,
-                    stride,
                 ),)*
                 _ => None,
             }
@@ -858,9 +856,17 @@ macro_rules! dot_table {
 }
 memwall_format::block_types!([dot_table]);
 
-/// `out[i·stride + j]` = `dot(row i of w, act(tokens.start + j))` for the
-/// `rows` equal rows of `w`; `None` if an activation row is not of the
-/// kind `dot` takes.
+/// Where a grid of products goes: weight row `i` with token `j` to
+/// `out[i·stride + j]`.
+pub(crate) struct GridOut<'o> {
+    /// The values.
+    pub(crate) out: &'o mut [f32],
+    /// Distance between weight rows.
+    pub(crate) stride: usize,
+}
+
+/// `dot(row i of w, act(tokens.start + j))` for the `rows` equal rows of `w`
+/// into `dst`; `None` if an activation row is not of the kind `dot` takes.
 #[inline]
 fn grid<'a, W, A: 'a>(
     dot: fn(&[W], &[A]) -> f32,
@@ -868,13 +874,12 @@ fn grid<'a, W, A: 'a>(
     rows: usize,
     tokens: std::ops::Range<usize>,
     act: impl Fn(usize) -> Option<&'a [A]>,
-    out: &mut [f32],
-    stride: usize,
+    dst: GridOut<'_>,
 ) -> Option<()> {
     let per_row = (w.len() / rows.max(1)).max(1);
     for (i, row) in w.chunks_exact(per_row).take(rows).enumerate() {
         for (j, k) in tokens.clone().enumerate() {
-            out[i * stride + j] = dot(row, act(k)?);
+            dst.out[i * dst.stride + j] = dot(row, act(k)?);
         }
     }
     Some(())
@@ -1019,8 +1024,8 @@ impl Kernels {
         dot.unwrap_or_else(|| panic!("no dot product of {ty} with {:?} activations", a.kind()))
     }
 
-    /// `out[i·stride + j]` = [`Kernels::dot_checked`] of weight row `i` of
-    /// `w` (the bytes of `rows` rows of `ty`) with activation row
+    /// `dst.out[i·dst.stride + j]` = [`Kernels::dot_checked`] of weight row
+    /// `i` of `w` (the bytes of `rows` rows of `ty`) with activation row
     /// `act(tokens.start + j)`: the same bits, with the type looked up once
     /// for all the pairs rather than once per pair (at narrow widths that
     /// lookup cost a tenth of a decode step's product). Panics as
@@ -1032,11 +1037,10 @@ impl Kernels {
         rows: usize,
         tokens: std::ops::Range<usize>,
         act: impl Fn(usize) -> ActRow<'a> + Copy,
-        out: &mut [f32],
-        stride: usize,
+        dst: GridOut<'_>,
     ) {
         let t = self.table;
-        let (w, tk) = (w, tokens.clone());
+        let tk = tokens.clone();
         let done = match ty {
             GgmlType::F32 => grid(
                 t.f32,
@@ -1047,8 +1051,7 @@ impl Kernels {
                     ActRow::F32(a) => Some(a),
                     _ => None,
                 },
-                out,
-                stride,
+                dst,
             ),
             GgmlType::F16 => grid(
                 t.f16,
@@ -1059,8 +1062,7 @@ impl Kernels {
                     ActRow::F16(a) => Some(a),
                     _ => None,
                 },
-                out,
-                stride,
+                dst,
             ),
             GgmlType::BF16 => grid(
                 t.bf16,
@@ -1071,10 +1073,9 @@ impl Kernels {
                     ActRow::BF16(a) => Some(a),
                     _ => None,
                 },
-                out,
-                stride,
+                dst,
             ),
-            _ => dot_blocks_grid(t, ty, w, rows, tk, act, out, stride),
+            _ => dot_blocks_grid(t, ty, w, rows, tk, act, dst),
         };
         done.unwrap_or_else(|| {
             let kind = act(tokens.start).kind();
@@ -1136,15 +1137,8 @@ impl Kernels {
         };
         if done.is_none() {
             let span = w.row_span(rows.start, rows.len());
-            self.dot_grid(
-                w.ty(),
-                span,
-                rows.len(),
-                tokens,
-                |t| acts.row(t),
-                out,
-                stride,
-            );
+            let dst = GridOut { out, stride };
+            self.dot_grid(w.ty(), span, rows.len(), tokens, |t| acts.row(t), dst);
         }
     }
 
