@@ -15,8 +15,9 @@
 
 use memwall_format::GgmlType;
 use memwall_format::blocks::{
-    Block, BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
-    BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, IQ4NL_GRID, as_blocks, as_blocks_mut, scale_min_k4,
+    Block, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
+    BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockTq1_0, BlockTq2_0, IQ4NL_GRID,
+    as_blocks, as_blocks_mut, scale_min_k4,
 };
 
 /// The types whose levels GPTQ can choose. Others are encoded without error
@@ -127,6 +128,43 @@ trait GridBlock: Block {
 }
 
 impl GridBlock for BlockQ2K {}
+
+/// MXFP4 keeps no grid yet: its FP4 table would need [`Grid::value`]'s
+/// table lookup for a second table.
+impl GridBlock for BlockMxfp4 {}
+
+/// TQ1_0 and TQ2_0: levels 0..2 of `d · (t − 1)`.
+impl GridBlock for BlockTq1_0 {
+    fn grid(&self) -> Option<Grid> {
+        let mut g = Grid::new(GgmlType::TQ1_0, 256, (0, 2));
+        for (l, t) in g.levels.iter_mut().zip(self.trits()) {
+            *l = i32::from(t);
+        }
+        let d = self.d.to_f32();
+        g.scale.fill(d);
+        g.offset.fill(-d);
+        Some(g)
+    }
+    fn pack(g: &Grid, b: &mut Self) {
+        b.set_trits(&std::array::from_fn(|i| g.levels[i] as u8));
+    }
+}
+
+impl GridBlock for BlockTq2_0 {
+    fn grid(&self) -> Option<Grid> {
+        let mut g = Grid::new(GgmlType::TQ2_0, 256, (0, 2));
+        for (i, l) in g.levels.iter_mut().enumerate() {
+            *l = i32::from(self.value(i));
+        }
+        let d = self.d.to_f32();
+        g.scale.fill(d);
+        g.offset.fill(-d);
+        Some(g)
+    }
+    fn pack(g: &Grid, b: &mut Self) {
+        b.set_values(&std::array::from_fn(|i| g.levels[i] as u8));
+    }
+}
 
 /// Levels `0..16` of 32 weights from 16 nibble bytes (ggml's order: low
 /// nibbles are weights 0..16).

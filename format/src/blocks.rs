@@ -204,6 +204,9 @@ macro_rules! block_types {
             Q6_K => BlockQ6K as q6_k,
             IQ4_NL => BlockIq4Nl as iq4_nl,
             IQ4_XS => BlockIq4Xs as iq4_xs,
+            TQ1_0 => BlockTq1_0 as tq1_0,
+            TQ2_0 => BlockTq2_0 as tq2_0,
+            MXFP4 => BlockMxfp4 as mxfp4,
         ] }
     };
 }
@@ -447,6 +450,80 @@ pub struct BlockIq4Xs {
 }
 const _: () = assert!(size_of::<BlockIq4Xs>() == 136);
 
+/// TQ1_0: 256 ternary weights, 1.6875 bpw (BitNet b1.58, TriLM). `x = d · (t − 1)`
+/// with trits `t ∈ {0, 1, 2}` packed five to a byte as `⌈256 · Σ t_n 3^(4−n) / 243⌉`
+/// (the first trit most significant): `qs[0..32]` hold weights 0..160 (byte `m`
+/// has weights `m + 32n`), `qs[32..48]` weights 160..240 (`160 + m + 16n`), and
+/// the four `qh` bytes the last 16 (`240 + j + 4n`, four trits each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockTq1_0 {
+    /// Five trits a byte.
+    pub qs: [u8; 48],
+    /// Four trits a byte.
+    pub qh: [u8; 4],
+    /// Scale.
+    pub d: F16,
+}
+const _: () = assert!(size_of::<BlockTq1_0>() == 54);
+
+/// TQ2_0: 256 ternary weights in 2 bits, 2.0625 bpw. `x = d · (q − 1)`, `q ∈ {0, 1, 2}`;
+/// in each 32-byte half, bits `2l..2l+2` of byte `m` are weight `128h + 32l + m`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockTq2_0 {
+    /// Four 2-bit values a byte.
+    pub qs: [u8; 64],
+    /// Scale.
+    pub d: F16,
+}
+const _: () = assert!(size_of::<BlockTq2_0>() == 66);
+
+/// MXFP4 (OCP microscaling FP4, gpt-oss): 32 weights, 4.25 bpw.
+/// `x = 2^(e − 128) · MXFP4_GRID[q]` (the grid holds twice the E2M1 values);
+/// low nibbles are weights 0..16, high nibbles 16..32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockMxfp4 {
+    /// Shared exponent (E8M0; 0xff is not a number).
+    pub e: u8,
+    /// Grid indices (nibbles).
+    pub qs: [u8; 16],
+}
+const _: () = assert!(size_of::<BlockMxfp4>() == 17);
+
+/// The E2M1 values of FP4 doubled, by their 4-bit code (`kvalues_mxfp4`).
+pub const MXFP4_GRID: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Half the value of an E8M0 exponent, `2^(e − 128)`, exactly (subnormal for
+/// `e < 2`), as ggml's `ggml_e8m0_to_fp32_half` (`e = 0xff` gives `2^127`).
+#[inline]
+pub fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        u32::from(e - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+/// The trit `n` (0 = most significant) of a TQ1_0 byte: `⌊3 · (q·3ⁿ mod 256) / 256⌋`.
+#[inline]
+pub fn tq1_trit(q: u8, n: usize) -> u8 {
+    const POW3: [u8; 5] = [1, 3, 9, 27, 81];
+    ((u16::from(q.wrapping_mul(POW3[n])) * 3) >> 8) as u8
+}
+
+/// A TQ1_0 byte of up to five trits (the first most significant; fewer than
+/// five are followed by zeros), as ggml packs them: `⌈256 · v / 243⌉` for
+/// the base-3 value `v`, so that [`tq1_trit`] reads them back.
+#[inline]
+pub fn tq1_pack(trits: &[u8]) -> u8 {
+    let v = trits.iter().fold(0u16, |v, &t| v * 3 + u16::from(t));
+    let v = (trits.len()..5).fold(v, |v, _| v * 3);
+    ((v * 256 + 242) / 243) as u8
+}
+
 /// Why a row could not be dequantized.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DequantError {
@@ -473,7 +550,7 @@ macro_rules! decodable {
 }
 
 /// Types [`dequantize_row`] decodes: the float types and every block type.
-pub const DEQUANTIZABLE: [GgmlType; 15] = crate::block_types!([decodable]);
+pub const DEQUANTIZABLE: [GgmlType; 18] = crate::block_types!([decodable]);
 
 /// Byte offsets, within one block, of the f16 scale fields of each quantized
 /// type that [`validate_row`] checks (ggml's `ggml_validate_row_data`), for
@@ -493,6 +570,8 @@ pub fn scale_fields(ty: GgmlType) -> &'static [usize] {
         GgmlType::Q2_K => &[offset_of!(BlockQ2K, d), offset_of!(BlockQ2K, dmin)],
         GgmlType::Q3_K => &[offset_of!(BlockQ3K, d)],
         GgmlType::Q6_K => &[offset_of!(BlockQ6K, d)],
+        GgmlType::TQ1_0 => &[offset_of!(BlockTq1_0, d)],
+        GgmlType::TQ2_0 => &[offset_of!(BlockTq2_0, d)],
         _ => &[],
     }
 }
@@ -598,6 +677,26 @@ block!(BlockQ5K, Q5_K, 256, [d, dmin]);
 block!(BlockQ6K, Q6_K, 256, [d]);
 block!(BlockIq4Nl, IQ4_NL, 32, [d]);
 block!(BlockIq4Xs, IQ4_XS, 256, [d]);
+block!(BlockTq1_0, TQ1_0, 256, [d]);
+block!(BlockTq2_0, TQ2_0, 256, [d]);
+
+impl Block for BlockMxfp4 {
+    const TYPE: GgmlType = GgmlType::MXFP4;
+    const WEIGHTS: usize = 32;
+    #[inline]
+    fn dequantize(&self, y: &mut [f32]) {
+        let d = e8m0_half(self.e);
+        for (j, &q) in self.qs.iter().enumerate() {
+            y[j] = f32::from(MXFP4_GRID[usize::from(q & 0xf)]) * d;
+            y[j + 16] = f32::from(MXFP4_GRID[usize::from(q >> 4)]) * d;
+        }
+    }
+    /// ggml refuses the exponent 0xff (NaN in E8M0).
+    #[inline]
+    fn scales_finite(&self) -> bool {
+        self.e != 0xff
+    }
+}
 
 impl BlockQ4_0 {
     fn decode(&self, y: &mut [f32]) {
@@ -823,6 +922,73 @@ impl BlockIq4Xs {
     }
 }
 
+impl BlockTq1_0 {
+    /// The block's 256 trits (0, 1, 2) in weight order.
+    pub fn trits(&self) -> [u8; 256] {
+        let mut t = [0u8; 256];
+        for (n, out) in t[..160].chunks_exact_mut(32).enumerate() {
+            for (o, &q) in out.iter_mut().zip(&self.qs[..32]) {
+                *o = tq1_trit(q, n);
+            }
+        }
+        for (n, out) in t[160..240].chunks_exact_mut(16).enumerate() {
+            for (o, &q) in out.iter_mut().zip(&self.qs[32..]) {
+                *o = tq1_trit(q, n);
+            }
+        }
+        for (n, out) in t[240..].chunks_exact_mut(4).enumerate() {
+            for (o, &q) in out.iter_mut().zip(&self.qh) {
+                *o = tq1_trit(q, n);
+            }
+        }
+        t
+    }
+
+    /// Packs 256 trits (0, 1, 2) in weight order: the inverse of [`BlockTq1_0::trits`].
+    pub fn set_trits(&mut self, t: &[u8; 256]) {
+        for (m, q) in self.qs[..32].iter_mut().enumerate() {
+            *q = tq1_pack(&std::array::from_fn::<u8, 5, _>(|n| t[m + 32 * n]));
+        }
+        for (m, q) in self.qs[32..].iter_mut().enumerate() {
+            *q = tq1_pack(&std::array::from_fn::<u8, 5, _>(|n| t[160 + m + 16 * n]));
+        }
+        for (j, q) in self.qh.iter_mut().enumerate() {
+            *q = tq1_pack(&std::array::from_fn::<u8, 4, _>(|n| t[240 + j + 4 * n]));
+        }
+    }
+
+    fn decode(&self, y: &mut [f32]) {
+        let d = self.d.to_f32();
+        for (out, t) in y.iter_mut().zip(self.trits()) {
+            *out = (f32::from(t) - 1.0) * d;
+        }
+    }
+}
+
+impl BlockTq2_0 {
+    /// The 2-bit value of weight `i` (0, 1, 2; 3 decodes as 2 · d).
+    #[inline]
+    pub fn value(&self, i: usize) -> u8 {
+        let (half, l, m) = (i / 128, (i % 128) / 32, i % 32);
+        (self.qs[32 * half + m] >> (2 * l)) & 3
+    }
+
+    /// Packs 256 values (0..4) in weight order: the inverse of [`BlockTq2_0::value`].
+    pub fn set_values(&mut self, v: &[u8; 256]) {
+        for (k, q) in self.qs.iter_mut().enumerate() {
+            let (half, m) = (k / 32, k % 32);
+            *q = (0..4).fold(0, |q, l| q | (v[128 * half + 32 * l + m] & 3) << (2 * l));
+        }
+    }
+
+    fn decode(&self, y: &mut [f32]) {
+        let d = self.d.to_f32();
+        for (i, out) in y.iter_mut().enumerate() {
+            *out = (f32::from(self.value(i)) - 1.0) * d;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -837,6 +1003,34 @@ mod tests {
                 <$b as Block>::TYPE,
             ),)*]
         };
+    }
+
+    #[test]
+    fn ternary_blocks_read_back_the_values_they_pack() {
+        let t: [u8; 256] = std::array::from_fn(|i| ((i * 7 + i / 5) % 3) as u8);
+        let mut b1 = BlockTq1_0::zeroed();
+        b1.set_trits(&t);
+        assert_eq!(b1.trits(), t);
+        let mut b2 = BlockTq2_0::zeroed();
+        b2.set_values(&t);
+        assert!((0..256).all(|i| b2.value(i) == t[i]));
+        // Every byte value decodes to trits that pack back to it or to a
+        // smaller byte with the same trits (243 values in 256 bytes).
+        for q in 0..=255u8 {
+            let t: [u8; 5] = std::array::from_fn(|n| tq1_trit(q, n));
+            let p = tq1_pack(&t);
+            assert!(t == std::array::from_fn(|n| tq1_trit(p, n)), "{q}");
+        }
+    }
+
+    #[test]
+    fn e8m0_halves_are_powers_of_two() {
+        assert_eq!(e8m0_half(127), 0.5);
+        assert_eq!(e8m0_half(128), 1.0);
+        assert_eq!(e8m0_half(2), 2f32.powi(-126));
+        assert_eq!(e8m0_half(1), 2f32.powi(-127));
+        assert_eq!(e8m0_half(0), 2f32.powi(-128));
+        assert_eq!(e8m0_half(254), 2f32.powi(126));
     }
 
     #[test]

@@ -50,8 +50,10 @@ fn dequantization_matches_ggml_bit_for_bit() {
     let mut seen = Vec::new();
     for (name, (_, _, raw)) in tensors.iter().filter(|(n, _)| n.ends_with(".raw")) {
         let file_type = name.trim_end_matches(".raw");
-        // llama-quantize's --pure K types name a mix (Q3_K_S); the tensors are of the base type.
-        let ty = GgmlType::from_name(file_type.trim_end_matches("_S")).unwrap();
+        // llama-quantize's --pure K types name a mix (Q3_K_S, MXFP4_MOE); the tensors are of
+        // the base type.
+        let base = file_type.trim_end_matches("_S").trim_end_matches("_MOE");
+        let ty = GgmlType::from_name(base).unwrap();
         let (dtype, shape, expected) = &tensors[&format!("{file_type}.f32")];
         assert_eq!(dtype, "F32");
         let expected: Vec<f32> = expected

@@ -26,7 +26,7 @@ fn min_max(x: &[f32]) -> (f32, f32) {
     })
 }
 
-fn inverse(d: f32) -> f32 {
+pub(crate) fn inverse(d: f32) -> f32 {
     if d != 0.0 { 1.0 / d } else { 0.0 }
 }
 
@@ -127,7 +127,7 @@ pub(crate) fn q8_0(x: &[f32], y: &mut BlockQ8_0) {
 /// C's `(int)roundf(x)` (ties away from zero) for |x| < 2^23 (Q8_0's |x/d| ≤ 127),
 /// inline and branch-free: `f32::round` is a libm call on baseline x86-64.
 #[inline(always)]
-fn round_small(x: f32) -> i32 {
+pub(crate) fn round_small(x: f32) -> i32 {
     let t = x as i32;
     let frac = x - t as f32;
     t + i32::from(frac >= 0.5) - i32::from(frac <= -0.5)

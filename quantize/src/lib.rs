@@ -32,6 +32,7 @@ pub mod job;
 mod kquants;
 mod lanes;
 mod legacy;
+mod lowbit;
 pub mod names;
 pub mod recipe;
 pub mod rules;
@@ -39,8 +40,9 @@ mod weights;
 
 use memwall_format::GgmlType;
 use memwall_format::blocks::{
-    Block, BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
-    BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, as_blocks_mut, f32_to_bf16, f32_to_f16,
+    Block, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
+    BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockTq1_0, BlockTq2_0, as_blocks_mut,
+    f32_to_bf16, f32_to_f16,
 };
 
 /// Why a row could not be quantized.
@@ -70,7 +72,7 @@ pub enum QuantizeError {
 }
 
 /// Types [`quantize_row`] encodes: every type the runtime decodes.
-pub const ENCODABLE: [GgmlType; 15] = memwall_format::blocks::DEQUANTIZABLE;
+pub const ENCODABLE: [GgmlType; 18] = memwall_format::blocks::DEQUANTIZABLE;
 
 /// Encodes `src` as blocks of `ty` into `dst`, byte for byte as ggml's
 /// reference quantizer does.
@@ -234,14 +236,6 @@ legacy!(BlockQ4_1, legacy::q4_1, legacy::q4_1_weighted);
 legacy!(BlockQ5_0, legacy::q5_0, legacy::q5_0_weighted);
 legacy!(BlockQ5_1, legacy::q5_1, legacy::q5_1_weighted);
 
-impl Encode for BlockQ8_0 {
-    /// Q8_0 ignores an importance matrix, as ggml does.
-    #[inline(always)]
-    fn encode(x: &[f32], _: Option<&[f32]>, y: &mut Self) {
-        legacy::q8_0(x, y)
-    }
-}
-
 /// `impl Encode` for a type whose encoder takes the block's importance weights.
 macro_rules! weighted {
     ($($b:ident: $encode:path),*) => {$(
@@ -261,6 +255,25 @@ weighted!(
     BlockQ5K: kquants::q5_k,
     BlockQ6K: kquants::q6_k,
     BlockIq4Xs: iq4::iq4_xs
+);
+
+/// `impl Encode` for a type whose encoder ignores importance weights, as ggml's does.
+macro_rules! unweighted {
+    ($($b:ident: $encode:path),*) => {$(
+        impl Encode for $b {
+            #[inline(always)]
+            fn encode(x: &[f32], _: Option<&[f32]>, y: &mut Self) {
+                $encode(x, y)
+            }
+        }
+    )*};
+}
+
+unweighted!(
+    BlockQ8_0: legacy::q8_0,
+    BlockTq1_0: lowbit::tq1_0,
+    BlockTq2_0: lowbit::tq2_0,
+    BlockMxfp4: lowbit::mxfp4
 );
 
 impl Encode for BlockIq4Nl {

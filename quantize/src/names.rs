@@ -148,11 +148,21 @@ mod tests {
     fn the_valid_list_names_only_what_can_be_written() {
         let writable: Vec<&str> = writable_file_types().map(|f| f.name).collect();
         for name in [
-            "Q4_0", "Q8_0", "Q2_K", "Q2_K_S", "Q4_K_M", "IQ4_XS", "F16", "BF16",
+            "Q4_0",
+            "Q8_0",
+            "Q2_K",
+            "Q2_K_S",
+            "Q4_K_M",
+            "IQ4_XS",
+            "F16",
+            "BF16",
+            "TQ1_0",
+            "TQ2_0",
+            "MXFP4_MOE",
         ] {
             assert!(writable.contains(&name), "{name}");
         }
-        for name in ["IQ2_XS", "IQ1_S", "TQ1_0", "MXFP4_MOE"] {
+        for name in ["IQ2_XS", "IQ1_S", "NVFP4", "Q1_0"] {
             assert!(!writable.contains(&name), "{name}");
             assert!(planned_file_types().any(|f| f.name == name), "{name}");
         }

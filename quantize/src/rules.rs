@@ -6,7 +6,7 @@
 //! `llama_tensor_get_type_impl`, `tensor_type_fallback`, `llama_tensor_get_type`,
 //! `init_quantize_state_counters`), re-expressed here; the tests compare every
 //! tensor's type with what `llama-quantize` chose for tiny-zh and SmolLM2.
-//! Branches for file types memwall cannot encode (IQ1–IQ3, TQ, MXFP4) are kept
+//! Branches for file types memwall cannot encode (IQ1–IQ3, NVFP4, Q1_0, Q2_0) are kept
 //! so that `--dry-run` plans them the way llama.cpp would.
 
 use memwall_format::GgmlType;

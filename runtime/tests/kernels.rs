@@ -23,8 +23,8 @@
 
 use memwall_format::GgmlType;
 use memwall_format::blocks::{
-    DEQUANTIZABLE, bf16_to_f32, block_bytes, dequantize_row, f16_to_f32, f32_to_f16, scale_fields,
-    scale_min_k4,
+    BlockMxfp4, DEQUANTIZABLE, bf16_to_f32, block_bytes, dequantize_row, f16_to_f32, f32_to_f16,
+    scale_fields, scale_min_k4,
 };
 use memwall_runtime::kernels::{
     ActRow, Activations, Backend, BlockQ8_0, BlockQ8_1, BlockQ8K, KernelError, Kernels, Matmul,
@@ -276,6 +276,10 @@ fn random_row(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
                 for &o in scale_fields(ty) {
                     let v = rng.f(1.0) * [1.0, 0.01, 0.1][rng.below(3)];
                     b[o..o + 2].copy_from_slice(&f32_to_f16(v).to_le_bytes());
+                }
+                if ty == GgmlType::MXFP4 {
+                    // An exponent for scales of about 2⁻⁸ … 2⁰.
+                    b[std::mem::offset_of!(BlockMxfp4, e)] = 120 + rng.below(9) as u8;
                 }
             }
             w

@@ -100,8 +100,8 @@ use std::sync::OnceLock;
 
 use memwall_format::GgmlType;
 use memwall_format::blocks::{
-    Block, BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
-    BlockQ5_1, BlockQ5K, BlockQ6K, as_blocks,
+    Block, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
+    BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0, BlockTq2_0, as_blocks,
 };
 
 pub use matmul::{Matmul, QMatrix, matmul};
@@ -141,9 +141,9 @@ macro_rules! vec_dot {
     )*};
 }
 
-vec_dot!(BlockQ8_0, Q8_0: BlockQ4_0, BlockQ5_0, BlockQ8_0, BlockIq4Nl);
+vec_dot!(BlockQ8_0, Q8_0: BlockQ4_0, BlockQ5_0, BlockQ8_0, BlockIq4Nl, BlockMxfp4);
 vec_dot!(BlockQ8_1, Q8_1: BlockQ4_1, BlockQ5_1);
-vec_dot!(BlockQ8K, Q8K: BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockIq4Xs);
+vec_dot!(BlockQ8K, Q8K: BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockIq4Xs, BlockTq1_0, BlockTq2_0);
 
 /// The 32-weight blocks of the Q8_0 family, whose several-row products
 /// transpose eight blocks' weights and gather their scales.
@@ -199,11 +199,11 @@ pub enum VecDotType {
     F16,
     /// bfloat16, rounded to nearest even (BF16 weights).
     BF16,
-    /// [`BlockQ8_0`] (Q4_0, Q5_0, Q8_0, IQ4_NL).
+    /// [`BlockQ8_0`] (Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4).
     Q8_0,
     /// [`BlockQ8_1`] (Q4_1, Q5_1).
     Q8_1,
-    /// [`BlockQ8K`] (Q2_K…Q6_K, IQ4_XS).
+    /// [`BlockQ8K`] (Q2_K…Q6_K, IQ4_XS, TQ1_0, TQ2_0).
     Q8K,
 }
 

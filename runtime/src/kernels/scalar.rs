@@ -14,8 +14,9 @@ use super::{
     BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, OpsTable, QK_K, QK8_0, RowsTable, attn, block_table,
 };
 use memwall_format::blocks::{
-    BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
-    BlockQ5_1, BlockQ5K, BlockQ6K, F16, IQ4NL_GRID, bf16_to_f32, f16_to_f32,
+    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
+    BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0, BlockTq2_0, F16, IQ4NL_GRID, MXFP4_GRID,
+    bf16_to_f32, e8m0_half, f16_to_f32,
 };
 
 /// Quantizes `x` to Q8_0 blocks: `d = max|x| / 127`, `q = round(x / d)`
@@ -370,6 +371,43 @@ pub(crate) mod dot {
                 isum += i32::from(IQ4NL_GRID[usize::from(q >> 4)]) * i32::from(y.qs[j + 16]);
             }
             term(b.d.to_f32(), y.d.to_f32(), isum)
+        }))
+    }
+
+    /// MXFP4: the scale is the exponent's `2^(e − 128)`, not an f16.
+    pub(crate) fn mxfp4(w: &[BlockMxfp4], a: &[BlockQ8_0]) -> f32 {
+        block_dot(w.iter().zip(a).map(|(b, y)| {
+            let mut isum = 0i32;
+            for (j, &q) in b.qs.iter().enumerate() {
+                isum += i32::from(MXFP4_GRID[usize::from(q & 0xf)]) * i32::from(y.qs[j]);
+                isum += i32::from(MXFP4_GRID[usize::from(q >> 4)]) * i32::from(y.qs[j + 16]);
+            }
+            term(e8m0_half(b.e), y.d.to_f32(), isum)
+        }))
+    }
+
+    /// `Σ (t − 1)·y` over a ternary super-block's values `t ∈ {0, 1, 2}`.
+    fn ternary_sum(t: impl Iterator<Item = u8>, y: &[i8; QK_K]) -> i32 {
+        t.zip(y)
+            .map(|(t, &v)| (i32::from(t) - 1) * i32::from(v))
+            .sum()
+    }
+
+    pub(crate) fn tq1_0(w: &[BlockTq1_0], a: &[BlockQ8K]) -> f32 {
+        block_dot(
+            w.iter()
+                .zip(a)
+                .map(|(b, y)| term(b.d.to_f32(), y.d, ternary_sum(b.trits().into_iter(), &y.qs))),
+        )
+    }
+
+    pub(crate) fn tq2_0(w: &[BlockTq2_0], a: &[BlockQ8K]) -> f32 {
+        block_dot(w.iter().zip(a).map(|(b, y)| {
+            term(
+                b.d.to_f32(),
+                y.d,
+                ternary_sum((0..QK_K).map(|i| b.value(i)), &y.qs),
+            )
         }))
     }
 

@@ -28,8 +28,9 @@ use crate::kernels::{
     RowsTable, Scaled, block_entries, block_table,
 };
 use memwall_format::blocks::{
-    Block, BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
-    BlockQ5_1, BlockQ5K, BlockQ6K, F16, IQ4NL_GRID, f16_to_f32, f32_to_f16,
+    Block, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
+    BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0, BlockTq2_0, F16, IQ4NL_GRID, MXFP4_GRID,
+    e8m0_half, f16_to_f32, f32_to_f16, tq1_trit,
 };
 
 /// Declares a safe entry point for a `#[target_feature]` kernel.
@@ -739,6 +740,26 @@ fn iq4_nl(w: &[BlockIq4Nl], a: &[BlockQ8_0]) -> f32 {
     )
 }
 
+/// MXFP4: [`blocks32`]'s order with the block scale `2^(e − 128) · d_a`
+/// formed in `f32` (the exponent is no f16).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn mxfp4(w: &[BlockMxfp4], a: &[BlockQ8_0]) -> f32 {
+    let nb = a.len().min(w.len());
+    let mut acc = _mm256_setzero_ps();
+    for (wg, ag) in w[..nb].chunks(8).zip(a[..nb].chunks(8)) {
+        prefetch_ahead(wg, 8 * size_of::<BlockMxfp4>());
+        let mut v = [_mm256_setzero_si256(); 8];
+        let mut d = [0f32; 8];
+        for (k, (b, y)) in wg.iter().zip(ag).enumerate() {
+            v[k] = mul_sum_i8(unpack_grid(&MXFP4_GRID, &b.qs), ld256(&y.qs));
+            d[k] = e8m0_half(b.e) * y.d.to_f32();
+        }
+        let t = _mm256_mul_ps(ldps(&d), _mm256_cvtepi32_ps(transpose_sum(&v)));
+        acc = _mm256_add_ps(acc, t);
+    }
+    tree8_ps(acc)
+}
+
 // ---- several activation rows per weight row (Q8_0 family) ----
 //
 // The activations come regrouped (`Q8_GROUP_BYTES`): per eight blocks, eight
@@ -915,8 +936,15 @@ pub(super) fn unpack_q8_0(b: &BlockQ8_0) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(super) fn unpack_iq4_nl(b: &BlockIq4Nl) -> __m256i {
-    let (grid, m) = (ld128(&IQ4NL_GRID), _mm_set1_epi8(0xf));
-    let q = ld128(&b.qs);
+    unpack_grid(&IQ4NL_GRID, &b.qs)
+}
+
+/// The values of a 16-entry grid that 32 nibbles index (low nibbles first).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn unpack_grid(grid: &[i8; 16], qs: &[u8; 16]) -> __m256i {
+    let (grid, m) = (ld128(grid), _mm_set1_epi8(0xf));
+    let q = ld128(qs);
     let lo = _mm_shuffle_epi8(grid, _mm_and_si128(q, m));
     let hi = _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(q, 4), m));
     _mm256_set_m128i(hi, lo)
@@ -1300,6 +1328,105 @@ fn iq4_xs_sums(b: &BlockIq4Xs, y: &BlockQ8K) -> (__m256i, __m256i) {
         isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set1_epi16(s as i16)));
     }
     (isum, _mm256_setzero_si256())
+}
+
+// ---- ternary types (Q8_K activations) ----
+//
+// `Σ (t − 1)·y` as `Σ t·y − Σ y`: the values `t ∈ {0, 1, 2}` are unsigned
+// bytes for `vpmaddubsw`, and `Σ y` is the sum of the activations' `bsums`.
+
+/// `Σ y` of a Q8_K super-block in eight `i32` lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn act_sum(y: &BlockQ8K) -> __m256i {
+    _mm256_madd_epi16(ld256(&y.bsums), _mm256_set1_epi16(1))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tq2_0(w: &[BlockTq2_0], a: &[BlockQ8K]) -> f32 {
+    blocks256::<_, false>(w, a, |b, y| tq2_0_sums(b, y), |b| [b.d.bits(), 0])
+}
+
+/// A TQ2_0 super-block's integer sum.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn tq2_0_sums(b: &BlockTq2_0, y: &BlockQ8K) -> (__m256i, __m256i) {
+    let (three, ones) = (_mm256_set1_epi8(3), _mm256_set1_epi16(1));
+    let mut isum = _mm256_setzero_si256();
+    for h in 0..2 {
+        let q = ld256(&b.qs[32 * h..]);
+        for l in 0..4 {
+            let t = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * l as i32)), three);
+            let p = _mm256_maddubs_epi16(t, ld256(&y.qs[128 * h + 32 * l..]));
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
+        }
+    }
+    (_mm256_sub_epi32(isum, act_sum(y)), _mm256_setzero_si256())
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tq1_0(w: &[BlockTq1_0], a: &[BlockQ8K]) -> f32 {
+    blocks256::<_, false>(w, a, |b, y| tq1_0_sums(b, y), |b| [b.d.bits(), 0])
+}
+
+/// The trits of bytes `q` (scaled by `3ⁿ` mod 256 for trit `n`):
+/// `⌊3q / 256⌋` is `[q > 85] + [q > 170]`, compared unsigned through the sign bit.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn trits(q: __m256i) -> __m256i {
+    let flip = _mm256_set1_epi8(0x80u8 as i8);
+    let q = _mm256_xor_si256(q, flip);
+    let over85 = _mm256_cmpgt_epi8(q, _mm256_set1_epi8((85 ^ 0x80) as i8));
+    let over170 = _mm256_cmpgt_epi8(q, _mm256_set1_epi8((170 ^ 0x80) as i8));
+    _mm256_sub_epi8(_mm256_setzero_si256(), _mm256_add_epi8(over85, over170))
+}
+
+/// Bytes times 3, modulo 256.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn times3(q: __m256i) -> __m256i {
+    _mm256_add_epi8(_mm256_add_epi8(q, q), q)
+}
+
+/// A TQ1_0 super-block's integer sum: the 32 five-trit bytes in one register
+/// (trit `n` of byte `m` is weight `32n + m`), the 16 after them with both
+/// 128-bit halves (trit `n` in the low, `n + 1` in the high half), and the
+/// four-trit `qh` bytes one by one.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn tq1_0_sums(b: &BlockTq1_0, y: &BlockQ8K) -> (__m256i, __m256i) {
+    let ones = _mm256_set1_epi16(1);
+    let mut isum = _mm256_setzero_si256();
+    let mut q = ld256(&b.qs[..32]);
+    for n in 0..5 {
+        let p = _mm256_maddubs_epi16(trits(q), ld256(&y.qs[32 * n..]));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
+        q = times3(q);
+    }
+    // Bytes 32..48, trits (0, 1), (2, 3), then 4 against weights 224..240.
+    let q16 = ld128(&b.qs[32..]);
+    let mut q = _mm256_set_m128i(_mm_add_epi8(_mm_add_epi8(q16, q16), q16), q16);
+    for n in [0, 2] {
+        let p = _mm256_maddubs_epi16(trits(q), ld256(&y.qs[160 + 16 * n..]));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
+        q = times3(times3(q));
+    }
+    let t4 = _mm256_castsi256_si128(trits(q));
+    let p = _mm_maddubs_epi16(t4, ld128(&y.qs[224..]));
+    let p = _mm256_castsi128_si256(_mm_madd_epi16(p, _mm_set1_epi16(1)));
+    isum = _mm256_add_epi32(isum, _mm256_blend_epi32::<0x0f>(_mm256_setzero_si256(), p));
+    let mut tail = 0i32;
+    for n in 0..4 {
+        for (j, &q) in b.qh.iter().enumerate() {
+            let t = i32::from(tq1_trit(q, n));
+            tail += t * i32::from(y.qs[240 + 4 * n + j]);
+        }
+    }
+    let tail = _mm256_setr_epi32(tail, 0, 0, 0, 0, 0, 0, 0);
+    (
+        _mm256_sub_epi32(_mm256_add_epi32(isum, tail), act_sum(y)),
+        _mm256_setzero_si256(),
+    )
 }
 
 // ---- float types ----

@@ -26,8 +26,9 @@ use crate::kernels::{
     block_entries, block_table,
 };
 use memwall_format::blocks::{
-    Block, BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
-    BlockQ5_1, BlockQ5K, BlockQ6K, IQ4NL_GRID,
+    Block, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
+    BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0, BlockTq2_0, IQ4NL_GRID, MXFP4_GRID,
+    e8m0_half, tq1_trit,
 };
 
 /// The NEON float loops: `exp` on four lanes; the others are the scalar
@@ -351,6 +352,28 @@ fn unpack_iq4_nl(b: &BlockIq4Nl) -> (int8x16_t, int8x16_t) {
     let grid = ld_s8(&IQ4NL_GRID);
     let (lo, hi) = nibbles(&b.qs);
     (vqtbl1q_s8(grid, lo), vqtbl1q_s8(grid, hi))
+}
+
+/// The trits of bytes `q` (scaled by `3ⁿ` mod 256 for trit `n`):
+/// `⌊3q / 256⌋` is `[q > 85] + [q > 170]`.
+#[inline]
+#[target_feature(enable = "neon")]
+fn trits(q: uint8x16_t) -> int8x16_t {
+    let (over85, over170) = (vcgtq_u8(q, vdupq_n_u8(85)), vcgtq_u8(q, vdupq_n_u8(170)));
+    vreinterpretq_s8_u8(vsubq_u8(vsubq_u8(vdupq_n_u8(0), over85), over170))
+}
+
+/// Bytes times 3, modulo 256.
+#[inline]
+#[target_feature(enable = "neon")]
+fn times3(q: uint8x16_t) -> uint8x16_t {
+    vaddq_u8(vaddq_u8(q, q), q)
+}
+
+/// `Σ y` of a Q8_K super-block.
+#[inline]
+fn act_sum(y: &BlockQ8K) -> i32 {
+    y.bsums.iter().map(|&s| i32::from(s)).sum()
 }
 
 // ---- F16 weight rows against widened activations ----
@@ -679,6 +702,67 @@ macro_rules! kernels {
                     isum += s * vaddvq_s32(p);
                 }
                 sum.add(i, term(h2f(b.d.bits()), y.d, isum));
+            }
+            sum.sum()
+        }
+
+        /// MXFP4: the block scale is `2^(e − 128)`, no f16.
+        #[target_feature(enable = $feat)]
+        fn mxfp4(w: &[BlockMxfp4], a: &[BlockQ8_0]) -> f32 {
+            let grid = ld_s8(&MXFP4_GRID);
+            blocks32::<_, _, false>(
+                w,
+                a,
+                |b, y| {
+                    let (lo, hi) = nibbles(&b.qs);
+                    dot32(vqtbl1q_s8(grid, lo), vqtbl1q_s8(grid, hi), &y.qs)
+                },
+                |b, y| [e8m0_half(b.e), h2f(y.d.bits()), 0.0, 0.0],
+            )
+        }
+
+        /// TQ2_0: `Σ (q − 1)·y` as `Σ q·y − Σ y`.
+        #[target_feature(enable = $feat)]
+        fn tq2_0(w: &[BlockTq2_0], a: &[BlockQ8K]) -> f32 {
+            let three = vdupq_n_u8(3);
+            let mut sum = Blocks::default();
+            for (i, (b, y)) in w.iter().zip(a).enumerate() {
+                let mut isum = 0i32;
+                for h in 0..2 {
+                    let (q0, q1) = (ld_u8(&b.qs[32 * h..]), ld_u8(&b.qs[32 * h + 16..]));
+                    for l in 0..4 {
+                        let shift = vdupq_n_s8(-2 * l as i8);
+                        let t0 = vandq_u8(vshlq_u8(q0, shift), three);
+                        let t1 = vandq_u8(vshlq_u8(q1, shift), three);
+                        let (t0, t1) = (vreinterpretq_s8_u8(t0), vreinterpretq_s8_u8(t1));
+                        isum += vaddvq_s32(dot32(t0, t1, &y.qs[128 * h + 32 * l..]));
+                    }
+                }
+                sum.add(i, term(h2f(b.d.bits()), y.d, isum - act_sum(y)));
+            }
+            sum.sum()
+        }
+
+        /// TQ1_0: the five-trit bytes sixteen at a time, the `qh` bytes one by one.
+        #[target_feature(enable = $feat)]
+        fn tq1_0(w: &[BlockTq1_0], a: &[BlockQ8K]) -> f32 {
+            let zero = vdupq_n_s8(0);
+            let mut sum = Blocks::default();
+            for (i, (b, y)) in w.iter().zip(a).enumerate() {
+                let mut isum = 0i32;
+                let (mut q0, mut q1) = (ld_u8(&b.qs[..16]), ld_u8(&b.qs[16..32]));
+                let mut q2 = ld_u8(&b.qs[32..]);
+                for n in 0..5 {
+                    isum += vaddvq_s32(dot32(trits(q0), trits(q1), &y.qs[32 * n..]));
+                    isum += vaddvq_s32(dot32(trits(q2), zero, &y.qs[160 + 16 * n..]));
+                    (q0, q1, q2) = (times3(q0), times3(q1), times3(q2));
+                }
+                for n in 0..4 {
+                    for (j, &q) in b.qh.iter().enumerate() {
+                        isum += i32::from(tq1_trit(q, n)) * i32::from(y.qs[240 + 4 * n + j]);
+                    }
+                }
+                sum.add(i, term(h2f(b.d.bits()), y.d, isum - act_sum(y)));
             }
             sum.sum()
         }
