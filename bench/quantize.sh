@@ -12,6 +12,9 @@
 #   python convert_hf_to_gguf.py /tmp/bench-llama --outtype f16 --outfile /tmp/bench-llama-f16.gguf
 # (until `memwall convert` lands, llama.cpp's converter makes the F16 GGUF).
 #
+# LLAMA_BUILD names the cmake build directory under LLAMA_CPP (default `build`; see
+# bench/runtime.sh for the AVX-512 build without AMX).
+#
 # memwall writes through <out>.partial and fsyncs before renaming; llama-quantize does
 # not fsync. The times include that cost.
 set -euo pipefail
@@ -25,7 +28,8 @@ runs="${RUNS:-2}"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cargo build --release --quiet -p memwall
 mw="$PWD/target/release/memwall"
-lq="$LLAMA_CPP/build/bin/llama-quantize"
+lb="$LLAMA_CPP/${LLAMA_BUILD:-build}/bin"
+lq="$lb/llama-quantize"
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/memwall-bench.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 cat "$input" > /dev/null
@@ -42,7 +46,7 @@ best() { # best wall time in seconds of "$@", over $runs runs
 }
 
 echo "input: $input ($(du -h "$input" | cut -f1)), threads: $threads, best of $runs"
-echo "llama.cpp: $("$LLAMA_CPP/build/bin/llama-tokenize" --version 2>&1 | head -1)"
+echo "llama.cpp: $("$lb/llama-tokenize" --version 2>&1 | head -1)"
 printf '%-8s %12s %12s %8s  %s\n' type llama-quantize memwall ratio output
 for t in "${types[@]}"; do
   tl=$(best "$lq" "$input" "$tmp/llama.gguf" "$t" "$threads")

