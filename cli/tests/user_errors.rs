@@ -123,10 +123,19 @@ fn names_with_a_near_miss_get_did_you_mean() {
 fn the_valid_list_shows_what_can_be_written_and_what_is_only_planned() {
     let err = error_of(&["quantize", TINY, "/tmp/never.gguf", "Q4KM"]);
     let (writes, planned) = err.split_once("planned, --dry-run only:").unwrap();
-    for t in ["Q4_K_M", "Q6_K", "IQ4_XS", "Q2_K_S", "BF16"] {
+    let writable = [
+        "Q4_K_M",
+        "Q6_K",
+        "IQ4_XS",
+        "Q2_K_S",
+        "BF16",
+        "TQ1_0",
+        "MXFP4_MOE",
+    ];
+    for t in writable {
         assert!(writes.contains(t), "{t}: {err}");
     }
-    for t in ["IQ2_XS", "IQ1_S", "TQ1_0", "MXFP4_MOE"] {
+    for t in ["IQ2_XS", "IQ1_S", "NVFP4", "Q2_0"] {
         assert!(!writes.contains(&format!(" {t},")), "{t}: {err}");
         assert!(planned.contains(t), "{t}: {err}");
     }

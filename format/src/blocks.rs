@@ -151,6 +151,8 @@ pub trait Block: Pod {
     const WEIGHTS: usize;
     /// Decodes the block's [`Block::WEIGHTS`] weights into `y`, in ggml's order.
     fn dequantize(&self, y: &mut [f32]);
+    /// Byte offsets of the block's f16 scales (and minimums) within it.
+    const F16_SCALES: &'static [usize];
     /// Whether the block's f16 scales (and minimums) are finite: what
     /// `ggml_validate_row_data` checks of a quantized block.
     fn scales_finite(&self) -> bool;
@@ -549,31 +551,22 @@ macro_rules! decodable {
     };
 }
 
+/// The number of types in [`block_types!`](crate::block_types).
+macro_rules! count {
+    ([$($t:ident => $b:ident as $f:ident,)*]) => {
+        [$(stringify!($t)),*].len()
+    };
+}
+
 /// Types [`dequantize_row`] decodes: the float types and every block type.
-pub const DEQUANTIZABLE: [GgmlType; 18] = crate::block_types!([decodable]);
+pub const DEQUANTIZABLE: [GgmlType; 3 + crate::block_types!([count])] =
+    crate::block_types!([decodable]);
 
 /// Byte offsets, within one block, of the f16 scale fields of each quantized
 /// type that [`validate_row`] checks (ggml's `ggml_validate_row_data`), for
 /// tests that build blocks with chosen scales.
 pub fn scale_fields(ty: GgmlType) -> &'static [usize] {
-    use std::mem::offset_of;
-    match ty {
-        GgmlType::Q4_0 => &[offset_of!(BlockQ4_0, d)],
-        GgmlType::Q5_0 => &[offset_of!(BlockQ5_0, d)],
-        GgmlType::Q8_0 => &[offset_of!(BlockQ8_0, d)],
-        GgmlType::IQ4_NL => &[offset_of!(BlockIq4Nl, d)],
-        GgmlType::IQ4_XS => &[offset_of!(BlockIq4Xs, d)],
-        GgmlType::Q4_1 => &[offset_of!(BlockQ4_1, d), offset_of!(BlockQ4_1, m)],
-        GgmlType::Q5_1 => &[offset_of!(BlockQ5_1, d), offset_of!(BlockQ5_1, m)],
-        GgmlType::Q4_K => &[offset_of!(BlockQ4K, d), offset_of!(BlockQ4K, dmin)],
-        GgmlType::Q5_K => &[offset_of!(BlockQ5K, d), offset_of!(BlockQ5K, dmin)],
-        GgmlType::Q2_K => &[offset_of!(BlockQ2K, d), offset_of!(BlockQ2K, dmin)],
-        GgmlType::Q3_K => &[offset_of!(BlockQ3K, d)],
-        GgmlType::Q6_K => &[offset_of!(BlockQ6K, d)],
-        GgmlType::TQ1_0 => &[offset_of!(BlockTq1_0, d)],
-        GgmlType::TQ2_0 => &[offset_of!(BlockTq2_0, d)],
-        _ => &[],
-    }
+    crate::with_block!(ty, B => B::F16_SCALES, _ => &[])
 }
 
 /// Checks a row of `ty` for NaN and infinity where ggml's
@@ -657,6 +650,7 @@ macro_rules! block {
             fn dequantize(&self, y: &mut [f32]) {
                 self.decode(y)
             }
+            const F16_SCALES: &'static [usize] = &[$(std::mem::offset_of!($b, $scale)),*];
             #[inline]
             fn scales_finite(&self) -> bool {
                 true $(&& self.$scale.is_finite())*
@@ -691,6 +685,8 @@ impl Block for BlockMxfp4 {
             y[j + 16] = f32::from(MXFP4_GRID[usize::from(q >> 4)]) * d;
         }
     }
+    /// The scale is an exponent, no f16.
+    const F16_SCALES: &'static [usize] = &[];
     /// ggml refuses the exponent 0xff (NaN in E8M0).
     #[inline]
     fn scales_finite(&self) -> bool {

@@ -72,7 +72,8 @@ pub enum QuantizeError {
 }
 
 /// Types [`quantize_row`] encodes: every type the runtime decodes.
-pub const ENCODABLE: [GgmlType; 18] = memwall_format::blocks::DEQUANTIZABLE;
+pub const ENCODABLE: [GgmlType; memwall_format::blocks::DEQUANTIZABLE.len()] =
+    memwall_format::blocks::DEQUANTIZABLE;
 
 /// Encodes `src` as blocks of `ty` into `dst`, byte for byte as ggml's
 /// reference quantizer does.
