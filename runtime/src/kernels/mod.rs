@@ -520,20 +520,38 @@ fn rows_k<B: Block>(
     out: &mut [f32],
     stride: usize,
 ) {
-    let n = tokens.len();
     let nb = acts.cols / QK_K;
     let record = nb.div_ceil(8) * Q8K_GROUP_BYTES;
-    let groups = if acts.q8k_groups.is_empty() {
-        &[][..]
-    } else {
-        &acts.q8k_groups.bytes()[tokens.start * record..tokens.end * record]
-    };
-    let a = Q8KRows {
-        blocks: &acts.q8k[tokens.start * nb..tokens.end * nb],
-        groups,
-    };
-    for (i, r) in rows.enumerate() {
-        f(as_blocks(w.row(r)), a, &mut out[i * stride..i * stride + n]);
+    let per_call = rows_k_tokens(B::TYPE, tokens.len());
+    for t0 in tokens.clone().step_by(per_call) {
+        let t1 = (t0 + per_call).min(tokens.end);
+        let groups = if acts.q8k_groups.is_empty() {
+            &[][..]
+        } else {
+            &acts.q8k_groups.bytes()[t0 * record..t1 * record]
+        };
+        let a = Q8KRows {
+            blocks: &acts.q8k[t0 * nb..t1 * nb],
+            groups,
+        };
+        let first = t0 - tokens.start;
+        for (i, r) in rows.clone().enumerate() {
+            let out = &mut out[i * stride + first..i * stride + first + (t1 - t0)];
+            f(as_blocks(w.row(r)), a, out);
+        }
+    }
+}
+
+/// Activation rows [`rows_k`] passes to a several-row product of `ty` at a
+/// time, of a tile of `tile`. The ternary types: four, against all the rows,
+/// then the next four, so that those rows' activations (292 bytes a
+/// super-block against 54 or 66 of weights) stay in L1 while the weight rows
+/// stream. Q4_K and Q6_K: the whole tile (AVX-512's Q4_K regroups it, and
+/// is slower four rows at a time; docs/BENCHMARKS.md, 2026-12-02).
+fn rows_k_tokens(ty: GgmlType, tile: usize) -> usize {
+    match ty {
+        GgmlType::TQ1_0 | GgmlType::TQ2_0 => 4,
+        _ => tile.max(1),
     }
 }
 
@@ -777,6 +795,8 @@ pub(crate) struct RowsTable {
     pub(crate) f16_wide: Option<RowsWideF16>,
     pub(crate) q4_k: Option<RowsK<BlockQ4K>>,
     pub(crate) q6_k: Option<RowsK<BlockQ6K>>,
+    pub(crate) tq1_0: Option<RowsK<BlockTq1_0>>,
+    pub(crate) tq2_0: Option<RowsK<BlockTq2_0>>,
     pub(crate) q4_0: Option<RowsQ8<BlockQ4_0>>,
     pub(crate) q5_0: Option<RowsQ8<BlockQ5_0>>,
     pub(crate) q8_0: Option<RowsQ8<BlockQ8_0>>,
@@ -793,6 +813,8 @@ impl RowsTable {
         f16_wide: None,
         q4_k: None,
         q6_k: None,
+        tq1_0: None,
+        tq2_0: None,
         q4_0: None,
         q5_0: None,
         q8_0: None,
@@ -1120,6 +1142,12 @@ impl Kernels {
                 .map(|f| rows_k(f, w, rows.clone(), acts, tokens.clone(), out, stride)),
             (T::Q6_K, Some(V::Q8K)) => r
                 .q6_k
+                .map(|f| rows_k(f, w, rows.clone(), acts, tokens.clone(), out, stride)),
+            (T::TQ1_0, Some(V::Q8K)) => r
+                .tq1_0
+                .map(|f| rows_k(f, w, rows.clone(), acts, tokens.clone(), out, stride)),
+            (T::TQ2_0, Some(V::Q8K)) => r
+                .tq2_0
                 .map(|f| rows_k(f, w, rows.clone(), acts, tokens.clone(), out, stride)),
             (T::Q4_0, Some(V::Q8_0)) if grouped => r
                 .q4_0

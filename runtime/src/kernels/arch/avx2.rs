@@ -76,6 +76,16 @@ pub(super) fn r_q4_k(w: &[BlockQ4K], a: Q8KRows<'_>, out: &mut [f32]) {
     unsafe { q4_k_rows(w, a.blocks, out) }
 }
 
+pub(super) fn r_tq1_0(w: &[BlockTq1_0], a: Q8KRows<'_>, out: &mut [f32]) {
+    // SAFETY: as for `entry!`.
+    unsafe { tq1_0_rows(w, a.blocks, out) }
+}
+
+pub(super) fn r_tq2_0(w: &[BlockTq2_0], a: Q8KRows<'_>, out: &mut [f32]) {
+    // SAFETY: as for `entry!`.
+    unsafe { tq2_0_rows(w, a.blocks, out) }
+}
+
 pub(super) fn r_q6_k(w: &[BlockQ6K], a: Q8KRows<'_>, out: &mut [f32]) {
     // SAFETY: as for `entry!`.
     unsafe { q6_k_rows(w, a.blocks, out) }
@@ -112,6 +122,8 @@ pub(crate) static TABLE: DotTable = memwall_format::block_types!([block_table] e
         f16_wide: Some(r_f16_wide),
         q4_k: Some(r_q4_k),
         q6_k: Some(r_q6_k),
+        tq1_0: Some(r_tq1_0),
+        tq2_0: Some(r_tq2_0),
         q4_0: Some(r_q4_0),
         q5_0: Some(r_q5_0),
         q8_0: Some(r_q8_0),
@@ -459,7 +471,7 @@ pub(super) fn hsum_epi32(v: __m256i) -> i32 {
 /// Lane `k` of the result = the sum of the eight `i32` lanes of `v[k]` (exact).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn transpose_sum(v: &[__m256i; 8]) -> __m256i {
+pub(super) fn transpose_sum(v: &[__m256i; 8]) -> __m256i {
     let h01 = zip_add32(v[0], v[1]);
     let h23 = zip_add32(v[2], v[3]);
     let h45 = zip_add32(v[4], v[5]);
@@ -1252,7 +1264,7 @@ fn q6_k_sums_of(p: &Q6kBlock, y: &BlockQ8K) -> (__m256i, __m256i) {
 /// operations [`blocks256`] vectorises, so the bits are the single product's.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn rows256<B: Block, const MIN: bool, P>(
+pub(super) fn rows256<B: Block, const MIN: bool, P>(
     w: &[B],
     a: &[BlockQ8K],
     prep: impl Fn(&B) -> P,
@@ -1338,35 +1350,70 @@ fn iq4_xs_sums(b: &BlockIq4Xs, y: &BlockQ8K) -> (__m256i, __m256i) {
 /// `Σ y` of a Q8_K super-block in eight `i32` lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn act_sum(y: &BlockQ8K) -> __m256i {
+pub(super) fn act_sum(y: &BlockQ8K) -> __m256i {
     _mm256_madd_epi16(ld256(&y.bsums), _mm256_set1_epi16(1))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn tq2_0(w: &[BlockTq2_0], a: &[BlockQ8K]) -> f32 {
-    blocks256::<_, false>(w, a, |b, y| tq2_0_sums(b, y), |b| [b.d.bits(), 0])
-}
-
-/// A TQ2_0 super-block's integer sum.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn tq2_0_sums(b: &BlockTq2_0, y: &BlockQ8K) -> (__m256i, __m256i) {
-    let (three, ones) = (_mm256_set1_epi8(3), _mm256_set1_epi16(1));
-    let mut isum = _mm256_setzero_si256();
-    for h in 0..2 {
-        let q = ld256(&b.qs[32 * h..]);
-        for l in 0..4 {
-            let t = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * l as i32)), three);
-            let p = _mm256_maddubs_epi16(t, ld256(&y.qs[128 * h + 32 * l..]));
-            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
-        }
-    }
-    (_mm256_sub_epi32(isum, act_sum(y)), _mm256_setzero_si256())
+    blocks256::<_, false>(
+        w,
+        a,
+        |b, y| ternary_sums(&tq2_0_prep(b), y),
+        |b| [b.d.bits(), 0],
+    )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn tq1_0(w: &[BlockTq1_0], a: &[BlockQ8K]) -> f32 {
-    blocks256::<_, false>(w, a, |b, y| tq1_0_sums(b, y), |b| [b.d.bits(), 0])
+    blocks256::<_, false>(
+        w,
+        a,
+        |b, y| ternary_sums(&tq1_0_prep(b), y),
+        |b| [b.d.bits(), 0],
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tq2_0_rows(w: &[BlockTq2_0], a: &[BlockQ8K], out: &mut [f32]) {
+    let prep = |b: &BlockTq2_0| tq2_0_prep(b);
+    let sums = |t: &[__m256i; 8], y: &BlockQ8K| ternary_sums(t, y);
+    rows256::<_, false, _>(w, a, prep, sums, |b| [b.d.bits(), 0], out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tq1_0_rows(w: &[BlockTq1_0], a: &[BlockQ8K], out: &mut [f32]) {
+    let prep = |b: &BlockTq1_0| tq1_0_prep(b);
+    let sums = |t: &[__m256i; 8], y: &BlockQ8K| ternary_sums(t, y);
+    rows256::<_, false, _>(w, a, prep, sums, |b| [b.d.bits(), 0], out)
+}
+
+/// `Σ (t − 1)·y` of a ternary super-block unpacked by [`tq2_0_prep`] or
+/// [`tq1_0_prep`] (register `k` against activations `32k..32k+32`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ternary_sums(t: &[__m256i; 8], y: &BlockQ8K) -> (__m256i, __m256i) {
+    let ones = _mm256_set1_epi16(1);
+    let mut isum = _mm256_setzero_si256();
+    for (k, &t) in t.iter().enumerate() {
+        let p = _mm256_maddubs_epi16(t, ld256(&y.qs[32 * k..]));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
+    }
+    (_mm256_sub_epi32(isum, act_sum(y)), _mm256_setzero_si256())
+}
+
+/// A TQ2_0 super-block's values `t` as unsigned bytes, 32 weights a register
+/// in weight order (bits `2l` of half `h` are weights `128h + 32l + m`).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn tq2_0_prep(b: &BlockTq2_0) -> [__m256i; 8] {
+    let three = _mm256_set1_epi8(3);
+    let (q0, q1) = (ld256(&b.qs[..32]), ld256(&b.qs[32..]));
+    std::array::from_fn(|k| {
+        let q = if k < 4 { q0 } else { q1 };
+        let shift = _mm_cvtsi32_si128(2 * (k % 4) as i32);
+        _mm256_and_si256(_mm256_srl_epi16(q, shift), three)
+    })
 }
 
 /// The trits of bytes `q` (scaled by `3ⁿ` mod 256 for trit `n`):
@@ -1388,45 +1435,30 @@ fn times3(q: __m256i) -> __m256i {
     _mm256_add_epi8(_mm256_add_epi8(q, q), q)
 }
 
-/// A TQ1_0 super-block's integer sum: the 32 five-trit bytes in one register
-/// (trit `n` of byte `m` is weight `32n + m`), the 16 after them with both
-/// 128-bit halves (trit `n` in the low, `n + 1` in the high half), and the
-/// four-trit `qh` bytes one by one.
+/// A TQ1_0 super-block's trits, 32 weights a register in weight order: the
+/// 32 five-trit bytes give registers 0..5 (trit `n` of byte `m` is weight
+/// `32n + m`); the 16 after them give registers 5 and 6 with both halves
+/// (trit `n` low, `n + 1` high: weights 160..224) and the low half of
+/// register 7 (trit 4: weights 224..240), whose high half holds the
+/// four-trit `qh` bytes (weights 240..256, decoded one by one).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn tq1_0_sums(b: &BlockTq1_0, y: &BlockQ8K) -> (__m256i, __m256i) {
-    let ones = _mm256_set1_epi16(1);
-    let mut isum = _mm256_setzero_si256();
+pub(super) fn tq1_0_prep(b: &BlockTq1_0) -> [__m256i; 8] {
+    let mut t = [_mm256_setzero_si256(); 8];
     let mut q = ld256(&b.qs[..32]);
-    for n in 0..5 {
-        let p = _mm256_maddubs_epi16(trits(q), ld256(&y.qs[32 * n..]));
-        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
+    for t in &mut t[..5] {
+        *t = trits(q);
         q = times3(q);
     }
-    // Bytes 32..48, trits (0, 1), (2, 3), then 4 against weights 224..240.
     let q16 = ld128(&b.qs[32..]);
     let mut q = _mm256_set_m128i(_mm_add_epi8(_mm_add_epi8(q16, q16), q16), q16);
-    for n in [0, 2] {
-        let p = _mm256_maddubs_epi16(trits(q), ld256(&y.qs[160 + 16 * n..]));
-        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
+    for t in &mut t[5..7] {
+        *t = trits(q);
         q = times3(times3(q));
     }
-    let t4 = _mm256_castsi256_si128(trits(q));
-    let p = _mm_maddubs_epi16(t4, ld128(&y.qs[224..]));
-    let p = _mm256_castsi128_si256(_mm_madd_epi16(p, _mm_set1_epi16(1)));
-    isum = _mm256_add_epi32(isum, _mm256_blend_epi32::<0x0f>(_mm256_setzero_si256(), p));
-    let mut tail = 0i32;
-    for n in 0..4 {
-        for (j, &q) in b.qh.iter().enumerate() {
-            let t = i32::from(tq1_trit(q, n));
-            tail += t * i32::from(y.qs[240 + 4 * n + j]);
-        }
-    }
-    let tail = _mm256_setr_epi32(tail, 0, 0, 0, 0, 0, 0, 0);
-    (
-        _mm256_sub_epi32(_mm256_add_epi32(isum, tail), act_sum(y)),
-        _mm256_setzero_si256(),
-    )
+    let tail: [u8; 16] = std::array::from_fn(|i| tq1_trit(b.qh[i % 4], i / 4));
+    t[7] = _mm256_set_m128i(ld128(&tail), _mm256_castsi256_si128(trits(q)));
+    t
 }
 
 // ---- float types ----

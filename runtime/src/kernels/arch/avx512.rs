@@ -28,12 +28,14 @@ use crate::forward::math::{
     EXP_FAST_C, EXP_FAST_MAX, EXP_FAST_MIN, LN2_HI_F32, LN2_LO_F32, LOG2E_F32, ROUND_F32, exp_fast,
 };
 use crate::kernels::attn::{self, KEY_TILE, by_heads};
-use crate::kernels::scalar::k4_scales;
+use crate::kernels::scalar::{Blocks, k4_scales, term};
 use crate::kernels::{
     BlockQ8_0, BlockQ8K, DotTable, OpsTable, Q8_GROUP_BYTES, Q8K_GROUP_BYTES, Q8KRows, Q8Rows,
     RowsTable, Scaled,
 };
-use memwall_format::blocks::{Block, BlockIq4Nl, BlockQ4_0, BlockQ4K, BlockQ5_0};
+use memwall_format::blocks::{
+    Block, BlockIq4Nl, BlockQ4_0, BlockQ4K, BlockQ5_0, BlockTq1_0, BlockTq2_0,
+};
 
 macro_rules! entry {
     ($name:ident, $kernel:ident, $w:ty, $a:ty) => {
@@ -51,6 +53,18 @@ entry!(e_q4_0, q4_0, &[BlockQ4_0], &[BlockQ8_0]);
 entry!(e_q5_0, q5_0, &[BlockQ5_0], &[BlockQ8_0]);
 entry!(e_q8_0, q8_0, &[BlockQ8_0], &[BlockQ8_0]);
 entry!(e_iq4_nl, iq4_nl, &[BlockIq4Nl], &[BlockQ8_0]);
+entry!(e_tq1_0, tq1_0, &[BlockTq1_0], &[BlockQ8K]);
+entry!(e_tq2_0, tq2_0, &[BlockTq2_0], &[BlockQ8K]);
+
+fn r_tq1_0(w: &[BlockTq1_0], a: Q8KRows<'_>, out: &mut [f32]) {
+    // SAFETY: as for `entry!`.
+    unsafe { tq1_0_rows(w, a.blocks, out) }
+}
+
+fn r_tq2_0(w: &[BlockTq2_0], a: Q8KRows<'_>, out: &mut [f32]) {
+    // SAFETY: as for `entry!`.
+    unsafe { tq2_0_rows(w, a.blocks, out) }
+}
 
 /// Declares a safe entry point for a several-row kernel.
 macro_rules! rows_entry {
@@ -112,7 +126,7 @@ fn r_f16_wide(w: &[f32], cols: usize, a: &[f32], out: &mut [f32], stride: usize)
     unsafe { f16_rows_wide(w, cols, a, out, stride) }
 }
 
-/// The AVX-512 table: its own Q4_K and several-row Q8_0-family products,
+/// The AVX-512 table: its own Q4_K, ternary and several-row Q8_0-family products,
 /// AVX2 for the rest.
 pub(crate) static TABLE: DotTable = DotTable {
     q4_k: e_q4_k,
@@ -120,6 +134,8 @@ pub(crate) static TABLE: DotTable = DotTable {
     q5_0: e_q5_0,
     q8_0: e_q8_0,
     iq4_nl: e_iq4_nl,
+    tq1_0: e_tq1_0,
+    tq2_0: e_tq2_0,
     rows: RowsTable {
         f16_f32: Some(r_f16w_f32),
         f16_wide: Some(r_f16_wide),
@@ -128,6 +144,8 @@ pub(crate) static TABLE: DotTable = DotTable {
         q5_0: Some(r_q5_0),
         q8_0: Some(r_q8_0),
         iq4_nl: Some(r_iq4_nl),
+        tq1_0: Some(r_tq1_0),
+        tq2_0: Some(r_tq2_0),
         q8k_groups: true,
         ..avx2::TABLE.rows
     },
@@ -284,6 +302,99 @@ q8_family_dot!(q4_0, BlockQ4_0, unpack_q4_0);
 q8_family_dot!(q5_0, BlockQ5_0, unpack_q5_0);
 q8_family_dot!(q8_0, BlockQ8_0, unpack_q8_0);
 q8_family_dot!(iq4_nl, BlockIq4Nl, unpack_iq4_nl);
+
+// ---- ternary types ----
+//
+// AVX2's unpacking and order, with `vpdpbusd(t, y)` for each 32 weights
+// where AVX2 needs `vpmaddubsw`, `vpmaddwd` and an addition.
+
+/// `Σ (t − 1)·y` of a ternary super-block unpacked by AVX2's `tq*_prep`.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn ternary_sums(t: &[__m256i; 8], y: &BlockQ8K) -> (__m256i, __m256i) {
+    let mut isum = _mm256_setzero_si256();
+    for (k, &t) in t.iter().enumerate() {
+        isum = _mm256_dpbusd_epi32(isum, t, ld256(&y.qs[32 * k..]));
+    }
+    (
+        _mm256_sub_epi32(isum, avx2::act_sum(y)),
+        _mm256_setzero_si256(),
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn tq2_0(w: &[BlockTq2_0], a: &[BlockQ8K]) -> f32 {
+    let sums = |b: &BlockTq2_0, y: &BlockQ8K| ternary_sums(&avx2::tq2_0_prep(b), y);
+    avx2::blocks256::<_, false>(w, a, sums, |b| [b.d.bits(), 0])
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn tq1_0(w: &[BlockTq1_0], a: &[BlockQ8K]) -> f32 {
+    let sums = |b: &BlockTq1_0, y: &BlockQ8K| ternary_sums(&avx2::tq1_0_prep(b), y);
+    avx2::blocks256::<_, false>(w, a, sums, |b| [b.d.bits(), 0])
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn tq2_0_rows(w: &[BlockTq2_0], a: &[BlockQ8K], out: &mut [f32]) {
+    ternary_rows(w, a, |b| avx2::tq2_0_prep(b), |b| b.d.bits(), out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn tq1_0_rows(w: &[BlockTq1_0], a: &[BlockQ8K], out: &mut [f32]) {
+    ternary_rows(w, a, |b| avx2::tq1_0_prep(b), |b| b.d.bits(), out)
+}
+
+/// Activation rows per pass of [`ternary_rows`].
+const TERNARY_TOKENS: usize = 4;
+
+/// Several activation rows against one row of ternary super-blocks, in
+/// [`avx2::blocks256`]'s order: eight super-blocks are unpacked once per
+/// pass of [`TERNARY_TOKENS`] rows, and each row's eight integer sums are
+/// transposed into one register whose lane `k` is block `8g + k`, scaled
+/// and added to partial `k` (no horizontal sum per block); the last
+/// `nb % 8` blocks go through the scalar term, as there.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn ternary_rows<B: Block>(
+    w: &[B],
+    a: &[BlockQ8K],
+    prep: impl Fn(&B) -> [__m256i; 8],
+    scale: impl Fn(&B) -> u16,
+    out: &mut [f32],
+) {
+    let (n, nb) = (out.len(), w.len());
+    assert_eq!(a.len(), n * nb, "ternary_rows lengths");
+    let full = nb / 8 * 8;
+    let mut t = [[_mm256_setzero_si256(); 8]; 8];
+    for t0 in (0..n).step_by(TERNARY_TOKENS) {
+        let m = TERNARY_TOKENS.min(n - t0);
+        let mut acc = [_mm256_setzero_ps(); TERNARY_TOKENS];
+        for g in (0..full).step_by(8) {
+            let wg = &w[g..g + 8];
+            for (t, b) in t.iter_mut().zip(wg) {
+                *t = prep(b);
+            }
+            let dw = halves(std::array::from_fn(|k| scale(&wg[k])));
+            for (j, acc) in acc.iter_mut().enumerate().take(m) {
+                let ys = &a[(t0 + j) * nb + g..][..8];
+                let v: [__m256i; 8] = std::array::from_fn(|k| ternary_sums(&t[k], &ys[k]).0);
+                let da: [f32; 8] = std::array::from_fn(|k| ys[k].d);
+                let d = _mm256_mul_ps(dw, ldps(&da));
+                let s = _mm256_cvtepi32_ps(avx2::transpose_sum(&v));
+                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(d, s));
+            }
+        }
+        for (j, acc) in acc.iter().enumerate().take(m) {
+            let mut sum = Blocks::new(avx2::lanes_ps(*acc));
+            for i in full..nb {
+                let y = &a[(t0 + j) * nb + i];
+                let isum = avx2::hsum_epi32(ternary_sums(&prep(&w[i]), y).0);
+                sum.add(i, term(avx2::h2f(scale(&w[i])), y.d, isum));
+            }
+            out[t0 + j] = sum.sum();
+        }
+    }
+}
 
 // ---- several activation rows per weight row (Q8_0 family) ----
 //
