@@ -550,7 +550,7 @@ fn rows_k<B: Block>(
 /// is slower four rows at a time; docs/BENCHMARKS.md, 2026-12-02).
 fn rows_k_tokens(ty: GgmlType, tile: usize) -> usize {
     match ty {
-        GgmlType::TQ1_0 | GgmlType::TQ2_0 => 4,
+        GgmlType::TQ1_0 | GgmlType::TQ2_0 => 8,
         _ => tile.max(1),
     }
 }

@@ -345,13 +345,14 @@ fn tq1_0_rows(w: &[BlockTq1_0], a: &[BlockQ8K], out: &mut [f32]) {
 }
 
 /// Activation rows per pass of [`ternary_rows`].
-const TERNARY_TOKENS: usize = 4;
+const TERNARY_TOKENS: usize = 8;
 
 /// Several activation rows against one row of ternary super-blocks, in
-/// [`avx2::blocks256`]'s order: eight super-blocks are unpacked once per
-/// pass of [`TERNARY_TOKENS`] rows, and each row's eight integer sums are
-/// transposed into one register whose lane `k` is block `8g + k`, scaled
-/// and added to partial `k` (no horizontal sum per block); the last
+/// [`avx2::blocks256`]'s order. Each super-block is unpacked once for a pass
+/// of [`TERNARY_TOKENS`] rows and held as four 512-bit registers, so each
+/// row costs four 512-bit `vpdpbusd`; the rows' sums of eight super-blocks
+/// are transposed into one register whose lane `k` is block `8g + k`, scaled
+/// and added to partial `k` (no horizontal sum per block). The last
 /// `nb % 8` blocks go through the scalar term, as there.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -365,22 +366,36 @@ fn ternary_rows<B: Block>(
     let (n, nb) = (out.len(), w.len());
     assert_eq!(a.len(), n * nb, "ternary_rows lengths");
     let full = nb / 8 * 8;
-    let mut t = [[_mm256_setzero_si256(); 8]; 8];
     for t0 in (0..n).step_by(TERNARY_TOKENS) {
         let m = TERNARY_TOKENS.min(n - t0);
         let mut acc = [_mm256_setzero_ps(); TERNARY_TOKENS];
         for g in (0..full).step_by(8) {
             let wg = &w[g..g + 8];
-            for (t, b) in t.iter_mut().zip(wg) {
-                *t = prep(b);
+            let mut v = [[_mm256_setzero_si256(); 8]; TERNARY_TOKENS];
+            for (k, b) in wg.iter().enumerate() {
+                let t = prep(b);
+                let tz: [__m512i; 4] = std::array::from_fn(|q| {
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(t[2 * q]), t[2 * q + 1])
+                });
+                for (j, v) in v.iter_mut().enumerate().take(m) {
+                    let y = &a[(t0 + j) * nb + g + k];
+                    let mut s = _mm512_setzero_si512();
+                    for (q, &t) in tz.iter().enumerate() {
+                        s = _mm512_dpbusd_epi32(s, t, ld512(&y.qs[64 * q..]));
+                    }
+                    let s = _mm256_add_epi32(
+                        _mm512_castsi512_si256(s),
+                        _mm512_extracti64x4_epi64::<1>(s),
+                    );
+                    v[k] = _mm256_sub_epi32(s, avx2::act_sum(y));
+                }
             }
             let dw = halves(std::array::from_fn(|k| scale(&wg[k])));
             for (j, acc) in acc.iter_mut().enumerate().take(m) {
                 let ys = &a[(t0 + j) * nb + g..][..8];
-                let v: [__m256i; 8] = std::array::from_fn(|k| ternary_sums(&t[k], &ys[k]).0);
                 let da: [f32; 8] = std::array::from_fn(|k| ys[k].d);
                 let d = _mm256_mul_ps(dw, ldps(&da));
-                let s = _mm256_cvtepi32_ps(avx2::transpose_sum(&v));
+                let s = _mm256_cvtepi32_ps(avx2::transpose_sum(&v[j]));
                 *acc = _mm256_add_ps(*acc, _mm256_mul_ps(d, s));
             }
         }
