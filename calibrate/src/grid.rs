@@ -22,7 +22,7 @@ use memwall_format::blocks::{
 
 /// The types whose levels GPTQ can choose. Others are encoded without error
 /// feedback (importance-weighted rounding, as llama-quantize does).
-pub const GPTQ_TYPES: [GgmlType; 11] = [
+pub const GPTQ_TYPES: [GgmlType; 13] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -34,6 +34,8 @@ pub const GPTQ_TYPES: [GgmlType; 11] = [
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
     GgmlType::Q3_K,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
 ];
 
 /// The grid of one block: per weight its level and the affine map of its
@@ -133,36 +135,38 @@ impl GridBlock for BlockQ2K {}
 /// table lookup for a second table.
 impl GridBlock for BlockMxfp4 {}
 
-/// TQ1_0 and TQ2_0: levels 0..2 of `d · (t − 1)`.
+/// The grid of a ternary super-block of `ty`: levels `t` 0..2 of `d · (t − 1)`.
+fn ternary_grid(ty: GgmlType, values: [u8; 256], d: f32) -> Grid {
+    let mut g = Grid::new(ty, 256, (0, 2));
+    for (l, t) in g.levels.iter_mut().zip(values) {
+        *l = i32::from(t);
+    }
+    g.scale.fill(d);
+    g.offset.fill(-d);
+    g
+}
+
+/// A ternary grid's levels as bytes, for packing.
+fn ternary_levels(g: &Grid) -> [u8; 256] {
+    std::array::from_fn(|i| g.levels[i] as u8)
+}
+
 impl GridBlock for BlockTq1_0 {
     fn grid(&self) -> Option<Grid> {
-        let mut g = Grid::new(GgmlType::TQ1_0, 256, (0, 2));
-        for (l, t) in g.levels.iter_mut().zip(self.trits()) {
-            *l = i32::from(t);
-        }
-        let d = self.d.to_f32();
-        g.scale.fill(d);
-        g.offset.fill(-d);
-        Some(g)
+        Some(ternary_grid(GgmlType::TQ1_0, self.trits(), self.d.to_f32()))
     }
     fn pack(g: &Grid, b: &mut Self) {
-        b.set_trits(&std::array::from_fn(|i| g.levels[i] as u8));
+        b.set_trits(&ternary_levels(g));
     }
 }
 
 impl GridBlock for BlockTq2_0 {
     fn grid(&self) -> Option<Grid> {
-        let mut g = Grid::new(GgmlType::TQ2_0, 256, (0, 2));
-        for (i, l) in g.levels.iter_mut().enumerate() {
-            *l = i32::from(self.value(i));
-        }
-        let d = self.d.to_f32();
-        g.scale.fill(d);
-        g.offset.fill(-d);
-        Some(g)
+        let values = std::array::from_fn(|i| self.value(i));
+        Some(ternary_grid(GgmlType::TQ2_0, values, self.d.to_f32()))
     }
     fn pack(g: &Grid, b: &mut Self) {
-        b.set_values(&std::array::from_fn(|i| g.levels[i] as u8));
+        b.set_values(&ternary_levels(g));
     }
 }
 
