@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{memwall, repo, stdout_of};
+use common::{memwall, memwall_in_with_stdin, repo, stdout_of};
 use serde_json::Value;
 
 const TINY: &str = "fixtures/tiny-zh/reference/tiny-zh-f16.gguf";
@@ -398,24 +398,9 @@ fn recommended_lines(text: &str) -> Vec<String> {
 
 /// Runs a printed `memwall …` line in `dir` (plain words: these paths have no spaces).
 fn paste(dir: &std::path::Path, line: &str, stdin: &str) -> String {
-    use std::io::Write;
     let words: Vec<&str> = line.split(' ').collect();
     assert_eq!(words[0], "memwall", "{line}");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_memwall"))
-        .args(&words[1..])
-        .current_dir(dir)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = memwall_in_with_stdin(dir, &words[1..], stdin.as_bytes());
     assert!(
         out.status.success(),
         "{line}: {}",

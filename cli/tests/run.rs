@@ -4,10 +4,9 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use common::{memwall, repo, stdout_of};
+use common::{memwall, memwall_with_stdin, repo, stdout_of};
 use serde_json::Value;
 
 const TINY: &str = "fixtures/tiny-zh/reference/tiny-zh-f16.gguf";
@@ -53,21 +52,7 @@ fn recorded(model: &str, case: &str) -> Vec<u64> {
 
 /// Runs `memwall ARGS` with `input` on standard input; returns stdout (must succeed).
 fn with_stdin(args: &[&str], input: &str) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_memwall"))
-        .args(args)
-        .current_dir(repo())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = memwall_with_stdin(args, input.as_bytes());
     assert!(
         out.status.success(),
         "{}",
@@ -358,21 +343,10 @@ fn escape_sequences_never_reach_the_terminal() {
 
 #[test]
 fn a_piped_chat_prints_its_statistics_to_standard_error() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_memwall"))
-        .args(["run", TINY, "--chat", "-n", "8", "--temp", "0"])
-        .current_dir(repo())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all("北京是哪个国家的首都？\n你好\n".as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = memwall_with_stdin(
+        &["run", TINY, "--chat", "-n", "8", "--temp", "0"],
+        "北京是哪个国家的首都？\n你好\n".as_bytes(),
+    );
     assert!(out.status.success());
     let stderr = String::from_utf8(out.stderr).unwrap();
     let stats: Vec<&str> = stderr.lines().filter(|l| l.starts_with('[')).collect();

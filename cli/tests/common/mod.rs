@@ -29,11 +29,16 @@ pub fn memwall_in(dir: &Path, args: &[&str]) -> Output {
 
 /// Runs `memwall ARGS` in the repository root with `input` on standard input.
 pub fn memwall_with_stdin(args: &[&str], input: &[u8]) -> Output {
+    memwall_in_with_stdin(&repo(), args, input)
+}
+
+/// Runs `memwall ARGS` in `dir` with `input` on standard input.
+pub fn memwall_in_with_stdin(dir: &Path, args: &[&str], input: &[u8]) -> Output {
     use std::io::Write;
     use std::process::Stdio;
     let mut child = Command::new(env!("CARGO_BIN_EXE_memwall"))
         .args(args)
-        .current_dir(repo())
+        .current_dir(dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -844,14 +844,6 @@ macro_rules! dot_table {
             pub(crate) ops: OpsTable,
         }
 
-        /// [`Kernels::dot_checked`] of a block type.
-        fn dot_blocks(t: &DotTable, ty: GgmlType, w: &[u8], a: ActRow<'_>) -> Option<f32> {
-            match ty {
-                $(GgmlType::$t => Some((t.$f)(as_blocks(w), <$b as VecDot>::acts(a)?)),)*
-                _ => None,
-            }
-        }
-
         /// [`Kernels::dot_grid`] of a block type.
         fn dot_blocks_grid<'a>(
             t: &DotTable,
@@ -1030,28 +1022,26 @@ impl Kernels {
                 w.len()
             )));
         }
-        Ok(self.dot_checked(ty, w, a))
+        let mut out = [0f32];
+        self.dot_grid(
+            ty,
+            w,
+            1,
+            0..1,
+            |_| a,
+            GridOut {
+                out: &mut out,
+                stride: 1,
+            },
+        );
+        Ok(out[0])
     }
 
-    /// [`Kernels::vec_dot`] after its checks: panics (never misbehaves) if
-    /// the type, activation kind or lengths do not fit.
-    pub(crate) fn dot_checked(&self, ty: GgmlType, w: &[u8], a: ActRow<'_>) -> f32 {
-        let t = self.table;
-        let dot = match (ty, a) {
-            (GgmlType::F32, ActRow::F32(a)) => Some((t.f32)(w, a)),
-            (GgmlType::F16, ActRow::F16(a)) => Some((t.f16)(w, a)),
-            (GgmlType::BF16, ActRow::BF16(a)) => Some((t.bf16)(w, a)),
-            _ => dot_blocks(t, ty, w, a),
-        };
-        dot.unwrap_or_else(|| panic!("no dot product of {ty} with {:?} activations", a.kind()))
-    }
-
-    /// `dst.out[i·dst.stride + j]` = [`Kernels::dot_checked`] of weight row
-    /// `i` of `w` (the bytes of `rows` rows of `ty`) with activation row
-    /// `act(tokens.start + j)`: the same bits, with the type looked up once
-    /// for all the pairs rather than once per pair (at narrow widths that
-    /// lookup cost a tenth of a decode step's product). Panics as
-    /// `dot_checked` does.
+    /// `dst.out[i·dst.stride + j]` = the dot product of weight row `i` of `w`
+    /// (the bytes of `rows` rows of `ty`) with activation row
+    /// `act(tokens.start + j)`, through the backend's one-row kernel of `ty`
+    /// (the type is looked up once for all the pairs). Panics (never
+    /// misbehaves) if the type, activation kind or lengths do not fit.
     pub(crate) fn dot_grid<'a>(
         &self,
         ty: GgmlType,
@@ -1119,7 +1109,7 @@ impl Kernels {
 
     /// `out[i·stride + j]` = the dot product of weight row `rows.start + i`
     /// of `w` with activation row `tokens.start + j` of `acts`: the same bits
-    /// as [`Kernels::dot_checked`] one by one, through the backend's
+    /// as [`Kernels::vec_dot`] one by one, through the backend's
     /// several-row product where it has one. Panics (never misbehaves) if the
     /// type, activation kind or lengths do not fit.
     pub(crate) fn dot_rows(
