@@ -3,6 +3,8 @@
 #
 #   scripts/test.sh                       everything, including the aarch64 lane
 #   MEMWALL_SKIP_AARCH64=1 scripts/test.sh   skip the aarch64 lane (local use only)
+#   MEMWALL_PRUNE_TARGET=1 scripts/test.sh   remove target/debug once the x86-64 tests
+#                                            passed, to save disk (CI)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -19,6 +21,12 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "tests (x86-64)"
 cargo test --workspace --locked
+
+if [ "${MEMWALL_PRUNE_TARGET:-0}" = 1 ]; then
+  step "removing target/debug (MEMWALL_PRUNE_TARGET=1)"
+  rm -rf target/debug
+  df -h . || true
+fi
 
 if [ "${MEMWALL_SKIP_AARCH64:-0}" = 1 ]; then
   step "aarch64 lane skipped (MEMWALL_SKIP_AARCH64=1)"
