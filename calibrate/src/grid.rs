@@ -15,7 +15,8 @@
 
 use memwall_format::GgmlType;
 use memwall_format::blocks::{
-    Block, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
+    Block, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
+    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
     BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockTq1_0, BlockTq2_0, IQ4NL_GRID,
     as_blocks, as_blocks_mut, scale_min_k4,
 };
@@ -134,6 +135,18 @@ impl GridBlock for BlockQ2K {}
 /// MXFP4 keeps no grid yet: its FP4 table would need [`Grid::value`]'s
 /// table lookup for a second table.
 impl GridBlock for BlockMxfp4 {}
+
+/// The lattice i-quants keep no grid: a weight's value is one coordinate of a
+/// codebook point of 8 (or 4) weights, so GPTQ's one-weight-at-a-time choice
+/// of a level does not apply; they get AWQ scaling and importance-weighted
+/// encoding.
+impl GridBlock for BlockIq2Xxs {}
+impl GridBlock for BlockIq2Xs {}
+impl GridBlock for BlockIq2S {}
+impl GridBlock for BlockIq3Xxs {}
+impl GridBlock for BlockIq3S {}
+impl GridBlock for BlockIq1S {}
+impl GridBlock for BlockIq1M {}
 
 /// The grid of a ternary super-block of `ty`: levels `t` 0..2 of `d · (t − 1)`.
 fn ternary_grid(ty: GgmlType, values: [u8; 256], d: f32) -> Grid {

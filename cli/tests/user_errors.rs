@@ -135,7 +135,13 @@ fn the_valid_list_shows_what_can_be_written_and_what_is_only_planned() {
     for t in writable {
         assert!(writes.contains(t), "{t}: {err}");
     }
-    for t in ["IQ2_XS", "IQ1_S", "NVFP4", "Q2_0"] {
+    for t in [
+        "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "IQ3_S",
+        "IQ3_M",
+    ] {
+        assert!(writes.contains(t), "{t}: {err}");
+    }
+    for t in ["NVFP4", "Q1_0", "Q2_0"] {
         assert!(!writes.contains(&format!(" {t},")), "{t}: {err}");
         assert!(planned.contains(t), "{t}: {err}");
     }
@@ -145,8 +151,8 @@ fn the_valid_list_shows_what_can_be_written_and_what_is_only_planned() {
 fn types_memwall_cannot_write_are_refused_before_any_work() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("o.gguf");
-    let err = error_of(&["quantize", TINY, s(&out), "IQ2_XS"]);
-    assert!(err.contains("memwall cannot write IQ2_XS yet"), "{err}");
+    let err = error_of(&["quantize", TINY, s(&out), "NVFP4"]);
+    assert!(err.contains("memwall cannot write NVFP4 yet"), "{err}");
     assert!(err.contains("--dry-run"), "{err}");
     // Not at the first tensor: before the model is read.
     assert!(!err.contains("tensor"), "{err}");
@@ -157,9 +163,9 @@ fn types_memwall_cannot_write_are_refused_before_any_work() {
         s(&out),
         "Q8_0",
         "--output-tensor-type",
-        "iq2_xs",
+        "nvfp4",
     ]);
-    assert!(err.contains("cannot encode IQ2_XS yet"), "{err}");
+    assert!(err.contains("cannot encode NVFP4 yet"), "{err}");
     let err = error_of(&[
         "calibrate",
         "quantize",
@@ -168,14 +174,14 @@ fn types_memwall_cannot_write_are_refused_before_any_work() {
         "-f",
         TEXT,
         "--type",
-        "IQ3_S",
+        "Q2_0",
         "-o",
         s(&out),
     ]);
-    assert!(err.contains("memwall cannot write IQ3_S yet"), "{err}");
+    assert!(err.contains("memwall cannot write Q2_0 yet"), "{err}");
     // Planning it is fine.
-    let plan = stdout_of(&["quantize", TINY, s(&out), "IQ2_XS", "--dry-run"]);
-    assert!(plan.contains("iq2_xs"), "{plan}");
+    let plan = stdout_of(&["quantize", TINY, s(&out), "Q1_0", "--dry-run"]);
+    assert!(plan.contains("q1_0"), "{plan}");
     assert!(!out.exists());
 }
 
@@ -191,6 +197,16 @@ fn q2_k_s_without_an_importance_matrix_is_one_error_up_front() {
     );
     assert!(err.contains("memwall calibrate imatrix"), "{err}");
     assert!(!out.exists());
+    for t in [
+        "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS",
+    ] {
+        let err = error_of(&["quantize", TINY, s(&out), t]);
+        assert!(
+            err.contains(&format!("{t} needs an importance matrix: pass --imatrix")),
+            "{err}"
+        );
+        assert!(!out.exists());
+    }
 }
 
 #[test]

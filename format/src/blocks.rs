@@ -19,6 +19,14 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::ggml_type::GgmlType;
 
+mod iq;
+mod iq_grids;
+pub use iq::{
+    BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, Groups,
+    IQ1_DELTA, IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS,
+    Lattice, grid_levels,
+};
+
 /// IEEE half-precision bits to `f32` (exact).
 #[inline]
 pub fn f16_to_f32(h: u16) -> f32 {
@@ -209,6 +217,13 @@ macro_rules! block_types {
             TQ1_0 => BlockTq1_0 as tq1_0,
             TQ2_0 => BlockTq2_0 as tq2_0,
             MXFP4 => BlockMxfp4 as mxfp4,
+            IQ2_XXS => BlockIq2Xxs as iq2_xxs,
+            IQ2_XS => BlockIq2Xs as iq2_xs,
+            IQ2_S => BlockIq2S as iq2_s,
+            IQ3_XXS => BlockIq3Xxs as iq3_xxs,
+            IQ3_S => BlockIq3S as iq3_s,
+            IQ1_S => BlockIq1S as iq1_s,
+            IQ1_M => BlockIq1M as iq1_m,
         ] }
     };
 }
@@ -1090,8 +1105,8 @@ mod tests {
             Err(DequantError::Length { .. })
         ));
         assert_eq!(
-            dequantize_row(GgmlType::IQ2_XXS, &[], &mut []),
-            Err(DequantError::Unsupported(GgmlType::IQ2_XXS))
+            dequantize_row(GgmlType::NVFP4, &[], &mut []),
+            Err(DequantError::Unsupported(GgmlType::NVFP4))
         );
     }
 }

@@ -370,7 +370,8 @@ pub static FILE_TYPES: &[FileTypeInfo] = {
         ft(25, "IQ4_NL", Some(IQ4_NL)),
         ft(26, "IQ3_S", Some(IQ3_S)),
         ft(27, "IQ3_M", Some(IQ3_S)),
-        ft(28, "IQ2_S", Some(IQ2_S)),
+        // As llama-quant.cpp: the IQ2_S file type is made of IQ2_XS blocks, IQ2_M of IQ2_S.
+        ft(28, "IQ2_S", Some(IQ2_XS)),
         ft(29, "IQ2_M", Some(IQ2_S)),
         ft(30, "IQ4_XS", Some(IQ4_XS)),
         ft(31, "IQ1_M", Some(IQ1_M)),

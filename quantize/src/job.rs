@@ -407,14 +407,21 @@ pub fn plan(model: &GgufModel, input: &Path, options: &Options) -> Result<Plan, 
                 ));
             }
         }
-        let needs_imatrix = options.ftype.name == "Q2_K_S"
-            && target == GgmlType::Q2_K
-            && !matches!(Category::of(name), Category::TokenEmbd | Category::Output);
+        let needs_imatrix = crate::rules::requires_imatrix(name, target, options.ftype.name);
+        // ggml cannot encode these at all without weights (llama-quantize aborts on a
+        // tensor the imatrix has no entry for, such as token_embd under --pure).
+        let cannot_encode = crate::IMATRIX_REQUIRED.contains(&target);
         // As llama-quantize: a plan (--dry-run) warns, a run refuses (see `run`).
-        let requires_imatrix = needs_imatrix && use_ != ImatrixUse::Used;
+        let requires_imatrix = (needs_imatrix || cannot_encode) && use_ != ImatrixUse::Used;
         if requires_imatrix {
+            let fix = if imatrix.is_some() {
+                "the importance matrix has no entry for it; give it another type (--tensor-type, --token-embedding-type, --output-tensor-type)"
+            } else {
+                "quantizing will fail without --imatrix"
+            };
             warnings.push(format!(
-                "{name}: Q2_K_S needs an importance matrix for this tensor; quantizing will fail without --imatrix"
+                "{name}: {} needs an importance matrix for this tensor (its {target} blocks); {fix}",
+                options.ftype.name
             ));
         }
         tensors.push(TensorPlan {
@@ -665,10 +672,18 @@ pub fn run(
     // Refuse up front what cannot be done, before creating any file.
     for t in plan.tensors.iter().filter(|t| t.converts()) {
         if t.requires_imatrix {
+            let fix = if t.imatrix == ImatrixUse::Missing {
+                "the importance matrix has no entry for it: give it another type with \
+                 --tensor-type, --token-embedding-type or --output-tensor-type"
+            } else {
+                "pass --imatrix"
+            };
             return Err(JobError::Tensor {
                 tensor: t.name.clone(),
-                message: "Q2_K_S needs an importance matrix for this tensor (pass --imatrix)"
-                    .into(),
+                message: format!(
+                    "{} needs an importance matrix for this tensor (its {} blocks; {fix})",
+                    plan.ftype.name, t.target
+                ),
             });
         }
         if !ENCODABLE.contains(&t.target) {

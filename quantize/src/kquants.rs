@@ -202,7 +202,7 @@ pub(crate) fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
 /// Fits the non-negative group scales (or mins) of a K-quant block with integers
 /// in `0..=nmax` under weights `qw` (the groups' weight sums); ggml's
 /// `make_qp_quants`, used on the importance-matrix path.
-fn make_qp_quants(nmax: i32, x: &[f32], l_out: &mut [u8], qw: &[f32]) -> f32 {
+pub(crate) fn make_qp_quants(nmax: i32, x: &[f32], l_out: &mut [u8], qw: &[f32]) -> f32 {
     let n = x.len();
     let max = x.iter().fold(0f32, |m, &v| if v > m { v } else { m });
     if max < GROUP_MAX_EPS {
@@ -237,27 +237,31 @@ fn make_qp_quants(nmax: i32, x: &[f32], l_out: &mut [u8], qw: &[f32]) -> f32 {
             iscale = iscale_is;
         }
     }
+    // ggml keeps the levels in a `uint8_t` array: a negative level (the
+    // lattice i-quants pass one negative magnitude) is summed as itself here
+    // but read back as its byte, 256 − |l|, below; both as ggml does.
     let (mut sumlx, mut suml2) = (0f32, 0f32);
-    let mut l = vec![0i32; n];
     for i in 0..n {
-        l[i] = nearest_int(iscale * x[i]).min(nmax);
+        let l = nearest_int(iscale * x[i]).min(nmax);
+        l_out[i] = l as u8;
         let w = qw[i];
-        sumlx += w * x[i] * l[i] as f32;
-        suml2 += w * l[i] as f32 * l[i] as f32;
+        sumlx += w * x[i] * l as f32;
+        suml2 += w * l as f32 * l as f32;
     }
     for _ in 0..5 {
         let mut changed = 0;
         for i in 0..n {
             let w = qw[i];
-            let mut slx = sumlx - w * x[i] * l[i] as f32;
-            let mut sl2 = suml2 - w * l[i] as f32 * l[i] as f32;
+            let li = f32::from(l_out[i]);
+            let mut slx = sumlx - w * x[i] * li;
+            let mut sl2 = suml2 - w * li * li;
             if slx > 0.0 && sl2 > 0.0 {
                 let new_l = nearest_int(x[i] * sl2 / slx).min(nmax);
-                if new_l != l[i] {
+                if new_l != i32::from(l_out[i]) {
                     slx += w * x[i] * new_l as f32;
                     sl2 += w * new_l as f32 * new_l as f32;
                     if slx * slx * suml2 > sumlx * sumlx * sl2 {
-                        l[i] = new_l;
+                        l_out[i] = new_l as u8;
                         sumlx = slx;
                         suml2 = sl2;
                         changed += 1;
@@ -268,9 +272,6 @@ fn make_qp_quants(nmax: i32, x: &[f32], l_out: &mut [u8], qw: &[f32]) -> f32 {
         if changed == 0 {
             break;
         }
-    }
-    for i in 0..n {
-        l_out[i] = l[i] as u8;
     }
     if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
 }

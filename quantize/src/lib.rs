@@ -27,10 +27,12 @@
 
 pub mod fit;
 pub mod imatrix;
+mod iq1;
 mod iq4;
 pub mod job;
 mod kquants;
 mod lanes;
+mod lattice;
 mod legacy;
 mod lowbit;
 pub mod names;
@@ -40,7 +42,8 @@ mod weights;
 
 use memwall_format::GgmlType;
 use memwall_format::blocks::{
-    Block, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
+    Block, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
+    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
     BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockTq1_0, BlockTq2_0, as_blocks_mut,
     f32_to_bf16, f32_to_f16,
 };
@@ -51,6 +54,11 @@ pub enum QuantizeError {
     /// memwall has no encoder for the type yet.
     #[error("quantization to {0} is not supported yet")]
     Unsupported(GgmlType),
+    /// The type cannot be encoded without an importance matrix (ggml asserts).
+    #[error(
+        "{0} needs an importance matrix: make one with `memwall calibrate imatrix` (or llama-imatrix) and pass it with --imatrix"
+    )]
+    ImatrixRequired(GgmlType),
     /// The importance matrix does not have one value per weight of the row.
     #[error("importance matrix has {got} values for a row of {want} weights")]
     ImatrixLength {
@@ -83,7 +91,14 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
 
 /// Types whose encoding [`quantize_row_imatrix`] weights by an importance
 /// matrix; Q8_0 and the float types accept one and ignore it, as ggml does.
-pub const IMATRIX_ENCODABLE: [GgmlType; 11] = [
+pub const IMATRIX_ENCODABLE: [GgmlType; 18] = [
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -96,6 +111,11 @@ pub const IMATRIX_ENCODABLE: [GgmlType; 11] = [
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
 ];
+
+/// Types ggml cannot encode without an importance matrix (its encoders
+/// assert one). llama.cpp's file-level rule is wider: see
+/// [`rules::requires_imatrix`].
+pub const IMATRIX_REQUIRED: [GgmlType; 3] = [GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ1_S];
 
 /// Like [`quantize_row`], optionally weighted by an importance matrix: one
 /// value per weight of the row (the mean of the squared activations that
@@ -117,6 +137,9 @@ pub fn quantize_row_imatrix(
     }
     if !ENCODABLE.contains(&ty) {
         return Err(QuantizeError::Unsupported(ty));
+    }
+    if imatrix.is_none() && IMATRIX_REQUIRED.contains(&ty) {
+        return Err(QuantizeError::ImatrixRequired(ty));
     }
     let (bs, ts) = (ty.block_size() as usize, ty.type_size() as usize);
     if src.len() % bs != 0 || dst.len() != src.len() / bs * ts {
@@ -255,7 +278,32 @@ weighted!(
     BlockQ4K: kquants::q4_k,
     BlockQ5K: kquants::q5_k,
     BlockQ6K: kquants::q6_k,
-    BlockIq4Xs: iq4::iq4_xs
+    BlockIq4Xs: iq4::iq4_xs,
+    BlockIq2S: lattice::iq2_s,
+    BlockIq3Xxs: lattice::iq3_xxs,
+    BlockIq3S: lattice::iq3_s,
+    BlockIq1M: iq1::iq1_m
+);
+
+/// `impl Encode` for a type that needs importance weights
+/// ([`IMATRIX_REQUIRED`]; [`quantize_row_imatrix`] refuses it without).
+macro_rules! needs_weights {
+    ($($b:ident: $encode:path),*) => {$(
+        impl Encode for $b {
+            #[inline(always)]
+            fn encode(x: &[f32], w: Option<&[f32]>, y: &mut Self) {
+                if let Some(w) = w {
+                    $encode(x, y, w)
+                }
+            }
+        }
+    )*};
+}
+
+needs_weights!(
+    BlockIq2Xxs: lattice::iq2_xxs,
+    BlockIq2Xs: lattice::iq2_xs,
+    BlockIq1S: iq1::iq1_s
 );
 
 /// `impl Encode` for a type whose encoder ignores importance weights, as ggml's does.

@@ -159,20 +159,25 @@ mod tests {
             "TQ1_0",
             "TQ2_0",
             "MXFP4_MOE",
+            "IQ2_XXS",
+            "IQ2_M",
+            "IQ3_XXS",
+            "IQ1_S",
+            "IQ1_M",
         ] {
             assert!(writable.contains(&name), "{name}");
         }
-        for name in ["IQ2_XS", "IQ1_S", "NVFP4", "Q1_0"] {
+        for name in ["NVFP4", "Q1_0", "Q2_0"] {
             assert!(!writable.contains(&name), "{name}");
             assert!(planned_file_types().any(|f| f.name == name), "{name}");
         }
         let list = file_type_list();
         let (writes, planned) = list.split_once("planned").unwrap();
         assert!(
-            writes.contains("Q4_K_M") && !writes.contains("IQ2_XS"),
+            writes.contains("Q4_K_M") && !writes.contains("NVFP4"),
             "{list}"
         );
-        assert!(planned.contains("IQ2_XS"), "{list}");
+        assert!(planned.contains("NVFP4"), "{list}");
     }
 
     #[test]
@@ -190,9 +195,9 @@ mod tests {
         assert!(!unknown_file_type("out.gguf").contains("did you mean"));
         let e = parse_tensor_type("q80").unwrap_err().to_string();
         assert!(e.contains("did you mean Q8_0?"), "{e}");
-        let e = parse_tensor_type("iq2_xs").unwrap_err().to_string();
-        assert!(e.contains("cannot encode IQ2_XS yet"), "{e}");
-        assert!(check_writable(parse_file_type("IQ2_XS").unwrap()).is_err());
+        let e = parse_tensor_type("nvfp4").unwrap_err().to_string();
+        assert!(e.contains("cannot encode NVFP4 yet"), "{e}");
+        assert!(check_writable(parse_file_type("NVFP4").unwrap()).is_err());
         assert!(check_writable(parse_file_type("Q4_K_M").unwrap()).is_ok());
     }
 }

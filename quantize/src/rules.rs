@@ -142,6 +142,27 @@ pub fn allows_quantization(name: &str, n_dims: usize, quantize_output: bool) -> 
     !NEVER_QUANTIZED.iter().any(|s| name.contains(s))
 }
 
+/// Whether llama-quantize refuses to write `target` for the tensor `name`
+/// of a file of type `ftype` without an importance matrix
+/// (`tensor_requires_imatrix`): the 1–3-bit lattice i-quants (IQ1_S, IQ1_M,
+/// IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS) and Q2_K in a Q2_K_S file, except for the
+/// token embeddings and the output head.
+pub fn requires_imatrix(name: &str, target: GgmlType, ftype: &str) -> bool {
+    if matches!(Category::of(name), Category::TokenEmbd | Category::Output) {
+        return false;
+    }
+    match target {
+        GgmlType::IQ1_S
+        | GgmlType::IQ1_M
+        | GgmlType::IQ2_XXS
+        | GgmlType::IQ2_XS
+        | GgmlType::IQ2_S
+        | GgmlType::IQ3_XXS => true,
+        GgmlType::Q2_K => ftype == "Q2_K_S",
+        _ => false,
+    }
+}
+
 /// Dimensions as ggml counts them (`ggml_n_dims`): trailing 1s do not count.
 pub fn n_dims(dims: &[u64]) -> usize {
     dims.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1)

@@ -282,7 +282,7 @@ fn q2_k_s_needs_an_imatrix_to_run_but_not_to_plan() {
     let err = quantize(&input, &options, &out).unwrap_err().to_string();
     assert_eq!(
         err,
-        "tensor blk.0.ffn_up.weight: Q2_K_S needs an importance matrix for this tensor (pass --imatrix)"
+        "tensor blk.0.ffn_up.weight: Q2_K_S needs an importance matrix for this tensor (its q2_K blocks; pass --imatrix)"
     );
     nothing_at(&out);
 }

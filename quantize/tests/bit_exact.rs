@@ -25,7 +25,7 @@ fn encoders_match_llama_quantize_byte_for_byte() {
         .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
         .collect();
     assert_eq!(src.len(), 4 * 256);
-    for ty in ENCODABLE {
+    for ty in ENCODABLE.into_iter().filter(|&t| !pure_needs_imatrix(t)) {
         // llama-quantize --pure names K types by a mix (Q3_K_S); the tensors are of the base type.
         let name = ty.name().to_uppercase();
         let name = match name.as_str() {
@@ -48,10 +48,14 @@ fn unsupported_types_and_bad_lengths_are_errors() {
     let x = [0f32; 256];
     let mut y = [0u8; 66];
     assert_eq!(
-        quantize_row(GgmlType::IQ2_XXS, &x, &mut y)
+        quantize_row(GgmlType::NVFP4, &x[..64], &mut y[..36])
             .unwrap_err()
             .to_string(),
-        "quantization to iq2_xxs is not supported yet"
+        "quantization to nvfp4 is not supported yet"
+    );
+    assert_eq!(
+        quantize_row(GgmlType::IQ2_XXS, &x, &mut y).unwrap_err(),
+        memwall_quantize::QuantizeError::ImatrixRequired(GgmlType::IQ2_XXS)
     );
     let mut y = [0u8; 18];
     assert!(quantize_row(GgmlType::Q4_0, &x[..31], &mut y).is_err());
@@ -72,13 +76,24 @@ const LEGACY: [GgmlType; 7] = [
 /// ggml's own acceptance test (`tests/test-quantize-fns.cpp`): on
 /// `x[i] = 0.1 + 2·cos(i)` for 4096 weights, the error of dequantize(quantize(x)),
 /// measured as ggml measures it (√Σd² / n), must stay below 0.002, or 0.0075 for
-/// 2-bit, 0.0040 for 3-bit and 0.01 for the ternary types
-/// (`MAX_QUANTIZATION_TOTAL_ERROR*`).
+/// 2-bit (Q2_K, IQ2_S), 0.0040 for 3-bit (Q3_K, IQ3_S), 0.0050 for IQ3_XXS and 0.01
+/// for the ternary types (`MAX_QUANTIZATION_TOTAL_ERROR*`). ggml's test leaves out
+/// the types without a reference quantizer (IQ2_XXS, IQ2_XS, IQ1_S, IQ1_M: they
+/// need an importance matrix or have no budget); so does this one.
 #[test]
 fn total_error_is_within_ggmls_budgets() {
     let x: Vec<f32> = (0..4096).map(|i| 0.1 + 2.0 * (i as f32).cos()).collect();
     // The budgets are for block-quantized types; BF16's 8-bit mantissa alone gives 0.0023 here.
-    for ty in ENCODABLE.into_iter().filter(|t| t.is_quantized()) {
+    let no_reference = [
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ2_XS,
+        GgmlType::IQ1_S,
+        GgmlType::IQ1_M,
+    ];
+    for ty in ENCODABLE
+        .into_iter()
+        .filter(|t| t.is_quantized() && !no_reference.contains(t))
+    {
         let mut q = vec![0u8; (4096 / ty.block_size() * ty.type_size()) as usize];
         quantize_row(ty, &x, &mut q).unwrap();
         let mut y = vec![0f32; 4096];
@@ -91,8 +106,9 @@ fn total_error_is_within_ggmls_budgets() {
             .sum();
         let rmse = sum.sqrt() as f32 / 4096.0;
         let budget = match ty {
-            GgmlType::Q2_K => 0.0075,
-            GgmlType::Q3_K => 0.0040,
+            GgmlType::Q2_K | GgmlType::IQ2_S => 0.0075,
+            GgmlType::Q3_K | GgmlType::IQ3_S => 0.0040,
+            GgmlType::IQ3_XXS => 0.0050,
             GgmlType::TQ1_0 | GgmlType::TQ2_0 => 0.01,
             _ => 0.002,
         };
@@ -163,7 +179,7 @@ fn whole_tensors_match_llama_quantize_hashes() {
             .chunks_exact(2)
             .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
             .collect();
-        for ty in ENCODABLE {
+        for ty in ENCODABLE.into_iter().filter(|&t| !pure_needs_imatrix(t)) {
             let upper = ty.name().to_uppercase();
             let key = match upper.as_str() {
                 "Q3_K" | "Q4_K" | "Q5_K" => format!("{upper}_S"),
@@ -183,7 +199,60 @@ fn whole_tensors_match_llama_quantize_hashes() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 3 * ENCODABLE.len());
+    let without = ENCODABLE
+        .iter()
+        .filter(|&&t| !pure_needs_imatrix(t))
+        .count();
+    assert_eq!(checked, 3 * without);
+}
+
+/// Whether llama-quantize refuses a `--pure` file of `ty` without an importance
+/// matrix (its rows are then checked against `--pure --imatrix` files only).
+fn pure_needs_imatrix(ty: GgmlType) -> bool {
+    memwall_quantize::rules::requires_imatrix("blk.0.attn_q.weight", ty, "")
+}
+
+/// ggml's own encoder (`ggml_quantize_chunk`, recorded by
+/// runtime/tests/data/kernels_ggml.c on random rows, with importance weights for the
+/// types that need them) and memwall's give the same bytes.
+#[test]
+fn encoders_match_ggml_quantize_chunk() {
+    use memwall_quantize::quantize_row_imatrix;
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../runtime/tests/data/kernels_ggml.json");
+    let fx: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let hex = |s: &str| -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    };
+    let floats = |s: &str| -> Vec<f32> {
+        hex(s)
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    };
+    let qw = floats(fx["imatrix"].as_str().unwrap());
+    let mut checked = Vec::new();
+    for case in fx["vec_dot"].as_array().unwrap() {
+        let ty = GgmlType::from_name(case["type"].as_str().unwrap()).unwrap();
+        if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+            continue;
+        }
+        let wf = floats(case["wf"].as_str().unwrap());
+        let want = hex(case["w"].as_str().unwrap());
+        let weights = case["imatrix"].as_bool().unwrap().then_some(&qw[..]);
+        let mut got = vec![0u8; want.len()];
+        quantize_row_imatrix(ty, &wf, &mut got, weights).unwrap();
+        assert!(got == want, "{ty}: differs from ggml_quantize_chunk");
+        checked.push(ty);
+    }
+    assert_eq!(
+        checked.len(),
+        ENCODABLE.len() - 3,
+        "every block type is recorded"
+    );
 }
 
 /// The importance-weighted path: with llama-imatrix's `imatrix.gguf` for tiny-zh,
@@ -246,11 +315,9 @@ fn imatrix_quantization_matches_llama_quantize_hashes() {
     }
     checked.sort();
     checked.dedup();
-    assert_eq!(
-        checked,
-        IMATRIX_ENCODABLE.to_vec(),
-        "every weighted encoder is checked"
-    );
+    let mut all = IMATRIX_ENCODABLE.to_vec();
+    all.sort();
+    assert_eq!(checked, all, "every weighted encoder is checked");
 }
 
 #[test]

@@ -187,3 +187,37 @@ fn legacy_dat_imatrix_gives_llama_quantizes_tensors() {
         }
     }
 }
+
+/// `--pure IQ2_XXS` (and IQ2_XS, IQ1_S) with an imatrix that has no entry for
+/// the output head and the token embeddings: ggml cannot encode them and
+/// llama-quantize aborts half-way; memwall refuses before writing, naming the
+/// first such tensor and the way out.
+#[test]
+fn pure_low_bit_types_need_every_entry_and_say_which_is_missing() {
+    let (path, model) = input();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.gguf");
+    for name in ["IQ2_XXS", "IQ2_XS", "IQ1_S"] {
+        let mut options = Options::new(file_type_by_name(name).unwrap());
+        options.pure = true;
+        options.imatrix = Some(imatrix());
+        let plan = job::plan(&model, &path, &options).unwrap();
+        for tensor in ["output.weight", "token_embd.weight"] {
+            assert!(
+                plan.warnings
+                    .iter()
+                    .any(|w| w.starts_with(&format!("{tensor}: "))
+                        && w.contains("the importance matrix has no entry for it")),
+                "{name}: {:?}",
+                plan.warnings
+            );
+        }
+        let imatrix = options.imatrix.as_ref().map(|i| &i.data);
+        let err = job::run(&model, &plan, imatrix, false, &out, &Silent)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("tensor output.weight: "), "{err}");
+        assert!(err.contains("--output-tensor-type"), "{err}");
+        assert!(!out.exists(), "{name}: nothing written");
+    }
+}

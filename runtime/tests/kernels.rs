@@ -23,8 +23,8 @@
 
 use memwall_format::GgmlType;
 use memwall_format::blocks::{
-    BlockMxfp4, DEQUANTIZABLE, bf16_to_f32, block_bytes, dequantize_row, f16_to_f32, f32_to_f16,
-    scale_fields, scale_min_k4,
+    BlockIq1M, BlockMxfp4, DEQUANTIZABLE, F16, as_blocks_mut, bf16_to_f32, block_bytes,
+    dequantize_row, f16_to_f32, f32_to_f16, scale_fields, scale_min_k4,
 };
 use memwall_runtime::kernels::{
     ActRow, Activations, Backend, BlockQ8_0, BlockQ8_1, BlockQ8K, KernelError, Kernels, Matmul,
@@ -276,6 +276,11 @@ fn random_row(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
                 for &o in scale_fields(ty) {
                     let v = rng.f(1.0) * [1.0, 0.01, 0.1][rng.below(3)];
                     b[o..o + 2].copy_from_slice(&f32_to_f16(v).to_le_bytes());
+                }
+                if ty == GgmlType::IQ1_M {
+                    // The f16 scale lives in four nibbles, no field of its own.
+                    let d = F16::from_f32(rng.f(1.0) * [1.0, 0.01, 0.1][rng.below(3)]);
+                    as_blocks_mut::<BlockIq1M>(b)[0].set_scale(d);
                 }
                 if ty == GgmlType::MXFP4 {
                     // An exponent for scales of about 2⁻⁸ … 2⁰.
@@ -742,8 +747,8 @@ fn shapes_and_backends_are_checked() {
         Err(KernelError::Shape(_))
     ));
     assert_eq!(
-        QMatrix::new(GgmlType::IQ2_XXS, &[], 0, 256).unwrap_err(),
-        KernelError::UnsupportedType(GgmlType::IQ2_XXS)
+        QMatrix::new(GgmlType::NVFP4, &[], 0, 64).unwrap_err(),
+        KernelError::UnsupportedType(GgmlType::NVFP4)
     );
     let m = QMatrix::new(GgmlType::Q8_0, &[0; 68], 2, 32).unwrap();
     let mut mm = Matmul::new(Kernels::detect(), 2);

@@ -266,11 +266,20 @@ pub fn run(args: Args) -> Result<()> {
     if !args.dry_run {
         // Before any work: what memwall cannot write, and where it cannot write.
         names::check_writable(ftype)?;
-        if ftype.name == "Q2_K_S" && args.imatrix.is_none() {
+        let needs_imatrix = ftype.base.is_some_and(|base| {
+            memwall_quantize::rules::requires_imatrix("blk.0.ffn_down.weight", base, ftype.name)
+        });
+        if needs_imatrix && args.imatrix.is_none() {
             bail!(
-                "Q2_K_S needs an importance matrix: pass --imatrix FILE (make one with \
-                 `memwall calibrate imatrix -m {} -f TEXT`), or choose Q2_K",
-                input.display()
+                "{} needs an importance matrix: pass --imatrix FILE (make one with \
+                 `memwall calibrate imatrix -m {} -f TEXT`), or choose {}",
+                ftype.name,
+                input.display(),
+                if ftype.name == "Q2_K_S" {
+                    "Q2_K"
+                } else {
+                    "Q3_K_S or IQ3_S"
+                }
             );
         }
         super::check_output_file(&out, "the quantized model")?;

@@ -100,7 +100,8 @@ use std::sync::OnceLock;
 
 use memwall_format::GgmlType;
 use memwall_format::blocks::{
-    Block, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
+    Block, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
+    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
     BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0, BlockTq2_0, as_blocks,
 };
 
@@ -144,6 +145,7 @@ macro_rules! vec_dot {
 vec_dot!(BlockQ8_0, Q8_0: BlockQ4_0, BlockQ5_0, BlockQ8_0, BlockIq4Nl, BlockMxfp4);
 vec_dot!(BlockQ8_1, Q8_1: BlockQ4_1, BlockQ5_1);
 vec_dot!(BlockQ8K, Q8K: BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockIq4Xs, BlockTq1_0, BlockTq2_0);
+vec_dot!(BlockQ8K, Q8K: BlockIq2Xxs, BlockIq2Xs, BlockIq2S, BlockIq3Xxs, BlockIq3S, BlockIq1S, BlockIq1M);
 
 /// The 32-weight blocks of the Q8_0 family, whose several-row products
 /// transpose eight blocks' weights and gather their scales.
@@ -189,6 +191,26 @@ macro_rules! block_entries {
 }
 pub(crate) use block_entries;
 
+/// The dot products of the lattice i-quants in the calling backend module,
+/// each its `lattice` kernel for one block type, after the tokens given in
+/// brackets (the backend's `#[target_feature]`, or a visibility).
+macro_rules! lattice_kernels {
+    ($prefix:tt) => {
+        $crate::kernels::lattice_kernels!(@each $prefix
+            iq2_xxs BlockIq2Xxs, iq2_xs BlockIq2Xs, iq2_s BlockIq2S, iq3_xxs BlockIq3Xxs,
+            iq3_s BlockIq3S, iq1_s BlockIq1S, iq1_m BlockIq1M);
+    };
+    (@each $prefix:tt $($f:ident $b:ident),*) => {$(
+        $crate::kernels::lattice_kernels!(@one $prefix $f $b);
+    )*};
+    (@one [$($prefix:tt)*] $f:ident $b:ident) => {
+        $($prefix)* fn $f(w: &[$b], a: &[BlockQ8K]) -> f32 {
+            lattice(w, a)
+        }
+    };
+}
+pub(crate) use lattice_kernels;
+
 /// The form a weight type's activations take for its dot product
 /// (ggml's `type_traits_cpu[ty].vec_dot_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -203,7 +225,7 @@ pub enum VecDotType {
     Q8_0,
     /// [`BlockQ8_1`] (Q4_1, Q5_1).
     Q8_1,
-    /// [`BlockQ8K`] (Q2_K…Q6_K, IQ4_XS, TQ1_0, TQ2_0).
+    /// [`BlockQ8K`] (Q2_K…Q6_K, IQ4_XS, TQ1_0, TQ2_0, the IQ1–IQ3 types).
     Q8K,
 }
 
@@ -797,6 +819,13 @@ pub(crate) struct RowsTable {
     pub(crate) q6_k: Option<RowsK<BlockQ6K>>,
     pub(crate) tq1_0: Option<RowsK<BlockTq1_0>>,
     pub(crate) tq2_0: Option<RowsK<BlockTq2_0>>,
+    pub(crate) iq2_xxs: Option<RowsK<BlockIq2Xxs>>,
+    pub(crate) iq2_xs: Option<RowsK<BlockIq2Xs>>,
+    pub(crate) iq2_s: Option<RowsK<BlockIq2S>>,
+    pub(crate) iq3_xxs: Option<RowsK<BlockIq3Xxs>>,
+    pub(crate) iq3_s: Option<RowsK<BlockIq3S>>,
+    pub(crate) iq1_s: Option<RowsK<BlockIq1S>>,
+    pub(crate) iq1_m: Option<RowsK<BlockIq1M>>,
     pub(crate) q4_0: Option<RowsQ8<BlockQ4_0>>,
     pub(crate) q5_0: Option<RowsQ8<BlockQ5_0>>,
     pub(crate) q8_0: Option<RowsQ8<BlockQ8_0>>,
@@ -815,6 +844,13 @@ impl RowsTable {
         q6_k: None,
         tq1_0: None,
         tq2_0: None,
+        iq2_xxs: None,
+        iq2_xs: None,
+        iq2_s: None,
+        iq3_xxs: None,
+        iq3_s: None,
+        iq1_s: None,
+        iq1_m: None,
         q4_0: None,
         q5_0: None,
         q8_0: None,
@@ -1126,6 +1162,13 @@ impl Kernels {
         let r = &self.table.rows;
         // (A single row of Q8_0 activations is not regrouped.)
         let grouped = !acts.q8_0_groups.is_empty();
+        // A several-row product of Q8_K activations, if the backend has one.
+        macro_rules! k {
+            ($field:ident) => {
+                r.$field
+                    .map(|f| rows_k(f, w, rows.clone(), acts, tokens.clone(), out, stride))
+            };
+        }
         let done = match (w.ty(), acts.kind) {
             (T::Q4_K, Some(V::Q8K)) => r
                 .q4_k
@@ -1139,6 +1182,13 @@ impl Kernels {
             (T::TQ2_0, Some(V::Q8K)) => r
                 .tq2_0
                 .map(|f| rows_k(f, w, rows.clone(), acts, tokens.clone(), out, stride)),
+            (T::IQ2_XXS, Some(V::Q8K)) => k!(iq2_xxs),
+            (T::IQ2_XS, Some(V::Q8K)) => k!(iq2_xs),
+            (T::IQ2_S, Some(V::Q8K)) => k!(iq2_s),
+            (T::IQ3_XXS, Some(V::Q8K)) => k!(iq3_xxs),
+            (T::IQ3_S, Some(V::Q8K)) => k!(iq3_s),
+            (T::IQ1_S, Some(V::Q8K)) => k!(iq1_s),
+            (T::IQ1_M, Some(V::Q8K)) => k!(iq1_m),
             (T::Q4_0, Some(V::Q8_0)) if grouped => r
                 .q4_0
                 .map(|f| rows_q8(f, w, rows.clone(), acts, tokens.clone(), out, stride)),

@@ -14,9 +14,10 @@ use super::{
     BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, OpsTable, QK_K, QK8_0, RowsTable, attn, block_table,
 };
 use memwall_format::blocks::{
-    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
-    BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0, BlockTq2_0, F16, IQ4NL_GRID, MXFP4_GRID,
-    bf16_to_f32, e8m0_half, f16_to_f32,
+    BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, BlockIq4Nl,
+    BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
+    BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0, BlockTq2_0, F16, Groups, IQ4NL_GRID, Lattice,
+    MXFP4_GRID, bf16_to_f32, e8m0_half, f16_to_f32,
 };
 
 /// Quantizes `x` to Q8_0 blocks: `d = max|x| / 127`, `q = round(x / d)`
@@ -524,6 +525,40 @@ pub(crate) mod dot {
             term(b.d.to_f32(), y.d, isum)
         }))
     }
+
+    /// The lattice i-quants: one [`term`] per super-block of its
+    /// [`lattice_isum`](super::lattice_isum), the sum times `B::FACTOR`
+    /// (exact: a power of two).
+    fn lattice<B: Lattice>(w: &[B], a: &[BlockQ8K]) -> f32 {
+        let terms = w.iter().zip(a).map(|(b, y)| {
+            term(
+                b.d().to_f32(),
+                y.d,
+                super::lattice_isum(&b.groups(), y, B::HALVES),
+            )
+        });
+        block_dot(terms) * B::FACTOR
+    }
+
+    crate::kernels::lattice_kernels!([pub(crate)]);
+}
+
+/// The integer sum of a lattice super-block ([`Lattice::groups`]) against
+/// its activations: `Σ_g ls_g · Σ_{i∈g} q_i · y_i` over the groups of 32
+/// weights (16 where `halves`).
+pub(crate) fn lattice_isum(g: &Groups, y: &BlockQ8K, halves: bool) -> i32 {
+    let per = if halves { 16 } else { 32 };
+    let groups = g.q.chunks_exact(per).zip(y.qs.chunks_exact(per)).zip(&g.ls);
+    groups
+        .map(|((q, y), &ls)| {
+            let s: i32 = q
+                .iter()
+                .zip(y)
+                .map(|(&q, &y)| i32::from(q) * i32::from(y))
+                .sum();
+            i32::from(ls) * s
+        })
+        .sum()
 }
 
 /// The 8 scales and 8 minimums of a Q4_K/Q5_K block: [`scale_min_k4`](memwall_format::blocks::scale_min_k4) for

@@ -66,12 +66,18 @@ int main(void) {
         quantize_row_q8_K_ref(x, out, N); printf(",\n \"q8_K\": "); hex(out, N / 256 * 292);
         printf("}%s\n", kind < 2 ? "," : "");
     }
-    printf("],\n\"vec_dot\": [\n");
+    // Importance weights for the types ggml cannot encode without (a fixed pattern, so that
+    // the random stream, and with it every earlier entry, stays as it was).
+    float qw[N];
+    for (int i = 0; i < N; i++) qw[i] = 0.25f + (float)(i % 13) / 13.0f;
+    printf("],\n\"imatrix\": "); floats(qw, N);
+    printf(",\n\"vec_dot\": [\n");
     const enum ggml_type types[] = {
         GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
         GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K,
         GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS,
-        GGML_TYPE_TQ1_0, GGML_TYPE_TQ2_0, GGML_TYPE_MXFP4,
+        GGML_TYPE_TQ1_0, GGML_TYPE_TQ2_0, GGML_TYPE_MXFP4, GGML_TYPE_IQ2_XXS, GGML_TYPE_IQ2_XS,
+        GGML_TYPE_IQ2_S, GGML_TYPE_IQ3_XXS, GGML_TYPE_IQ3_S, GGML_TYPE_IQ1_S, GGML_TYPE_IQ1_M,
     };
     const int nt = sizeof types / sizeof types[0];
     static uint8_t w[N * 4], a[N * 4];
@@ -80,7 +86,8 @@ int main(void) {
         const enum ggml_type ty = types[t];
         for (int i = 0; i < N; i++) wf[i] = uni(1.0f);
         for (int i = 0; i < N; i++) x[i] = uni(2.0f);
-        size_t wsize = ggml_quantize_chunk(ty, wf, w, 0, 1, N, NULL);
+        const int weighted = ggml_quantize_requires_imatrix(ty);
+        size_t wsize = ggml_quantize_chunk(ty, wf, w, 0, 1, N, weighted ? qw : NULL);
         const struct ggml_type_traits_cpu *tr = ggml_get_type_traits_cpu(ty);
         const enum ggml_type vt = tr->vec_dot_type;
         // Activations through ggml's reference quantizers (the CPU's from_float may be SIMD).
@@ -94,6 +101,8 @@ int main(void) {
         float s = 0;
         tr->vec_dot(N, &s, 0, w, 0, a, 0, 1);
         printf("{\"type\": \"%s\", \"w\": ", ggml_type_name(ty)); hex(w, wsize);
+        printf(",\n \"wf\": "); floats(wf, N);
+        printf(",\n \"imatrix\": %s", weighted ? "true" : "false");
         printf(",\n \"x\": "); floats(x, N);
         printf(",\n \"act\": "); hex(a, asize);
         printf(",\n \"dot\": %.9g}%s\n", s, t < nt - 1 ? "," : "");

@@ -28,9 +28,10 @@ use crate::kernels::{
     RowsTable, Scaled, block_entries, block_table,
 };
 use memwall_format::blocks::{
-    Block, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
-    BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0, BlockTq2_0, F16, IQ4NL_GRID, MXFP4_GRID,
-    e8m0_half, f16_to_f32, f32_to_f16, tq1_trit,
+    Block, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
+    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
+    BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0, BlockTq2_0, F16, Groups, IQ4NL_GRID,
+    Lattice, MXFP4_GRID, e8m0_half, f16_to_f32, f32_to_f16, tq1_trit,
 };
 
 /// Declares a safe entry point for a `#[target_feature]` kernel.
@@ -86,6 +87,11 @@ pub(super) fn r_tq2_0(w: &[BlockTq2_0], a: Q8KRows<'_>, out: &mut [f32]) {
     unsafe { tq2_0_rows(w, a.blocks, out) }
 }
 
+fn r_lattice<B: Lattice>(w: &[B], a: Q8KRows<'_>, out: &mut [f32]) {
+    // SAFETY: as for `entry!`.
+    unsafe { lattice_rows(w, a.blocks, out) }
+}
+
 pub(super) fn r_q6_k(w: &[BlockQ6K], a: Q8KRows<'_>, out: &mut [f32]) {
     // SAFETY: as for `entry!`.
     unsafe { q6_k_rows(w, a.blocks, out) }
@@ -124,6 +130,13 @@ pub(crate) static TABLE: DotTable = memwall_format::block_types!([block_table] e
         q6_k: Some(r_q6_k),
         tq1_0: Some(r_tq1_0),
         tq2_0: Some(r_tq2_0),
+        iq2_xxs: Some(r_lattice::<BlockIq2Xxs>),
+        iq2_xs: Some(r_lattice::<BlockIq2Xs>),
+        iq2_s: Some(r_lattice::<BlockIq2S>),
+        iq3_xxs: Some(r_lattice::<BlockIq3Xxs>),
+        iq3_s: Some(r_lattice::<BlockIq3S>),
+        iq1_s: Some(r_lattice::<BlockIq1S>),
+        iq1_m: Some(r_lattice::<BlockIq1M>),
         q4_0: Some(r_q4_0),
         q5_0: Some(r_q5_0),
         q8_0: Some(r_q8_0),
@@ -1341,6 +1354,63 @@ fn iq4_xs_sums(b: &BlockIq4Xs, y: &BlockQ8K) -> (__m256i, __m256i) {
     }
     (isum, _mm256_setzero_si256())
 }
+
+// ---- lattice i-quants (Q8_K activations) ----
+//
+// The block's values come from `Lattice::groups` (grid lookups with the signs
+// applied, |q| ≤ 62), then `vpsignb`/`vpmaddubsw` against the activations and
+// `vpmaddwd` against each group's scale (per 16-value half where the type
+// has sixteen scales).
+
+/// A lattice type's row: [`blocks256`] of [`lattice_sums`], times `B::FACTOR`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn lattice<B: Lattice>(w: &[B], a: &[BlockQ8K]) -> f32 {
+    blocks256::<_, false>(w, a, |b, y| lattice_sums(b, y), |b| [b.d().bits(), 0]) * B::FACTOR
+}
+
+/// A lattice type's several-row product: [`rows256`] over each block's
+/// [`Lattice::groups`] (unpacked once for several activation rows), each
+/// output times `B::FACTOR` as [`lattice`] multiplies its sum.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn lattice_rows<B: Lattice>(w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
+    let sums = |g: &Groups, y: &BlockQ8K| lattice_group_sums(g, y, B::HALVES);
+    rows256::<_, false, _>(w, a, |b| b.groups(), sums, |b| [b.d().bits(), 0], out);
+    for o in out.iter_mut() {
+        *o *= B::FACTOR;
+    }
+}
+
+/// A lattice super-block's integer sum in eight `i32` lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn lattice_sums<B: Lattice>(b: &B, y: &BlockQ8K) -> (__m256i, __m256i) {
+    lattice_group_sums(&b.groups(), y, B::HALVES)
+}
+
+/// [`lattice_sums`] of an unpacked block.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn lattice_group_sums(g: &Groups, y: &BlockQ8K, halves: bool) -> (__m256i, __m256i) {
+    let mut isum = _mm256_setzero_si256();
+    for ib in 0..8 {
+        let v = ld256(&g.q[32 * ib..]);
+        let p = _mm256_maddubs_epi16(
+            _mm256_sign_epi8(v, v),
+            _mm256_sign_epi8(ld256(&y.qs[32 * ib..]), v),
+        );
+        let ls = |k: usize| _mm_set1_epi16(g.ls[k] as i16);
+        let s = if halves {
+            _mm256_set_m128i(ls(2 * ib + 1), ls(2 * ib))
+        } else {
+            _mm256_set_m128i(ls(ib), ls(ib))
+        };
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, s));
+    }
+    (isum, _mm256_setzero_si256())
+}
+
+crate::kernels::lattice_kernels!([#[target_feature(enable = "avx2,fma,f16c")]]);
 
 // ---- ternary types (Q8_K activations) ----
 //

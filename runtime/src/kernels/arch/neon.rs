@@ -26,9 +26,10 @@ use crate::kernels::{
     block_entries, block_table,
 };
 use memwall_format::blocks::{
-    Block, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
-    BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0, BlockTq2_0, IQ4NL_GRID, MXFP4_GRID,
-    e8m0_half, tq1_trit,
+    Block, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
+    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
+    BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0, BlockTq2_0, IQ4NL_GRID, Lattice,
+    MXFP4_GRID, e8m0_half, tq1_trit,
 };
 
 /// The NEON float loops: `exp` on four lanes; the others are the scalar
@@ -705,6 +706,36 @@ macro_rules! kernels {
             }
             sum.sum()
         }
+
+        /// The lattice i-quants: the values of `Lattice::groups` against
+        /// the activations 16 at a time, each group's sum times its scale.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn lattice<B: Lattice>(w: &[B], a: &[BlockQ8K]) -> f32 {
+            let mut sum = Blocks::default();
+            for (i, (b, y)) in w.iter().zip(a).enumerate() {
+                let g = b.groups();
+                let mut isum = 0i32;
+                for ib in 0..8 {
+                    let (q, yq) = (&g.q[32 * ib..], &y.qs[32 * ib..]);
+                    if B::HALVES {
+                        let lo = $dot(vdupq_n_s32(0), ld_s8(&q[..16]), ld_s8(&yq[..16]));
+                        let hi = $dot(vdupq_n_s32(0), ld_s8(&q[16..32]), ld_s8(&yq[16..32]));
+                        isum += i32::from(g.ls[2 * ib]) * vaddvq_s32(lo);
+                        isum += i32::from(g.ls[2 * ib + 1]) * vaddvq_s32(hi);
+                    } else {
+                        let p = dot32(ld_s8(&q[..16]), ld_s8(&q[16..32]), yq);
+                        isum += i32::from(g.ls[ib]) * vaddvq_s32(p);
+                    }
+                }
+                sum.add(i, term(h2f(b.d().bits()), y.d, isum));
+            }
+            sum.sum() * B::FACTOR
+        }
+
+        crate::kernels::lattice_kernels!([#[target_feature(enable = $feat)]]);
+
+
 
         /// MXFP4: the block scale is `2^(e − 128)`, no f16.
         #[target_feature(enable = $feat)]

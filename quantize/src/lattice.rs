@@ -1,0 +1,743 @@
+//! Encoders of the lattice i-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S), as
+//! ggml's `quantize_row_iq2_xxs_impl`, `quantize_row_iq2_xs_impl`, `quantize_row_iq2_s_impl`,
+//! `quantize_row_iq3_xxs_impl` and `quantize_row_iq3_s_impl`
+//! (`ggml/src/ggml-quants.c`), float for float in ggml's order.
+//!
+//! A group of 8 (IQ2) or 4 (IQ3) magnitudes is fitted with levels
+//! `2l + 1`; when the rounded levels are no point of the codebook, the
+//! closest points by weighted error among the codebook's precomputed
+//! neighbours of that level vector are tried ([`Codebook`], built as ggml's
+//! `iq2xs_init_impl`/`iq3xs_init_impl` build theirs).
+
+// The loops index several parallel arrays (values, weights, levels, signs) as
+// ggml's do, which keeps the order of every float operation visible.
+#![allow(clippy::needless_range_loop)]
+
+use std::sync::OnceLock;
+
+use memwall_format::GgmlType;
+use memwall_format::blocks::{
+    BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, F16, grid_levels,
+};
+
+use crate::kquants::{GROUP_MAX_EPS, make_qp_quants, nearest_int};
+
+/// A codebook of `K`-value points with its search tables: `map[u]` for a
+/// packed level vector `u` (`bits` bits a level) is the point with exactly
+/// those levels, or the start of `u`'s neighbour list in `neighbours` (its
+/// length, then the points at the `nwant` smallest squared distances from
+/// `u`, by distance then index).
+pub(crate) struct Codebook<const K: usize> {
+    /// The points as odd integers `2l + 1`.
+    points: Vec<[i8; K]>,
+    bits: u32,
+    map: Vec<Entry>,
+    neighbours: Vec<u16>,
+}
+
+#[derive(Clone, Copy)]
+enum Entry {
+    Point(u16),
+    Neighbours(u32),
+}
+
+impl<const K: usize> Codebook<K> {
+    /// Builds the tables for the codebook of `ty`, searching `nwant`
+    /// distances deep, for the level vectors with every level below `nlevels`.
+    fn new(ty: GgmlType, nwant: usize, nlevels: u16) -> Self {
+        let (levels, bits) = grid_levels(ty).unwrap_or((&[], 2));
+        let mask = (1u16 << bits) - 1;
+        let unpack = |u: u32| -> [i8; K] {
+            std::array::from_fn(|i| 2 * ((u >> (bits * i as u32)) as u16 & mask) as i8 + 1)
+        };
+        let points: Vec<[i8; K]> = levels.iter().map(|&v| unpack(u32::from(v))).collect();
+        let size = 1usize << (bits as usize * K);
+        let mut map = vec![Entry::Neighbours(u32::MAX); size];
+        for (p, &v) in levels.iter().enumerate() {
+            map[usize::from(v)] = Entry::Point(p as u16);
+        }
+        let mut neighbours = Vec::new();
+        let mut d2 = vec![0u32; points.len()];
+        for u in 0..size {
+            let pos = unpack(u as u32);
+            let reachable = pos.iter().all(|&p| ((p - 1) / 2) < nlevels as i8);
+            if matches!(map[u], Entry::Point(_)) || !reachable {
+                continue;
+            }
+            for (d, p) in d2.iter_mut().zip(&points) {
+                *d = p
+                    .iter()
+                    .zip(&pos)
+                    .map(|(&a, &b)| (i32::from(a) - i32::from(b)).pow(2) as u32)
+                    .sum();
+            }
+            // The `nwant` smallest distinct distances, ascending.
+            let mut dists: Vec<u32> = Vec::with_capacity(nwant);
+            for _ in 0..nwant {
+                let floor = dists.last().copied();
+                let next = d2
+                    .iter()
+                    .copied()
+                    .filter(|&d| floor.is_none_or(|f| d > f))
+                    .min();
+                match next {
+                    Some(d) => dists.push(d),
+                    None => break,
+                }
+            }
+            map[u] = Entry::Neighbours(neighbours.len() as u32);
+            let start = neighbours.len();
+            neighbours.push(0);
+            for &dist in &dists {
+                neighbours.extend(
+                    (0..points.len())
+                        .filter(|&j| d2[j] == dist)
+                        .map(|j| j as u16),
+                );
+            }
+            neighbours[start] = (neighbours.len() - start - 1) as u16;
+        }
+        Codebook {
+            points,
+            bits,
+            map,
+            neighbours,
+        }
+    }
+
+    /// The packed level vector of `l`.
+    fn pack(&self, l: &[i8]) -> usize {
+        l.iter()
+            .enumerate()
+            .fold(0, |u, (i, &l)| u | (l as usize) << (self.bits as usize * i))
+    }
+
+    /// The point with levels `l`, if there is one.
+    pub(crate) fn point(&self, l: &[i8]) -> Option<u16> {
+        match self.map[self.pack(l)] {
+            Entry::Point(p) => Some(p),
+            Entry::Neighbours(_) => None,
+        }
+    }
+
+    /// The point for levels `l`: itself if on the grid, else the neighbour of
+    /// least weighted error `Σ w·(scale·q − x)²` (the first of equals), whose
+    /// levels are written to `l`. ggml's `iq{2,3}_find_best_neighbour`.
+    fn nearest(&self, l: &mut [i8], x: &[f32], w: &[f32], scale: f32) -> u16 {
+        let at = match self.map[self.pack(l)] {
+            Entry::Point(p) => return p,
+            Entry::Neighbours(at) => at as usize,
+        };
+        let n = usize::from(self.neighbours[at]);
+        let mut best = (f32::MAX, self.neighbours[at + 1]);
+        for &p in &self.neighbours[at + 1..at + 1 + n] {
+            let mut d2 = 0f32;
+            for (i, &q) in self.points[usize::from(p)].iter().enumerate() {
+                let diff = scale * f32::from(q) - x[i];
+                d2 += w[i] * diff * diff;
+            }
+            if d2 < best.0 {
+                best = (d2, p);
+            }
+        }
+        self.levels_of(best.1, l);
+        best.1
+    }
+
+    /// The neighbour list of the level vector `l` (empty for a point).
+    pub(crate) fn neighbours(&self, l: &[i8]) -> &[u16] {
+        match self.map[self.pack(l)] {
+            Entry::Point(_) => &[],
+            Entry::Neighbours(at) => {
+                let at = at as usize;
+                &self.neighbours[at + 1..at + 1 + usize::from(self.neighbours[at])]
+            }
+        }
+    }
+
+    /// The levels of point `p`.
+    pub(crate) fn levels(&self, p: u16) -> [i8; K] {
+        self.points[usize::from(p)].map(|q| (q - 1) / 2)
+    }
+
+    /// Writes the levels of point `p` to `l`.
+    fn levels_of(&self, p: u16, l: &mut [i8]) {
+        for (l, &q) in l.iter_mut().zip(&self.points[usize::from(p)]) {
+            *l = (q - 1) / 2;
+        }
+    }
+}
+
+fn iq2xxs_book() -> &'static Codebook<8> {
+    static BOOK: OnceLock<Codebook<8>> = OnceLock::new();
+    BOOK.get_or_init(|| Codebook::new(GgmlType::IQ2_XXS, 2, 3))
+}
+
+fn iq2xs_book() -> &'static Codebook<8> {
+    static BOOK: OnceLock<Codebook<8>> = OnceLock::new();
+    BOOK.get_or_init(|| Codebook::new(GgmlType::IQ2_XS, 2, 3))
+}
+
+fn iq2s_book() -> &'static Codebook<8> {
+    static BOOK: OnceLock<Codebook<8>> = OnceLock::new();
+    BOOK.get_or_init(|| Codebook::new(GgmlType::IQ2_S, 1, 3))
+}
+
+/// The IQ1_S/IQ1_M codebook (three distances deep, as ggml's).
+pub(crate) fn iq1_book() -> &'static Codebook<8> {
+    static BOOK: OnceLock<Codebook<8>> = OnceLock::new();
+    BOOK.get_or_init(|| Codebook::new(GgmlType::IQ1_S, 3, 3))
+}
+
+fn iq3xxs_book() -> &'static Codebook<4> {
+    static BOOK: OnceLock<Codebook<4>> = OnceLock::new();
+    BOOK.get_or_init(|| Codebook::new(GgmlType::IQ3_XXS, 2, 8))
+}
+
+fn iq3s_book() -> &'static Codebook<4> {
+    static BOOK: OnceLock<Codebook<4>> = OnceLock::new();
+    BOOK.get_or_init(|| Codebook::new(GgmlType::IQ3_S, 3, 8))
+}
+
+/// `Σ x²` in order.
+pub(crate) fn sum_x2(x: &[f32]) -> f32 {
+    x.iter().fold(0f32, |s, &v| s + v * v)
+}
+
+/// The weights of one group: `qw · √(σ² + x²)` with an importance matrix,
+/// else `x²`.
+fn group_weights(x: &[f32], qw: Option<&[f32]>, sigma2: f32, w: &mut [f32]) {
+    for (i, w) in w.iter_mut().enumerate() {
+        *w = match qw {
+            Some(qw) => qw[i] * (sigma2 + x[i] * x[i]).sqrt(),
+            None => x[i] * x[i],
+        };
+    }
+}
+
+/// Splits 8 values into magnitudes `xval` and sign bits; with `even`, the
+/// sign of the value of least `w·x²` (the first of equals) is flipped when
+/// the count of negatives is odd, so that 7 bits hold the signs (the eighth
+/// is their parity, [`KSIGNS`](memwall_format::blocks::KSIGNS)).
+fn split_signs(x: &[f32], w: &[f32], xval: &mut [f32], even: bool) -> u8 {
+    let mut s = 0u8;
+    for i in 0..8 {
+        if x[i] >= 0.0 {
+            xval[i] = x[i];
+        } else {
+            xval[i] = -x[i];
+            s |= 1 << i;
+        }
+    }
+    if even && s.count_ones() % 2 == 1 {
+        let mut imin = 0;
+        let mut min = w[0] * x[0] * x[0];
+        for i in 1..8 {
+            let ax = w[i] * x[i] * x[i];
+            if ax < min {
+                min = ax;
+                imin = i;
+            }
+        }
+        xval[imin] = -xval[imin];
+        s ^= 1 << imin;
+    }
+    if even { s & 127 } else { s }
+}
+
+/// C's `MAX(a, b)`: `a > b ? a : b`.
+pub(crate) fn cmax(a: f32, b: f32) -> f32 {
+    if a > b { a } else { b }
+}
+
+/// `Σ w·x·q` and `Σ w·q²` for levels `l` (`q = 2l + 1`).
+fn fit_sums(x: &[f32], w: &[f32], l: &[i8]) -> (f32, f32) {
+    let (mut sumqx, mut sumq2) = (0f32, 0f32);
+    for i in 0..x.len() {
+        let q = f32::from(2 * l[i] + 1);
+        sumqx += w[i] * x[i] * q;
+        sumq2 += w[i] * q * q;
+    }
+    (sumqx, sumq2)
+}
+
+/// Levels of `x` under the inverse scale `id`: `nearest(½(id·x − 1))` in `0..nmax`.
+fn round_levels(x: &[f32], id: f32, nmax: i32, l: &mut [i8]) {
+    for (l, &x) in l.iter_mut().zip(x) {
+        *l = nearest_int(0.5 * (id * x - 1.0)).clamp(0, nmax - 1) as i8;
+    }
+}
+
+/// One group's scan: levels of `xval` in codebook points of `K` values each
+/// (`xval.len() / K` points) at inverse scales `(2·nmax − 1 + is·step) / base`,
+/// keeping the scale of the best weighted fit.
+struct Search<'a, const K: usize> {
+    book: &'a Codebook<K>,
+    nmax: i32,
+    steps: std::ops::RangeInclusive<i32>,
+    step: f32,
+    /// Re-round every point at the end, not only those that were off the grid.
+    refine_all: bool,
+}
+
+/// One group's values and weights, for [`Fit::settle`].
+struct Fit<'a> {
+    xval: &'a [f32],
+    w: &'a [f32],
+    waux: &'a [f32],
+    nmax: i32,
+    /// Signs with even parity (7 bits kept) rather than explicit.
+    even: bool,
+    /// Round every point again, not only those off the grid (IQ3_S).
+    reround_all: bool,
+}
+
+impl Fit<'_> {
+    /// The end of a group's fit, as ggml ends it: if the scan's best left
+    /// points off the grid (`off`), those (with `reround_all`, all) rounded
+    /// again at the best scale and the scale refitted to them; a negative scale made
+    /// positive with the signs flipped; the points of the levels to `points`.
+    fn settle<const K: usize>(
+        &self,
+        book: &Codebook<K>,
+        mut scale: f32,
+        off: &[bool; 8],
+        l: &mut [i8],
+        signs: &mut [u8],
+        points: &mut [u16],
+    ) -> f32 {
+        if off.iter().any(|&o| o) && scale > 0.0 {
+            for (k, &o) in off.iter().enumerate().take(points.len()) {
+                if o || self.reround_all {
+                    reround(book, k, self.xval, self.waux, scale, self.nmax, l);
+                }
+            }
+            let (sumqx, sumq2) = fit_sums(self.xval, self.w, l);
+            if sumq2 > 0.0 {
+                scale = sumqx / sumq2;
+            }
+        }
+        if scale < 0.0 {
+            scale = -scale;
+            for s in signs.iter_mut() {
+                *s = if self.even { !*s & 127 } else { !*s };
+            }
+        }
+        for (k, p) in points.iter_mut().enumerate() {
+            *p = on_grid(book, &l[K * k..K * k + K]);
+        }
+        scale
+    }
+}
+
+/// Places the levels of point `k` after the final rounding at `scale`.
+fn reround<const K: usize>(
+    book: &Codebook<K>,
+    k: usize,
+    xval: &[f32],
+    waux: &[f32],
+    scale: f32,
+    nmax: i32,
+    l: &mut [i8],
+) {
+    let r = K * k..K * k + K;
+    round_levels(&xval[r.clone()], 1.0 / scale, nmax, &mut l[r.clone()]);
+    let p = book.nearest(&mut l[r.clone()], &xval[r.clone()], &waux[r.clone()], scale);
+    book.levels_of(p, &mut l[r]);
+}
+
+/// The point of levels that [`Search`] and [`reround`] left on the grid.
+fn on_grid<const K: usize>(book: &Codebook<K>, l: &[i8]) -> u16 {
+    // Every level vector the searches leave is a point (or was replaced by
+    // one); ggml aborts otherwise.
+    book.point(l).unwrap_or(0)
+}
+
+/// The 4-bit super-block scale index of a group scale: `nearest(½(id·s − 1))` in 0..16.
+fn scale_index(id: f32, s: f32) -> u32 {
+    nearest_int(0.5 * (id * s - 1.0)).clamp(0, 15) as u32
+}
+
+/// IQ2_XXS: groups of 32 with `make_qp_quants` starting the scan.
+pub(crate) fn iq2_xxs(x: &[f32], y: &mut BlockIq2Xxs, qw: &[f32]) {
+    let book = iq2xxs_book();
+    let sigma2 = sum_x2(x) / 256.0;
+    let mut q2 = [0u32; 16];
+    let mut scales = [0f32; 8];
+    let mut max_scale = 0f32;
+    let (mut w, mut waux, mut xval) = ([0f32; 32], [0f32; 32], [0f32; 32]);
+    for ib in 0..8 {
+        let xb = &x[32 * ib..][..32];
+        group_weights(xb, Some(&qw[32 * ib..][..32]), sigma2, &mut w);
+        for (a, &w) in waux.iter_mut().zip(&w) {
+            *a = w.sqrt();
+        }
+        let mut signs = [0u8; 4];
+        for k in 0..4 {
+            let r = 8 * k..8 * k + 8;
+            signs[k] = split_signs(&xb[r.clone()], &w[r.clone()], &mut xval[r], true);
+        }
+        let max = xval.iter().skip(1).fold(xval[0], |m, &v| cmax(m, v));
+        if max < GROUP_MAX_EPS {
+            continue;
+        }
+        let mut lu = [0u8; 32];
+        let start = make_qp_quants(4, &xval, &mut lu, &w);
+        let eff_max = start * 3.0;
+        if eff_max <= 0.0 {
+            continue;
+        }
+        let mut l = lu.map(|v| v as i8);
+        let search = Search::<8> {
+            book,
+            nmax: 3,
+            steps: -6..=6,
+            step: 0.1,
+            refine_all: true,
+        };
+        let (mut scale, _) = search.fit_tracked(&xval, &w, &waux, eff_max, start, &mut l);
+        if scale > 0.0 {
+            for k in 0..4 {
+                reround(book, k, &xval, &waux, scale, 3, &mut l);
+            }
+            let (sumqx, sumq2) = fit_sums(&xval, &w, &l);
+            if sumq2 > 0.0 {
+                scale = sumqx / sumq2;
+            }
+        }
+        if scale < 0.0 {
+            scale = -scale;
+            signs = signs.map(|s| !s & 127);
+        }
+        for k in 0..4 {
+            let p = on_grid(book, &l[8 * k..8 * k + 8]);
+            q2[2 * ib] |= u32::from(p) << (8 * k);
+            q2[2 * ib + 1] |= u32::from(signs[k]) << (7 * k);
+        }
+        scales[ib] = scale;
+        max_scale = cmax(max_scale, scale);
+    }
+    *y = BlockIq2Xxs {
+        d: F16::from_f32(0.0),
+        qs: [0; 64],
+    };
+    if max_scale == 0.0 {
+        return;
+    }
+    let d = max_scale / 31.0;
+    y.d = F16::from_f32(d);
+    let id = 1.0 / d;
+    for ib in 0..8 {
+        q2[2 * ib + 1] |= scale_index(id, scales[ib]) << 28;
+    }
+    for (o, v) in y.qs.chunks_exact_mut(4).zip(q2) {
+        o.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// The IQ2_XS and IQ2_S fits of one super-block, per group of 16: its scale,
+/// two point indices and two sign bytes. `xs` selects IQ2_XS's even-parity
+/// signs and `σ² = Σx²/256` (IQ2_S: explicit signs, `σ² = 2Σx²/256`, weights
+/// `σ²/4 + x²` without an importance matrix).
+struct Iq2Groups {
+    scales: [f32; 16],
+    points: [[u16; 2]; 16],
+    signs: [[u8; 2]; 16],
+    max_scale: f32,
+}
+
+fn iq2_groups(x: &[f32], qw: Option<&[f32]>, book: &Codebook<8>, xs: bool) -> Iq2Groups {
+    let sigma2 = if xs {
+        sum_x2(x) / 256.0
+    } else {
+        2.0 * sum_x2(x) / 256.0
+    };
+    let mut out = Iq2Groups {
+        scales: [0.0; 16],
+        points: [[0; 2]; 16],
+        signs: [[0; 2]; 16],
+        max_scale: 0.0,
+    };
+    let (mut w, mut waux, mut xval) = ([0f32; 16], [0f32; 16], [0f32; 16]);
+    for ib in 0..16 {
+        let xb = &x[16 * ib..][..16];
+        match qw {
+            Some(qw) => group_weights(xb, Some(&qw[16 * ib..][..16]), sigma2, &mut w),
+            None => {
+                for (w, &x) in w.iter_mut().zip(xb) {
+                    *w = 0.25 * sigma2 + x * x;
+                }
+            }
+        }
+        for (a, &w) in waux.iter_mut().zip(&w) {
+            *a = w.sqrt();
+        }
+        let mut signs = [0u8; 2];
+        for k in 0..2 {
+            let r = 8 * k..8 * k + 8;
+            signs[k] = split_signs(&xb[r.clone()], &w[r.clone()], &mut xval[r], xs);
+        }
+        let max = xval.iter().skip(1).fold(xval[0], |m, &v| cmax(m, v));
+        let mut l = [0i8; 16];
+        if max < if xs { GROUP_MAX_EPS } else { 1e-8 } {
+            continue;
+        }
+        let search = Search::<8> {
+            book,
+            nmax: 3,
+            steps: -9..=9,
+            step: 0.1,
+            refine_all: false,
+        };
+        let (scale, off) = search.fit_tracked(&xval, &w, &waux, max, max / 5.0, &mut l);
+        let fit = Fit {
+            xval: &xval,
+            w: &w,
+            waux: &waux,
+            nmax: 3,
+            even: xs,
+            reround_all: false,
+        };
+        let scale = fit.settle(book, scale, &off, &mut l, &mut signs, &mut out.points[ib]);
+        out.signs[ib] = signs;
+        out.scales[ib] = scale;
+        out.max_scale = cmax(out.max_scale, scale);
+    }
+    out
+}
+
+/// The sixteen 4-bit scale indices of IQ2_XS/IQ2_S, two a byte.
+fn pack_scales16(scales: &[f32; 16], id: f32) -> [u8; 8] {
+    std::array::from_fn(|i| {
+        scale_index(id, scales[2 * i]) as u8 | ((scale_index(id, scales[2 * i + 1]) as u8) << 4)
+    })
+}
+
+/// IQ2_XS (needs importance weights).
+pub(crate) fn iq2_xs(x: &[f32], y: &mut BlockIq2Xs, qw: &[f32]) {
+    let g = iq2_groups(x, Some(qw), iq2xs_book(), true);
+    *y = BlockIq2Xs {
+        d: F16::from_f32(0.0),
+        qs: [0; 64],
+        scales: [0; 8],
+    };
+    if g.max_scale == 0.0 {
+        return;
+    }
+    let d = g.max_scale / 31.0;
+    y.d = F16::from_f32(d);
+    y.scales = pack_scales16(&g.scales, 1.0 / d);
+    for ib in 0..16 {
+        for k in 0..2 {
+            let v = g.points[ib][k] | (u16::from(g.signs[ib][k]) << 9);
+            y.qs[2 * (2 * ib + k)..][..2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
+/// IQ2_S.
+pub(crate) fn iq2_s(x: &[f32], y: &mut BlockIq2S, qw: Option<&[f32]>) {
+    let g = iq2_groups(x, qw, iq2s_book(), false);
+    *y = BlockIq2S {
+        d: F16::from_f32(0.0),
+        qs: [0; 32],
+        signs: [0; 32],
+        qh: [0; 8],
+        scales: [0; 8],
+    };
+    for ib in 0..16 {
+        for k in 0..2 {
+            let (i8, p) = (2 * ib + k, g.points[ib][k]);
+            y.qs[i8] = p as u8;
+            y.qh[i8 / 4] |= ((p >> 8) as u8) << (2 * (i8 % 4));
+            y.signs[i8] = g.signs[ib][k];
+        }
+    }
+    if g.max_scale == 0.0 {
+        return;
+    }
+    let d = g.max_scale / 31.0;
+    y.d = F16::from_f32(d * 0.9875);
+    y.scales = pack_scales16(&g.scales, 1.0 / d);
+}
+
+impl<const K: usize> Search<'_, K> {
+    /// Scans from the scale `start`; returns the best scale and which points
+    /// of the best scan were off the grid (none, or with `refine_all` all of
+    /// them, if no scan improved on the start); the best levels go to `l`.
+    fn fit_tracked(
+        &self,
+        xval: &[f32],
+        w: &[f32],
+        waux: &[f32],
+        base: f32,
+        start: f32,
+        l: &mut [i8],
+    ) -> (f32, [bool; 8]) {
+        let n = xval.len();
+        let groups = n / K;
+        let mut laux = [0i8; 32];
+        let laux = &mut laux[..n];
+        let mut on = [!self.refine_all; 8];
+        let mut on_aux = [true; 8];
+        let mut scale = start;
+        let mut best = 0f32;
+        for is in self.steps.clone() {
+            let id = ((2 * self.nmax - 1) as f32 + is as f32 * self.step) / base;
+            let this_scale = 1.0 / id;
+            for k in 0..groups {
+                let r = K * k..K * k + K;
+                round_levels(&xval[r.clone()], id, self.nmax, &mut laux[r.clone()]);
+                on_aux[k] = self.book.point(&laux[r.clone()]).is_some();
+                if !on_aux[k] {
+                    self.book
+                        .nearest(&mut laux[r.clone()], &xval[r.clone()], &waux[r], this_scale);
+                }
+            }
+            let (sumqx, sumq2) = fit_sums(xval, w, laux);
+            if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
+                scale = sumqx / sumq2;
+                best = scale * sumqx;
+                l.copy_from_slice(laux);
+                on[..groups].copy_from_slice(&on_aux[..groups]);
+            }
+        }
+        (scale, on.map(|o| !o))
+    }
+}
+
+/// The IQ3 fits of one super-block: per group of 32, its scale, 8 point
+/// indices and 4 sign bytes (`None` for a group ggml skips as all zero).
+struct Iq3Groups {
+    scales: [f32; 8],
+    points: [[u16; 8]; 8],
+    signs: [[u8; 4]; 8],
+    skipped: [bool; 8],
+    max_scale: f32,
+}
+
+/// The IQ3 fits: `xxs` selects IQ3_XXS's even-parity signs, its scan
+/// (`is` in −15..=15) and its re-rounding of the off-grid points only;
+/// IQ3_S has explicit signs, `is` in −9..=9 and re-rounds every point.
+fn iq3_groups(x: &[f32], qw: Option<&[f32]>, book: &Codebook<4>, xxs: bool) -> Iq3Groups {
+    let sigma2 = 2.0 * sum_x2(x) / 256.0;
+    let mut out = Iq3Groups {
+        scales: [0.0; 8],
+        points: [[0; 8]; 8],
+        signs: [[0; 4]; 8],
+        skipped: [false; 8],
+        max_scale: 0.0,
+    };
+    let (mut w, mut waux, mut xval) = ([0f32; 32], [0f32; 32], [0f32; 32]);
+    for ib in 0..8 {
+        let xb = &x[32 * ib..][..32];
+        group_weights(xb, qw.map(|q| &q[32 * ib..][..32]), sigma2, &mut w);
+        for (a, &w) in waux.iter_mut().zip(&w) {
+            *a = w.sqrt();
+        }
+        let mut signs = [0u8; 4];
+        for k in 0..4 {
+            let r = 8 * k..8 * k + 8;
+            signs[k] = split_signs(&xb[r.clone()], &w[r.clone()], &mut xval[r], xxs);
+        }
+        let max = xval.iter().skip(1).fold(xval[0], |m, &v| cmax(m, v));
+        let mut l = [0i8; 32];
+        let empty = if xxs { max < 1e-8 } else { max == 0.0 };
+        if empty {
+            out.skipped[ib] = true;
+            continue;
+        }
+        let search = Search::<4> {
+            book,
+            nmax: 8,
+            steps: if xxs { -15..=15 } else { -9..=9 },
+            step: 0.2,
+            refine_all: !xxs,
+        };
+        let (scale, off) = search.fit_tracked(&xval, &w, &waux, max, max / 15.0, &mut l);
+        let fit = Fit {
+            xval: &xval,
+            w: &w,
+            waux: &waux,
+            nmax: 8,
+            even: xxs,
+            reround_all: !xxs,
+        };
+        let scale = fit.settle(book, scale, &off, &mut l, &mut signs, &mut out.points[ib]);
+        out.signs[ib] = signs;
+        out.scales[ib] = scale;
+        out.max_scale = cmax(out.max_scale, scale);
+    }
+    out
+}
+
+/// IQ3_XXS.
+pub(crate) fn iq3_xxs(x: &[f32], y: &mut BlockIq3Xxs, qw: Option<&[f32]>) {
+    let g = iq3_groups(x, qw, iq3xxs_book(), true);
+    *y = BlockIq3Xxs {
+        d: F16::from_f32(0.0),
+        qs: [0; 64],
+        sas: [0; 32],
+    };
+    if g.max_scale == 0.0 {
+        return;
+    }
+    let d = g.max_scale / 31.0;
+    y.d = F16::from_f32(d * 1.0125);
+    let id = 1.0 / d;
+    for ib in 0..8 {
+        if g.skipped[ib] {
+            continue;
+        }
+        for k in 0..8 {
+            y.qs[8 * ib + k] = g.points[ib][k] as u8;
+        }
+    }
+    for ib in 0..8 {
+        let s = &g.signs[ib];
+        let mut sas = u32::from(s[0])
+            | (u32::from(s[1]) << 7)
+            | (u32::from(s[2]) << 14)
+            | (u32::from(s[3]) << 21);
+        sas |= scale_index(id, g.scales[ib]) << 28;
+        y.sas[4 * ib..][..4].copy_from_slice(&sas.to_le_bytes());
+    }
+}
+
+/// IQ3_S. As in ggml, a group skipped as all zero does not advance the
+/// positions its points and signs are written at, so the following groups'
+/// low index bytes and signs move up one group (their ninth bits do not).
+pub(crate) fn iq3_s(x: &[f32], y: &mut BlockIq3S, qw: Option<&[f32]>) {
+    let g = iq3_groups(x, qw, iq3s_book(), false);
+    *y = BlockIq3S {
+        d: F16::from_f32(0.0),
+        qs: [0; 64],
+        qh: [0; 8],
+        signs: [0; 32],
+        scales: [0; 4],
+    };
+    let mut at = 0;
+    for ib in 0..8 {
+        if g.skipped[ib] {
+            continue;
+        }
+        for k in 0..8 {
+            let p = g.points[ib][k];
+            y.qs[8 * at + k] = p as u8;
+            y.qh[ib] |= ((p >> 8) as u8) << k;
+        }
+        y.signs[4 * at..][..4].copy_from_slice(&g.signs[ib]);
+        at += 1;
+    }
+    if g.max_scale == 0.0 {
+        return;
+    }
+    let d = g.max_scale / 31.0;
+    y.d = F16::from_f32(d * 1.033);
+    let id = 1.0 / d;
+    for ib in (0..8).step_by(2) {
+        let l1 = scale_index(id, g.scales[ib]) as u8;
+        let l2 = scale_index(id, g.scales[ib + 1]) as u8;
+        y.scales[ib / 2] = l1 | (l2 << 4);
+    }
+}
