@@ -15,8 +15,11 @@
 # LLAMA_BUILD names the cmake build directory under LLAMA_CPP (default `build`; see
 # bench/runtime.sh for the AVX-512 build without AMX).
 #
+# IMATRIX=FILE passes `--imatrix FILE` to both (the 1-2-bit i-quants and IQ3_XXS need one;
+# e.g. from `memwall calibrate imatrix` or llama-imatrix on any text).
+#
 # memwall writes through <out>.partial and fsyncs before renaming; llama-quantize does
-# not fsync. The times include that cost.
+# not fsync. The times include that cost. Each run times llama-quantize, then memwall.
 set -euo pipefail
 : "${LLAMA_CPP:?set LLAMA_CPP to a llama.cpp source tree built with cmake (build/bin)}"
 input="${1:?usage: bench/quantize.sh INPUT.gguf [THREADS] [TYPE...]}"
@@ -27,30 +30,34 @@ types=("$@")
 runs="${RUNS:-2}"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cargo build --release --quiet -p memwall
-mw="$PWD/target/release/memwall"
+mw="${CARGO_TARGET_DIR:-$PWD/target}/release/memwall"
 lb="$LLAMA_CPP/${LLAMA_BUILD:-build}/bin"
 lq="$lb/llama-quantize"
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/memwall-bench.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 cat "$input" > /dev/null
 
-best() { # best wall time in seconds of "$@", over $runs runs
-  local best=""
-  for _ in $(seq "$runs"); do
-    local t0 t1 dt
-    t0=$(date +%s.%N); "$@" > /dev/null 2>&1; t1=$(date +%s.%N)
-    dt=$(python3 -c "print(f'{$t1 - $t0:.3f}')")
-    if [ -z "$best" ] || python3 -c "import sys; sys.exit(0 if $dt < $best else 1)"; then best=$dt; fi
-  done
-  echo "$best"
+imx=()
+[ -n "${IMATRIX:-}" ] && imx=(--imatrix "$IMATRIX")
+
+seconds() { # wall time in seconds of "$@"
+  local t0 t1
+  t0=$(date +%s.%N); "$@" > /dev/null 2>&1; t1=$(date +%s.%N)
+  python3 -c "print(f'{$t1 - $t0:.3f}')"
 }
+less() { python3 -c "import sys; sys.exit(0 if $1 < $2 else 1)"; }
 
 echo "input: $input ($(du -h "$input" | cut -f1)), threads: $threads, best of $runs"
 echo "llama.cpp: $("$lb/llama-tokenize" --version 2>&1 | head -1)"
 printf '%-8s %12s %12s %8s  %s\n' type llama-quantize memwall ratio output
 for t in "${types[@]}"; do
-  tl=$(best "$lq" "$input" "$tmp/llama.gguf" "$t" "$threads")
-  tm=$(best "$mw" quantize "$input" "$tmp/memwall.gguf" "$t" --threads "$threads")
+  tl="" tm=""
+  for _ in $(seq "$runs"); do
+    a=$(seconds "$lq" "${imx[@]}" "$input" "$tmp/llama.gguf" "$t" "$threads")
+    b=$(seconds "$mw" quantize "${imx[@]}" "$input" "$tmp/memwall.gguf" "$t" --threads "$threads")
+    if [ -z "$tl" ] || less "$a" "$tl"; then tl=$a; fi
+    if [ -z "$tm" ] || less "$b" "$tm"; then tm=$b; fi
+  done
   if cmp -s "$tmp/llama.gguf" "$tmp/memwall.gguf"; then same=identical; else same=DIFFERENT; fi
   ratio=$(python3 -c "print(f'{$tl / $tm:.2f}x')")
   printf '%-8s %11ss %11ss %8s  %s\n' "$t" "$tl" "$tm" "$ratio" "$same"

@@ -19,6 +19,7 @@
 # fall back to Q5_0/Q5_1/Q8_0 as llama.cpp does. MODEL=an F16 GGUF benchmarks that model
 # instead (e.g. bench/wide-model.sh's, whose widths are multiples of 256), and TYPES=".."
 # the file types quantized from it (default "Q8_0 Q4_K_M"; F16 is always measured).
+# IMATRIX=FILE quantizes with that importance matrix (needed for the 1-2-bit i-quants).
 set -euo pipefail
 : "${LLAMA_CPP:?set LLAMA_CPP to a llama.cpp source tree built with cmake (build/bin)}"
 threads="${1:-2}"
@@ -29,7 +30,7 @@ rounds="${ROUNDS:-1}"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cargo build --release --quiet -p memwall
 fixtures/fetch.sh > /dev/null
-mw="$PWD/target/release/memwall"
+mw="${CARGO_TARGET_DIR:-$PWD/target}/release/memwall"
 lb="$LLAMA_CPP/${LLAMA_BUILD:-build}/bin/llama-bench"
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/memwall-bench.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
@@ -40,7 +41,12 @@ else
   "$mw" export fixtures/cache/SmolLM2-135M-Instruct.Q4_1.gguf "$tmp/smol" > /dev/null
   "$mw" convert "$tmp/smol" -o "$tmp/F16.gguf" --outtype f16 > /dev/null
 fi
-for t in $types; do "$mw" quantize "$tmp/F16.gguf" "$tmp/$t.gguf" "$t" > /dev/null 2>&1; done
+imx=()
+[ -n "${IMATRIX:-}" ] && imx=(--imatrix "$IMATRIX")
+for t in $types; do
+  "$mw" quantize "${imx[@]}" "$tmp/F16.gguf" "$tmp/$t.gguf" "$t" > "$tmp/q.log" 2>&1 \
+    || { echo "memwall quantize $t failed:"; cat "$tmp/q.log"; exit 1; }
+done
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; threads $threads"
 echo "model: ${MODEL:-SmolLM2-135M-Instruct}; types: F16 $types"
 echo "llama.cpp: $(git -C "$LLAMA_CPP" rev-parse --short HEAD 2>/dev/null || echo 0c1e570)"
