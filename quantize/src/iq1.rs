@@ -11,15 +11,15 @@
 // ggml's do, which keeps the order of every float operation visible.
 #![allow(clippy::needless_range_loop)]
 
-use memwall_format::blocks::{BlockIq1M, BlockIq1S, F16};
+use memwall_format::blocks::{BlockIq1M, BlockIq1S, F16, IQ1_DELTA};
 
 use crate::kquants::nearest_int;
 use crate::lattice::{Codebook, cmax, iq1_book, sum_x2};
 
 /// The grid values with the positive offset, by level.
-const X_P: [f32; 3] = [-1.0 + 0.125, 0.125, 1.0 + 0.125];
+const X_P: [f32; 3] = [-1.0 + IQ1_DELTA, IQ1_DELTA, 1.0 + IQ1_DELTA];
 /// The grid values with the negative offset, by level.
-const X_M: [f32; 3] = [-1.0 - 0.125, -0.125, 1.0 - 0.125];
+const X_M: [f32; 3] = [-1.0 - IQ1_DELTA, -IQ1_DELTA, 1.0 - IQ1_DELTA];
 
 /// The positions of `x` in ascending order of value, equal values in
 /// position order (glibc's `qsort` merge-sorts arrays this small, stably).

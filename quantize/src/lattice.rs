@@ -342,8 +342,9 @@ fn reround<const K: usize>(
 ) {
     let r = K * k..K * k + K;
     round_levels(&xval[r.clone()], 1.0 / scale, nmax, &mut l[r.clone()]);
-    let p = book.nearest(&mut l[r.clone()], &xval[r.clone()], &waux[r.clone()], scale);
-    book.levels_of(p, &mut l[r]);
+    // `nearest` leaves levels that are a point as they are and writes the
+    // chosen neighbour's otherwise: either way `l` holds the point's levels.
+    book.nearest(&mut l[r.clone()], &xval[r.clone()], &waux[r], scale);
 }
 
 /// The point of levels that [`Search`] and [`reround`] left on the grid.
