@@ -18,6 +18,9 @@
 # IMATRIX=FILE passes `--imatrix FILE` to both (the 1-2-bit i-quants and IQ3_XXS need one;
 # e.g. from `memwall calibrate imatrix` or llama-imatrix on any text).
 #
+# TENSOR_TYPES="attn=nvfp4 ffn=nvfp4" passes each as `--tensor-type` to both (NVFP4 is no
+# file type in llama-quantize: time it as overrides over another TYPE, e.g. Q8_0).
+#
 # memwall writes through <out>.partial and fsyncs before renaming; llama-quantize does
 # not fsync. The times include that cost. Each run times llama-quantize, then memwall.
 set -euo pipefail
@@ -39,6 +42,7 @@ cat "$input" > /dev/null
 
 imx=()
 [ -n "${IMATRIX:-}" ] && imx=(--imatrix "$IMATRIX")
+for tt in ${TENSOR_TYPES:-}; do imx+=(--tensor-type "$tt"); done
 
 seconds() { # wall time in seconds of "$@"
   local t0 t1
@@ -48,6 +52,7 @@ seconds() { # wall time in seconds of "$@"
 less() { python3 -c "import sys; sys.exit(0 if $1 < $2 else 1)"; }
 
 echo "input: $input ($(du -h "$input" | cut -f1)), threads: $threads, best of $runs"
+[ -n "${TENSOR_TYPES:-}" ] && echo "tensor types: $TENSOR_TYPES"
 echo "llama.cpp: $("$lb/llama-tokenize" --version 2>&1 | head -1)"
 printf '%-8s %12s %12s %8s  %s\n' type llama-quantize memwall ratio output
 for t in "${types[@]}"; do

@@ -176,7 +176,7 @@ mod tests {
     }
 
     #[test]
-    fn gptq_lowers_output_error_below_weighted_rounding_for_k_and_legacy_types() {
+    fn gptq_lowers_output_error_below_weighted_rounding_for_k_legacy_and_low_bit_types() {
         let (rows, cols, tokens) = (16, 256, 512);
         let w = lcg(rows * cols, 3);
         // Correlated inputs with a few large channels, as real activations have.
@@ -199,6 +199,8 @@ mod tests {
             GgmlType::Q4_0,
             GgmlType::Q8_0,
             GgmlType::IQ4_XS,
+            GgmlType::Q2_0,
+            GgmlType::Q1_0,
         ] {
             let rb = ty.tensor_size(&[cols as u64]).unwrap().bytes as usize;
             let decode = |bytes: &[u8]| {

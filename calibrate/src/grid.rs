@@ -16,14 +16,14 @@
 use memwall_format::GgmlType;
 use memwall_format::blocks::{
     Block, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
-    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
-    BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockTq1_0, BlockTq2_0, IQ4NL_GRID,
-    as_blocks, as_blocks_mut, scale_min_k4,
+    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockNvfp4, BlockQ1_0, BlockQ2_0, BlockQ2K, BlockQ3K,
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0,
+    BlockTq1_0, BlockTq2_0, IQ4NL_GRID, as_blocks, as_blocks_mut, scale_min_k4,
 };
 
 /// The types whose levels GPTQ can choose. Others are encoded without error
 /// feedback (importance-weighted rounding, as llama-quantize does).
-pub const GPTQ_TYPES: [GgmlType; 13] = [
+pub const GPTQ_TYPES: [GgmlType; 15] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -37,6 +37,8 @@ pub const GPTQ_TYPES: [GgmlType; 13] = [
     GgmlType::Q3_K,
     GgmlType::TQ1_0,
     GgmlType::TQ2_0,
+    GgmlType::Q1_0,
+    GgmlType::Q2_0,
 ];
 
 /// The grid of one block: per weight its level and the affine map of its
@@ -132,9 +134,10 @@ trait GridBlock: Block {
 
 impl GridBlock for BlockQ2K {}
 
-/// MXFP4 keeps no grid yet: its FP4 table would need [`Grid::value`]'s
-/// table lookup for a second table.
+/// MXFP4 and NVFP4 keep no grid yet: their FP4 table would need
+/// [`Grid::value`]'s table lookup for a second table.
 impl GridBlock for BlockMxfp4 {}
+impl GridBlock for BlockNvfp4 {}
 
 /// The lattice i-quants keep no grid: a weight's value is one coordinate of a
 /// codebook point of 8 (or 4) weights, so GPTQ's one-weight-at-a-time choice
@@ -180,6 +183,50 @@ impl GridBlock for BlockTq2_0 {
     }
     fn pack(g: &Grid, b: &mut Self) {
         b.set_values(&ternary_levels(g));
+    }
+}
+
+/// Q1_0: levels 0 (`−d`) and 1 (`+d`), a step of `2d` from `−d`.
+impl GridBlock for BlockQ1_0 {
+    fn grid(&self) -> Option<Grid> {
+        let mut g = Grid::new(GgmlType::Q1_0, 128, (0, 1));
+        for (j, l) in g.levels.iter_mut().enumerate() {
+            *l = i32::from(self.positive(j));
+        }
+        let d = self.d.to_f32();
+        g.scale.fill(2.0 * d);
+        g.offset.fill(-d);
+        Some(g)
+    }
+    fn pack(g: &Grid, b: &mut Self) {
+        for (q, l) in b.qs.iter_mut().zip(g.levels.chunks_exact(8)) {
+            *q = l
+                .iter()
+                .enumerate()
+                .fold(0, |q, (k, &l)| q | u8::from(l != 0) << k);
+        }
+    }
+}
+
+/// Q2_0: levels 0..=3 of `d · (q − 1)`.
+impl GridBlock for BlockQ2_0 {
+    fn grid(&self) -> Option<Grid> {
+        let mut g = Grid::new(GgmlType::Q2_0, 64, (0, 3));
+        for (j, l) in g.levels.iter_mut().enumerate() {
+            *l = i32::from(self.value(j));
+        }
+        let d = self.d.to_f32();
+        g.scale.fill(d);
+        g.offset.fill(-d);
+        Some(g)
+    }
+    fn pack(g: &Grid, b: &mut Self) {
+        for (q, l) in b.qs.iter_mut().zip(g.levels.chunks_exact(4)) {
+            *q = l
+                .iter()
+                .enumerate()
+                .fold(0, |q, (k, &l)| q | (l as u8 & 3) << (2 * k));
+        }
     }
 }
 

@@ -86,12 +86,12 @@ A split model (name-00001-of-00003.gguf) is opened as one model from any of its 
   memwall quantize model-f16.gguf out.gguf Q4_K_M 8       llama-quantize's trailing thread count
   memwall quantize model-f16.gguf out.gguf Q8_0 --override-kv general.name=str:mine
 
-TYPE: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q2_K_S Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M
-      Q5_K_S Q5_K_M Q6_K IQ1_S IQ1_M IQ2_XXS IQ2_XS IQ2_S IQ2_M IQ3_XXS IQ3_XS
-      IQ3_S IQ3_M IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4_MOE F16 BF16 F32, or
-      llama-quantize's number (15 = Q4_K_M); IQ1_*, IQ2_* and IQ3_XXS need
-      --imatrix, as in llama-quantize. NVFP4, Q1_0 and Q2_0 can be planned
-      with --dry-run but not written yet. As with
+TYPE: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q1_0 Q2_0 Q2_K Q2_K_S Q3_K_S Q3_K_M Q3_K_L
+      Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K IQ1_S IQ1_M IQ2_XXS IQ2_XS IQ2_S IQ2_M
+      IQ3_XXS IQ3_XS IQ3_S IQ3_M IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4_MOE F16 BF16
+      F32, or llama-quantize's number (15 = Q4_K_M); IQ1_*, IQ2_* and IQ3_XXS
+      need --imatrix, as in llama-quantize. NVFP4 is a tensor type only
+      (--tensor-type ffn=nvfp4), as in llama-quantize. As with
       llama-quantize, a thread count may follow TYPE. The short form names the
       output after the input without its -f16/-bf16/-f32: model-f16.gguf Q4_K_M
       writes model-Q4_K_M.gguf.

@@ -120,9 +120,10 @@ fn names_with_a_near_miss_get_did_you_mean() {
 }
 
 #[test]
-fn the_valid_list_shows_what_can_be_written_and_what_is_only_planned() {
+fn the_valid_list_shows_every_file_type_memwall_writes() {
     let err = error_of(&["quantize", TINY, "/tmp/never.gguf", "Q4KM"]);
-    let (writes, planned) = err.split_once("planned, --dry-run only:").unwrap();
+    let writes = err.split_once("memwall writes").unwrap().1;
+    assert!(!err.contains("planned"), "{err}");
     let writable = [
         "Q4_K_M",
         "Q6_K",
@@ -131,6 +132,8 @@ fn the_valid_list_shows_what_can_be_written_and_what_is_only_planned() {
         "BF16",
         "TQ1_0",
         "MXFP4_MOE",
+        "Q1_0",
+        "Q2_0",
     ];
     for t in writable {
         assert!(writes.contains(t), "{t}: {err}");
@@ -141,31 +144,26 @@ fn the_valid_list_shows_what_can_be_written_and_what_is_only_planned() {
     ] {
         assert!(writes.contains(t), "{t}: {err}");
     }
-    for t in ["NVFP4", "Q1_0", "Q2_0"] {
-        assert!(!writes.contains(&format!(" {t},")), "{t}: {err}");
-        assert!(planned.contains(t), "{t}: {err}");
-    }
+    // As in llama-quantize, NVFP4 is a tensor type, no file type.
+    assert!(!writes.contains("NVFP4"), "{err}");
 }
 
 #[test]
-fn types_memwall_cannot_write_are_refused_before_any_work() {
+fn nvfp4_is_a_tensor_type_and_no_file_type_as_in_llama_quantize() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("o.gguf");
-    let err = error_of(&["quantize", TINY, s(&out), "NVFP4"]);
-    assert!(err.contains("memwall cannot write NVFP4 yet"), "{err}");
-    assert!(err.contains("--dry-run"), "{err}");
-    // Not at the first tensor: before the model is read.
-    assert!(!err.contains("tensor"), "{err}");
-    assert!(!out.exists());
-    let err = error_of(&[
-        "quantize",
-        TINY,
-        s(&out),
-        "Q8_0",
-        "--output-tensor-type",
-        "nvfp4",
-    ]);
-    assert!(err.contains("cannot encode NVFP4 yet"), "{err}");
+    for dry_run in [false, true] {
+        let mut args = vec!["quantize", TINY, s(&out), "NVFP4"];
+        if dry_run {
+            args.push("--dry-run");
+        }
+        let err = error_of(&args);
+        assert!(err.contains("no NVFP4 file type"), "{err}");
+        assert!(err.contains("--tensor-type ffn=nvfp4"), "{err}");
+        // Before the model is read.
+        assert!(!err.contains("blk."), "{err}");
+        assert!(!out.exists());
+    }
     let err = error_of(&[
         "calibrate",
         "quantize",
@@ -174,15 +172,32 @@ fn types_memwall_cannot_write_are_refused_before_any_work() {
         "-f",
         TEXT,
         "--type",
-        "Q2_0",
+        "NVFP4",
         "-o",
         s(&out),
     ]);
-    assert!(err.contains("memwall cannot write Q2_0 yet"), "{err}");
-    // Planning it is fine.
-    let plan = stdout_of(&["quantize", TINY, s(&out), "Q1_0", "--dry-run"]);
-    assert!(plan.contains("q1_0"), "{plan}");
+    assert!(err.contains("no NVFP4 file type"), "{err}");
+    let err = error_of(&[
+        "quantize",
+        TINY,
+        s(&out),
+        "Q8_0",
+        "--output-tensor-type",
+        "q8_k",
+    ]);
+    assert!(err.contains("cannot encode Q8_K yet"), "{err}");
     assert!(!out.exists());
+    // The tensor type is written where it is asked for.
+    let plan = stdout_of(&[
+        "quantize",
+        TINY,
+        s(&out),
+        "Q8_0",
+        "--tensor-type",
+        "ffn=nvfp4",
+        "--dry-run",
+    ]);
+    assert!(plan.contains("nvfp4"), "{plan}");
 }
 
 #[test]

@@ -224,6 +224,9 @@ macro_rules! block_types {
             IQ3_S => BlockIq3S as iq3_s,
             IQ1_S => BlockIq1S as iq1_s,
             IQ1_M => BlockIq1M as iq1_m,
+            NVFP4 => BlockNvfp4 as nvfp4,
+            Q1_0 => BlockQ1_0 as q1_0,
+            Q2_0 => BlockQ2_0 as q2_0,
         ] }
     };
 }
@@ -509,6 +512,98 @@ pub struct BlockMxfp4 {
 }
 const _: () = assert!(size_of::<BlockMxfp4>() == 17);
 
+/// NVFP4 (NVIDIA's FP4 with E4M3 scales): 64 weights, 4.5 bpw, in four
+/// 16-weight sub-blocks `s`, each `x = ue4m3_half(d[s]) · MXFP4_GRID[q]`; in
+/// sub-block `s`, byte `qs[8s + j]` holds weight `16s + j` (low nibble) and
+/// `16s + 8 + j` (high nibble).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockNvfp4 {
+    /// The sub-blocks' scales (unsigned E4M3).
+    pub d: [u8; 4],
+    /// Grid indices (nibbles).
+    pub qs: [u8; 32],
+}
+const _: () = assert!(size_of::<BlockNvfp4>() == 36);
+
+/// Q1_0: 128 weights, 1.125 bpw. `x = ±d`: bit `j % 8` of byte `j / 8` set
+/// for `+d` (the encoder's scale is the block's mean magnitude).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockQ1_0 {
+    /// Scale.
+    pub d: F16,
+    /// Sign bits, weight `j` in bit `j % 8` of byte `j / 8`.
+    pub qs: [u8; 16],
+}
+const _: () = assert!(size_of::<BlockQ1_0>() == 18);
+
+/// Q2_0: 64 weights, 2.25 bpw. `x = d · (q − 1)`, `q ∈ 0..4`; weight `j` in
+/// bits `2(j % 4)..2(j % 4) + 2` of byte `j / 4`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockQ2_0 {
+    /// Scale.
+    pub d: F16,
+    /// Four 2-bit values a byte.
+    pub qs: [u8; 16],
+}
+const _: () = assert!(size_of::<BlockQ2_0>() == 18);
+
+/// Half the value of an unsigned E4M3 scale (NVFP4's `d`), exactly, as
+/// ggml's `ggml_ue4m3_to_fp32`: 4 exponent bits (bias 7; 0 is subnormal) and
+/// 3 mantissa bits, the top bit ignored; `0` and `0x7f` (NaN) give 0.
+#[inline]
+pub const fn ue4m3_half(x: u8) -> f32 {
+    if x == 0 || x == 0x7f {
+        return 0.0;
+    }
+    let (exp, man) = (((x >> 3) & 0xf) as u32, (x & 7) as u32);
+    /// `2^(k − 11)`, from its bits (`k ≤ 15`).
+    const fn pow2(k: u32) -> f32 {
+        f32::from_bits((127 - 11 + k) << 23)
+    }
+    // Half of `man · 2⁻⁹` or `(1 + man/8) · 2^(exp − 7)`: at most four
+    // significant bits times a power of two, exact.
+    if exp == 0 {
+        man as f32 * pow2(1)
+    } else {
+        (8 + man) as f32 * pow2(exp)
+    }
+}
+
+/// The unsigned E4M3 code of `x` as ggml's `ggml_fp32_to_ue4m3` rounds it:
+/// clamped to 448, the mantissa rounded half up on its fourth bit (carrying
+/// into the exponent), subnormals to `⌊512·x + 0.5⌋`, 0 for `x ≤ 0` or below
+/// the smallest subnormal, and `0x7e` (448) above the range.
+#[inline]
+pub fn ue4m3_from_f32(x: f32) -> u8 {
+    // NaN, zero and negative values: no scale.
+    if x.is_nan() || x <= 0.0 {
+        return 0;
+    }
+    let x = x.min(448.0);
+    let bits = x.to_bits();
+    let exp = ((bits >> 23) & 0xff) as i32 - 127 + 7;
+    if exp <= 0 {
+        let man = ((x * 512.0 + 0.5) as i32).min(7);
+        return if man < 1 { 0 } else { man as u8 };
+    }
+    if exp >= 15 {
+        return 0x7e;
+    }
+    let mut man = ((bits >> 20) & 7) as i32 + ((bits >> 19) & 1) as i32;
+    let mut exp = exp;
+    if man > 7 {
+        man = 0;
+        exp += 1;
+        if exp >= 15 {
+            return 0x7e;
+        }
+    }
+    ((exp << 3) | man) as u8
+}
+
 /// The E2M1 values of FP4 doubled, by their 4-bit code (`kvalues_mxfp4`).
 pub const MXFP4_GRID: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
@@ -688,6 +783,8 @@ block!(BlockIq4Nl, IQ4_NL, 32, [d]);
 block!(BlockIq4Xs, IQ4_XS, 256, [d]);
 block!(BlockTq1_0, TQ1_0, 256, [d]);
 block!(BlockTq2_0, TQ2_0, 256, [d]);
+block!(BlockQ1_0, Q1_0, 128, [d]);
+block!(BlockQ2_0, Q2_0, 64, [d]);
 
 impl Block for BlockMxfp4 {
     const TYPE: GgmlType = GgmlType::MXFP4;
@@ -1000,6 +1097,62 @@ impl BlockTq2_0 {
     }
 }
 
+impl Block for BlockNvfp4 {
+    const TYPE: GgmlType = GgmlType::NVFP4;
+    const WEIGHTS: usize = 64;
+    #[inline]
+    fn dequantize(&self, y: &mut [f32]) {
+        for (s, (y, qs)) in y
+            .chunks_exact_mut(16)
+            .zip(self.qs.chunks_exact(8))
+            .enumerate()
+        {
+            let d = ue4m3_half(self.d[s]);
+            for (j, &q) in qs.iter().enumerate() {
+                y[j] = f32::from(MXFP4_GRID[usize::from(q & 0xf)]) * d;
+                y[j + 8] = f32::from(MXFP4_GRID[usize::from(q >> 4)]) * d;
+            }
+        }
+    }
+    /// The scales are E4M3 bytes, no f16.
+    const F16_SCALES: &'static [usize] = &[];
+    /// ggml accepts every scale byte (`ggml_validate_row_data`).
+    #[inline]
+    fn scales_finite(&self) -> bool {
+        true
+    }
+}
+
+impl BlockQ1_0 {
+    /// The sign of weight `j`: `true` for `+d`.
+    #[inline]
+    pub fn positive(&self, j: usize) -> bool {
+        self.qs[j / 8] >> (j % 8) & 1 != 0
+    }
+
+    fn decode(&self, y: &mut [f32]) {
+        let d = self.d.to_f32();
+        for (j, out) in y.iter_mut().enumerate() {
+            *out = if self.positive(j) { d } else { -d };
+        }
+    }
+}
+
+impl BlockQ2_0 {
+    /// The 2-bit value `q` of weight `j` (`x = d · (q − 1)`).
+    #[inline]
+    pub fn value(&self, j: usize) -> u8 {
+        self.qs[j / 4] >> (2 * (j % 4)) & 3
+    }
+
+    fn decode(&self, y: &mut [f32]) {
+        let d = self.d.to_f32();
+        for (j, out) in y.iter_mut().enumerate() {
+            *out = (f32::from(self.value(j)) - 1.0) * d;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1105,8 +1258,30 @@ mod tests {
             Err(DequantError::Length { .. })
         ));
         assert_eq!(
-            dequantize_row(GgmlType::NVFP4, &[], &mut []),
-            Err(DequantError::Unsupported(GgmlType::NVFP4))
+            dequantize_row(GgmlType::Q8_K, &[], &mut []),
+            Err(DequantError::Unsupported(GgmlType::Q8_K))
         );
+    }
+
+    #[test]
+    fn ue4m3_scales_round_trip_as_ggml_rounds_them() {
+        // Half the E4M3 value: 1.0 is exponent 7, mantissa 0.
+        assert_eq!(ue4m3_half(0x38), 0.5);
+        assert_eq!(ue4m3_half(0x7e), 224.0); // 448, the largest
+        assert_eq!(ue4m3_half(0x01), 2f32.powi(-10)); // the smallest subnormal
+        assert_eq!(ue4m3_half(0x7f), 0.0); // NaN reads as zero
+        assert_eq!(ue4m3_half(0xb8), 0.5); // the sign bit is ignored
+        for x in 1..0x78u8 {
+            assert_eq!(ue4m3_from_f32(2.0 * ue4m3_half(x)), x, "{x:#x}");
+        }
+        // ggml saturates the whole top exponent (256 and up) to 448.
+        assert_eq!(ue4m3_from_f32(256.0), 0x7e);
+        assert_eq!(ue4m3_from_f32(1.0 + 1.0 / 16.0), 0x39); // half up
+        assert_eq!(ue4m3_from_f32(1.0 + 15.0 / 16.0), 0x40); // carries into the exponent
+        assert_eq!(ue4m3_from_f32(1e6), 0x7e);
+        assert_eq!(ue4m3_from_f32(2f32.powi(-10)), 1); // rounds up to the smallest subnormal, 2⁻⁹
+        assert_eq!(ue4m3_from_f32(2f32.powi(-11)), 0);
+        assert_eq!(ue4m3_from_f32(-1.0), 0);
+        assert_eq!(ue4m3_from_f32(f32::NAN), 0);
     }
 }

@@ -43,6 +43,9 @@ fn read_safetensors(bytes: &[u8]) -> BTreeMap<String, (String, Vec<usize>, Vec<u
     out
 }
 
+/// Types gguf-py cannot decode at llama.cpp 0c1e570.
+const NO_GGUF_PY: [GgmlType; 2] = [GgmlType::Q1_0, GgmlType::Q2_0];
+
 #[test]
 fn dequantization_matches_ggml_bit_for_bit() {
     let bytes = std::fs::read(common::fixture("tiny-zh/reference/dequant.safetensors")).unwrap();
@@ -58,7 +61,13 @@ fn dequantization_matches_ggml_bit_for_bit() {
             _ => file_type,
         };
         let ty = GgmlType::from_name(base).unwrap();
-        let (dtype, shape, expected) = &tensors[&format!("{file_type}.f32")];
+        seen.push(ty);
+        let Some((dtype, shape, expected)) = tensors.get(&format!("{file_type}.f32")) else {
+            // gguf-py 0c1e570 has no decoder for these; runtime/tests/kernels.rs
+            // checks them against ggml's own (`to_float`).
+            assert!(NO_GGUF_PY.contains(&ty), "{ty}: no gguf-py values recorded");
+            continue;
+        };
         assert_eq!(dtype, "F32");
         let expected: Vec<f32> = expected
             .chunks_exact(4)
@@ -73,7 +82,6 @@ fn dequantization_matches_ggml_bit_for_bit() {
                 "{ty} element {i}: {a} vs ggml {b}"
             );
         }
-        seen.push(ty);
     }
     seen.sort();
     let mut all = DEQUANTIZABLE.to_vec();

@@ -43,9 +43,9 @@ mod weights;
 use memwall_format::GgmlType;
 use memwall_format::blocks::{
     Block, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
-    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
-    BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockTq1_0, BlockTq2_0, as_blocks_mut,
-    f32_to_bf16, f32_to_f16,
+    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockNvfp4, BlockQ1_0, BlockQ2_0, BlockQ2K, BlockQ3K,
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0,
+    BlockTq1_0, BlockTq2_0, as_blocks_mut, f32_to_bf16, f32_to_f16,
 };
 
 /// Why a row could not be quantized.
@@ -322,7 +322,10 @@ unweighted!(
     BlockQ8_0: legacy::q8_0,
     BlockTq1_0: lowbit::tq1_0,
     BlockTq2_0: lowbit::tq2_0,
-    BlockMxfp4: lowbit::mxfp4
+    BlockMxfp4: lowbit::mxfp4,
+    BlockNvfp4: lowbit::nvfp4,
+    BlockQ1_0: lowbit::q1_0,
+    BlockQ2_0: lowbit::q2_0
 );
 
 impl Encode for BlockIq4Nl {

@@ -2,10 +2,16 @@
 //! (`quantize_row_tq1_0_ref`, `quantize_row_tq2_0_ref`: the scale is the
 //! block's largest magnitude, every weight rounds to −1, 0 or 1) and MXFP4
 //! (`quantize_row_mxfp4_ref`: a power-of-two scale from the largest magnitude,
-//! every weight to the nearest FP4 value). ggml ignores importance weights
-//! for all three, and so do these.
+//! every weight to the nearest FP4 value), NVFP4 (`quantize_row_nvfp4_ref`:
+//! the same per 16 weights under an E4M3 scale of `amax / 6`), Q1_0
+//! (`quantize_row_q1_0_ref`: each weight's sign under the block's mean
+//! magnitude) and Q2_0 (`quantize_row_q2_0_ref`: `round(x / amax)` offset by
+//! one). ggml ignores importance weights for all of them, and so do these.
 
-use memwall_format::blocks::{BlockMxfp4, BlockTq1_0, BlockTq2_0, F16, MXFP4_GRID, e8m0_half};
+use memwall_format::blocks::{
+    BlockMxfp4, BlockNvfp4, BlockQ1_0, BlockQ2_0, BlockTq1_0, BlockTq2_0, F16, MXFP4_GRID,
+    e8m0_half, ue4m3_from_f32, ue4m3_half,
+};
 
 use crate::legacy::{inverse, round_small};
 
@@ -77,6 +83,49 @@ pub(crate) fn mxfp4(x: &[f32], y: &mut BlockMxfp4) {
     }
 }
 
+/// NVFP4: four 16-weight sub-blocks, each scaled so that its largest
+/// magnitude is the largest FP4 value, 6.
+pub(crate) fn nvfp4(x: &[f32], y: &mut BlockNvfp4) {
+    for (s, (xb, qs)) in x.chunks_exact(16).zip(y.qs.chunks_exact_mut(8)).enumerate() {
+        let amax = xb
+            .iter()
+            .fold(0f32, |m, &v| if m < v.abs() { v.abs() } else { m });
+        y.d[s] = ue4m3_from_f32(amax / 6.0);
+        let d = ue4m3_half(y.d[s]);
+        for (j, q) in qs.iter_mut().enumerate() {
+            *q = nearest_fp4(xb[j], d) | nearest_fp4(xb[j + 8], d) << 4;
+        }
+    }
+}
+
+/// Q1_0: the signs of 128 weights (`x ≥ 0` is `+`), under the mean magnitude
+/// (summed in order, as ggml does).
+pub(crate) fn q1_0(x: &[f32], y: &mut BlockQ1_0) {
+    let sum = x.iter().fold(0f32, |s, &v| s + v.abs());
+    y.d = F16::from_f32(sum / x.len() as f32);
+    for (q, xs) in y.qs.iter_mut().zip(x.chunks_exact(8)) {
+        *q = xs
+            .iter()
+            .enumerate()
+            .fold(0, |q, (k, &v)| q | u8::from(v >= 0.0) << k);
+    }
+}
+
+/// Q2_0: `round(x / amax) + 1`, clamped to 0..=3 (so the value 2·d is never
+/// chosen: ggml's scale is the largest magnitude itself).
+pub(crate) fn q2_0(x: &[f32], y: &mut BlockQ2_0) {
+    let d = x
+        .iter()
+        .fold(0f32, |m, &v| if v.abs() > m { v.abs() } else { m });
+    let id = inverse(d);
+    y.d = F16::from_f32(d);
+    for (q, xs) in y.qs.iter_mut().zip(x.chunks_exact(4)) {
+        *q = xs.iter().enumerate().fold(0, |q, (k, &v)| {
+            q | ((round_small(v * id) + 1).clamp(0, 3) as u8) << (2 * k)
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,6 +138,36 @@ mod tests {
         assert_eq!(mxfp4_exponent(1.0), 125);
         // Below 2⁻¹²⁵ the value is negative and wraps as it does in C on x86-64.
         assert_eq!(mxfp4_exponent(2f32.powi(-126)), 255);
+    }
+
+    #[test]
+    fn q1_0_keeps_signs_under_the_mean_magnitude() {
+        let x: Vec<f32> = (0..128)
+            .map(|i| if i % 3 == 0 { -2.0 } else { 0.5 })
+            .collect();
+        let mut y = BlockQ1_0 {
+            d: F16::from_f32(0.0),
+            qs: [0; 16],
+        };
+        q1_0(&x, &mut y);
+        let mean = (43.0 * 2.0 + 85.0 * 0.5) / 128.0;
+        assert_eq!(y.d, F16::from_f32(mean));
+        assert_eq!(y.qs[0], 0b1011_0110); // weights 0, 3, 6 negative
+    }
+
+    #[test]
+    fn q2_0_rounds_against_the_largest_magnitude() {
+        let mut x = [0f32; 64];
+        x[..4].copy_from_slice(&[-4.0, -2.0, 1.9, 4.0]);
+        let mut y = BlockQ2_0 {
+            d: F16::from_f32(0.0),
+            qs: [0; 16],
+        };
+        q2_0(&x, &mut y);
+        assert_eq!(y.d.to_f32(), 4.0);
+        // −1 → 0, −0.5 → −1 (away from zero) → 0, 0.475 → 0 → 1, 1 → 2.
+        assert_eq!(y.qs[0], 0b10_01_00_00);
+        assert_eq!(y.qs[1], 0b01_01_01_01);
     }
 
     #[test]

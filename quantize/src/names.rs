@@ -9,10 +9,21 @@ use memwall_format::suggest::did_you_mean;
 
 use crate::ENCODABLE;
 
-/// Whether memwall can write a file of this type: its base type has an
-/// encoder (the mixes of such file types only choose types that have one).
+/// File types llama.cpp defines but `llama-quantize` does not offer (no
+/// entry in its list of types, no rules in `llama-quant.cpp`): NVFP4 tensors
+/// are written over another file type with `--tensor-type`.
+const NOT_OFFERED: [&str; 1] = ["NVFP4"];
+
+/// Whether `llama-quantize` offers this file type.
+fn offered(ftype: &FileTypeInfo) -> bool {
+    !NOT_OFFERED.contains(&ftype.name)
+}
+
+/// Whether memwall can write a file of this type: llama-quantize offers it
+/// and its base type has an encoder (the mixes of such file types only
+/// choose types that have one).
 pub fn can_write(ftype: &FileTypeInfo) -> bool {
-    ftype.base.is_some_and(|t| ENCODABLE.contains(&t))
+    offered(ftype) && ftype.base.is_some_and(|t| ENCODABLE.contains(&t))
 }
 
 /// The file types memwall writes, in llama-quantize's order of ids.
@@ -24,20 +35,23 @@ pub fn writable_file_types() -> impl Iterator<Item = &'static FileTypeInfo> {
 pub fn planned_file_types() -> impl Iterator<Item = &'static FileTypeInfo> {
     FILE_TYPES
         .iter()
-        .filter(|f| f.base.is_some() && !can_write(f))
+        .filter(|f| offered(f) && f.base.is_some() && !can_write(f))
 }
 
 fn names(types: impl Iterator<Item = &'static FileTypeInfo>) -> String {
     types.map(|f| f.name).collect::<Vec<_>>().join(", ")
 }
 
-/// "Valid types: …; planned (--dry-run only): …", for messages.
+/// "memwall writes …" (and "; planned, --dry-run only: …" while there are
+/// such types), for messages.
 pub fn file_type_list() -> String {
-    format!(
-        "memwall writes {}; planned, --dry-run only: {}",
-        names(writable_file_types()),
-        names(planned_file_types())
-    )
+    let planned = names(planned_file_types());
+    let writes = format!("memwall writes {}", names(writable_file_types()));
+    if planned.is_empty() {
+        writes
+    } else {
+        format!("{writes}; planned, --dry-run only: {planned}")
+    }
 }
 
 /// A file type by llama-quantize's name (any case) or number.
@@ -79,6 +93,18 @@ pub enum TypeNameError {
         /// Its base type, if it has one.
         base: Option<GgmlType>,
     },
+    /// llama.cpp names the file type, but neither it nor memwall has rules for it.
+    #[error(
+        "llama.cpp has no {ftype} file type to write (llama-quantize does not offer it); \
+         write {ftype} tensors over another type with --tensor-type, e.g. \
+         `Q8_0 --tensor-type ffn={tensor_type} --tensor-type attn={tensor_type}`"
+    )]
+    NotOffered {
+        /// The file type's name.
+        ftype: &'static str,
+        /// Its tensor type (`nvfp4`).
+        tensor_type: &'static str,
+    },
     /// The tensor type is known, but memwall has no encoder for it.
     #[error(
         "memwall cannot encode {} yet; it encodes {}",
@@ -118,8 +144,21 @@ fn did_you_mean_type(name: &str) -> String {
     did_you_mean(name, upper.iter().map(String::as_str))
 }
 
+/// Refuses a file type that llama-quantize does not offer either (before
+/// planning it).
+pub fn check_offered(ftype: &FileTypeInfo) -> Result<(), TypeNameError> {
+    if offered(ftype) {
+        return Ok(());
+    }
+    Err(TypeNameError::NotOffered {
+        ftype: ftype.name,
+        tensor_type: ftype.base.map_or("?", GgmlType::name),
+    })
+}
+
 /// Refuses a file type memwall cannot write, before any work.
 pub fn check_writable(ftype: &FileTypeInfo) -> Result<(), TypeNameError> {
+    check_offered(ftype)?;
     if can_write(ftype) {
         return Ok(());
     }
@@ -167,17 +206,22 @@ mod tests {
         ] {
             assert!(writable.contains(&name), "{name}");
         }
-        for name in ["NVFP4", "Q1_0", "Q2_0"] {
-            assert!(!writable.contains(&name), "{name}");
-            assert!(planned_file_types().any(|f| f.name == name), "{name}");
+        for name in ["Q1_0", "Q2_0", "NVFP4"] {
+            assert!(
+                writable.contains(&name) != (name == "NVFP4"),
+                "{name}: {writable:?}"
+            );
         }
+        assert_eq!(planned_file_types().count(), 0);
         let list = file_type_list();
-        let (writes, planned) = list.split_once("planned").unwrap();
         assert!(
-            writes.contains("Q4_K_M") && !writes.contains("NVFP4"),
+            list.starts_with("memwall writes F32, F16, Q4_0") && !list.contains("planned"),
             "{list}"
         );
-        assert!(planned.contains("NVFP4"), "{list}");
+        let e = check_writable(parse_file_type("NVFP4").unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--tensor-type ffn=nvfp4"), "{e}");
     }
 
     #[test]
@@ -195,9 +239,9 @@ mod tests {
         assert!(!unknown_file_type("out.gguf").contains("did you mean"));
         let e = parse_tensor_type("q80").unwrap_err().to_string();
         assert!(e.contains("did you mean Q8_0?"), "{e}");
-        let e = parse_tensor_type("nvfp4").unwrap_err().to_string();
-        assert!(e.contains("cannot encode NVFP4 yet"), "{e}");
-        assert!(check_writable(parse_file_type("NVFP4").unwrap()).is_err());
+        assert_eq!(parse_tensor_type("nvfp4"), Ok(GgmlType::NVFP4));
+        let e = parse_tensor_type("q8_k").unwrap_err().to_string();
+        assert!(e.contains("cannot encode Q8_K yet"), "{e}");
         assert!(check_writable(parse_file_type("Q4_K_M").unwrap()).is_ok());
     }
 }

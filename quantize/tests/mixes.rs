@@ -130,6 +130,24 @@ fn imatrix_mixes_are_the_files_llama_quantize_writes() {
 }
 
 #[test]
+fn tensor_types_that_are_no_file_type_are_the_files_llama_quantize_writes() {
+    let (path, model) = input();
+    let dir = tempfile::tempdir().unwrap();
+    let reference = reference();
+    for (name, expected) in reference["tensor_type"].as_object().unwrap() {
+        // `--tensor-type attn=T --tensor-type ffn=T` over Q8_0.
+        let ty = memwall_format::GgmlType::from_name(name).unwrap();
+        let mut options = Options::new(file_type_by_name("Q8_0").unwrap());
+        for pattern in ["attn", "ffn"] {
+            let rule = memwall_quantize::recipe::make_override(pattern, ty, vec![], false);
+            options.tensor_types.push(rule.unwrap());
+        }
+        let bytes = quantize(&model, &path, &options, &dir.path().join("out.gguf"));
+        check(&format!("--tensor-type {name}"), &bytes, expected);
+    }
+}
+
+#[test]
 fn output_does_not_depend_on_the_thread_count() {
     let (path, model) = input();
     let dir = tempfile::tempdir().unwrap();

@@ -259,6 +259,21 @@ fn scalar_dots_match_ggml_vec_dot() {
     }
 }
 
+#[test]
+fn decoders_match_ggml_to_float_bit_for_bit() {
+    let cases = fixture()["vec_dot"].as_array().unwrap().clone();
+    for case in cases {
+        let ty = GgmlType::from_name(case["type"].as_str().unwrap()).unwrap();
+        let w = unhex(case["w"].as_str().unwrap());
+        let want = floats(case["deq"].as_str().unwrap());
+        let mut got = vec![0f32; want.len()];
+        dequantize_row(ty, &w, &mut got).unwrap();
+        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), e.to_bits(), "{ty} weight {i}: {g} vs ggml {e}");
+        }
+    }
+}
+
 /// A random valid row of `n` weights: random bytes, finite scales (floats: finite values).
 fn random_row(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
     let (bs, ts) = (ty.block_size() as usize, ty.type_size() as usize);
@@ -747,8 +762,8 @@ fn shapes_and_backends_are_checked() {
         Err(KernelError::Shape(_))
     ));
     assert_eq!(
-        QMatrix::new(GgmlType::NVFP4, &[], 0, 64).unwrap_err(),
-        KernelError::UnsupportedType(GgmlType::NVFP4)
+        QMatrix::new(GgmlType::Q8_K, &[], 0, 256).unwrap_err(),
+        KernelError::UnsupportedType(GgmlType::Q8_K)
     );
     let m = QMatrix::new(GgmlType::Q8_0, &[0; 68], 2, 32).unwrap();
     let mut mm = Matmul::new(Kernels::detect(), 2);

@@ -91,7 +91,7 @@ pub struct Args {
     pub json: bool,
 }
 
-/// Valid TYPE names, for messages: what memwall writes, then what it only plans.
+/// Valid TYPE names, for messages: what memwall writes (and what it only plans, if any).
 pub(crate) fn ftype_names() -> String {
     names::file_type_list()
 }
@@ -263,6 +263,7 @@ pub fn run(args: Args) -> Result<()> {
             bail!("two thread counts: -t {given} and {t} after the type; give one");
         }
     }
+    names::check_offered(ftype)?;
     if !args.dry_run {
         // Before any work: what memwall cannot write, and where it cannot write.
         names::check_writable(ftype)?;

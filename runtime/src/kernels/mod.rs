@@ -42,7 +42,12 @@
 //!    - Q4_1, Q5_1: `t = (d_w·d_a) · f32(isum) + m_w·s_a`
 //!    - Q2_K, Q4_K, Q5_K: `t = (d_w·d_a) · f32(isum) − (m_w·d_a) · f32(summs)`
 //!
-//!    each operation rounded, left to right as written.
+//!    each operation rounded, left to right as written. The blocks of Q1_0
+//!    (128 weights), Q2_0 and NVFP4 (64) span several Q8_0 activation
+//!    blocks: there each activation block is a block `b` of its own (its 32
+//!    weights, the weight block's scale), with the Q4_0 term for Q1_0 and
+//!    Q2_0, and for NVFP4, whose 16-weight sub-blocks have scales `d₀`, `d₁`,
+//!    `t = (d₀·d_a) · f32(isum₀) + (d₁·d_a) · f32(isum₁)`.
 //! 3. Eight partial sums, all starting at `+0.0`: block `b` is added to
 //!    partial `b mod 8`, in increasing `b` (`p[b % 8] = p[b % 8] + t_b`).
 //! 4. The result is `((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))`.
@@ -101,8 +106,9 @@ use std::sync::OnceLock;
 use memwall_format::GgmlType;
 use memwall_format::blocks::{
     Block, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
-    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
-    BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0, BlockTq2_0, as_blocks,
+    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockNvfp4, BlockQ1_0, BlockQ2_0, BlockQ2K, BlockQ3K,
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0,
+    BlockTq2_0, as_blocks,
 };
 
 pub use matmul::{Matmul, QMatrix, matmul};
@@ -142,7 +148,7 @@ macro_rules! vec_dot {
     )*};
 }
 
-vec_dot!(BlockQ8_0, Q8_0: BlockQ4_0, BlockQ5_0, BlockQ8_0, BlockIq4Nl, BlockMxfp4);
+vec_dot!(BlockQ8_0, Q8_0: BlockQ4_0, BlockQ5_0, BlockQ8_0, BlockIq4Nl, BlockMxfp4, BlockNvfp4, BlockQ1_0, BlockQ2_0);
 vec_dot!(BlockQ8_1, Q8_1: BlockQ4_1, BlockQ5_1);
 vec_dot!(BlockQ8K, Q8K: BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockIq4Xs, BlockTq1_0, BlockTq2_0);
 vec_dot!(BlockQ8K, Q8K: BlockIq2Xxs, BlockIq2Xs, BlockIq2S, BlockIq3Xxs, BlockIq3S, BlockIq1S, BlockIq1M);
@@ -221,7 +227,7 @@ pub enum VecDotType {
     F16,
     /// bfloat16, rounded to nearest even (BF16 weights).
     BF16,
-    /// [`BlockQ8_0`] (Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4).
+    /// [`BlockQ8_0`] (Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4, NVFP4, Q1_0, Q2_0).
     Q8_0,
     /// [`BlockQ8_1`] (Q4_1, Q5_1).
     Q8_1,

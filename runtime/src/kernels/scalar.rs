@@ -15,9 +15,9 @@ use super::{
 };
 use memwall_format::blocks::{
     BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, BlockIq4Nl,
-    BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0,
-    BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0, BlockTq2_0, F16, Groups, IQ4NL_GRID, Lattice,
-    MXFP4_GRID, bf16_to_f32, e8m0_half, f16_to_f32,
+    BlockIq4Xs, BlockMxfp4, BlockNvfp4, BlockQ1_0, BlockQ2_0, BlockQ2K, BlockQ3K, BlockQ4_0,
+    BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0, BlockTq2_0, F16,
+    Groups, IQ4NL_GRID, Lattice, MXFP4_GRID, bf16_to_f32, e8m0_half, f16_to_f32, ue4m3_half,
 };
 
 /// Quantizes `x` to Q8_0 blocks: `d = max|x| / 127`, `q = round(x / d)`
@@ -384,6 +384,82 @@ pub(crate) mod dot {
                 isum += i32::from(MXFP4_GRID[usize::from(q >> 4)]) * i32::from(y.qs[j + 16]);
             }
             term(e8m0_half(b.e), y.d.to_f32(), isum)
+        }))
+    }
+
+    /// `Σ ±y` over 32 weights of Q1_0 (`bits`: their four bytes of signs).
+    pub(crate) fn q1_sum(bits: &[u8], y: &[i8; 32]) -> i32 {
+        (0..32)
+            .map(|j| {
+                let v = i32::from(y[j]);
+                if bits[j / 8] >> (j % 8) & 1 != 0 {
+                    v
+                } else {
+                    -v
+                }
+            })
+            .sum()
+    }
+
+    /// A row whose blocks span `N` activation blocks (Q1_0, Q2_0): each
+    /// activation block `k` of a block is a term, with the block's scale `d`
+    /// and `isum(block, k, y)` its integer sum.
+    fn spanning<B, const N: usize>(
+        w: &[B],
+        a: &[BlockQ8_0],
+        d: impl Fn(&B) -> F16,
+        isum: impl Fn(&B, usize, &[i8; 32]) -> i32,
+    ) -> f32 {
+        let terms = w.iter().zip(a.as_chunks::<N>().0).flat_map(|(b, ys)| {
+            let (d, isum) = (&d, &isum);
+            ys.iter()
+                .enumerate()
+                .map(move |(k, y)| term(d(b).to_f32(), y.d.to_f32(), isum(b, k, &y.qs)))
+        });
+        block_dot(terms)
+    }
+
+    /// Q1_0: a block spans four activation blocks.
+    pub(crate) fn q1_0(w: &[BlockQ1_0], a: &[BlockQ8_0]) -> f32 {
+        spanning::<_, 4>(w, a, |b| b.d, |b, k, y| q1_sum(&b.qs[4 * k..][..4], y))
+    }
+
+    /// `Σ (q − 1)·y` over 32 weights of Q2_0 (`qs`: their eight bytes).
+    pub(crate) fn q2_sum(qs: &[u8], y: &[i8; 32]) -> i32 {
+        (0..32)
+            .map(|j| (i32::from(qs[j / 4] >> (2 * (j % 4)) & 3) - 1) * i32::from(y[j]))
+            .sum()
+    }
+
+    /// Q2_0: a block spans two activation blocks.
+    pub(crate) fn q2_0(w: &[BlockQ2_0], a: &[BlockQ8_0]) -> f32 {
+        spanning::<_, 2>(w, a, |b| b.d, |b, k, y| q2_sum(&b.qs[8 * k..][..8], y))
+    }
+
+    /// The integer sums of NVFP4's sub-blocks `2k` and `2k + 1` against the
+    /// activation block `y` they share.
+    pub(crate) fn nvfp4_sums(b: &BlockNvfp4, k: usize, y: &[i8; 32]) -> [i32; 2] {
+        std::array::from_fn(|h| {
+            let (qs, y) = (&b.qs[8 * (2 * k + h)..][..8], &y[16 * h..][..16]);
+            qs.iter()
+                .enumerate()
+                .map(|(j, &q)| {
+                    i32::from(MXFP4_GRID[usize::from(q & 0xf)]) * i32::from(y[j])
+                        + i32::from(MXFP4_GRID[usize::from(q >> 4)]) * i32::from(y[j + 8])
+                })
+                .sum()
+        })
+    }
+
+    /// NVFP4: a block spans two activation blocks; each 32 weights a term
+    /// `(d₀·d_a)·i₀ + (d₁·d_a)·i₁` over its two 16-weight sub-blocks.
+    pub(crate) fn nvfp4(w: &[BlockNvfp4], a: &[BlockQ8_0]) -> f32 {
+        block_dot(w.iter().zip(a.chunks_exact(2)).flat_map(|(b, ys)| {
+            ys.iter().enumerate().map(move |(k, y)| {
+                let [i0, i1] = nvfp4_sums(b, k, &y.qs);
+                let da = y.d.to_f32();
+                term(ue4m3_half(b.d[2 * k]), da, i0) + term(ue4m3_half(b.d[2 * k + 1]), da, i1)
+            })
         }))
     }
 

@@ -78,6 +78,7 @@ int main(void) {
         GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS,
         GGML_TYPE_TQ1_0, GGML_TYPE_TQ2_0, GGML_TYPE_MXFP4, GGML_TYPE_IQ2_XXS, GGML_TYPE_IQ2_XS,
         GGML_TYPE_IQ2_S, GGML_TYPE_IQ3_XXS, GGML_TYPE_IQ3_S, GGML_TYPE_IQ1_S, GGML_TYPE_IQ1_M,
+        GGML_TYPE_NVFP4, GGML_TYPE_Q1_0, GGML_TYPE_Q2_0,
     };
     const int nt = sizeof types / sizeof types[0];
     static uint8_t w[N * 4], a[N * 4];
@@ -105,6 +106,11 @@ int main(void) {
         printf(",\n \"imatrix\": %s", weighted ? "true" : "false");
         printf(",\n \"x\": "); floats(x, N);
         printf(",\n \"act\": "); hex(a, asize);
+        // The decoder's output (ggml's to_float) for the weights written.
+        float deq[N];
+        const struct ggml_type_traits *tt = ggml_get_type_traits(ty);
+        if (tt->to_float) tt->to_float(w, deq, N); else memcpy(deq, w, sizeof deq);
+        printf(",\n \"deq\": "); floats(deq, N);
         printf(",\n \"dot\": %.9g}%s\n", s, t < nt - 1 ? "," : "");
     }
     printf("]\n}\n");

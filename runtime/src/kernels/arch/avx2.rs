@@ -29,9 +29,10 @@ use crate::kernels::{
 };
 use memwall_format::blocks::{
     Block, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
-    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
-    BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0, BlockTq2_0, F16, Groups, IQ4NL_GRID,
-    Lattice, MXFP4_GRID, e8m0_half, f16_to_f32, f32_to_f16, tq1_trit,
+    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockNvfp4, BlockQ1_0, BlockQ2_0, BlockQ2K, BlockQ3K,
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0,
+    BlockTq2_0, F16, Groups, IQ4NL_GRID, Lattice, MXFP4_GRID, e8m0_half, f16_to_f32, f32_to_f16,
+    tq1_trit, ue4m3_half,
 };
 
 /// Declares a safe entry point for a `#[target_feature]` kernel.
@@ -485,6 +486,15 @@ pub(super) fn hsum_epi32(v: __m256i) -> i32 {
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(super) fn transpose_sum(v: &[__m256i; 8]) -> __m256i {
+    let (lo, hi) = transpose_halves(v);
+    _mm256_add_epi32(lo, hi)
+}
+
+/// [`transpose_sum`] of each 128-bit half apart: lane `k` of the first
+/// result sums the four low lanes of `v[k]`, of the second the four high.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn transpose_halves(v: &[__m256i; 8]) -> (__m256i, __m256i) {
     let h01 = zip_add32(v[0], v[1]);
     let h23 = zip_add32(v[2], v[3]);
     let h45 = zip_add32(v[4], v[5]);
@@ -492,9 +502,10 @@ pub(super) fn transpose_sum(v: &[__m256i; 8]) -> __m256i {
     // Per 128-bit half: [v0, v1, v2, v3] (and [v4, …, v7]) summed over that half.
     let h0123 = zip_add64(h01, h23);
     let h4567 = zip_add64(h45, h67);
-    let lo = _mm256_permute2x128_si256::<0x20>(h0123, h4567);
-    let hi = _mm256_permute2x128_si256::<0x31>(h0123, h4567);
-    _mm256_add_epi32(lo, hi)
+    (
+        _mm256_permute2x128_si256::<0x20>(h0123, h4567),
+        _mm256_permute2x128_si256::<0x31>(h0123, h4567),
+    )
 }
 
 /// The first step of [`transpose_sum`] for `x`, `y`: in each 128-bit half,
@@ -781,6 +792,109 @@ fn mxfp4(w: &[BlockMxfp4], a: &[BlockQ8_0]) -> f32 {
         }
         let t = _mm256_mul_ps(ldps(&d), _mm256_cvtepi32_ps(transpose_sum(&v)));
         acc = _mm256_add_ps(acc, t);
+    }
+    tree8_ps(acc)
+}
+
+// ---- blocks that span several Q8_0 activation blocks ----
+
+/// The canonical order for the types whose blocks span several activation
+/// blocks (Q1_0, Q2_0): each activation block `k < n` is a term, eight per
+/// step as in [`blocks32`], `isum(k)` giving its integer sum in eight `i32`
+/// lanes and `scales(k)` the f16 bits of `[d_w, d_a]`.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn pieces32(n: usize, isum: impl Fn(usize) -> __m256i, scales: impl Fn(usize) -> [u16; 2]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for g in (0..n).step_by(8) {
+        let mut v = [_mm256_setzero_si256(); 8];
+        let mut sc = [[0u64; 2]; 2];
+        for (k, v) in v.iter_mut().enumerate().take(n - g) {
+            *v = isum(g + k);
+            for (sc, s) in sc.iter_mut().zip(scales(g + k)) {
+                sc[k / 4] |= u64::from(s) << (16 * (k % 4));
+            }
+        }
+        let d = _mm256_mul_ps(half_words(sc[0]), half_words(sc[1]));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(transpose_sum(&v))));
+    }
+    tree8_ps(acc)
+}
+
+/// Q1_0: each bit as the byte +1 (set) or −1.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q1_0(w: &[BlockQ1_0], a: &[BlockQ8_0]) -> f32 {
+    let n = a.len().min(4 * w.len());
+    pieces32(
+        n,
+        |k| {
+            let bits = &w[k / 4].qs[4 * (k % 4)..][..4];
+            let clear = _mm256_xor_si256(
+                bit_bytes(u32::from_le_bytes([bits[0], bits[1], bits[2], bits[3]])),
+                _mm256_set1_epi8(-1),
+            );
+            let signs = _mm256_or_si256(clear, _mm256_set1_epi8(1));
+            mul_sum_i8(signs, ld256(&a[k].qs))
+        },
+        |k| [w[k / 4].d.bits(), a[k].d.bits()],
+    )
+}
+
+/// Q2_0: 32 values `q − 1` from eight bytes, byte `j` from bits
+/// `2(j % 4)..` of byte `j / 4`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn unpack_q2_0(qs: &[u8; 8]) -> __m256i {
+    // Byte i of the eight in 32-bit lane i, then its four 2-bit fields
+    // moved to the bottom of the lane's four bytes (the shifted copies
+    // overlap only in bits that the mask drops).
+    let bytes = u64::from_le_bytes(*qs);
+    let x = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes as i64));
+    let x = _mm256_or_si256(
+        _mm256_or_si256(x, _mm256_slli_epi32::<6>(x)),
+        _mm256_or_si256(_mm256_slli_epi32::<12>(x), _mm256_slli_epi32::<18>(x)),
+    );
+    let q = _mm256_and_si256(x, _mm256_set1_epi8(3));
+    _mm256_sub_epi8(q, _mm256_set1_epi8(1))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q2_0(w: &[BlockQ2_0], a: &[BlockQ8_0]) -> f32 {
+    let n = a.len().min(2 * w.len());
+    pieces32(
+        n,
+        |k| {
+            let halves = w[k / 2].qs.as_chunks::<8>().0;
+            mul_sum_i8(unpack_q2_0(&halves[k % 2]), ld256(&a[k].qs))
+        },
+        |k| [w[k / 2].d.bits(), a[k].d.bits()],
+    )
+}
+
+/// NVFP4: each activation block is a term over two sub-blocks (the two
+/// 128-bit halves of its products), `(d₀·d_a)·i₀ + (d₁·d_a)·i₁`.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn nvfp4(w: &[BlockNvfp4], a: &[BlockQ8_0]) -> f32 {
+    let n = a.len().min(2 * w.len());
+    let mut acc = _mm256_setzero_ps();
+    for g in (0..n).step_by(8) {
+        let mut v = [_mm256_setzero_si256(); 8];
+        let (mut d0, mut d1, mut da) = ([0f32; 8], [0f32; 8], [0f32; 8]);
+        for (k, v) in v.iter_mut().enumerate().take(n - g) {
+            let (b, y, h) = (&w[(g + k) / 2], &a[g + k], (g + k) % 2);
+            let qs = &b.qs.as_chunks::<16>().0[h];
+            // unpack_grid gives weights 0..8, 16..24, 8..16, 24..32 (low
+            // nibbles, then high): the middle 64-bit quarters swap.
+            let x = _mm256_permute4x64_epi64::<0b11_01_10_00>(unpack_grid(&MXFP4_GRID, qs));
+            *v = mul_sum_i8(x, ld256(&y.qs));
+            (d0[k], d1[k]) = (ue4m3_half(b.d[2 * h]), ue4m3_half(b.d[2 * h + 1]));
+            da[k] = y.d.to_f32();
+        }
+        let (i0, i1) = transpose_halves(&v);
+        let da = ldps(&da);
+        let t0 = _mm256_mul_ps(_mm256_mul_ps(ldps(&d0), da), _mm256_cvtepi32_ps(i0));
+        let t1 = _mm256_mul_ps(_mm256_mul_ps(ldps(&d1), da), _mm256_cvtepi32_ps(i1));
+        acc = _mm256_add_ps(acc, _mm256_add_ps(t0, t1));
     }
     tree8_ps(acc)
 }

@@ -27,9 +27,9 @@ use crate::kernels::{
 };
 use memwall_format::blocks::{
     Block, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
-    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K,
-    BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0, BlockTq2_0, IQ4NL_GRID, Lattice,
-    MXFP4_GRID, e8m0_half, tq1_trit,
+    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockNvfp4, BlockQ1_0, BlockQ2_0, BlockQ2K, BlockQ3K,
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0,
+    BlockTq2_0, F16, IQ4NL_GRID, Lattice, MXFP4_GRID, e8m0_half, tq1_trit, ue4m3_half,
 };
 
 /// The NEON float loops: `exp` on four lanes; the others are the scalar
@@ -287,6 +287,28 @@ fn blocks32<B: Block, Y, const MIN: bool>(
             term(dw, da, isum)
         };
         sum.add(i, t);
+    }
+    sum.sum()
+}
+
+/// A row whose blocks span `N` activation blocks (Q1_0, Q2_0): each
+/// activation block `k` of a block is a term in the canonical order (through
+/// [`Blocks`]), with the block's scale `d` and `isum(block, k, y)` its
+/// integer sum.
+#[inline]
+#[target_feature(enable = "neon")]
+fn spanning<B, const N: usize>(
+    w: &[B],
+    a: &[BlockQ8_0],
+    d: impl Fn(&B) -> F16,
+    isum: impl Fn(&B, usize, &[i8; 32]) -> i32,
+) -> f32 {
+    let mut sum = Blocks::default();
+    for (i, (b, ys)) in w.iter().zip(a.as_chunks::<N>().0).enumerate() {
+        let d = h2f(d(b).bits());
+        for (k, y) in ys.iter().enumerate() {
+            sum.add(N * i + k, term(d, h2f(y.d.bits()), isum(b, k, &y.qs)));
+        }
     }
     sum.sum()
 }
@@ -750,6 +772,61 @@ macro_rules! kernels {
                 },
                 |b, y| [e8m0_half(b.e), h2f(y.d.bits()), 0.0, 0.0],
             )
+        }
+
+        /// Q1_0: the sign bits as bytes ±1.
+        #[target_feature(enable = $feat)]
+        fn q1_0(w: &[BlockQ1_0], a: &[BlockQ8_0]) -> f32 {
+            let one = vdupq_n_u8(1);
+            let signs = |bits: &[u8]| {
+                let set = bit_bytes(u16::from_le_bytes([bits[0], bits[1]]));
+                vreinterpretq_s8_u8(vorrq_u8(vmvnq_u8(set), one))
+            };
+            spanning::<_, 4>(w, a, |b| b.d, |b, k, y| {
+                let bits = &b.qs[4 * k..];
+                vaddvq_s32(dot32(signs(bits), signs(&bits[2..]), y))
+            })
+        }
+
+        /// Q2_0: byte `j` of the values is byte `j / 4` shifted right by `2(j % 4)`.
+        #[target_feature(enable = $feat)]
+        fn q2_0(w: &[BlockQ2_0], a: &[BlockQ8_0]) -> f32 {
+            let spread = ld_u8(&[0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]);
+            let shifts = vreinterpretq_s8_u32(vdupq_n_u32(0xfafc_fe00));
+            let (three, one) = (vdupq_n_u8(3), vdupq_n_s8(1));
+            let values = |qs: &[u8]| {
+                let four = u32::from_le_bytes([qs[0], qs[1], qs[2], qs[3]]);
+                let q = vqtbl1q_u8(vcombine_u8(vcreate_u8(u64::from(four)), vdup_n_u8(0)), spread);
+                vsubq_s8(vreinterpretq_s8_u8(vandq_u8(vshlq_u8(q, shifts), three)), one)
+            };
+            spanning::<_, 2>(w, a, |b| b.d, |b, k, y| {
+                let qs = &b.qs[8 * k..];
+                vaddvq_s32(dot32(values(qs), values(&qs[4..]), y))
+            })
+        }
+
+        /// NVFP4: each activation block a term over its two sub-blocks,
+        /// `(d₀·d_a)·i₀ + (d₁·d_a)·i₁`.
+        #[target_feature(enable = $feat)]
+        fn nvfp4(w: &[BlockNvfp4], a: &[BlockQ8_0]) -> f32 {
+            let grid = ld_s8(&MXFP4_GRID);
+            let mut sum = Blocks::default();
+            for (i, (b, ys)) in w.iter().zip(a.chunks_exact(2)).enumerate() {
+                for (k, y) in ys.iter().enumerate() {
+                    // Low nibbles are weights 0..8 and 16..24, high 8..16 and 24..32.
+                    let (lo, hi) = nibbles(&b.qs[16 * k..]);
+                    let first = vcombine_u8(vget_low_u8(lo), vget_low_u8(hi));
+                    let second = vcombine_u8(vget_high_u8(lo), vget_high_u8(hi));
+                    let zero = vdupq_n_s32(0);
+                    let i0 = $dot(zero, vqtbl1q_s8(grid, first), ld_s8(&y.qs[..16]));
+                    let i1 = $dot(zero, vqtbl1q_s8(grid, second), ld_s8(&y.qs[16..]));
+                    let da = h2f(y.d.bits());
+                    let t = term(ue4m3_half(b.d[2 * k]), da, vaddvq_s32(i0))
+                        + term(ue4m3_half(b.d[2 * k + 1]), da, vaddvq_s32(i1));
+                    sum.add(2 * i + k, t);
+                }
+            }
+            sum.sum()
         }
 
         /// TQ2_0: `Σ (q − 1)·y` as `Σ q·y − Σ y`.
