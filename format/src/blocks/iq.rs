@@ -118,6 +118,45 @@ pub struct Groups {
     pub ls: [u16; 16],
 }
 
+/// A super-block of the IQ2 and IQ3 types before its signs: the grid
+/// values (all positive) and one sign bit per weight; [`Groups`] is
+/// `q[i] = ±v[i]`. Kernels that apply signs in vector registers read this
+/// (eight values a word) instead of the signed bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct Codes {
+    /// Grid values in weight order, eight a row (IQ3: two 4-value points).
+    pub v: [[i8; 8]; 32],
+    /// Bit `j` of byte `k` set: weight `8k + j` is negative.
+    pub signs: [u8; 32],
+    /// As [`Groups::ls`].
+    pub ls: [u16; 16],
+}
+
+impl Codes {
+    fn zeroed() -> Self {
+        Codes {
+            v: [[0; 8]; 32],
+            signs: [0; 32],
+            ls: [0; 16],
+        }
+    }
+
+    /// The signed values.
+    pub fn groups(&self) -> Groups {
+        let mut g = Groups::zeroed();
+        g.ls = self.ls;
+        for (k, (v, &s)) in self.v.iter().zip(&self.signs).enumerate() {
+            g.q[8 * k..][..8].copy_from_slice(&signed(v, u32::from(s)));
+        }
+        g
+    }
+}
+
+/// Two 4-value points as one row of 8.
+fn pair(a: &[i8; 4], b: &[i8; 4]) -> [i8; 8] {
+    [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
+}
+
 /// What the lattice types share: a block is integers ([`Groups`]) under
 /// `d · ls · FACTOR` (plus, for IQ1, an offset of ±[`IQ1_DELTA`] per group of
 /// 8 (IQ1_M) or 32 (IQ1_S) weights).
@@ -131,6 +170,11 @@ pub trait Lattice: Block {
     fn d(&self) -> F16;
     /// The integer values and scales.
     fn groups(&self) -> Groups;
+    /// The values before their signs, for the types without an offset
+    /// (all but IQ1); `groups()` is then `codes().groups()`.
+    fn codes(&self) -> Option<Codes> {
+        None
+    }
 }
 
 impl Groups {
@@ -163,17 +207,25 @@ impl Lattice for BlockIq2Xxs {
         self.d
     }
     fn groups(&self) -> Groups {
-        let mut g = Groups::zeroed();
+        self.codes_of().groups()
+    }
+    fn codes(&self) -> Option<Codes> {
+        Some(self.codes_of())
+    }
+}
+
+impl BlockIq2Xxs {
+    fn codes_of(&self) -> Codes {
+        let mut c = Codes::zeroed();
         for ib in 0..8 {
             let (idx, sas) = (le32(&self.qs, 8 * ib), le32(&self.qs, 8 * ib + 4));
-            g.ls[ib] = 2 * (sas >> 28) as u16 + 1;
+            c.ls[ib] = 2 * (sas >> 28) as u16 + 1;
             for l in 0..4 {
-                let p = &IQ2XXS_GRID[((idx >> (8 * l)) & 0xff) as usize];
-                let s = KSIGNS[((sas >> (7 * l)) & 127) as usize];
-                g.q[32 * ib + 8 * l..][..8].copy_from_slice(&signed(p, u32::from(s)));
+                c.v[4 * ib + l] = IQ2XXS_GRID[((idx >> (8 * l)) & 0xff) as usize];
+                c.signs[4 * ib + l] = KSIGNS[((sas >> (7 * l)) & 127) as usize];
             }
         }
-        g
+        c
     }
 }
 
@@ -204,15 +256,23 @@ impl Lattice for BlockIq2Xs {
         self.d
     }
     fn groups(&self) -> Groups {
-        let mut g = Groups::zeroed();
-        g.ls = nibble_scales(&self.scales);
+        self.codes_of().groups()
+    }
+    fn codes(&self) -> Option<Codes> {
+        Some(self.codes_of())
+    }
+}
+
+impl BlockIq2Xs {
+    fn codes_of(&self) -> Codes {
+        let mut c = Codes::zeroed();
+        c.ls = nibble_scales(&self.scales);
         for k in 0..32 {
             let v = le16(&self.qs, 2 * k);
-            let p = &IQ2XS_GRID[usize::from(v & 511)];
-            let s = KSIGNS[usize::from(v >> 9)];
-            g.q[8 * k..][..8].copy_from_slice(&signed(p, u32::from(s)));
+            c.v[k] = IQ2XS_GRID[usize::from(v & 511)];
+            c.signs[k] = KSIGNS[usize::from(v >> 9)];
         }
-        g
+        c
     }
 }
 
@@ -242,14 +302,23 @@ impl Lattice for BlockIq2S {
         self.d
     }
     fn groups(&self) -> Groups {
-        let mut g = Groups::zeroed();
-        g.ls = nibble_scales(&self.scales);
+        self.codes_of().groups()
+    }
+    fn codes(&self) -> Option<Codes> {
+        Some(self.codes_of())
+    }
+}
+
+impl BlockIq2S {
+    fn codes_of(&self) -> Codes {
+        let mut c = Codes::zeroed();
+        c.ls = nibble_scales(&self.scales);
+        c.signs = self.signs;
         for k in 0..32 {
             let hi = (usize::from(self.qh[k / 4]) >> (2 * (k % 4))) & 3;
-            let p = &IQ2S_GRID[usize::from(self.qs[k]) | (hi << 8)];
-            g.q[8 * k..][..8].copy_from_slice(&signed(p, u32::from(self.signs[k])));
+            c.v[k] = IQ2S_GRID[usize::from(self.qs[k]) | (hi << 8)];
         }
-        g
+        c
     }
 }
 
@@ -275,20 +344,28 @@ impl Lattice for BlockIq3Xxs {
         self.d
     }
     fn groups(&self) -> Groups {
-        let mut g = Groups::zeroed();
+        self.codes_of().groups()
+    }
+    fn codes(&self) -> Option<Codes> {
+        Some(self.codes_of())
+    }
+}
+
+impl BlockIq3Xxs {
+    fn codes_of(&self) -> Codes {
+        let mut c = Codes::zeroed();
         for ib in 0..8 {
             let sas = le32(&self.sas, 4 * ib);
-            g.ls[ib] = 2 * (sas >> 28) as u16 + 1;
+            c.ls[ib] = 2 * (sas >> 28) as u16 + 1;
             for l in 0..4 {
-                let s = u32::from(KSIGNS[((sas >> (7 * l)) & 127) as usize]);
-                let at = 32 * ib + 8 * l;
-                let p1 = &IQ3XXS_GRID[usize::from(self.qs[8 * ib + 2 * l])];
-                let p2 = &IQ3XXS_GRID[usize::from(self.qs[8 * ib + 2 * l + 1])];
-                g.q[at..][..4].copy_from_slice(&signed(p1, s));
-                g.q[at + 4..][..4].copy_from_slice(&signed(p2, s >> 4));
+                let k = 4 * ib + l;
+                c.signs[k] = KSIGNS[((sas >> (7 * l)) & 127) as usize];
+                let p1 = &IQ3XXS_GRID[usize::from(self.qs[2 * k])];
+                let p2 = &IQ3XXS_GRID[usize::from(self.qs[2 * k + 1])];
+                c.v[k] = pair(p1, p2);
             }
         }
-        g
+        c
     }
 }
 
@@ -318,17 +395,28 @@ impl Lattice for BlockIq3S {
         self.d
     }
     fn groups(&self) -> Groups {
-        let mut g = Groups::zeroed();
+        self.codes_of().groups()
+    }
+    fn codes(&self) -> Option<Codes> {
+        Some(self.codes_of())
+    }
+}
+
+impl BlockIq3S {
+    fn codes_of(&self) -> Codes {
+        let mut c = Codes::zeroed();
+        c.signs = self.signs;
         for ib in 0..8 {
-            g.ls[ib] = 1 + 2 * u16::from((self.scales[ib / 2] >> (4 * (ib % 2))) & 0xf);
-            for k in 0..8 {
-                let hi = (usize::from(self.qh[ib]) >> k) & 1;
-                let p = &IQ3S_GRID[usize::from(self.qs[8 * ib + k]) | (hi << 8)];
-                let s = u32::from(self.signs[4 * ib + k / 2]) >> (4 * (k % 2));
-                g.q[32 * ib + 4 * k..][..4].copy_from_slice(&signed(p, s));
+            c.ls[ib] = 1 + 2 * u16::from((self.scales[ib / 2] >> (4 * (ib % 2))) & 0xf);
+            for l in 0..4 {
+                let point = |k: usize| {
+                    let hi = (usize::from(self.qh[ib]) >> k) & 1;
+                    &IQ3S_GRID[usize::from(self.qs[8 * ib + k]) | (hi << 8)]
+                };
+                c.v[4 * ib + l] = pair(point(2 * l), point(2 * l + 1));
             }
         }
-        g
+        c
     }
 }
 

@@ -31,8 +31,8 @@ use memwall_format::blocks::{
     Block, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
     BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockNvfp4, BlockQ1_0, BlockQ2_0, BlockQ2K, BlockQ3K,
     BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0,
-    BlockTq2_0, F16, Groups, IQ4NL_GRID, Lattice, MXFP4_GRID, e8m0_half, f16_to_f32, f32_to_f16,
-    tq1_trit, ue4m3_half,
+    BlockTq2_0, Codes, F16, Groups, IQ4NL_GRID, Lattice, MXFP4_GRID, e8m0_half, f16_to_f32,
+    f32_to_f16, tq1_trit, ue4m3_half,
 };
 
 /// Declares a safe entry point for a `#[target_feature]` kernel.
@@ -1483,13 +1483,31 @@ fn lattice<B: Lattice>(w: &[B], a: &[BlockQ8K]) -> f32 {
     blocks256::<_, false>(w, a, |b, y| lattice_sums(b, y), |b| [b.d().bits(), 0]) * B::FACTOR
 }
 
-/// A lattice type's several-row product: [`rows256`] over each block's
-/// [`Lattice::groups`] (unpacked once for several activation rows), each
-/// output times `B::FACTOR` as [`lattice`] multiplies its sum.
+/// A lattice super-block ready for several activation rows: its grid values
+/// and signs ([`Codes`], the IQ2 and IQ3 types) or its signed values (IQ1).
+enum Unpacked {
+    Codes(Codes),
+    Groups(Groups),
+}
+
+#[inline]
+fn unpack<B: Lattice>(b: &B) -> Unpacked {
+    match b.codes() {
+        Some(c) => Unpacked::Codes(c),
+        None => Unpacked::Groups(b.groups()),
+    }
+}
+
+/// A lattice type's several-row product: [`rows256`] over each block
+/// unpacked once for several activation rows, each output times
+/// `B::FACTOR` as [`lattice`] multiplies its sum.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn lattice_rows<B: Lattice>(w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
-    let sums = |g: &Groups, y: &BlockQ8K| lattice_group_sums(g, y, B::HALVES);
-    rows256::<_, false, _>(w, a, |b| b.groups(), sums, |b| [b.d().bits(), 0], out);
+    let sums = |u: &Unpacked, y: &BlockQ8K| match u {
+        Unpacked::Codes(c) => codes_sums(c, y, B::HALVES),
+        Unpacked::Groups(g) => lattice_group_sums(g, y, B::HALVES),
+    };
+    rows256::<_, false, _>(w, a, unpack, sums, |b| [b.d().bits(), 0], out);
     for o in out.iter_mut() {
         *o *= B::FACTOR;
     }
@@ -1499,7 +1517,42 @@ fn lattice_rows<B: Lattice>(w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn lattice_sums<B: Lattice>(b: &B, y: &BlockQ8K) -> (__m256i, __m256i) {
-    lattice_group_sums(&b.groups(), y, B::HALVES)
+    match b.codes() {
+        Some(c) => codes_sums(&c, y, B::HALVES),
+        None => lattice_group_sums(&b.groups(), y, B::HALVES),
+    }
+}
+
+/// The integer scales of 32 weights against the byte-pair sums `p`: one
+/// scale for all (`halves` false) or one per 16 weights.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn lattice_scaled(p: __m256i, ls: &[u16; 16], ib: usize, halves: bool) -> __m256i {
+    let ls = |k: usize| _mm_set1_epi16(ls[k] as i16);
+    let s = if halves {
+        _mm256_set_m128i(ls(2 * ib + 1), ls(2 * ib))
+    } else {
+        _mm256_set_m128i(ls(ib), ls(ib))
+    };
+    _mm256_madd_epi16(p, s)
+}
+
+/// [`lattice_sums`] from a block's [`Codes`]: per 32 weights its four rows
+/// of grid values in one register (unsigned, at most 62), the signs put on
+/// the activations (`vpsignb` by ±1), one `vpmaddubsw`: the same byte
+/// pairs as the signed values give.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn codes_sums(c: &Codes, y: &BlockQ8K, halves: bool) -> (__m256i, __m256i) {
+    let one = _mm256_set1_epi8(1);
+    let mut isum = _mm256_setzero_si256();
+    for (ib, (rows, signs)) in c.v.chunks_exact(4).zip(c.signs.chunks_exact(4)).enumerate() {
+        let neg = bit_bytes(u32::from_le_bytes([signs[0], signs[1], signs[2], signs[3]]));
+        let ys = _mm256_sign_epi8(ld256(&y.qs[32 * ib..]), _mm256_or_si256(neg, one));
+        let p = _mm256_maddubs_epi16(ld256(rows), ys);
+        isum = _mm256_add_epi32(isum, lattice_scaled(p, &c.ls, ib, halves));
+    }
+    (isum, _mm256_setzero_si256())
 }
 
 /// [`lattice_sums`] of an unpacked block.
@@ -1513,13 +1566,7 @@ fn lattice_group_sums(g: &Groups, y: &BlockQ8K, halves: bool) -> (__m256i, __m25
             _mm256_sign_epi8(v, v),
             _mm256_sign_epi8(ld256(&y.qs[32 * ib..]), v),
         );
-        let ls = |k: usize| _mm_set1_epi16(g.ls[k] as i16);
-        let s = if halves {
-            _mm256_set_m128i(ls(2 * ib + 1), ls(2 * ib))
-        } else {
-            _mm256_set_m128i(ls(ib), ls(ib))
-        };
-        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, s));
+        isum = _mm256_add_epi32(isum, lattice_scaled(p, &g.ls, ib, halves));
     }
     (isum, _mm256_setzero_si256())
 }

@@ -29,7 +29,8 @@ use memwall_format::blocks::{
     Block, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
     BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockNvfp4, BlockQ1_0, BlockQ2_0, BlockQ2K, BlockQ3K,
     BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0,
-    BlockTq2_0, F16, IQ4NL_GRID, Lattice, MXFP4_GRID, e8m0_half, tq1_trit, ue4m3_half,
+    BlockTq2_0, Codes, F16, Groups, IQ4NL_GRID, Lattice, MXFP4_GRID, e8m0_half, tq1_trit,
+    ue4m3_half,
 };
 
 /// The NEON float loops: `exp` on four lanes; the others are the scalar
@@ -729,30 +730,62 @@ macro_rules! kernels {
             sum.sum()
         }
 
-        /// The lattice i-quants: the values of `Lattice::groups` against
-        /// the activations 16 at a time, each group's sum times its scale.
+        /// The lattice i-quants: each block's integer sum from its
+        /// [`Codes`] (the IQ2 and IQ3 types) or its signed values (IQ1),
+        /// 16 weights at a time, each group's sum times its scale.
         #[inline]
         #[target_feature(enable = $feat)]
         fn lattice<B: Lattice>(w: &[B], a: &[BlockQ8K]) -> f32 {
             let mut sum = Blocks::default();
             for (i, (b, y)) in w.iter().zip(a).enumerate() {
-                let g = b.groups();
-                let mut isum = 0i32;
-                for ib in 0..8 {
-                    let (q, yq) = (&g.q[32 * ib..], &y.qs[32 * ib..]);
-                    if B::HALVES {
-                        let lo = $dot(vdupq_n_s32(0), ld_s8(&q[..16]), ld_s8(&yq[..16]));
-                        let hi = $dot(vdupq_n_s32(0), ld_s8(&q[16..32]), ld_s8(&yq[16..32]));
-                        isum += i32::from(g.ls[2 * ib]) * vaddvq_s32(lo);
-                        isum += i32::from(g.ls[2 * ib + 1]) * vaddvq_s32(hi);
-                    } else {
-                        let p = dot32(ld_s8(&q[..16]), ld_s8(&q[16..32]), yq);
-                        isum += i32::from(g.ls[ib]) * vaddvq_s32(p);
-                    }
-                }
+                let isum = match b.codes() {
+                    Some(c) => codes_isum(&c, y, B::HALVES),
+                    None => groups_isum(&b.groups(), y, B::HALVES),
+                };
                 sum.add(i, term(h2f(b.d().bits()), y.d, isum));
             }
             sum.sum() * B::FACTOR
+        }
+
+        /// `Σ ls · Σ q·y` over a block's groups of 32 (16 with `halves`),
+        /// `sixteen(k)` giving the sum of weights `16k..16k + 16`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn scaled_isum(ls: &[u16; 16], halves: bool, sixteen: impl Fn(usize) -> i32) -> i32 {
+            let mut isum = 0i32;
+            for ib in 0..8 {
+                let (lo, hi) = (sixteen(2 * ib), sixteen(2 * ib + 1));
+                if halves {
+                    isum += i32::from(ls[2 * ib]) * lo + i32::from(ls[2 * ib + 1]) * hi;
+                } else {
+                    isum += i32::from(ls[ib]) * (lo + hi);
+                }
+            }
+            isum
+        }
+
+        /// A block's integer sum from its signed values.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn groups_isum(g: &Groups, y: &BlockQ8K, halves: bool) -> i32 {
+            scaled_isum(&g.ls, halves, |k| {
+                let (q, yq) = (&g.q[16 * k..], &y.qs[16 * k..]);
+                vaddvq_s32($dot(vdupq_n_s32(0), ld_s8(q), ld_s8(yq)))
+            })
+        }
+
+        /// A block's integer sum from its [`Codes`]: the signs put on the
+        /// activations (`(y ^ m) − m` negates where `m` is all ones).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn codes_isum(c: &Codes, y: &BlockQ8K, halves: bool) -> i32 {
+            let v = c.v.as_flattened();
+            scaled_isum(&c.ls, halves, |k| {
+                let neg = bit_bytes(u16::from_le_bytes([c.signs[2 * k], c.signs[2 * k + 1]]));
+                let m = vreinterpretq_s8_u8(neg);
+                let ys = vsubq_s8(veorq_s8(ld_s8(&y.qs[16 * k..]), m), m);
+                vaddvq_s32($dot(vdupq_n_s32(0), ld_s8(&v[16 * k..]), ys))
+            })
         }
 
         crate::kernels::lattice_kernels!([#[target_feature(enable = $feat)]]);
