@@ -186,6 +186,26 @@ impl Groups {
     }
 }
 
+/// `impl Lattice` for a type without an offset, from its `codes_of()`
+/// (and its `d`), with [`Lattice::HALVES`] and [`Lattice::FACTOR`] given.
+macro_rules! coded {
+    ($b:ident, $halves:expr, $factor:expr) => {
+        impl Lattice for $b {
+            const HALVES: bool = $halves;
+            const FACTOR: f32 = $factor;
+            fn d(&self) -> F16 {
+                self.d
+            }
+            fn groups(&self) -> Groups {
+                self.codes_of().groups()
+            }
+            fn codes(&self) -> Option<Codes> {
+                Some(self.codes_of())
+            }
+        }
+    };
+}
+
 /// IQ2_XXS: 256 weights, 2.0625 bpw. Per 32 weights, two little-endian words:
 /// the first holds four 8-bit indices into [`IQ2XXS_GRID`], the second four
 /// 7-bit sign indices ([`KSIGNS`]) and, in its top 4 bits, the scale `s`:
@@ -200,19 +220,7 @@ pub struct BlockIq2Xxs {
 }
 const _: () = assert!(size_of::<BlockIq2Xxs>() == 66);
 
-impl Lattice for BlockIq2Xxs {
-    const HALVES: bool = false;
-    const FACTOR: f32 = 0.125;
-    fn d(&self) -> F16 {
-        self.d
-    }
-    fn groups(&self) -> Groups {
-        self.codes_of().groups()
-    }
-    fn codes(&self) -> Option<Codes> {
-        Some(self.codes_of())
-    }
-}
+coded!(BlockIq2Xxs, false, 0.125);
 
 impl BlockIq2Xxs {
     fn codes_of(&self) -> Codes {
@@ -249,19 +257,7 @@ fn nibble_scales(scales: &[u8; 8]) -> [u16; 16] {
     std::array::from_fn(|h| 2 * u16::from((scales[h / 2] >> (4 * (h % 2))) & 0xf) + 1)
 }
 
-impl Lattice for BlockIq2Xs {
-    const HALVES: bool = true;
-    const FACTOR: f32 = 0.125;
-    fn d(&self) -> F16 {
-        self.d
-    }
-    fn groups(&self) -> Groups {
-        self.codes_of().groups()
-    }
-    fn codes(&self) -> Option<Codes> {
-        Some(self.codes_of())
-    }
-}
+coded!(BlockIq2Xs, true, 0.125);
 
 impl BlockIq2Xs {
     fn codes_of(&self) -> Codes {
@@ -295,19 +291,7 @@ pub struct BlockIq2S {
 }
 const _: () = assert!(size_of::<BlockIq2S>() == 82);
 
-impl Lattice for BlockIq2S {
-    const HALVES: bool = true;
-    const FACTOR: f32 = 0.125;
-    fn d(&self) -> F16 {
-        self.d
-    }
-    fn groups(&self) -> Groups {
-        self.codes_of().groups()
-    }
-    fn codes(&self) -> Option<Codes> {
-        Some(self.codes_of())
-    }
-}
+coded!(BlockIq2S, true, 0.125);
 
 impl BlockIq2S {
     fn codes_of(&self) -> Codes {
@@ -337,19 +321,7 @@ pub struct BlockIq3Xxs {
 }
 const _: () = assert!(size_of::<BlockIq3Xxs>() == 98);
 
-impl Lattice for BlockIq3Xxs {
-    const HALVES: bool = false;
-    const FACTOR: f32 = 0.25;
-    fn d(&self) -> F16 {
-        self.d
-    }
-    fn groups(&self) -> Groups {
-        self.codes_of().groups()
-    }
-    fn codes(&self) -> Option<Codes> {
-        Some(self.codes_of())
-    }
-}
+coded!(BlockIq3Xxs, false, 0.25);
 
 impl BlockIq3Xxs {
     fn codes_of(&self) -> Codes {
@@ -388,19 +360,7 @@ pub struct BlockIq3S {
 }
 const _: () = assert!(size_of::<BlockIq3S>() == 110);
 
-impl Lattice for BlockIq3S {
-    const HALVES: bool = false;
-    const FACTOR: f32 = 1.0;
-    fn d(&self) -> F16 {
-        self.d
-    }
-    fn groups(&self) -> Groups {
-        self.codes_of().groups()
-    }
-    fn codes(&self) -> Option<Codes> {
-        Some(self.codes_of())
-    }
-}
+coded!(BlockIq3S, false, 1.0);
 
 impl BlockIq3S {
     fn codes_of(&self) -> Codes {
