@@ -651,6 +651,40 @@ fn batched_matmul_matches_scalar_for_every_tail() {
     }
 }
 
+/// Batches of eight tokens or more take the tiled products of the K-quants
+/// and IQ4_XS (rows unpacked into panels of sixteen, tokens in groups of
+/// eight): ragged panels and groups, one and several work items, one and
+/// two threads, against the scalar dot products.
+#[test]
+fn tiled_products_match_scalar_for_ragged_rows_and_tokens() {
+    let mut rng = Rng(0x7113_d0c5);
+    let types = [
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::IQ4_XS,
+    ];
+    for b in Backend::supported() {
+        for threads in [1, 2] {
+            let mut mm = Matmul::new(Kernels::new(b).unwrap(), threads);
+            for ty in types {
+                for (rows, nb) in [(1, 1), (16, 3), (17, 9), (70, 2), (129, 1)] {
+                    let cols = 256 * nb;
+                    for t_n in [8, 9, 16, 17, 40] {
+                        let w = random_row(&mut rng, ty, rows * cols);
+                        let x = random_acts(&mut rng, t_n * cols);
+                        let m = QMatrix::new(ty, &w, rows, cols).unwrap();
+                        let what = format!("{b:?} {ty} threads={threads}");
+                        assert_matmul_is_scalar(&mut mm, &m, &x, &what);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The integer sums at their extremes: every weight quant at the top or the
 /// bottom of its range against activations that all quantize to +127 or
 /// −127, so each lane of a block's integer sum is as large as the format

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::pool::{Pool, for_each_chunk};
-use super::{Activations, GridOut, KernelError, Kernels, VecDotType};
+use super::tiled::{self, Layout};
+use super::{Activations, AlignedBytes, GridOut, KernelError, Kernels, QK_K, TiledFn, VecDotType};
 use memwall_format::GgmlType;
 
 /// A weight matrix as stored in a GGUF tensor: `rows` rows of `cols` weights
@@ -99,9 +100,20 @@ impl WideRows {
     }
 }
 
+/// Fewest tokens a batch takes the tiled products for (fewer tokens do not
+/// repay unpacking the rows).
+pub(crate) const TILED_MIN_TOKENS: usize = 8;
+
+/// Most bytes of a work item's panels (its rows unpacked for the tiled
+/// products), so that they stay in L2 while every tile of tokens reads them.
+const PANEL_BYTES: usize = 1 << 20;
+
 thread_local! {
     static WIDE_ROWS: std::cell::RefCell<WideRows> =
         const { std::cell::RefCell::new(WideRows(Vec::new())) };
+    /// A thread's panels, grown once to the largest work item and kept.
+    static PANELS: std::cell::RefCell<AlignedBytes> =
+        std::cell::RefCell::new(AlignedBytes::default());
 }
 
 /// A reusable matrix-multiply context: the kernels, a persistent thread pool
@@ -288,6 +300,13 @@ fn run(
         });
         return Ok(());
     }
+    if let Some((f, layout)) = kernels
+        .tiled(w.ty)
+        .filter(|_| acts.kind() == Some(VecDotType::Q8K) && !acts.q8k_tiles.is_empty())
+    {
+        run_tiled(kernels, pool, threads, (f, layout), w, acts, y);
+        return Ok(());
+    }
     // Several tokens: each work item computes its rows for a tile of tokens
     // at a time into `tile` (each weight row read once per tile), then copies
     // them transposed into `y` while they are in L1 (through a `rows × t`
@@ -349,6 +368,70 @@ fn run(
         None => (0..n_chunks).for_each(run_chunk),
     }
     Ok(())
+}
+
+/// [`run`] through a tiled product: each work item unpacks its rows into
+/// panels once, then takes every tile of tokens against them.
+fn run_tiled(
+    kernels: Kernels,
+    pool: Option<&Pool>,
+    threads: usize,
+    (f, layout): (TiledFn, Layout),
+    w: &QMatrix<'_>,
+    acts: &Activations,
+    y: &mut [f32],
+) {
+    let (rows, t_n, nb) = (w.rows, acts.rows(), w.cols / QK_K);
+    let panel = nb * tiled::record_bytes(layout.nsub);
+    let chunk = tiled_chunk(rows, threads, panel);
+    let out = Disjoint::new(y);
+    let run_chunk = |c: usize| {
+        let r0 = c * chunk;
+        let nr = chunk.min(rows - r0);
+        PANELS.with_borrow_mut(|buf| {
+            let panels = buf.reuse(nr.div_ceil(tiled::ROWS) * panel);
+            tiled::unpack(w, r0..r0 + nr, panels);
+            let mut tile = [0f32; MAX_CHUNK * TOKEN_TILE];
+            let mut tr = [0f32; MAX_CHUNK * TOKEN_TILE];
+            for t0 in (0..t_n).step_by(TOKEN_TILE) {
+                let nt = TOKEN_TILE.min(t_n - t0);
+                let group = nb * tiled::ACT_BYTES;
+                let groups = t0 / tiled::TOKENS..(t0 + nt).div_ceil(tiled::TOKENS);
+                let a = &acts.q8k_tiles.bytes()[groups.start * group..groups.end * group];
+                for (g, p) in panels.chunks_exact(panel).enumerate() {
+                    let o = &mut tile[g * tiled::ROWS * TOKEN_TILE..];
+                    f(layout, p, a, o, TOKEN_TILE);
+                }
+                let tr = &mut tr[..nt * nr];
+                kernels.transpose(&tile, TOKEN_TILE, nr, nt, tr);
+                for (t, v) in tr.chunks_exact(nr).enumerate() {
+                    // SAFETY: outputs of rows `r0..r0 + nr` belong to this
+                    // work item alone (the pool runs each item once).
+                    unsafe { out.write((t0 + t) * rows + r0, v) };
+                }
+            }
+        });
+    };
+    let n_chunks = rows.div_ceil(chunk);
+    match pool {
+        Some(p) => p.run(n_chunks, &run_chunk),
+        None => (0..n_chunks).for_each(run_chunk),
+    }
+}
+
+/// Rows per work item of a tiled product: whole panels, at most
+/// [`MAX_CHUNK`] rows, [`PANEL_BYTES`] of panels (`panel` bytes each) and a
+/// quarter of a thread's share where that leaves a panel, chosen as
+/// [`batch_chunk`] does.
+fn tiled_chunk(rows: usize, threads: usize, panel: usize) -> usize {
+    let fit = (PANEL_BYTES / panel.max(1)).clamp(1, MAX_CHUNK / tiled::ROWS);
+    let share = rows.div_ceil(threads * 4).div_ceil(tiled::ROWS);
+    let most = share.clamp(1, fit) * tiled::ROWS;
+    let cost = |c: usize| rows.div_ceil(c).div_ceil(threads) * c;
+    (tiled::ROWS..=most)
+        .step_by(tiled::ROWS)
+        .min_by_key(|&c| (cost(c), std::cmp::Reverse(c)))
+        .unwrap_or(tiled::ROWS)
 }
 
 /// Rows per work item of a batch: at most [`MAX_CHUNK`] and a quarter of a

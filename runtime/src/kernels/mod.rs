@@ -100,6 +100,7 @@ pub(crate) mod attn;
 mod matmul;
 mod pool;
 mod scalar;
+mod tiled;
 
 use std::sync::OnceLock;
 
@@ -111,6 +112,7 @@ use memwall_format::blocks::{
     BlockTq2_0, as_blocks,
 };
 
+use matmul::TILED_MIN_TOKENS;
 pub use matmul::{Matmul, QMatrix, matmul};
 pub use pool::{Pool, for_each_chunk};
 pub use scalar::{quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
@@ -308,7 +310,7 @@ impl ActRow<'_> {
 /// best), so that the regrouped activations' vector loads never straddle
 /// two cache lines.
 #[derive(Clone, Debug, Default)]
-struct AlignedBytes {
+pub(crate) struct AlignedBytes {
     buf: Vec<u8>,
     at: usize,
     len: usize,
@@ -334,6 +336,17 @@ impl AlignedBytes {
 
     fn bytes(&self) -> &[u8] {
         &self.buf[self.at..self.at + self.len]
+    }
+
+    /// `len` bytes at a 64-byte boundary, to overwrite (the buffer grows
+    /// once to the largest length asked and is kept).
+    pub(crate) fn reuse(&mut self, len: usize) -> &mut [u8] {
+        if self.buf.len() < len + 63 {
+            self.buf.resize(len + 63, 0);
+        }
+        self.at = self.buf.as_ptr().align_offset(64).min(63);
+        self.len = len;
+        &mut self.buf[self.at..self.at + len]
     }
 }
 
@@ -363,6 +376,9 @@ pub struct Activations {
     /// `q8k` regrouped for the AVX-512 several-row Q4_K product (batches
     /// on CPUs with AVX-512 only; see [`Q8K_GROUP_BYTES`]).
     q8k_groups: AlignedBytes,
+    /// `q8k` in the tiled products' layout ([`tiled::ACT_BYTES`]; batches
+    /// they take only).
+    q8k_tiles: AlignedBytes,
 }
 
 impl Activations {
@@ -478,8 +494,23 @@ impl Activations {
                     quantize_row_q8_k(&x[c * (CHUNK / 8) * bs..][..y.len() * bs], y);
                 });
                 self.q8k_groups.clear();
-                // Only the AVX-512 several-row Q4_K product reads the regrouped rows.
-                if self.rows > 1 && kernels.table.rows.q8k_groups {
+                // Only the AVX-512 several-row Q4_K product reads the regrouped
+                // rows, and not in batches that the tiled products take.
+                let tiled = kernels.table.rows.tiled.is_some() && self.rows >= TILED_MIN_TOKENS;
+                self.q8k_tiles.clear();
+                if tiled {
+                    let nbr = cols / QK_K;
+                    let group = nbr * tiled::ACT_BYTES;
+                    let out = self
+                        .q8k_tiles
+                        .reuse(self.rows.div_ceil(tiled::TOKENS) * group);
+                    let blocks = &self.q8k;
+                    for_each_chunk(pool, out, group, |g, out| {
+                        let rows = g * tiled::TOKENS..(self.rows).min((g + 1) * tiled::TOKENS);
+                        tiled::pack_acts(&blocks[rows.start * nbr..rows.end * nbr], nbr, out);
+                    });
+                }
+                if self.rows > 1 && kernels.table.rows.q8k_groups && !tiled {
                     let nbr = cols / QK_K;
                     let record = nbr.div_ceil(8) * Q8K_GROUP_BYTES;
                     let groups = self.q8k_groups.zeroed(self.rows * record);
@@ -816,6 +847,12 @@ pub(crate) type RowsWideF16 = fn(&[f32], usize, &[f32], &mut [f32], usize);
 /// `(w, a, out)` with `a` holding `out.len()` rows of `w`'s block count.
 pub(crate) type RowsK<B> = fn(&[B], Q8KRows<'_>, &mut [f32]);
 
+/// Weight panels against tokens ([`tiled`]): `(layout, panel, acts, out,
+/// stride)` with `panel` one panel's records and `acts` whole groups of
+/// [`tiled::TOKENS`] tokens in the tiled layout; `out[r·stride + t]` gets the bits of the single product
+/// of the panel's row `r` and token `t`, for its sixteen rows.
+pub(crate) type TiledFn = fn(tiled::Layout, &[u8], &[u8], &mut [f32], usize);
+
 /// The several-row products a backend has (`None`: one dot product per row).
 #[derive(Clone, Copy)]
 pub(crate) struct RowsTable {
@@ -836,6 +873,8 @@ pub(crate) struct RowsTable {
     pub(crate) q5_0: Option<RowsQ8<BlockQ5_0>>,
     pub(crate) q8_0: Option<RowsQ8<BlockQ8_0>>,
     pub(crate) iq4_nl: Option<RowsQ8<BlockIq4Nl>>,
+    /// The tiled product of the types [`tiled::layout`] knows.
+    pub(crate) tiled: Option<TiledFn>,
     /// Whether `q4_k` reads the regrouped Q8_K activations
     /// ([`Q8K_GROUP_BYTES`]), which batches then build.
     pub(crate) q8k_groups: bool,
@@ -861,6 +900,7 @@ impl RowsTable {
         q5_0: None,
         q8_0: None,
         iq4_nl: None,
+        tiled: None,
         q8k_groups: false,
     };
 }
@@ -1141,6 +1181,11 @@ impl Kernels {
     /// `f32` (see [`RowsF16F32`]).
     pub(crate) fn f16_rows_f32(&self) -> Option<RowsF16F32> {
         self.table.rows.f16_f32
+    }
+
+    /// The backend's tiled product for `ty`, with the type's panel layout.
+    pub(crate) fn tiled(&self, ty: GgmlType) -> Option<(TiledFn, tiled::Layout)> {
+        Some((self.table.rows.tiled?, tiled::layout(ty)?))
     }
 
     /// The backend's F16 several-row product over weights and activations

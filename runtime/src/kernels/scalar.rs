@@ -70,17 +70,13 @@ fn nearest_int(v: f32) -> i32 {
 pub fn quantize_row_q8_k(x: &[f32], y: &mut [BlockQ8K]) {
     assert_eq!(x.len(), y.len() * QK_K, "quantize_row_q8_k lengths");
     for (x, b) in x.chunks_exact(QK_K).zip(y.iter_mut()) {
-        let (mut amax, mut max) = (0f32, 0f32);
-        for &v in x {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        if amax == 0.0 {
+        // ggml keeps the first value of largest magnitude (NaNs never
+        // compare larger): the largest magnitude first, then where it is.
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let Some(&max) = x.iter().find(|v| v.abs() == amax).filter(|_| amax > 0.0) else {
             *b = BlockQ8K::default();
             continue;
-        }
+        };
         let iscale = -127.0 / max;
         for (q, &v) in b.qs.iter_mut().zip(x) {
             *q = nearest_int(iscale * v).min(127) as i8;

@@ -142,6 +142,7 @@ pub(crate) static TABLE: DotTable = memwall_format::block_types!([block_table] e
         q5_0: Some(r_q5_0),
         q8_0: Some(r_q8_0),
         iq4_nl: Some(r_iq4_nl),
+        tiled: None,
         q8k_groups: false,
     },
     ops: OPS,

@@ -29,6 +29,7 @@ use crate::forward::math::{
 };
 use crate::kernels::attn::{self, KEY_TILE, by_heads};
 use crate::kernels::scalar::{Blocks, k4_scales, term};
+use crate::kernels::tiled::{self, Layout};
 use crate::kernels::{
     BlockQ8_0, BlockQ8K, DotTable, OpsTable, Q8_GROUP_BYTES, Q8K_GROUP_BYTES, Q8KRows, Q8Rows,
     RowsTable, Scaled,
@@ -146,6 +147,7 @@ pub(crate) static TABLE: DotTable = DotTable {
         iq4_nl: Some(r_iq4_nl),
         tq1_0: Some(r_tq1_0),
         tq2_0: Some(r_tq2_0),
+        tiled: Some(t_tiled),
         q8k_groups: true,
         ..avx2::TABLE.rows
     },
@@ -988,4 +990,132 @@ fn q4_k_sums(b: &BlockQ4K, y: &BlockQ8K) -> (__m256i, __m256i) {
         _mm512_extracti64x4_epi64::<1>(isum),
     );
     (isum, avx2::k4_mins(&m, y))
+}
+
+// ---- tiled K-quant products (kernels/tiled.rs) ----
+//
+// Lanes are the sixteen weight rows of a panel; each token's four biased
+// quants (`a + 128`, unsigned) are broadcast against four signed values of
+// each row (`vpdpbusd`), `T` tokens at a time, so one load of the panel
+// serves `T` byte products and nothing is transposed. A sub-block's sums are
+// scaled lane by lane (`vpmulld`) onto the row's bias (which takes the 128
+// back out), the minimums' `summs` come from the token's stored quant sums
+// (`vpdpwssd` of `i16` pairs), and each (row, token) term goes to its
+// partial `b % 8` with the scalar operations.
+
+fn t_tiled(layout: Layout, panel: &[u8], acts: &[u8], out: &mut [f32], stride: usize) {
+    let group = panel.len() / tiled::record_bytes(layout.nsub) * tiled::ACT_BYTES;
+    assert!(group > 0 && acts.len() % group == 0, "tiled activations");
+    for (g, a) in acts.chunks_exact(group).enumerate() {
+        let o = &mut out[g * tiled::TOKENS..];
+        // SAFETY: as for `entry!`.
+        unsafe {
+            match (layout.nsub, layout.mins) {
+                (8, true) => tiled::<8, true>(panel, a, o, stride),
+                (8, false) => tiled::<8, false>(panel, a, o, stride),
+                (16, true) => tiled::<16, true>(panel, a, o, stride),
+                (16, false) => tiled::<16, false>(panel, a, o, stride),
+                _ => panic!("tiled layout {layout:?}"),
+            }
+        }
+    }
+}
+
+/// Word `i` of `bytes` (little-endian).
+#[inline]
+fn word(bytes: &[u8], i: usize) -> i32 {
+    let w = &bytes[4 * i..4 * i + 4];
+    i32::from_le_bytes([w[0], w[1], w[2], w[3]])
+}
+
+/// One panel (`nb` records of [`tiled::record_bytes`]`(NSUB)`) against a
+/// group of eight tokens (`nb` records of [`tiled::ACT_BYTES`]):
+/// `out[r·stride + t]` for the sixteen rows `r` and eight tokens `t`, each
+/// the single product's bits.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn tiled<const NSUB: usize, const MINS: bool>(
+    panel: &[u8],
+    acts: &[u8],
+    out: &mut [f32],
+    stride: usize,
+) {
+    const T: usize = tiled::TOKENS;
+    let rec = tiled::record_bytes(NSUB);
+    let nb = panel.len() / rec;
+    assert!(
+        panel.len() == nb * rec && acts.len() == nb * tiled::ACT_BYTES,
+        "tiled lengths"
+    );
+    assert!(out.len() > 15 * stride + T - 1, "tiled output");
+    // Groups of four values per sub-block.
+    let per_sub = 64 / NSUB;
+    let at_c = 4096 + 64 * NSUB;
+    // Partial `k` of token `t`, written first by super-block `k` (as
+    // `+0.0 + term`, the canonical start) so that nothing is zeroed.
+    let mut p = [[MaybeUninit::<__m512>::uninit(); 8]; T];
+    let recs = panel
+        .chunks_exact(rec)
+        .zip(acts.chunks_exact(tiled::ACT_BYTES));
+    for (b, (r, a)) in recs.enumerate() {
+        let mut s1 = [ld512(&r[at_c + 512..][..64]); T];
+        for s in 0..NSUB {
+            let mut acc = [_mm512_setzero_si512(); T];
+            for k in s * per_sub..(s + 1) * per_sub {
+                let w = ld512(&r[64 * k..][..64]);
+                for (t, acc) in acc.iter_mut().enumerate() {
+                    let q = _mm512_set1_epi32(word(a, T * k + t));
+                    *acc = _mm512_dpbusd_epi32(*acc, q, w);
+                }
+            }
+            let sc = ld512(&r[4096 + 64 * s..][..64]);
+            for (s1, &acc) in s1.iter_mut().zip(&acc) {
+                *s1 = _mm512_add_epi32(*s1, _mm512_mullo_epi32(acc, sc));
+            }
+        }
+        let dw = _mm512_castsi512_ps(ld512(&r[at_c + 576..][..64]));
+        let mw = _mm512_castsi512_ps(ld512(&r[at_c + 640..][..64]));
+        for (t, (p, &s1)) in p.iter_mut().zip(&s1).enumerate() {
+            let da = _mm512_set1_ps(f32::from_bits(word(a, 576 + t) as u32));
+            let term = if MINS {
+                let mut s2 = _mm512_setzero_si512();
+                for i in 0..8 {
+                    let m = ld512(&r[at_c + 64 * i..][..64]);
+                    s2 = _mm512_dpwssd_epi32(s2, m, _mm512_set1_epi32(word(a, 512 + T * i + t)));
+                }
+                _mm512_sub_ps(
+                    _mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(s1)),
+                    _mm512_mul_ps(_mm512_mul_ps(mw, da), _mm512_cvtepi32_ps(s2)),
+                )
+            } else {
+                _mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(s1))
+            };
+            let before = if b < 8 {
+                _mm512_setzero_ps()
+            } else {
+                // SAFETY: written by super-block `b - 8`.
+                unsafe { p[b % 8].assume_init() }
+            };
+            p[b % 8] = MaybeUninit::new(_mm512_add_ps(before, term));
+        }
+    }
+    for (t, p) in p.iter().enumerate() {
+        let p: [__m512; 8] = std::array::from_fn(|k| {
+            if k < nb {
+                // SAFETY: written by super-block `k`.
+                unsafe { p[k].assume_init() }
+            } else {
+                _mm512_setzero_ps()
+            }
+        });
+        let v = _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(p[0], p[1]), _mm512_add_ps(p[2], p[3])),
+            _mm512_add_ps(_mm512_add_ps(p[4], p[5]), _mm512_add_ps(p[6], p[7])),
+        );
+        let mut lanes = [0f32; 16];
+        // SAFETY: `lanes` holds sixteen floats.
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), v) };
+        for (r, &v) in lanes.iter().enumerate() {
+            out[r * stride + t] = v;
+        }
+    }
 }

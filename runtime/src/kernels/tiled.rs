@@ -1,0 +1,331 @@
+//! Tiled prompt products of the K-quants and IQ4_XS: a work item's weight
+//! rows are unpacked once into *panels* of signed byte values and integer
+//! sub-block scales, which every tile of tokens then reads with byte dot
+//! products (`vpdpbusd`), sixteen weight rows to a register.
+//!
+//! The arithmetic is the canonical order's (kernels/mod.rs): a super-block's
+//! integer sums are exact in any order. The byte products take unsigned
+//! activations, `a + 128` (the Q8_K quants with their top bit flipped), and
+//! the 128 comes back out through the weights alone:
+//!
+//! `Σ_s sc[s] · Σ_i v_i · a_i = Σ_s sc[s] · Σ_i v_i · (a_i + 128) − 128 · Σ_s sc[s] · Σ_i v_i`
+//!
+//! where the last sum, the row's *bias*, is unpacked with its values. The
+//! types with minimums (Q2_K, Q4_K, Q5_K) add the term's
+//! `summs = Σ_g m[g] · bsums[g]` over the sixteen 16-weight groups `g` of the
+//! activation super-block (`bsums`, stored by Q8_K). Then each (row, token)
+//! gets the scalar term, added to partial `b % 8`, and the tree of eight: the
+//! single product's bits.
+//!
+//! A panel holds sixteen rows ([`ROWS`]); per super-block it is one record
+//! ([`record_bytes`]):
+//!
+//! | bytes                  | content                                                |
+//! |------------------------|--------------------------------------------------------|
+//! | `64k + 4r + i`         | value of weight `4k + i` of row `r` (`i8`, `k < 64`)   |
+//! | `4096 + 64s + 4r`      | sub-block `s`'s scale of row `r` (`i32`, `s < nsub`)   |
+//! | `C + 64p + 4r`         | `m[2p]`, `m[2p + 1]` of row `r` (`i16` pair, `p < 8`)  |
+//! | `C + 512 + 4r`         | row `r`'s bias (`i32`)                                 |
+//! | `C + 576 + 4r`         | row `r`'s `d` (`f32`); then its `dmin` at `+64`        |
+//!
+//! with `C = 4096 + 64·nsub`; little-endian. Rows past the matrix are zero.
+
+use memwall_format::GgmlType;
+use memwall_format::blocks::{
+    Block, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, IQ4NL_GRID, as_blocks,
+};
+
+use super::scalar::k4_scales;
+use super::{BlockQ8K, QMatrix};
+
+/// Weight rows per panel: one 512-bit register of 32-bit lanes.
+pub(crate) const ROWS: usize = 16;
+
+/// Weights per super-block.
+const QK: usize = 256;
+
+/// How a type's super-block sums are formed from its panel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// Sub-blocks per super-block, each with its own scale: 8 (of 32
+    /// weights) or 16 (of 16).
+    pub(crate) nsub: usize,
+    /// Whether the type has minimums (term `(d·d_a)·isum −
+    /// (dmin·d_a)·summs`; without, `(d·d_a)·isum`).
+    pub(crate) mins: bool,
+}
+
+/// Bytes of one super-block's record of a panel.
+pub(crate) const fn record_bytes(nsub: usize) -> usize {
+    4096 + 64 * nsub + 512 + 64 + 128
+}
+
+/// A super-block unpacked: values in weight order, sub-block scales, the
+/// sixteen groups' minimums and the two scales.
+struct Unpacked {
+    values: [i8; QK],
+    scales: [i32; 16],
+    mins: [i16; 16],
+    d: f32,
+    dmin: f32,
+}
+
+/// A block type with a tiled product.
+trait Tiled: Block {
+    const LAYOUT: Layout;
+    fn unpack(&self, u: &mut Unpacked);
+}
+
+impl Tiled for BlockQ2K {
+    const LAYOUT: Layout = Layout {
+        nsub: 16,
+        mins: true,
+    };
+    fn unpack(&self, u: &mut Unpacked) {
+        for (k, q) in self.qs.chunks_exact(32).enumerate() {
+            for j in 0..4 {
+                for (l, &q) in q.iter().enumerate() {
+                    u.values[128 * k + 32 * j + l] = ((q >> (2 * j)) & 3) as i8;
+                }
+            }
+        }
+        for (g, &s) in self.scales.iter().enumerate() {
+            u.scales[g] = i32::from(s & 0xf);
+            u.mins[g] = i16::from(s >> 4);
+        }
+        (u.d, u.dmin) = (self.d.to_f32(), self.dmin.to_f32());
+    }
+}
+
+impl Tiled for BlockQ3K {
+    const LAYOUT: Layout = Layout {
+        nsub: 16,
+        mins: false,
+    };
+    fn unpack(&self, u: &mut Unpacked) {
+        for (k, q) in self.qs.chunks_exact(32).enumerate() {
+            for j in 0..4 {
+                let m = 1u8 << (4 * k + j);
+                for (l, (&q, &h)) in q.iter().zip(&self.hmask).enumerate() {
+                    let low = if h & m != 0 { 0 } else { 4 };
+                    u.values[128 * k + 32 * j + l] = ((q >> (2 * j)) & 3) as i8 - low;
+                }
+            }
+        }
+        for (g, s) in self.sub_scales().into_iter().enumerate() {
+            u.scales[g] = i32::from(s);
+        }
+        (u.d, u.dmin) = (self.d.to_f32(), 0.0);
+    }
+}
+
+/// The sub-block scales and minimums of Q4_K and Q5_K.
+fn k4_unpack(scales: &[u8; 12], u: &mut Unpacked) {
+    let (sc, m) = k4_scales(scales);
+    for j in 0..8 {
+        u.scales[j] = i32::from(sc[j]);
+        u.mins[2 * j] = i16::from(m[j]);
+        u.mins[2 * j + 1] = i16::from(m[j]);
+    }
+}
+
+impl Tiled for BlockQ4K {
+    const LAYOUT: Layout = Layout {
+        nsub: 8,
+        mins: true,
+    };
+    fn unpack(&self, u: &mut Unpacked) {
+        for (c, q) in self.qs.chunks_exact(32).enumerate() {
+            for (l, &q) in q.iter().enumerate() {
+                u.values[64 * c + l] = (q & 0xf) as i8;
+                u.values[64 * c + 32 + l] = (q >> 4) as i8;
+            }
+        }
+        k4_unpack(&self.scales, u);
+        (u.d, u.dmin) = (self.d.to_f32(), self.dmin.to_f32());
+    }
+}
+
+impl Tiled for BlockQ5K {
+    const LAYOUT: Layout = Layout {
+        nsub: 8,
+        mins: true,
+    };
+    fn unpack(&self, u: &mut Unpacked) {
+        for (c, q) in self.qs.chunks_exact(32).enumerate() {
+            for (l, (&q, &h)) in q.iter().zip(&self.qh).enumerate() {
+                u.values[64 * c + l] = ((q & 0xf) | (((h >> (2 * c)) & 1) << 4)) as i8;
+                u.values[64 * c + 32 + l] = ((q >> 4) | (((h >> (2 * c + 1)) & 1) << 4)) as i8;
+            }
+        }
+        k4_unpack(&self.scales, u);
+        (u.d, u.dmin) = (self.d.to_f32(), self.dmin.to_f32());
+    }
+}
+
+impl Tiled for BlockQ6K {
+    const LAYOUT: Layout = Layout {
+        nsub: 16,
+        mins: false,
+    };
+    fn unpack(&self, u: &mut Unpacked) {
+        // Values −32..31, in halves of 128: four low nibbles of `ql` under
+        // two bits of `qh` each, less 32.
+        for n in 0..2 {
+            let (ql, qh) = (&self.ql[64 * n..][..64], &self.qh[32 * n..][..32]);
+            let v = &mut u.values[128 * n..][..128];
+            for l in 0..32 {
+                let (a, b, h) = (ql[l], ql[32 + l], qh[l]);
+                v[l] = ((a & 0xf) | ((h & 3) << 4)) as i8 - 32;
+                v[32 + l] = ((b & 0xf) | (((h >> 2) & 3) << 4)) as i8 - 32;
+                v[64 + l] = ((a >> 4) | (((h >> 4) & 3) << 4)) as i8 - 32;
+                v[96 + l] = ((b >> 4) | (((h >> 6) & 3) << 4)) as i8 - 32;
+            }
+        }
+        for (g, &s) in self.scales.iter().enumerate() {
+            u.scales[g] = i32::from(s);
+        }
+        (u.d, u.dmin) = (self.d.to_f32(), 0.0);
+    }
+}
+
+impl Tiled for BlockIq4Xs {
+    const LAYOUT: Layout = Layout {
+        nsub: 8,
+        mins: false,
+    };
+    fn unpack(&self, u: &mut Unpacked) {
+        let value = |q: u8| IQ4NL_GRID[usize::from(q)];
+        for (ib, q) in self.qs.chunks_exact(16).enumerate() {
+            for (j, &q) in q.iter().enumerate() {
+                u.values[32 * ib + j] = value(q & 0xf);
+                u.values[32 * ib + 16 + j] = value(q >> 4);
+            }
+        }
+        u.scales[..8].copy_from_slice(&self.sub_scales());
+        (u.d, u.dmin) = (self.d.to_f32(), 0.0);
+    }
+}
+
+/// The layout of `ty`'s tiled product, if it has one.
+pub(crate) fn layout(ty: GgmlType) -> Option<Layout> {
+    Some(match ty {
+        GgmlType::Q2_K => BlockQ2K::LAYOUT,
+        GgmlType::Q3_K => BlockQ3K::LAYOUT,
+        GgmlType::Q4_K => BlockQ4K::LAYOUT,
+        GgmlType::Q5_K => BlockQ5K::LAYOUT,
+        GgmlType::Q6_K => BlockQ6K::LAYOUT,
+        GgmlType::IQ4_XS => BlockIq4Xs::LAYOUT,
+        _ => return None,
+    })
+}
+
+/// Writes the panels of rows `rows` of `w` (a type [`layout`] knows) into
+/// `out`: `rows.len().div_ceil(ROWS)` panels of `nb` records, rows past the
+/// range zero. Panics if `out` is not exactly that long.
+pub(crate) fn unpack(w: &QMatrix<'_>, rows: std::ops::Range<usize>, out: &mut [u8]) {
+    match w.ty() {
+        GgmlType::Q2_K => unpack_as::<BlockQ2K>(w, rows, out),
+        GgmlType::Q3_K => unpack_as::<BlockQ3K>(w, rows, out),
+        GgmlType::Q4_K => unpack_as::<BlockQ4K>(w, rows, out),
+        GgmlType::Q5_K => unpack_as::<BlockQ5K>(w, rows, out),
+        GgmlType::Q6_K => unpack_as::<BlockQ6K>(w, rows, out),
+        GgmlType::IQ4_XS => unpack_as::<BlockIq4Xs>(w, rows, out),
+        ty => panic!("no tiled product for {ty}"),
+    }
+}
+
+fn unpack_as<B: Tiled>(w: &QMatrix<'_>, rows: std::ops::Range<usize>, out: &mut [u8]) {
+    let nsub = B::LAYOUT.nsub;
+    let (rec, nb) = (record_bytes(nsub), w.cols() / QK);
+    let at_c = 4096 + 64 * nsub;
+    let panels = rows.len().div_ceil(ROWS);
+    assert_eq!(out.len(), panels * nb * rec, "tiled panel length");
+    if rows.len() % ROWS != 0 {
+        // The last panel's rows past the range.
+        out[(panels - 1) * nb * rec..].fill(0);
+    }
+    let mut u = Unpacked {
+        values: [0; QK],
+        scales: [0; 16],
+        mins: [0; 16],
+        d: 0.0,
+        dmin: 0.0,
+    };
+    let per_sub = QK / nsub;
+    for (i, r) in rows.enumerate() {
+        let (panel, lane) = (i / ROWS, 4 * (i % ROWS));
+        let blocks: &[B] = as_blocks(w.row(r));
+        for (b, blk) in blocks.iter().enumerate() {
+            blk.unpack(&mut u);
+            let o = &mut out[(panel * nb + b) * rec..][..rec];
+            for (k, v) in u.values.chunks_exact(4).enumerate() {
+                let v = [v[0] as u8, v[1] as u8, v[2] as u8, v[3] as u8];
+                o[64 * k + lane..][..4].copy_from_slice(&v);
+            }
+            let mut bias = 0i32;
+            for (s, (&sc, v)) in u
+                .scales
+                .iter()
+                .zip(u.values.chunks_exact(per_sub))
+                .enumerate()
+            {
+                o[4096 + 64 * s + lane..][..4].copy_from_slice(&sc.to_le_bytes());
+                bias += sc * v.iter().map(|&v| i32::from(v)).sum::<i32>();
+            }
+            if B::LAYOUT.mins {
+                for (p, m) in u.mins.chunks_exact(2).enumerate() {
+                    o[at_c + 64 * p + lane..][..2].copy_from_slice(&m[0].to_le_bytes());
+                    o[at_c + 64 * p + lane + 2..][..2].copy_from_slice(&m[1].to_le_bytes());
+                }
+            }
+            o[at_c + 512 + lane..][..4].copy_from_slice(&(-128 * bias).to_le_bytes());
+            o[at_c + 576 + lane..][..4].copy_from_slice(&u.d.to_le_bytes());
+            o[at_c + 640 + lane..][..4].copy_from_slice(&u.dmin.to_le_bytes());
+        }
+    }
+}
+
+/// Tokens per group of the activations' tiled layout.
+pub(crate) const TOKENS: usize = 8;
+
+/// Bytes of one super-block of a group of [`TOKENS`] activation rows in the
+/// tiled layout: byte `32k + 4t + i` is quant `4k + i` of token `t` plus
+/// 128 (unsigned); then from 2048, word `8p + t` holds token `t`'s stored
+/// sums `2p`, `2p + 1` (`i16` pair, `p < 8`); then from 2304 the eight
+/// scales (`f32`). Little-endian; a group's tokens past the rows are zero.
+pub(crate) const ACT_BYTES: usize = 2048 + 256 + 32;
+
+/// Writes `blocks` (`rows` rows of `nb` Q8_K blocks) in the tiled layout:
+/// `rows.div_ceil(TOKENS)` groups of `nb` records of [`ACT_BYTES`]. Panics if
+/// `out` is not that long.
+pub(crate) fn pack_acts(blocks: &[BlockQ8K], nb: usize, out: &mut [u8]) {
+    let rows = blocks.len() / nb.max(1);
+    assert_eq!(blocks.len(), rows * nb, "tiled activation rows");
+    assert_eq!(
+        out.len(),
+        rows.div_ceil(TOKENS) * nb * ACT_BYTES,
+        "tiled activations"
+    );
+    for (g, out) in out.chunks_exact_mut(nb * ACT_BYTES).enumerate() {
+        let tokens = (rows - g * TOKENS).min(TOKENS);
+        if tokens < TOKENS {
+            out.fill(0);
+        }
+        for t in 0..tokens {
+            let row = &blocks[(g * TOKENS + t) * nb..][..nb];
+            for (o, y) in out.chunks_exact_mut(ACT_BYTES).zip(row) {
+                for (k, q) in y.qs.chunks_exact(4).enumerate() {
+                    for (o, &q) in o[32 * k + 4 * t..][..4].iter_mut().zip(q) {
+                        *o = (q as u8) ^ 0x80;
+                    }
+                }
+                for (p, s) in y.bsums.chunks_exact(2).enumerate() {
+                    o[2048 + 32 * p + 4 * t..][..2].copy_from_slice(&s[0].to_le_bytes());
+                    o[2048 + 32 * p + 4 * t + 2..][..2].copy_from_slice(&s[1].to_le_bytes());
+                }
+                o[2304 + 4 * t..][..4].copy_from_slice(&y.d.to_le_bytes());
+            }
+        }
+    }
+}
