@@ -651,8 +651,8 @@ fn batched_matmul_matches_scalar_for_every_tail() {
     }
 }
 
-/// Batches of eight tokens or more take the tiled products of the K-quants
-/// and IQ4_XS (rows unpacked into panels of sixteen, tokens in groups of
+/// Batches of eight tokens or more take the tiled products of the K-quants,
+/// IQ4_XS and the lattice i-quants (rows unpacked into panels of sixteen, tokens in groups of
 /// eight): ragged panels and groups, one and several work items, one and
 /// two threads, against the scalar dot products.
 #[test]
@@ -665,6 +665,13 @@ fn tiled_products_match_scalar_for_ragged_rows_and_tokens() {
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::IQ4_XS,
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ2_XS,
+        GgmlType::IQ2_S,
+        GgmlType::IQ3_XXS,
+        GgmlType::IQ3_S,
+        GgmlType::IQ1_S,
+        GgmlType::IQ1_M,
     ];
     for b in Backend::supported() {
         for threads in [1, 2] {

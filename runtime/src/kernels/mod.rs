@@ -853,6 +853,14 @@ pub(crate) type RowsK<B> = fn(&[B], Q8KRows<'_>, &mut [f32]);
 /// of the panel's row `r` and token `t`, for its sixteen rows.
 pub(crate) type TiledFn = fn(tiled::Layout, &[u8], &[u8], &mut [f32], usize);
 
+/// A backend's tiled product and the types it takes: those whose values
+/// have magnitudes of at most `max_value` ([`tiled::Layout::max_value`]).
+#[derive(Clone, Copy)]
+pub(crate) struct TiledProduct {
+    pub(crate) product: TiledFn,
+    pub(crate) max_value: u8,
+}
+
 /// The several-row products a backend has (`None`: one dot product per row).
 #[derive(Clone, Copy)]
 pub(crate) struct RowsTable {
@@ -874,7 +882,7 @@ pub(crate) struct RowsTable {
     pub(crate) q8_0: Option<RowsQ8<BlockQ8_0>>,
     pub(crate) iq4_nl: Option<RowsQ8<BlockIq4Nl>>,
     /// The tiled product of the types [`tiled::layout`] knows.
-    pub(crate) tiled: Option<TiledFn>,
+    pub(crate) tiled: Option<TiledProduct>,
     /// Whether `q4_k` reads the regrouped Q8_K activations
     /// ([`Q8K_GROUP_BYTES`]), which batches then build.
     pub(crate) q8k_groups: bool,
@@ -1185,7 +1193,9 @@ impl Kernels {
 
     /// The backend's tiled product for `ty`, with the type's panel layout.
     pub(crate) fn tiled(&self, ty: GgmlType) -> Option<(TiledFn, tiled::Layout)> {
-        Some((self.table.rows.tiled?, tiled::layout(ty)?))
+        let entry = self.table.rows.tiled?;
+        let layout = tiled::layout(ty)?;
+        (layout.max_value <= entry.max_value).then_some((entry.product, layout))
     }
 
     /// The backend's F16 several-row product over weights and activations

@@ -1,7 +1,10 @@
-//! Tiled prompt products of the K-quants and IQ4_XS: a work item's weight
+//! Tiled prompt products of the K-quants, IQ4_XS and the lattice i-quants: a work item's weight
 //! rows are unpacked once into *panels* of signed byte values and integer
 //! sub-block scales, which every tile of tokens then reads with byte dot
-//! products (`vpdpbusd`), sixteen weight rows to a register.
+//! products: AVX-512 `vpdpbusd` on sixteen weight rows to a register, AVX2
+//! `vpmaddubsw` on eight (for the types whose values are at most 32 in
+//! magnitude, [`Layout::max_value`], as its 16-bit pair sums must not
+//! saturate).
 //!
 //! The arithmetic is the canonical order's (kernels/mod.rs): a super-block's
 //! integer sums are exact in any order. The byte products take unsigned
@@ -32,7 +35,8 @@
 
 use memwall_format::GgmlType;
 use memwall_format::blocks::{
-    Block, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, IQ4NL_GRID, as_blocks,
+    Block, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
+    BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, IQ4NL_GRID, Lattice, as_blocks,
 };
 
 use super::scalar::k4_scales;
@@ -45,7 +49,7 @@ pub(crate) const ROWS: usize = 16;
 const QK: usize = 256;
 
 /// How a type's super-block sums are formed from its panel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Layout {
     /// Sub-blocks per super-block, each with its own scale: 8 (of 32
     /// weights) or 16 (of 16).
@@ -53,6 +57,12 @@ pub(crate) struct Layout {
     /// Whether the type has minimums (term `(d·d_a)·isum −
     /// (dmin·d_a)·summs`; without, `(d·d_a)·isum`).
     pub(crate) mins: bool,
+    /// The largest magnitude of the type's values: products with 16-bit
+    /// intermediate sums (AVX2's `vpmaddubsw`) take only small values.
+    pub(crate) max_value: u8,
+    /// The power of two the sum of the terms is multiplied by at the end
+    /// (the lattice types' [`Lattice::FACTOR`]; 1 for the others).
+    pub(crate) factor: f32,
 }
 
 /// Bytes of one super-block's record of a panel.
@@ -80,6 +90,8 @@ impl Tiled for BlockQ2K {
     const LAYOUT: Layout = Layout {
         nsub: 16,
         mins: true,
+        max_value: 3,
+        factor: 1.0,
     };
     fn unpack(&self, u: &mut Unpacked) {
         for (k, q) in self.qs.chunks_exact(32).enumerate() {
@@ -101,6 +113,8 @@ impl Tiled for BlockQ3K {
     const LAYOUT: Layout = Layout {
         nsub: 16,
         mins: false,
+        max_value: 4,
+        factor: 1.0,
     };
     fn unpack(&self, u: &mut Unpacked) {
         for (k, q) in self.qs.chunks_exact(32).enumerate() {
@@ -133,6 +147,8 @@ impl Tiled for BlockQ4K {
     const LAYOUT: Layout = Layout {
         nsub: 8,
         mins: true,
+        max_value: 15,
+        factor: 1.0,
     };
     fn unpack(&self, u: &mut Unpacked) {
         for (c, q) in self.qs.chunks_exact(32).enumerate() {
@@ -150,6 +166,8 @@ impl Tiled for BlockQ5K {
     const LAYOUT: Layout = Layout {
         nsub: 8,
         mins: true,
+        max_value: 31,
+        factor: 1.0,
     };
     fn unpack(&self, u: &mut Unpacked) {
         for (c, q) in self.qs.chunks_exact(32).enumerate() {
@@ -167,6 +185,8 @@ impl Tiled for BlockQ6K {
     const LAYOUT: Layout = Layout {
         nsub: 16,
         mins: false,
+        max_value: 32,
+        factor: 1.0,
     };
     fn unpack(&self, u: &mut Unpacked) {
         // Values −32..31, in halves of 128: four low nibbles of `ql` under
@@ -193,6 +213,8 @@ impl Tiled for BlockIq4Xs {
     const LAYOUT: Layout = Layout {
         nsub: 8,
         mins: false,
+        max_value: 127,
+        factor: 1.0,
     };
     fn unpack(&self, u: &mut Unpacked) {
         let value = |q: u8| IQ4NL_GRID[usize::from(q)];
@@ -207,6 +229,35 @@ impl Tiled for BlockIq4Xs {
     }
 }
 
+/// The lattice types: the signed values and integer scales of their
+/// [`Groups`](memwall_format::blocks::Groups), under `d`; `max_value` is the largest
+/// grid value (with the IQ1 offset, `8·1 + 1`).
+macro_rules! lattice_tiled {
+    ($($b:ident $max:literal),*) => {$(
+        impl Tiled for $b {
+            const LAYOUT: Layout = Layout {
+                nsub: if <$b as Lattice>::HALVES { 16 } else { 8 },
+                mins: false,
+                max_value: $max,
+                factor: <$b as Lattice>::FACTOR,
+            };
+            fn unpack(&self, u: &mut Unpacked) {
+                let g = self.groups();
+                u.values = g.q;
+                for (s, &ls) in u.scales.iter_mut().zip(&g.ls) {
+                    *s = i32::from(ls);
+                }
+                (u.d, u.dmin) = (self.d().to_f32(), 0.0);
+            }
+        }
+    )*};
+}
+
+lattice_tiled!(
+    BlockIq2Xxs 43, BlockIq2Xs 43, BlockIq2S 43, BlockIq3Xxs 62, BlockIq3S 15, BlockIq1S 9,
+    BlockIq1M 9
+);
+
 /// The layout of `ty`'s tiled product, if it has one.
 pub(crate) fn layout(ty: GgmlType) -> Option<Layout> {
     Some(match ty {
@@ -216,6 +267,13 @@ pub(crate) fn layout(ty: GgmlType) -> Option<Layout> {
         GgmlType::Q5_K => BlockQ5K::LAYOUT,
         GgmlType::Q6_K => BlockQ6K::LAYOUT,
         GgmlType::IQ4_XS => BlockIq4Xs::LAYOUT,
+        GgmlType::IQ2_XXS => BlockIq2Xxs::LAYOUT,
+        GgmlType::IQ2_XS => BlockIq2Xs::LAYOUT,
+        GgmlType::IQ2_S => BlockIq2S::LAYOUT,
+        GgmlType::IQ3_XXS => BlockIq3Xxs::LAYOUT,
+        GgmlType::IQ3_S => BlockIq3S::LAYOUT,
+        GgmlType::IQ1_S => BlockIq1S::LAYOUT,
+        GgmlType::IQ1_M => BlockIq1M::LAYOUT,
         _ => return None,
     })
 }
@@ -231,6 +289,13 @@ pub(crate) fn unpack(w: &QMatrix<'_>, rows: std::ops::Range<usize>, out: &mut [u
         GgmlType::Q5_K => unpack_as::<BlockQ5K>(w, rows, out),
         GgmlType::Q6_K => unpack_as::<BlockQ6K>(w, rows, out),
         GgmlType::IQ4_XS => unpack_as::<BlockIq4Xs>(w, rows, out),
+        GgmlType::IQ2_XXS => unpack_as::<BlockIq2Xxs>(w, rows, out),
+        GgmlType::IQ2_XS => unpack_as::<BlockIq2Xs>(w, rows, out),
+        GgmlType::IQ2_S => unpack_as::<BlockIq2S>(w, rows, out),
+        GgmlType::IQ3_XXS => unpack_as::<BlockIq3Xxs>(w, rows, out),
+        GgmlType::IQ3_S => unpack_as::<BlockIq3S>(w, rows, out),
+        GgmlType::IQ1_S => unpack_as::<BlockIq1S>(w, rows, out),
+        GgmlType::IQ1_M => unpack_as::<BlockIq1M>(w, rows, out),
         ty => panic!("no tiled product for {ty}"),
     }
 }
@@ -327,5 +392,64 @@ pub(crate) fn pack_acts(blocks: &[BlockQ8K], nb: usize, out: &mut [u8]) {
                 o[2304 + 4 * t..][..4].copy_from_slice(&y.d.to_le_bytes());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The largest value magnitude among `n` blocks of seeded random bytes.
+    fn largest_value<B: Tiled>(n: usize) -> u8 {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        // u64 words: aligned for every block type.
+        let words: Vec<u64> = (0..n * size_of::<B>().div_ceil(8))
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state
+            })
+            .collect();
+        let raw: &[u8] = memwall_format::blocks::block_bytes(&words);
+        let blocks: &[B] = as_blocks(&raw[..n * size_of::<B>()]);
+        let mut u = Unpacked {
+            values: [0; QK],
+            scales: [0; 16],
+            mins: [0; 16],
+            d: 0.0,
+            dmin: 0.0,
+        };
+        let mut largest = 0;
+        for b in blocks {
+            b.unpack(&mut u);
+            largest = u
+                .values
+                .iter()
+                .fold(largest, |m, v| m.max(v.unsigned_abs()));
+        }
+        largest
+    }
+
+    /// AVX2 takes the types whose `max_value` is at most 32 on the promise
+    /// that no value is larger; random blocks reach each type's bound.
+    #[test]
+    fn max_value_is_each_types_largest_value_magnitude() {
+        fn check<B: Tiled>(name: &str) {
+            assert_eq!(largest_value::<B>(4096), B::LAYOUT.max_value, "{name}");
+        }
+        check::<BlockQ2K>("Q2_K");
+        check::<BlockQ3K>("Q3_K");
+        check::<BlockQ4K>("Q4_K");
+        check::<BlockQ5K>("Q5_K");
+        check::<BlockQ6K>("Q6_K");
+        check::<BlockIq4Xs>("IQ4_XS");
+        check::<BlockIq2Xxs>("IQ2_XXS");
+        check::<BlockIq2Xs>("IQ2_XS");
+        check::<BlockIq2S>("IQ2_S");
+        check::<BlockIq3Xxs>("IQ3_XXS");
+        check::<BlockIq3S>("IQ3_S");
+        check::<BlockIq1S>("IQ1_S");
+        check::<BlockIq1M>("IQ1_M");
     }
 }

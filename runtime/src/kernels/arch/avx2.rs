@@ -15,6 +15,7 @@
 //! on exact products (f16 × f16).
 
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 use super::super::scalar::{
     Blocks, FLOAT_PARTIALS, FloatSum, f16_tail_step, k4_scales, term, term_kmin,
@@ -25,7 +26,7 @@ use crate::forward::math::{
 use crate::kernels::attn::{self, KEY_TILE, by_heads};
 use crate::kernels::{
     BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, OpsTable, Q8_GROUP_BYTES, Q8KRows, Q8Rows, QK8_0,
-    RowsTable, Scaled, block_entries, block_table,
+    RowsTable, Scaled, TiledProduct, block_entries, block_table, tiled,
 };
 use memwall_format::blocks::{
     Block, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
@@ -142,7 +143,10 @@ pub(crate) static TABLE: DotTable = memwall_format::block_types!([block_table] e
         q5_0: Some(r_q5_0),
         q8_0: Some(r_q8_0),
         iq4_nl: Some(r_iq4_nl),
-        tiled: None,
+        tiled: Some(TiledProduct {
+            product: t_tiled,
+            max_value: 32,
+        }),
         q8k_groups: false,
     },
     ops: OPS,
@@ -1468,6 +1472,157 @@ fn iq4_xs_sums(b: &BlockIq4Xs, y: &BlockQ8K) -> (__m256i, __m256i) {
         isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set1_epi16(s as i16)));
     }
     (isum, _mm256_setzero_si256())
+}
+
+// ---- tiled K-quant products (kernels/tiled.rs) ----
+//
+// Lanes are eight weight rows, half a panel at a time; each token's four
+// biased quants (`a + 128`, unsigned) are broadcast against four signed
+// values of each row. `vpmaddubsw` adds two products into 16 bits, exactly
+// for the types whose values are at most 32 in magnitude (`2 · 255 · 32`,
+// twice, is below 2^15), so two groups of four add in 16 bits before
+// `vpmaddwd` against the sub-block scale (an `i16` pair) adds them into the
+// row's 32-bit sum, which starts at the row's bias (the 128 taken back out).
+// The minimums' `summs` are `vpmaddwd` of `i16` pairs against the token's
+// stored quant sums; each (row, token) term goes to its partial `b % 8`
+// with the scalar operations.
+
+/// Declares the safe entry point of a backend's tiled product: the
+/// activations' groups of [`tiled::TOKENS`] tokens one by one through
+/// `$kernel::<NSUB, MINS>` (a `#[target_feature]` function the backend's
+/// table is only handed out for).
+macro_rules! tiled_entry {
+    ($name:ident, $kernel:ident) => {
+        fn $name(layout: tiled::Layout, panel: &[u8], acts: &[u8], out: &mut [f32], stride: usize) {
+            let group = panel.len() / tiled::record_bytes(layout.nsub) * tiled::ACT_BYTES;
+            assert!(group > 0 && acts.len() % group == 0, "tiled activations");
+            for (g, a) in acts.chunks_exact(group).enumerate() {
+                let o = &mut out[g * tiled::TOKENS..];
+                // SAFETY: as for `entry!`.
+                unsafe {
+                    match (layout.nsub, layout.mins) {
+                        (8, true) => $kernel::<8, true>(panel, a, o, stride, layout.factor),
+                        (8, false) => $kernel::<8, false>(panel, a, o, stride, layout.factor),
+                        (16, true) => $kernel::<16, true>(panel, a, o, stride, layout.factor),
+                        (16, false) => $kernel::<16, false>(panel, a, o, stride, layout.factor),
+                        _ => panic!("tiled layout {layout:?}"),
+                    }
+                }
+            }
+        }
+    };
+}
+pub(super) use tiled_entry;
+
+tiled_entry!(t_tiled, tiled_k);
+
+/// Word `i` of `bytes` (little-endian).
+#[inline]
+pub(super) fn word(bytes: &[u8], i: usize) -> i32 {
+    let w = &bytes[4 * i..4 * i + 4];
+    i32::from_le_bytes([w[0], w[1], w[2], w[3]])
+}
+
+/// One panel (`nb` records of [`tiled::record_bytes`]`(NSUB)`) against a
+/// group of eight tokens (`nb` records of [`tiled::ACT_BYTES`]):
+/// `out[r·stride + t]` for the sixteen rows `r` and eight tokens `t`, each
+/// the single product's bits. Values of at most 32 in magnitude.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tiled_k<const NSUB: usize, const MINS: bool>(
+    panel: &[u8],
+    acts: &[u8],
+    out: &mut [f32],
+    stride: usize,
+    factor: f32,
+) {
+    const T: usize = tiled::TOKENS;
+    let rec = tiled::record_bytes(NSUB);
+    let nb = panel.len() / rec;
+    assert!(
+        panel.len() == nb * rec && acts.len() == nb * tiled::ACT_BYTES,
+        "tiled lengths"
+    );
+    assert!(out.len() > 15 * stride + T - 1, "tiled output");
+    // Groups of four values per sub-block (4 or 8: pairs of groups).
+    let per_sub = 64 / NSUB;
+    let at_c = 4096 + 64 * NSUB;
+    let low16 = _mm256_set1_epi32(0xffff);
+    for half in 0..2 {
+        let h = 32 * half;
+        // Partial `k` of token `t`, first written by super-block `k`.
+        let mut p = [[MaybeUninit::<__m256>::uninit(); 8]; T];
+        let recs = panel
+            .chunks_exact(rec)
+            .zip(acts.chunks_exact(tiled::ACT_BYTES));
+        for (b, (r, a)) in recs.enumerate() {
+            let mut s1 = [ld256(&r[at_c + 512 + h..][..32]); T];
+            for s in 0..NSUB {
+                let sc = ld256(&r[4096 + 64 * s + h..][..32]);
+                let sc = _mm256_or_si256(_mm256_slli_epi32::<16>(sc), _mm256_and_si256(sc, low16));
+                for k in (s * per_sub..(s + 1) * per_sub).step_by(2) {
+                    let w0 = ld256(&r[64 * k + h..][..32]);
+                    let w1 = ld256(&r[64 * (k + 1) + h..][..32]);
+                    let a = &a[32 * k..][..64];
+                    for (t, s1) in s1.iter_mut().enumerate() {
+                        let q0 = _mm256_set1_epi32(word(a, t));
+                        let q1 = _mm256_set1_epi32(word(a, T + t));
+                        let x = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(q0, w0),
+                            _mm256_maddubs_epi16(q1, w1),
+                        );
+                        *s1 = _mm256_add_epi32(*s1, _mm256_madd_epi16(x, sc));
+                    }
+                }
+            }
+            let dw = _mm256_castsi256_ps(ld256(&r[at_c + 576 + h..][..32]));
+            let mw = _mm256_castsi256_ps(ld256(&r[at_c + 640 + h..][..32]));
+            for (t, (p, &s1)) in p.iter_mut().zip(&s1).enumerate() {
+                let da = _mm256_set1_ps(f32::from_bits(word(a, 576 + t) as u32));
+                let term = if MINS {
+                    let mut s2 = _mm256_setzero_si256();
+                    for i in 0..8 {
+                        let m = ld256(&r[at_c + 64 * i + h..][..32]);
+                        let bs = _mm256_set1_epi32(word(a, 512 + T * i + t));
+                        s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(m, bs));
+                    }
+                    _mm256_sub_ps(
+                        _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(s1)),
+                        _mm256_mul_ps(_mm256_mul_ps(mw, da), _mm256_cvtepi32_ps(s2)),
+                    )
+                } else {
+                    _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(s1))
+                };
+                let before = if b < 8 {
+                    _mm256_setzero_ps()
+                } else {
+                    // SAFETY: written by super-block `b - 8`.
+                    unsafe { p[b % 8].assume_init() }
+                };
+                p[b % 8] = MaybeUninit::new(_mm256_add_ps(before, term));
+            }
+        }
+        for (t, p) in p.iter().enumerate() {
+            let p: [__m256; 8] = std::array::from_fn(|k| {
+                if k < nb {
+                    // SAFETY: written by super-block `k`.
+                    unsafe { p[k].assume_init() }
+                } else {
+                    _mm256_setzero_ps()
+                }
+            });
+            let v = _mm256_add_ps(
+                _mm256_add_ps(_mm256_add_ps(p[0], p[1]), _mm256_add_ps(p[2], p[3])),
+                _mm256_add_ps(_mm256_add_ps(p[4], p[5]), _mm256_add_ps(p[6], p[7])),
+            );
+            let v = _mm256_mul_ps(v, _mm256_set1_ps(factor));
+            let mut lanes = [0f32; 8];
+            // SAFETY: `lanes` holds eight floats.
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), v) };
+            for (r, &v) in lanes.iter().enumerate() {
+                out[(8 * half + r) * stride + t] = v;
+            }
+        }
+    }
 }
 
 // ---- lattice i-quants (Q8_K activations) ----

@@ -22,17 +22,17 @@ use std::mem::MaybeUninit;
 
 use super::avx2::{
     self, halves, ld256, ldps, transpose_dwords, tree8_ps, unpack_iq4_nl, unpack_q4_0, unpack_q5_0,
-    unpack_q8_0,
+    unpack_q8_0, word,
 };
 use crate::forward::math::{
     EXP_FAST_C, EXP_FAST_MAX, EXP_FAST_MIN, LN2_HI_F32, LN2_LO_F32, LOG2E_F32, ROUND_F32, exp_fast,
 };
 use crate::kernels::attn::{self, KEY_TILE, by_heads};
 use crate::kernels::scalar::{Blocks, k4_scales, term};
-use crate::kernels::tiled::{self, Layout};
+use crate::kernels::tiled;
 use crate::kernels::{
     BlockQ8_0, BlockQ8K, DotTable, OpsTable, Q8_GROUP_BYTES, Q8K_GROUP_BYTES, Q8KRows, Q8Rows,
-    RowsTable, Scaled,
+    RowsTable, Scaled, TiledProduct,
 };
 use memwall_format::blocks::{
     Block, BlockIq4Nl, BlockQ4_0, BlockQ4K, BlockQ5_0, BlockTq1_0, BlockTq2_0,
@@ -147,7 +147,10 @@ pub(crate) static TABLE: DotTable = DotTable {
         iq4_nl: Some(r_iq4_nl),
         tq1_0: Some(r_tq1_0),
         tq2_0: Some(r_tq2_0),
-        tiled: Some(t_tiled),
+        tiled: Some(TiledProduct {
+            product: t_tiled,
+            max_value: 127,
+        }),
         q8k_groups: true,
         ..avx2::TABLE.rows
     },
@@ -1003,30 +1006,7 @@ fn q4_k_sums(b: &BlockQ4K, y: &BlockQ8K) -> (__m256i, __m256i) {
 // (`vpdpwssd` of `i16` pairs), and each (row, token) term goes to its
 // partial `b % 8` with the scalar operations.
 
-fn t_tiled(layout: Layout, panel: &[u8], acts: &[u8], out: &mut [f32], stride: usize) {
-    let group = panel.len() / tiled::record_bytes(layout.nsub) * tiled::ACT_BYTES;
-    assert!(group > 0 && acts.len() % group == 0, "tiled activations");
-    for (g, a) in acts.chunks_exact(group).enumerate() {
-        let o = &mut out[g * tiled::TOKENS..];
-        // SAFETY: as for `entry!`.
-        unsafe {
-            match (layout.nsub, layout.mins) {
-                (8, true) => tiled::<8, true>(panel, a, o, stride),
-                (8, false) => tiled::<8, false>(panel, a, o, stride),
-                (16, true) => tiled::<16, true>(panel, a, o, stride),
-                (16, false) => tiled::<16, false>(panel, a, o, stride),
-                _ => panic!("tiled layout {layout:?}"),
-            }
-        }
-    }
-}
-
-/// Word `i` of `bytes` (little-endian).
-#[inline]
-fn word(bytes: &[u8], i: usize) -> i32 {
-    let w = &bytes[4 * i..4 * i + 4];
-    i32::from_le_bytes([w[0], w[1], w[2], w[3]])
-}
+avx2::tiled_entry!(t_tiled, tiled);
 
 /// One panel (`nb` records of [`tiled::record_bytes`]`(NSUB)`) against a
 /// group of eight tokens (`nb` records of [`tiled::ACT_BYTES`]):
@@ -1038,6 +1018,7 @@ fn tiled<const NSUB: usize, const MINS: bool>(
     acts: &[u8],
     out: &mut [f32],
     stride: usize,
+    factor: f32,
 ) {
     const T: usize = tiled::TOKENS;
     let rec = tiled::record_bytes(NSUB);
@@ -1111,6 +1092,7 @@ fn tiled<const NSUB: usize, const MINS: bool>(
             _mm512_add_ps(_mm512_add_ps(p[0], p[1]), _mm512_add_ps(p[2], p[3])),
             _mm512_add_ps(_mm512_add_ps(p[4], p[5]), _mm512_add_ps(p[6], p[7])),
         );
+        let v = _mm512_mul_ps(v, _mm512_set1_ps(factor));
         let mut lanes = [0f32; 16];
         // SAFETY: `lanes` holds sixteen floats.
         unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), v) };
