@@ -89,14 +89,34 @@ pub const KSIGNS: [u8; 128] = {
 /// The IQ1 grids' offset: each group's values are `grid ± IQ1_DELTA`.
 pub const IQ1_DELTA: f32 = 0.125;
 
-/// `v` with the sign bits of `s` (bit `j` set: element `j` negated).
-#[inline]
-fn signed<const K: usize>(v: &[i8; K], s: u32) -> [i8; K] {
-    // Branch-free (signs are random): `m` is 0 or −1, `(v ^ m) − m` is `v` or `−v`.
-    std::array::from_fn(|j| {
-        let m = -(((s >> j) & 1) as i8);
-        (v[j] ^ m) - m
-    })
+/// Byte `j` of `SIGN_MASKS[s]` is `0xff` where bit `j` of `s` is set.
+const SIGN_MASKS: [u64; 256] = {
+    let mut t = [0u64; 256];
+    let mut s = 0;
+    while s < 256 {
+        let mut j = 0;
+        while j < 8 {
+            if s >> j & 1 != 0 {
+                t[s] |= 0xff << (8 * j);
+            }
+            j += 1;
+        }
+        s += 1;
+    }
+    t
+};
+
+/// `v` with the sign bits of `s` (bit `j` set: element `j` negated), eight
+/// bytes in one word: `(v ^ m) + (m & 1)` bytewise, `m` from [`SIGN_MASKS`]
+/// (`−v = !v + 1`; the additions kept within their bytes).
+fn signed(v: &[i8; 8], s: u8) -> [i8; 8] {
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    let m = SIGN_MASKS[usize::from(s)];
+    let x = u64::from_le_bytes(v.map(|b| b as u8)) ^ m;
+    let y = m & ONES;
+    let sum = ((x & LOW7) + y) ^ (x & !LOW7);
+    sum.to_le_bytes().map(|b| b as i8)
 }
 
 fn le16(b: &[u8], at: usize) -> u16 {
@@ -146,7 +166,7 @@ impl Codes {
         let mut g = Groups::zeroed();
         g.ls = self.ls;
         for (k, (v, &s)) in self.v.iter().zip(&self.signs).enumerate() {
-            g.q[8 * k..][..8].copy_from_slice(&signed(v, u32::from(s)));
+            g.q[8 * k..][..8].copy_from_slice(&signed(v, s));
         }
         g
     }
@@ -521,3 +541,31 @@ lattice_block!(
     BlockIq1S: IQ1_S [d],
     BlockIq1M: IQ1_M []
 );
+
+#[cfg(test)]
+mod tests {
+    use super::signed;
+
+    /// The word-at-a-time negation is element-wise `wrapping_neg` where the
+    /// sign bit is set, for every sign byte and values at both ends.
+    #[test]
+    fn signed_negates_exactly_the_elements_whose_sign_bit_is_set() {
+        let rows: [[i8; 8]; 3] = [
+            [0, 1, -1, 127, -128, 43, 62, 8],
+            [-128, 0, 127, -127, 15, 1, 0, 64],
+            [1, 3, 5, 7, 9, 11, 13, 15],
+        ];
+        for v in rows {
+            for s in 0..=255u8 {
+                let want: [i8; 8] = std::array::from_fn(|j| {
+                    if s >> j & 1 != 0 {
+                        v[j].wrapping_neg()
+                    } else {
+                        v[j]
+                    }
+                });
+                assert_eq!(signed(&v, s), want, "{v:?} signs {s:#04x}");
+            }
+        }
+    }
+}
