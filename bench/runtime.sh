@@ -17,7 +17,8 @@
 # converted to F16, then quantized to Q8_0 and Q4_K_M by memwall; byte-identical to
 # llama.cpp's files). Its width 576 is no multiple of 256, so in "Q4_K_M" most matrices
 # fall back to Q5_0/Q5_1/Q8_0 as llama.cpp does. MODEL=an F16 GGUF benchmarks that model
-# instead (e.g. bench/wide-model.sh's, whose widths are multiples of 256), and TYPES=".."
+# instead (e.g. bench/wide-model.sh's, whose widths are multiples of 256, or a converted
+# `memwall-synth --preset qwen2.5-1.5b --layers 4`: issue 34's real-width run), and TYPES=".."
 # the file types quantized from it (default "Q8_0 Q4_K_M"; F16 is always measured).
 # IMATRIX=FILE quantizes with that importance matrix (needed for the 1-2-bit i-quants).
 set -euo pipefail
