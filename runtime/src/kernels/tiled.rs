@@ -65,6 +65,18 @@ pub(crate) struct Layout {
     pub(crate) factor: f32,
 }
 
+impl Layout {
+    /// A type whose sum of terms is the product (no final factor).
+    const fn scaled(nsub: usize, mins: bool, max_value: u8) -> Layout {
+        Layout {
+            nsub,
+            mins,
+            max_value,
+            factor: 1.0,
+        }
+    }
+}
+
 /// Bytes of one super-block's record of a panel.
 pub(crate) const fn record_bytes(nsub: usize) -> usize {
     4096 + 64 * nsub + 512 + 64 + 128
@@ -80,6 +92,16 @@ struct Unpacked {
     dmin: f32,
 }
 
+impl Unpacked {
+    const ZERO: Unpacked = Unpacked {
+        values: [0; QK],
+        scales: [0; 16],
+        mins: [0; 16],
+        d: 0.0,
+        dmin: 0.0,
+    };
+}
+
 /// A block type with a tiled product.
 trait Tiled: Block {
     const LAYOUT: Layout;
@@ -87,12 +109,7 @@ trait Tiled: Block {
 }
 
 impl Tiled for BlockQ2K {
-    const LAYOUT: Layout = Layout {
-        nsub: 16,
-        mins: true,
-        max_value: 3,
-        factor: 1.0,
-    };
+    const LAYOUT: Layout = Layout::scaled(16, true, 3);
     fn unpack(&self, u: &mut Unpacked) {
         for (k, q) in self.qs.chunks_exact(32).enumerate() {
             for j in 0..4 {
@@ -110,12 +127,7 @@ impl Tiled for BlockQ2K {
 }
 
 impl Tiled for BlockQ3K {
-    const LAYOUT: Layout = Layout {
-        nsub: 16,
-        mins: false,
-        max_value: 4,
-        factor: 1.0,
-    };
+    const LAYOUT: Layout = Layout::scaled(16, false, 4);
     fn unpack(&self, u: &mut Unpacked) {
         for (k, q) in self.qs.chunks_exact(32).enumerate() {
             for j in 0..4 {
@@ -144,12 +156,7 @@ fn k4_unpack(scales: &[u8; 12], u: &mut Unpacked) {
 }
 
 impl Tiled for BlockQ4K {
-    const LAYOUT: Layout = Layout {
-        nsub: 8,
-        mins: true,
-        max_value: 15,
-        factor: 1.0,
-    };
+    const LAYOUT: Layout = Layout::scaled(8, true, 15);
     fn unpack(&self, u: &mut Unpacked) {
         for (c, q) in self.qs.chunks_exact(32).enumerate() {
             for (l, &q) in q.iter().enumerate() {
@@ -163,12 +170,7 @@ impl Tiled for BlockQ4K {
 }
 
 impl Tiled for BlockQ5K {
-    const LAYOUT: Layout = Layout {
-        nsub: 8,
-        mins: true,
-        max_value: 31,
-        factor: 1.0,
-    };
+    const LAYOUT: Layout = Layout::scaled(8, true, 31);
     fn unpack(&self, u: &mut Unpacked) {
         for (c, q) in self.qs.chunks_exact(32).enumerate() {
             for (l, (&q, &h)) in q.iter().zip(&self.qh).enumerate() {
@@ -182,12 +184,7 @@ impl Tiled for BlockQ5K {
 }
 
 impl Tiled for BlockQ6K {
-    const LAYOUT: Layout = Layout {
-        nsub: 16,
-        mins: false,
-        max_value: 32,
-        factor: 1.0,
-    };
+    const LAYOUT: Layout = Layout::scaled(16, false, 32);
     fn unpack(&self, u: &mut Unpacked) {
         // Values −32..31, in halves of 128: four low nibbles of `ql` under
         // two bits of `qh` each, less 32.
@@ -210,12 +207,7 @@ impl Tiled for BlockQ6K {
 }
 
 impl Tiled for BlockIq4Xs {
-    const LAYOUT: Layout = Layout {
-        nsub: 8,
-        mins: false,
-        max_value: 127,
-        factor: 1.0,
-    };
+    const LAYOUT: Layout = Layout::scaled(8, false, 127);
     fn unpack(&self, u: &mut Unpacked) {
         let value = |q: u8| IQ4NL_GRID[usize::from(q)];
         for (ib, q) in self.qs.chunks_exact(16).enumerate() {
@@ -258,46 +250,36 @@ lattice_tiled!(
     BlockIq1M 9
 );
 
+/// `$body` with the type alias `$b` naming the block of `$ty`, for the
+/// types with a tiled product; `$none` for the others.
+macro_rules! with_block {
+    ($ty:expr, $b:ident => $body:expr, _ => $none:expr) => {
+        with_block!(@ $ty, $b, $body, $none;
+            Q2_K BlockQ2K, Q3_K BlockQ3K, Q4_K BlockQ4K, Q5_K BlockQ5K, Q6_K BlockQ6K,
+            IQ4_XS BlockIq4Xs, IQ2_XXS BlockIq2Xxs, IQ2_XS BlockIq2Xs, IQ2_S BlockIq2S,
+            IQ3_XXS BlockIq3Xxs, IQ3_S BlockIq3S, IQ1_S BlockIq1S, IQ1_M BlockIq1M)
+    };
+    (@ $ty:expr, $b:ident, $body:expr, $none:expr; $($t:ident $blk:ident),*) => {
+        match $ty {
+            $(GgmlType::$t => {
+                type $b = $blk;
+                $body
+            })*
+            _ => $none,
+        }
+    };
+}
+
 /// The layout of `ty`'s tiled product, if it has one.
 pub(crate) fn layout(ty: GgmlType) -> Option<Layout> {
-    Some(match ty {
-        GgmlType::Q2_K => BlockQ2K::LAYOUT,
-        GgmlType::Q3_K => BlockQ3K::LAYOUT,
-        GgmlType::Q4_K => BlockQ4K::LAYOUT,
-        GgmlType::Q5_K => BlockQ5K::LAYOUT,
-        GgmlType::Q6_K => BlockQ6K::LAYOUT,
-        GgmlType::IQ4_XS => BlockIq4Xs::LAYOUT,
-        GgmlType::IQ2_XXS => BlockIq2Xxs::LAYOUT,
-        GgmlType::IQ2_XS => BlockIq2Xs::LAYOUT,
-        GgmlType::IQ2_S => BlockIq2S::LAYOUT,
-        GgmlType::IQ3_XXS => BlockIq3Xxs::LAYOUT,
-        GgmlType::IQ3_S => BlockIq3S::LAYOUT,
-        GgmlType::IQ1_S => BlockIq1S::LAYOUT,
-        GgmlType::IQ1_M => BlockIq1M::LAYOUT,
-        _ => return None,
-    })
+    with_block!(ty, B => Some(B::LAYOUT), _ => None)
 }
 
 /// Writes the panels of rows `rows` of `w` (a type [`layout`] knows) into
 /// `out`: `rows.len().div_ceil(ROWS)` panels of `nb` records, rows past the
 /// range zero. Panics if `out` is not exactly that long.
 pub(crate) fn unpack(w: &QMatrix<'_>, rows: std::ops::Range<usize>, out: &mut [u8]) {
-    match w.ty() {
-        GgmlType::Q2_K => unpack_as::<BlockQ2K>(w, rows, out),
-        GgmlType::Q3_K => unpack_as::<BlockQ3K>(w, rows, out),
-        GgmlType::Q4_K => unpack_as::<BlockQ4K>(w, rows, out),
-        GgmlType::Q5_K => unpack_as::<BlockQ5K>(w, rows, out),
-        GgmlType::Q6_K => unpack_as::<BlockQ6K>(w, rows, out),
-        GgmlType::IQ4_XS => unpack_as::<BlockIq4Xs>(w, rows, out),
-        GgmlType::IQ2_XXS => unpack_as::<BlockIq2Xxs>(w, rows, out),
-        GgmlType::IQ2_XS => unpack_as::<BlockIq2Xs>(w, rows, out),
-        GgmlType::IQ2_S => unpack_as::<BlockIq2S>(w, rows, out),
-        GgmlType::IQ3_XXS => unpack_as::<BlockIq3Xxs>(w, rows, out),
-        GgmlType::IQ3_S => unpack_as::<BlockIq3S>(w, rows, out),
-        GgmlType::IQ1_S => unpack_as::<BlockIq1S>(w, rows, out),
-        GgmlType::IQ1_M => unpack_as::<BlockIq1M>(w, rows, out),
-        ty => panic!("no tiled product for {ty}"),
-    }
+    with_block!(w.ty(), B => unpack_as::<B>(w, rows, out), _ => panic!("no tiled product for {}", w.ty()))
 }
 
 fn unpack_as<B: Tiled>(w: &QMatrix<'_>, rows: std::ops::Range<usize>, out: &mut [u8]) {
@@ -310,13 +292,7 @@ fn unpack_as<B: Tiled>(w: &QMatrix<'_>, rows: std::ops::Range<usize>, out: &mut 
         // The last panel's rows past the range.
         out[(panels - 1) * nb * rec..].fill(0);
     }
-    let mut u = Unpacked {
-        values: [0; QK],
-        scales: [0; 16],
-        mins: [0; 16],
-        d: 0.0,
-        dmin: 0.0,
-    };
+    let mut u = Unpacked::ZERO;
     let per_sub = QK / nsub;
     for (i, r) in rows.enumerate() {
         let (panel, lane) = (i / ROWS, 4 * (i % ROWS));
@@ -413,13 +389,7 @@ mod tests {
             .collect();
         let raw: &[u8] = memwall_format::blocks::block_bytes(&words);
         let blocks: &[B] = as_blocks(&raw[..n * size_of::<B>()]);
-        let mut u = Unpacked {
-            values: [0; QK],
-            scales: [0; 16],
-            mins: [0; 16],
-            d: 0.0,
-            dmin: 0.0,
-        };
+        let mut u = Unpacked::ZERO;
         let mut largest = 0;
         for b in blocks {
             b.unpack(&mut u);
@@ -435,21 +405,12 @@ mod tests {
     /// that no value is larger; random blocks reach each type's bound.
     #[test]
     fn max_value_is_each_types_largest_value_magnitude() {
-        fn check<B: Tiled>(name: &str) {
-            assert_eq!(largest_value::<B>(4096), B::LAYOUT.max_value, "{name}");
+        let mut checked = 0;
+        for ty in memwall_format::blocks::DEQUANTIZABLE {
+            let largest = with_block!(ty, B => largest_value::<B>(4096), _ => continue);
+            assert_eq!(Some(largest), layout(ty).map(|l| l.max_value), "{ty}");
+            checked += 1;
         }
-        check::<BlockQ2K>("Q2_K");
-        check::<BlockQ3K>("Q3_K");
-        check::<BlockQ4K>("Q4_K");
-        check::<BlockQ5K>("Q5_K");
-        check::<BlockQ6K>("Q6_K");
-        check::<BlockIq4Xs>("IQ4_XS");
-        check::<BlockIq2Xxs>("IQ2_XXS");
-        check::<BlockIq2Xs>("IQ2_XS");
-        check::<BlockIq2S>("IQ2_S");
-        check::<BlockIq3Xxs>("IQ3_XXS");
-        check::<BlockIq3S>("IQ3_S");
-        check::<BlockIq1S>("IQ1_S");
-        check::<BlockIq1M>("IQ1_M");
+        assert_eq!(checked, 13, "the types with a tiled product");
     }
 }
