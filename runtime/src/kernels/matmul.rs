@@ -383,6 +383,7 @@ fn run_tiled(
 ) {
     let (rows, t_n, nb) = (w.rows, acts.rows(), w.cols / QK_K);
     let panel = nb * tiled::record_bytes(layout.nsub);
+    let group = nb * tiled::ACT_BYTES;
     let chunk = tiled_chunk(rows, threads, panel);
     let out = Disjoint::new(y);
     let run_chunk = |c: usize| {
@@ -395,7 +396,6 @@ fn run_tiled(
             let mut tr = [0f32; MAX_CHUNK * TOKEN_TILE];
             for t0 in (0..t_n).step_by(TOKEN_TILE) {
                 let nt = TOKEN_TILE.min(t_n - t0);
-                let group = nb * tiled::ACT_BYTES;
                 let groups = t0 / tiled::TOKENS..(t0 + nt).div_ceil(tiled::TOKENS);
                 let a = &acts.q8k_tiles.bytes()[groups.start * group..groups.end * group];
                 for (g, p) in panels.chunks_exact(panel).enumerate() {

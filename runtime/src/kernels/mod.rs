@@ -327,11 +327,9 @@ impl AlignedBytes {
 
     /// `len` zero bytes at a 64-byte boundary, to fill.
     fn zeroed(&mut self, len: usize) -> &mut [u8] {
-        self.buf.clear();
-        self.buf.resize(len + 63, 0);
-        self.at = self.buf.as_ptr().align_offset(64).min(63);
-        self.len = len;
-        &mut self.buf[self.at..self.at + len]
+        let out = self.reuse(len);
+        out.fill(0);
+        out
     }
 
     fn bytes(&self) -> &[u8] {
