@@ -407,8 +407,8 @@ fn act_sum(y: &BlockQ8K) -> i32 {
 // partials are eight vectors (24 of the 32 registers), and the weights of
 // each four columns are widened once (`fcvtl`) for the three tokens, or
 // read already widened when `Matmul` widened the rows for all their tiles
-// of tokens (`f16_wide`). The products of f16 values are exact in f32, so the fused multiply-add has the
-// bits of the scalar multiply then add.
+// of tokens (`f16_wide`). The products of f16 values are exact in f32, so
+// the fused multiply-add has the bits of the scalar multiply then add.
 
 /// Tokens per pass of the F16 several-row product.
 const F16_TOKENS: usize = 3;
@@ -488,14 +488,15 @@ fn f16_group<const M: usize, const WIDE: bool>(
     };
     let full = cols / 32 * 32;
     let rows: [&[[f32; 32]]; M] = std::array::from_fn(|j| a[j * cols..][..cols].as_chunks().0);
+    let (halves, floats) = (w.as_chunks::<64>().0, wide.as_chunks::<32>().0);
     for c in 0..full / 32 {
-        let x = std::array::from_fn(|k| {
-            if WIDE {
-                ld_f32(&wide[32 * c + 4 * k..])
-            } else {
-                cvt_f16(&w[64 * c + 8 * k..])
-            }
-        });
+        let x = if WIDE {
+            let ws = &floats[c];
+            std::array::from_fn(|k| ld_f32(&ws[4 * k..]))
+        } else {
+            let ws = &halves[c];
+            std::array::from_fn(|k| cvt_f16(&ws[8 * k..]))
+        };
         step(&mut acc, x, std::array::from_fn(|j| &rows[j][c]));
     }
     // The last `cols mod 32` columns: one more step, padded with zeros.
