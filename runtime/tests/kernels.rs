@@ -653,8 +653,9 @@ fn batched_matmul_matches_scalar_for_every_tail() {
 
 /// Batches of eight tokens or more take the tiled products of the K-quants,
 /// IQ4_XS and the lattice i-quants (rows unpacked into panels of sixteen, tokens in groups of
-/// eight): ragged panels and groups, one and several work items, one and
-/// two threads, against the scalar dot products.
+/// eight): ragged panels and groups, one and several work items (129 rows on
+/// one thread: three panels, a pair and one), one and two threads, against
+/// the scalar dot products.
 #[test]
 fn tiled_products_match_scalar_for_ragged_rows_and_tokens() {
     let mut rng = Rng(0x7113_d0c5);
@@ -677,7 +678,7 @@ fn tiled_products_match_scalar_for_ragged_rows_and_tokens() {
         for threads in [1, 2] {
             let mut mm = Matmul::new(Kernels::new(b).unwrap(), threads);
             for ty in types {
-                for (rows, nb) in [(1, 1), (16, 3), (17, 9), (70, 2), (129, 1)] {
+                for (rows, nb) in [(1, 1), (16, 3), (17, 9), (70, 2), (129, 1), (129, 9)] {
                     let cols = 256 * nb;
                     for t_n in [8, 9, 16, 17, 40] {
                         let w = random_row(&mut rng, ty, rows * cols);

@@ -304,7 +304,7 @@ fn run(
         .tiled(w.ty)
         .filter(|_| acts.kind() == Some(VecDotType::Q8K) && !acts.q8k_tiles.is_empty())
     {
-        run_tiled(kernels, pool, threads, (f, layout), w, acts, y);
+        run_tiled(pool, threads, (f, layout), w, acts, y);
         return Ok(());
     }
     // Several tokens: each work item computes its rows for a tile of tokens
@@ -373,7 +373,6 @@ fn run(
 /// [`run`] through a tiled product: each work item unpacks its rows into
 /// panels once, then takes every tile of tokens against them.
 fn run_tiled(
-    kernels: Kernels,
     pool: Option<&Pool>,
     threads: usize,
     (f, layout): (TiledFn, Layout),
@@ -392,22 +391,19 @@ fn run_tiled(
         PANELS.with_borrow_mut(|buf| {
             let panels = buf.reuse(nr.div_ceil(tiled::ROWS) * panel);
             tiled::unpack(w, r0..r0 + nr, panels);
+            // Token-major: token `t`'s outputs of the work item's rows at
+            // `tile[t·width..]`, a whole number of panels wide.
+            let width = nr.next_multiple_of(tiled::ROWS);
             let mut tile = [0f32; MAX_CHUNK * TOKEN_TILE];
-            let mut tr = [0f32; MAX_CHUNK * TOKEN_TILE];
             for t0 in (0..t_n).step_by(TOKEN_TILE) {
                 let nt = TOKEN_TILE.min(t_n - t0);
                 let groups = t0 / tiled::TOKENS..(t0 + nt).div_ceil(tiled::TOKENS);
                 let a = &acts.q8k_tiles.bytes()[groups.start * group..groups.end * group];
-                for (g, p) in panels.chunks_exact(panel).enumerate() {
-                    let o = &mut tile[g * tiled::ROWS * TOKEN_TILE..];
-                    f(layout, p, a, o, TOKEN_TILE);
-                }
-                let tr = &mut tr[..nt * nr];
-                kernels.transpose(&tile, TOKEN_TILE, nr, nt, tr);
-                for (t, v) in tr.chunks_exact(nr).enumerate() {
+                f(layout, nb, panels, a, &mut tile, width);
+                for (t, v) in tile.chunks_exact(width).take(nt).enumerate() {
                     // SAFETY: outputs of rows `r0..r0 + nr` belong to this
                     // work item alone (the pool runs each item once).
-                    unsafe { out.write((t0 + t) * rows + r0, v) };
+                    unsafe { out.write((t0 + t) * rows + r0, &v[..nr]) };
                 }
             }
         });

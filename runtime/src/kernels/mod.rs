@@ -845,11 +845,12 @@ pub(crate) type RowsWideF16 = fn(&[f32], usize, &[f32], &mut [f32], usize);
 /// `(w, a, out)` with `a` holding `out.len()` rows of `w`'s block count.
 pub(crate) type RowsK<B> = fn(&[B], Q8KRows<'_>, &mut [f32]);
 
-/// Weight panels against tokens ([`tiled`]): `(layout, panel, acts, out,
-/// stride)` with `panel` one panel's records and `acts` whole groups of
-/// [`tiled::TOKENS`] tokens in the tiled layout; `out[r·stride + t]` gets the bits of the single product
-/// of the panel's row `r` and token `t`, for its sixteen rows.
-pub(crate) type TiledFn = fn(tiled::Layout, &[u8], &[u8], &mut [f32], usize);
+/// Weight panels against tokens ([`tiled`]): `(layout, nb, panels, acts,
+/// out, stride)` with `panels` whole panels of `nb` records and `acts` whole
+/// groups of [`tiled::TOKENS`] tokens in the tiled layout; `out[t·stride + r]`
+/// gets the bits of the single product of token `t` and row `r` (sixteen to
+/// a panel, in order).
+pub(crate) type TiledFn = fn(tiled::Layout, usize, &[u8], &[u8], &mut [f32], usize);
 
 /// A backend's tiled product and the types it takes: those whose values
 /// have magnitudes of at most `max_value` ([`tiled::Layout::max_value`]).

@@ -1487,26 +1487,56 @@ fn iq4_xs_sums(b: &BlockIq4Xs, y: &BlockQ8K) -> (__m256i, __m256i) {
 // stored quant sums; each (row, token) term goes to its partial `b % 8`
 // with the scalar operations.
 
-/// Declares the safe entry point of a backend's tiled product: the
-/// activations' groups of [`tiled::TOKENS`] tokens one by one through
-/// `$kernel::<NSUB, MINS>` (a `#[target_feature]` function the backend's
-/// table is only handed out for).
+/// Declares the safe entry point of a backend's tiled product: each of the
+/// activations' groups of [`tiled::TOKENS`] tokens against the panels, two
+/// panels at a time through `$pair::<NSUB, MINS>` where the backend has one
+/// (each token's quads then serve both), the rest one at a time through
+/// `$kernel::<NSUB, MINS>` (`#[target_feature]` functions the backend's table
+/// is only handed out for).
 macro_rules! tiled_entry {
-    ($name:ident, $kernel:ident) => {
-        fn $name(layout: tiled::Layout, panel: &[u8], acts: &[u8], out: &mut [f32], stride: usize) {
-            let group = panel.len() / tiled::record_bytes(layout.nsub) * tiled::ACT_BYTES;
-            assert!(group > 0 && acts.len() % group == 0, "tiled activations");
-            for (g, a) in acts.chunks_exact(group).enumerate() {
-                let o = &mut out[g * tiled::TOKENS..];
-                // SAFETY: as for `entry!`.
-                unsafe {
-                    match (layout.nsub, layout.mins) {
-                        (8, true) => $kernel::<8, true>(panel, a, o, stride, layout.factor),
-                        (8, false) => $kernel::<8, false>(panel, a, o, stride, layout.factor),
-                        (16, true) => $kernel::<16, true>(panel, a, o, stride, layout.factor),
-                        (16, false) => $kernel::<16, false>(panel, a, o, stride, layout.factor),
-                        _ => panic!("tiled layout {layout:?}"),
+    ($name:ident, $kernel:ident $(, $pair:ident)?) => {
+        fn $name(
+            layout: tiled::Layout,
+            nb: usize,
+            panels: &[u8],
+            acts: &[u8],
+            out: &mut [f32],
+            stride: usize,
+        ) {
+            let (panel, group) = (nb * tiled::record_bytes(layout.nsub), nb * tiled::ACT_BYTES);
+            assert!(
+                group > 0 && acts.len() % group == 0 && panels.len() % panel == 0,
+                "tiled lengths"
+            );
+            // `$k::<NSUB, MINS>($p, a, &mut out[..], stride, factor)` for the
+            // layout's sub-blocks and minimums.
+            macro_rules! call {
+                ($k:ident, $p:expr, $a:expr, $o:expr) => {
+                    // SAFETY: as for `entry!`.
+                    unsafe {
+                        match (layout.nsub, layout.mins) {
+                            (8, true) => $k::<8, true>($p, $a, $o, stride, layout.factor),
+                            (8, false) => $k::<8, false>($p, $a, $o, stride, layout.factor),
+                            (16, true) => $k::<16, true>($p, $a, $o, stride, layout.factor),
+                            (16, false) => $k::<16, false>($p, $a, $o, stride, layout.factor),
+                            _ => panic!("tiled layout {layout:?}"),
+                        }
                     }
+                };
+            }
+            for (g, a) in acts.chunks_exact(group).enumerate() {
+                let (rest, mut row) = (panels, 0);
+                $(
+                    let mut rest = rest;
+                    while let Some((two, next)) = rest.split_at_checked(2 * panel) {
+                        let o = &mut out[g * tiled::TOKENS * stride + row..];
+                        call!($pair, two.split_at(panel), a, o);
+                        (rest, row) = (next, row + 2 * tiled::ROWS);
+                    }
+                )?
+                for p in rest.chunks_exact(panel) {
+                    call!($kernel, p, a, &mut out[g * tiled::TOKENS * stride + row..]);
+                    row += tiled::ROWS;
                 }
             }
         }
@@ -1525,7 +1555,7 @@ pub(super) fn word(bytes: &[u8], i: usize) -> i32 {
 
 /// One panel (`nb` records of [`tiled::record_bytes`]`(NSUB)`) against a
 /// group of eight tokens (`nb` records of [`tiled::ACT_BYTES`]):
-/// `out[r·stride + t]` for the sixteen rows `r` and eight tokens `t`, each
+/// `out[t·stride + r]` for the eight tokens `t` and sixteen rows `r`, each
 /// the single product's bits. Values of at most 32 in magnitude.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn tiled_k<const NSUB: usize, const MINS: bool>(
@@ -1542,7 +1572,7 @@ fn tiled_k<const NSUB: usize, const MINS: bool>(
         panel.len() == nb * rec && acts.len() == nb * tiled::ACT_BYTES,
         "tiled lengths"
     );
-    assert!(out.len() > 15 * stride + T - 1, "tiled output");
+    assert!(out.len() >= (T - 1) * stride + 16, "tiled output");
     // Groups of four values per sub-block (4 or 8: pairs of groups).
     let per_sub = 64 / NSUB;
     let at_c = 4096 + 64 * NSUB;
@@ -1615,12 +1645,9 @@ fn tiled_k<const NSUB: usize, const MINS: bool>(
                 _mm256_add_ps(_mm256_add_ps(p[4], p[5]), _mm256_add_ps(p[6], p[7])),
             );
             let v = _mm256_mul_ps(v, _mm256_set1_ps(factor));
-            let mut lanes = [0f32; 8];
-            // SAFETY: `lanes` holds eight floats.
-            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), v) };
-            for (r, &v) in lanes.iter().enumerate() {
-                out[(8 * half + r) * stride + t] = v;
-            }
+            let o = &mut out[t * stride + 8 * half..][..8];
+            // SAFETY: `o` holds eight floats.
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
         }
     }
 }

@@ -1000,17 +1000,18 @@ fn q4_k_sums(b: &BlockQ4K, y: &BlockQ8K) -> (__m256i, __m256i) {
 // Lanes are the sixteen weight rows of a panel; each token's four biased
 // quants (`a + 128`, unsigned) are broadcast against four signed values of
 // each row (`vpdpbusd`), `T` tokens at a time, so one load of the panel
-// serves `T` byte products and nothing is transposed. A sub-block's sums are
-// scaled lane by lane (`vpmulld`) onto the row's bias (which takes the 128
-// back out), the minimums' `summs` come from the token's stored quant sums
-// (`vpdpwssd` of `i16` pairs), and each (row, token) term goes to its
-// partial `b % 8` with the scalar operations.
+// serves `T` byte products, and panels go in pairs, so one broadcast serves
+// two. A sub-block's sums are scaled lane by lane (`vpmulld`) onto the row's
+// bias (which takes the 128 back out), the minimums' `summs` come from the
+// token's stored quant sums (`vpdpwssd` of `i16` pairs), and each (row,
+// token) term goes to its partial `b % 8` with the scalar operations. A
+// token's sixteen outputs are one store: nothing is transposed.
 
-avx2::tiled_entry!(t_tiled, tiled);
+avx2::tiled_entry!(t_tiled, tiled, tiled_pair);
 
 /// One panel (`nb` records of [`tiled::record_bytes`]`(NSUB)`) against a
 /// group of eight tokens (`nb` records of [`tiled::ACT_BYTES`]):
-/// `out[r·stride + t]` for the sixteen rows `r` and eight tokens `t`, each
+/// `out[t·stride + r]` for the eight tokens `t` and sixteen rows `r`, each
 /// the single product's bits.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn tiled<const NSUB: usize, const MINS: bool>(
@@ -1027,18 +1028,15 @@ fn tiled<const NSUB: usize, const MINS: bool>(
         panel.len() == nb * rec && acts.len() == nb * tiled::ACT_BYTES,
         "tiled lengths"
     );
-    assert!(out.len() > 15 * stride + T - 1, "tiled output");
+    assert!(out.len() >= (T - 1) * stride + 16, "tiled output");
     // Groups of four values per sub-block.
     let per_sub = 64 / NSUB;
-    let at_c = 4096 + 64 * NSUB;
-    // Partial `k` of token `t`, written first by super-block `k` (as
-    // `+0.0 + term`, the canonical start) so that nothing is zeroed.
-    let mut p = [[MaybeUninit::<__m512>::uninit(); 8]; T];
+    let mut p = [[[MaybeUninit::<__m512>::uninit(); 8]; T]];
     let recs = panel
         .chunks_exact(rec)
         .zip(acts.chunks_exact(tiled::ACT_BYTES));
     for (b, (r, a)) in recs.enumerate() {
-        let mut s1 = [ld512(&r[at_c + 512..][..64]); T];
+        let mut s1 = [[tiled_bias::<NSUB>(r); T]];
         for s in 0..NSUB {
             let mut acc = [_mm512_setzero_si512(); T];
             for k in s * per_sub..(s + 1) * per_sub {
@@ -1048,27 +1046,121 @@ fn tiled<const NSUB: usize, const MINS: bool>(
                     *acc = _mm512_dpbusd_epi32(*acc, q, w);
                 }
             }
-            let sc = ld512(&r[4096 + 64 * s..][..64]);
-            for (s1, &acc) in s1.iter_mut().zip(&acc) {
-                *s1 = _mm512_add_epi32(*s1, _mm512_mullo_epi32(acc, sc));
+            tiled_scale(r, s, &acc, &mut s1[0]);
+        }
+        tiled_terms::<NSUB, MINS, 1>([r], a, &s1, b, &mut p);
+    }
+    tiled_store(&p[0], nb, factor, out, stride);
+}
+
+/// [`tiled`] for two panels (rows `16..32` of `out` the second's): each
+/// token's broadcast quad serves both, which halves the broadcasts per
+/// product (the loads, not the products, bound the one-panel pass).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn tiled_pair<const NSUB: usize, const MINS: bool>(
+    (panel0, panel1): (&[u8], &[u8]),
+    acts: &[u8],
+    out: &mut [f32],
+    stride: usize,
+    factor: f32,
+) {
+    const T: usize = tiled::TOKENS;
+    let rec = tiled::record_bytes(NSUB);
+    let nb = panel0.len() / rec;
+    assert!(
+        panel0.len() == nb * rec && panel1.len() == nb * rec && acts.len() == nb * tiled::ACT_BYTES,
+        "tiled lengths"
+    );
+    assert!(out.len() >= (T - 1) * stride + 32, "tiled output");
+    let per_sub = 64 / NSUB;
+    let mut p = [[[MaybeUninit::<__m512>::uninit(); 8]; T]; 2];
+    let recs = panel0
+        .chunks_exact(rec)
+        .zip(panel1.chunks_exact(rec))
+        .zip(acts.chunks_exact(tiled::ACT_BYTES));
+    for (b, ((r0, r1), a)) in recs.enumerate() {
+        let mut s1 = [[tiled_bias::<NSUB>(r0); T], [tiled_bias::<NSUB>(r1); T]];
+        for s in 0..NSUB {
+            let mut acc = [[_mm512_setzero_si512(); T]; 2];
+            for k in s * per_sub..(s + 1) * per_sub {
+                let w0 = ld512(&r0[64 * k..][..64]);
+                let w1 = ld512(&r1[64 * k..][..64]);
+                let [acc0, acc1] = &mut acc;
+                for (t, (acc0, acc1)) in acc0.iter_mut().zip(acc1).enumerate() {
+                    let q = _mm512_set1_epi32(word(a, T * k + t));
+                    *acc0 = _mm512_dpbusd_epi32(*acc0, q, w0);
+                    *acc1 = _mm512_dpbusd_epi32(*acc1, q, w1);
+                }
+            }
+            let [s1_0, s1_1] = &mut s1;
+            tiled_scale(r0, s, &acc[0], s1_0);
+            tiled_scale(r1, s, &acc[1], s1_1);
+        }
+        tiled_terms::<NSUB, MINS, 2>([r0, r1], a, &s1, b, &mut p);
+    }
+    tiled_store(&p[0], nb, factor, out, stride);
+    tiled_store(&p[1], nb, factor, &mut out[16..], stride);
+}
+
+/// Offset of the terms' fields (minimums, bias, `d`, `dmin`) in a record.
+const fn tiled_at_c(nsub: usize) -> usize {
+    4096 + 64 * nsub
+}
+
+/// The sixteen rows' biases of record `r`: where their sums start.
+#[target_feature(enable = "avx512f")]
+fn tiled_bias<const NSUB: usize>(r: &[u8]) -> __m512i {
+    ld512(&r[tiled_at_c(NSUB) + 512..][..64])
+}
+
+/// `s1[t] += acc[t] · scale` with sub-block `s`'s scales of record `r`.
+#[target_feature(enable = "avx512f")]
+fn tiled_scale(r: &[u8], s: usize, acc: &[__m512i; 8], s1: &mut [__m512i; 8]) {
+    let sc = ld512(&r[4096 + 64 * s..][..64]);
+    for (s1, &acc) in s1.iter_mut().zip(acc) {
+        *s1 = _mm512_add_epi32(*s1, _mm512_mullo_epi32(acc, sc));
+    }
+}
+
+/// Each token's term of super-block `b` (records `r` of `R` panels,
+/// activations `a`, exact sums `s1`) added to its partial `b % 8`, written
+/// first by super-block `b` (as `+0.0 + term`, the canonical start) so that
+/// nothing is zeroed. The minimums' sums take each token's stored quant sums
+/// once for all `R` panels.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn tiled_terms<const NSUB: usize, const MINS: bool, const R: usize>(
+    r: [&[u8]; R],
+    a: &[u8],
+    s1: &[[__m512i; 8]; R],
+    b: usize,
+    p: &mut [[[MaybeUninit<__m512>; 8]; 8]; R],
+) {
+    const T: usize = tiled::TOKENS;
+    let at_c = tiled_at_c(NSUB);
+    let mut s2 = [[_mm512_setzero_si512(); T]; R];
+    if MINS {
+        for j in 0..8 {
+            let m: [__m512i; R] = std::array::from_fn(|i| ld512(&r[i][at_c + 64 * j..][..64]));
+            for t in 0..T {
+                let q = _mm512_set1_epi32(word(a, 512 + T * j + t));
+                for (s2, &m) in s2.iter_mut().zip(&m) {
+                    s2[t] = _mm512_dpwssd_epi32(s2[t], m, q);
+                }
             }
         }
-        let dw = _mm512_castsi512_ps(ld512(&r[at_c + 576..][..64]));
-        let mw = _mm512_castsi512_ps(ld512(&r[at_c + 640..][..64]));
-        for (t, (p, &s1)) in p.iter_mut().zip(&s1).enumerate() {
+    }
+    for (i, p) in p.iter_mut().enumerate() {
+        let dw = _mm512_castsi512_ps(ld512(&r[i][at_c + 576..][..64]));
+        let mw = _mm512_castsi512_ps(ld512(&r[i][at_c + 640..][..64]));
+        for (t, p) in p.iter_mut().enumerate() {
             let da = _mm512_set1_ps(f32::from_bits(word(a, 576 + t) as u32));
+            let sums = _mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(s1[i][t]));
             let term = if MINS {
-                let mut s2 = _mm512_setzero_si512();
-                for i in 0..8 {
-                    let m = ld512(&r[at_c + 64 * i..][..64]);
-                    s2 = _mm512_dpwssd_epi32(s2, m, _mm512_set1_epi32(word(a, 512 + T * i + t)));
-                }
-                _mm512_sub_ps(
-                    _mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(s1)),
-                    _mm512_mul_ps(_mm512_mul_ps(mw, da), _mm512_cvtepi32_ps(s2)),
-                )
+                let mins = _mm512_mul_ps(_mm512_mul_ps(mw, da), _mm512_cvtepi32_ps(s2[i][t]));
+                _mm512_sub_ps(sums, mins)
             } else {
-                _mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(s1))
+                sums
             };
             let before = if b < 8 {
                 _mm512_setzero_ps()
@@ -1079,6 +1171,18 @@ fn tiled<const NSUB: usize, const MINS: bool>(
             p[b % 8] = MaybeUninit::new(_mm512_add_ps(before, term));
         }
     }
+}
+
+/// The tree of each token's eight partials (those of the `nb` super-blocks
+/// written, zeros for the rest) times `factor`, into `out[t·stride + r]`.
+#[target_feature(enable = "avx512f")]
+fn tiled_store(
+    p: &[[MaybeUninit<__m512>; 8]; 8],
+    nb: usize,
+    factor: f32,
+    out: &mut [f32],
+    stride: usize,
+) {
     for (t, p) in p.iter().enumerate() {
         let p: [__m512; 8] = std::array::from_fn(|k| {
             if k < nb {
@@ -1093,11 +1197,8 @@ fn tiled<const NSUB: usize, const MINS: bool>(
             _mm512_add_ps(_mm512_add_ps(p[4], p[5]), _mm512_add_ps(p[6], p[7])),
         );
         let v = _mm512_mul_ps(v, _mm512_set1_ps(factor));
-        let mut lanes = [0f32; 16];
-        // SAFETY: `lanes` holds sixteen floats.
-        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), v) };
-        for (r, &v) in lanes.iter().enumerate() {
-            out[r * stride + t] = v;
-        }
+        let o = &mut out[t * stride..][..16];
+        // SAFETY: `o` holds sixteen floats.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), v) };
     }
 }
