@@ -82,6 +82,18 @@ pub(crate) const fn record_bytes(nsub: usize) -> usize {
     4096 + 64 * nsub + 512 + 64 + 128
 }
 
+/// Super-blocks per row of `panel` (records of [`record_bytes`]`(nsub)`),
+/// checked against `acts` (as many records of [`ACT_BYTES`]).
+pub(crate) fn records(nsub: usize, panel: &[u8], acts: &[u8]) -> usize {
+    let rec = record_bytes(nsub);
+    let nb = panel.len() / rec;
+    assert!(
+        panel.len() == nb * rec && acts.len() == nb * ACT_BYTES,
+        "tiled lengths"
+    );
+    nb
+}
+
 /// A super-block unpacked: values in weight order, sub-block scales, the
 /// sixteen groups' minimums and the two scales.
 struct Unpacked {

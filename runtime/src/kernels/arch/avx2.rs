@@ -1567,11 +1567,7 @@ fn tiled_k<const NSUB: usize, const MINS: bool>(
 ) {
     const T: usize = tiled::TOKENS;
     let rec = tiled::record_bytes(NSUB);
-    let nb = panel.len() / rec;
-    assert!(
-        panel.len() == nb * rec && acts.len() == nb * tiled::ACT_BYTES,
-        "tiled lengths"
-    );
+    let nb = tiled::records(NSUB, panel, acts);
     assert!(out.len() >= (T - 1) * stride + 16, "tiled output");
     // Groups of four values per sub-block (4 or 8: pairs of groups).
     let per_sub = 64 / NSUB;

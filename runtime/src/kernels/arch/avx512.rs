@@ -1023,11 +1023,7 @@ fn tiled<const NSUB: usize, const MINS: bool>(
 ) {
     const T: usize = tiled::TOKENS;
     let rec = tiled::record_bytes(NSUB);
-    let nb = panel.len() / rec;
-    assert!(
-        panel.len() == nb * rec && acts.len() == nb * tiled::ACT_BYTES,
-        "tiled lengths"
-    );
+    let nb = tiled::records(NSUB, panel, acts);
     assert!(out.len() >= (T - 1) * stride + 16, "tiled output");
     // Groups of four values per sub-block.
     let per_sub = 64 / NSUB;
@@ -1066,11 +1062,8 @@ fn tiled_pair<const NSUB: usize, const MINS: bool>(
 ) {
     const T: usize = tiled::TOKENS;
     let rec = tiled::record_bytes(NSUB);
-    let nb = panel0.len() / rec;
-    assert!(
-        panel0.len() == nb * rec && panel1.len() == nb * rec && acts.len() == nb * tiled::ACT_BYTES,
-        "tiled lengths"
-    );
+    let nb = tiled::records(NSUB, panel0, acts);
+    assert_eq!(panel1.len(), panel0.len(), "tiled panels");
     assert!(out.len() >= (T - 1) * stride + 32, "tiled output");
     let per_sub = 64 / NSUB;
     let mut p = [[[MaybeUninit::<__m512>::uninit(); 8]; T]; 2];
