@@ -83,7 +83,9 @@ pub(crate) const fn record_bytes(nsub: usize) -> usize {
 }
 
 /// Super-blocks per row of `panel` (records of [`record_bytes`]`(nsub)`),
-/// checked against `acts` (as many records of [`ACT_BYTES`]).
+/// checked against `acts` (as many records of [`ACT_BYTES`]): the x86-64
+/// kernels' length check.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn records(nsub: usize, panel: &[u8], acts: &[u8]) -> usize {
     let rec = record_bytes(nsub);
     let nb = panel.len() / rec;

@@ -2045,11 +2045,7 @@ fn f16_rows_any<const WIDE: bool>(
     out: &mut [f32],
     stride: usize,
 ) {
-    let rows = if WIDE {
-        wide.len() / cols
-    } else {
-        w.len() / (2 * cols)
-    };
+    let rows = super::f16_weights::<WIDE>(w, wide) / cols;
     let tokens = a.len() / cols;
     assert!(
         rows == 0 || tokens == 0 || out.len() >= (rows - 1) * stride + tokens,
@@ -2060,11 +2056,7 @@ fn f16_rows_any<const WIDE: bool>(
         let a = &a[cols * t0..cols * (t0 + nt)];
         for r0 in (0..rows).step_by(F16_ROWS) {
             let nr = (rows - r0).min(F16_ROWS);
-            let (w, wide) = if WIDE {
-                (&w[..0], &wide[cols * r0..cols * (r0 + nr)])
-            } else {
-                (&w[2 * cols * r0..2 * cols * (r0 + nr)], &wide[..0])
-            };
+            let (w, wide) = super::f16_row_span::<WIDE>(w, wide, cols, r0..r0 + nr);
             let out = &mut out[r0 * stride + t0..];
             macro_rules! tiles {
                 ($(($r:literal, $t:literal)),*) => {
@@ -2101,7 +2093,7 @@ fn f16_tile<const R: usize, const T: usize, const WIDE: bool>(
     out: &mut [f32],
     stride: usize,
 ) {
-    let w_len = if WIDE { wide.len() } else { w.len() / 2 };
+    let w_len = super::f16_weights::<WIDE>(w, wide);
     assert!(
         w_len == cols * R && a.len() == cols * T && out.len() > (R - 1) * stride + T - 1,
         "f16 tile lengths"

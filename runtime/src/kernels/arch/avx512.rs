@@ -814,7 +814,7 @@ fn f16_tile<const R: usize, const T: usize, const WIDE: bool>(
     out: &mut [f32],
     stride: usize,
 ) {
-    let w_len = if WIDE { wide.len() } else { w.len() / 2 };
+    let w_len = super::f16_weights::<WIDE>(w, wide);
     assert!(
         w_len == cols * R && a.len() == cols * T && out.len() > (R - 1) * stride + T - 1,
         "f16 tile lengths"

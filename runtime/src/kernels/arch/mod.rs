@@ -40,6 +40,38 @@ fn each_row<T>(
     }
 }
 
+/// The weights of F16 rows as the several-row F16 kernels take them: `w`
+/// (f16 bytes) or, when `WIDE`, `wide` (the same widened to `f32`; the other
+/// slice empty).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+#[inline]
+fn f16_weights<const WIDE: bool>(w: &[u8], wide: &[f32]) -> usize {
+    if WIDE { wide.len() } else { w.len() / 2 }
+}
+
+/// Rows `rows` (of `cols` weights each) of F16 rows given as for
+/// [`f16_weights`]: the same pair of slices, narrowed.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+#[inline]
+fn f16_row_span<'a, const WIDE: bool>(
+    w: &'a [u8],
+    wide: &'a [f32],
+    cols: usize,
+    rows: std::ops::Range<usize>,
+) -> (&'a [u8], &'a [f32]) {
+    if WIDE {
+        (&w[..0], &wide[cols * rows.start..cols * rows.end])
+    } else {
+        (&w[2 * cols * rows.start..2 * cols * rows.end], &wide[..0])
+    }
+}
+
 /// The scalar table's transpose (see [`super::Kernels::transpose`]).
 pub(crate) fn transpose_scalar(
     src: &[f32],

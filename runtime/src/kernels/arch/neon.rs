@@ -439,17 +439,9 @@ fn f16_rows<const WIDE: bool>(
     stride: usize,
 ) {
     let tokens = a.len() / cols;
-    let rows = if WIDE {
-        wide.len() / cols
-    } else {
-        w.len() / (2 * cols)
-    };
+    let rows = super::f16_weights::<WIDE>(w, wide) / cols;
     for r in 0..rows {
-        let (w, wide) = if WIDE {
-            (&w[..0], &wide[r * cols..][..cols])
-        } else {
-            (&w[2 * r * cols..][..2 * cols], &wide[..0])
-        };
+        let (w, wide) = super::f16_row_span::<WIDE>(w, wide, cols, r..r + 1);
         let out = &mut out[r * stride..][..tokens];
         for (t0, out) in (0..tokens)
             .step_by(F16_TOKENS)
