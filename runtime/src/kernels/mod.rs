@@ -980,7 +980,16 @@ fn grid<'a, W, A: 'a>(
     dst: GridOut<'_>,
 ) -> Option<()> {
     let per_row = (w.len() / rows.max(1)).max(1);
-    for (i, row) in w.chunks_exact(per_row).take(rows).enumerate() {
+    let weight_rows = w.chunks_exact(per_row).take(rows).enumerate();
+    if tokens.len() == 1 {
+        // Decoding: the token's activations looked up once, not per row.
+        let a = act(tokens.start)?;
+        for (i, row) in weight_rows {
+            dst.out[i * dst.stride] = dot(row, a);
+        }
+        return Some(());
+    }
+    for (i, row) in weight_rows {
         for (j, k) in tokens.clone().enumerate() {
             dst.out[i * dst.stride + j] = dot(row, act(k)?);
         }

@@ -627,30 +627,51 @@ pub(super) fn blocks32<B: Block, Y, const MIN: bool>(
     scales: impl Fn(&B, &Y) -> [u16; 4],
 ) -> f32 {
     let nb = a.len().min(w.len());
+    let (wg, ag) = (w[..nb].as_chunks::<8>().0, a[..nb].as_chunks::<8>().0);
+    let full = 8 * wg.len();
     let mut acc = _mm256_setzero_ps();
-    // The last group may be short (`nb % 8` blocks): the missing blocks get
-    // zero sums and zero scales, so their terms are +0, which leaves a
-    // partial unchanged (a partial is never −0: it starts at +0).
-    for (wg, ag) in w[..nb].chunks(8).zip(a[..nb].chunks(8)) {
+    // Whole groups as arrays of eight: the compiler then keeps the packed
+    // scales in general registers and needs no test after each block.
+    for (wg, ag) in wg.iter().zip(ag) {
         prefetch_ahead(wg, 8 * size_of::<B>());
-        let mut v = [_mm256_setzero_si256(); 8];
-        // The f16 bits of each scale, four blocks to a 64-bit word.
-        let mut sc = [[0u64; 2]; 4];
-        for (k, (b, y)) in wg.iter().zip(ag).enumerate() {
-            v[k] = isum(b, y);
-            let s = scales(b, y);
-            for j in 0..4 {
-                sc[j][k / 4] |= u64::from(s[j]) << (16 * (k % 4));
-            }
-        }
-        let d = _mm256_mul_ps(half_words(sc[0]), half_words(sc[1]));
-        let mut t = _mm256_mul_ps(d, _mm256_cvtepi32_ps(transpose_sum(&v)));
-        if MIN {
-            t = _mm256_add_ps(t, _mm256_mul_ps(half_words(sc[2]), half_words(sc[3])));
-        }
+        acc = _mm256_add_ps(acc, group32::<B, Y, MIN>(wg, ag, &isum, &scales));
+    }
+    // The short group: its missing blocks get zero sums and zero scales, so
+    // their terms are +0, which leaves a partial unchanged (a partial is
+    // never −0: it starts at +0).
+    if full < nb {
+        let t = group32::<B, Y, MIN>(&w[full..nb], &a[full..nb], &isum, &scales);
         acc = _mm256_add_ps(acc, t);
     }
     tree8_ps(acc)
+}
+
+/// One step of [`blocks32`]: the eight partials' terms of up to eight blocks.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn group32<B, Y, const MIN: bool>(
+    wg: &[B],
+    ag: &[Y],
+    isum: &impl Fn(&B, &Y) -> __m256i,
+    scales: &impl Fn(&B, &Y) -> [u16; 4],
+) -> __m256 {
+    let mut v = [_mm256_setzero_si256(); 8];
+    // The f16 bits of each scale, four blocks to a 64-bit word.
+    let mut sc = [[0u64; 2]; 4];
+    for (k, (b, y)) in wg.iter().zip(ag).enumerate().take(8) {
+        v[k] = isum(b, y);
+        let s = scales(b, y);
+        for j in 0..4 {
+            sc[j][k / 4] |= u64::from(s[j]) << (16 * (k % 4));
+        }
+    }
+    let d = _mm256_mul_ps(half_words(sc[0]), half_words(sc[1]));
+    let t = _mm256_mul_ps(d, _mm256_cvtepi32_ps(transpose_sum(&v)));
+    if MIN {
+        _mm256_add_ps(t, _mm256_mul_ps(half_words(sc[2]), half_words(sc[3])))
+    } else {
+        t
+    }
 }
 
 /// Bytes ahead of the weights being read that [`prefetch_ahead`] asks for.
