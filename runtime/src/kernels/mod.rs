@@ -979,19 +979,21 @@ fn grid<'a, W, A: 'a>(
     act: impl Fn(usize) -> Option<&'a [A]>,
     dst: GridOut<'_>,
 ) -> Option<()> {
+    /// Tokens whose activation rows are looked up once for all the weight
+    /// rows (the matrix products pass tiles of at most this many).
+    const LOOKED_UP: usize = 16;
     let per_row = (w.len() / rows.max(1)).max(1);
-    let weight_rows = w.chunks_exact(per_row).take(rows).enumerate();
-    if tokens.len() == 1 {
-        // Decoding: the token's activations looked up once, not per row.
-        let a = act(tokens.start)?;
-        for (i, row) in weight_rows {
-            dst.out[i * dst.stride] = dot(row, a);
+    for t0 in tokens.clone().step_by(LOOKED_UP) {
+        let mut acts: [&[A]; LOOKED_UP] = [&[]; LOOKED_UP];
+        let n = (tokens.end - t0).min(LOOKED_UP);
+        for (a, k) in acts.iter_mut().zip(t0..t0 + n) {
+            *a = act(k)?;
         }
-        return Some(());
-    }
-    for (i, row) in weight_rows {
-        for (j, k) in tokens.clone().enumerate() {
-            dst.out[i * dst.stride + j] = dot(row, act(k)?);
+        let j0 = t0 - tokens.start;
+        for (i, row) in w.chunks_exact(per_row).take(rows).enumerate() {
+            for (j, a) in acts[..n].iter().enumerate() {
+                dst.out[i * dst.stride + j0 + j] = dot(row, a);
+            }
         }
     }
     Some(())
