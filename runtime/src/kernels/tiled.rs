@@ -308,35 +308,44 @@ fn unpack_as<B: Tiled>(w: &QMatrix<'_>, rows: std::ops::Range<usize>, out: &mut 
     }
     let mut u = Unpacked::ZERO;
     let per_sub = QK / nsub;
-    for (i, r) in rows.enumerate() {
-        let (panel, lane) = (i / ROWS, 4 * (i % ROWS));
-        let blocks: &[B] = as_blocks(w.row(r));
-        for (b, blk) in blocks.iter().enumerate() {
-            blk.unpack(&mut u);
-            let o = &mut out[(panel * nb + b) * rec..][..rec];
-            for (k, v) in u.values.chunks_exact(4).enumerate() {
-                let v = [v[0] as u8, v[1] as u8, v[2] as u8, v[3] as u8];
-                o[64 * k + lane..][..4].copy_from_slice(&v);
-            }
-            let mut bias = 0i32;
-            for (s, (&sc, v)) in u
-                .scales
-                .iter()
-                .zip(u.values.chunks_exact(per_sub))
-                .enumerate()
-            {
-                o[4096 + 64 * s + lane..][..4].copy_from_slice(&sc.to_le_bytes());
-                bias += sc * v.iter().map(|&v| i32::from(v)).sum::<i32>();
-            }
-            if B::LAYOUT.mins {
-                for (p, m) in u.mins.chunks_exact(2).enumerate() {
-                    o[at_c + 64 * p + lane..][..2].copy_from_slice(&m[0].to_le_bytes());
-                    o[at_c + 64 * p + lane + 2..][..2].copy_from_slice(&m[1].to_le_bytes());
+    // Record by record, each filled by its panel's rows while it is in the
+    // first-level cache: row by row, every record of the panel would be
+    // written once per row.
+    for (panel, out) in out.chunks_exact_mut(nb * rec).enumerate() {
+        let first = rows.start + panel * ROWS;
+        let mut blocks: [&[B]; ROWS] = [&[]; ROWS];
+        let n = (rows.end - first).min(ROWS);
+        for (row, r) in blocks.iter_mut().zip(first..first + n) {
+            *row = as_blocks(w.row(r));
+        }
+        for (b, o) in out.chunks_exact_mut(rec).enumerate() {
+            for (i, row) in blocks[..n].iter().enumerate() {
+                let lane = 4 * i;
+                row[b].unpack(&mut u);
+                for (k, v) in u.values.chunks_exact(4).enumerate() {
+                    let v = [v[0] as u8, v[1] as u8, v[2] as u8, v[3] as u8];
+                    o[64 * k + lane..][..4].copy_from_slice(&v);
                 }
+                let mut bias = 0i32;
+                for (s, (&sc, v)) in u
+                    .scales
+                    .iter()
+                    .zip(u.values.chunks_exact(per_sub))
+                    .enumerate()
+                {
+                    o[4096 + 64 * s + lane..][..4].copy_from_slice(&sc.to_le_bytes());
+                    bias += sc * v.iter().map(|&v| i32::from(v)).sum::<i32>();
+                }
+                if B::LAYOUT.mins {
+                    for (p, m) in u.mins.chunks_exact(2).enumerate() {
+                        o[at_c + 64 * p + lane..][..2].copy_from_slice(&m[0].to_le_bytes());
+                        o[at_c + 64 * p + lane + 2..][..2].copy_from_slice(&m[1].to_le_bytes());
+                    }
+                }
+                o[at_c + 512 + lane..][..4].copy_from_slice(&(-128 * bias).to_le_bytes());
+                o[at_c + 576 + lane..][..4].copy_from_slice(&u.d.to_le_bytes());
+                o[at_c + 640 + lane..][..4].copy_from_slice(&u.dmin.to_le_bytes());
             }
-            o[at_c + 512 + lane..][..4].copy_from_slice(&(-128 * bias).to_le_bytes());
-            o[at_c + 576 + lane..][..4].copy_from_slice(&u.d.to_le_bytes());
-            o[at_c + 640 + lane..][..4].copy_from_slice(&u.dmin.to_le_bytes());
         }
     }
 }
