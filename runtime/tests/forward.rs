@@ -106,6 +106,34 @@ fn decoding_token_by_token_equals_the_batch() {
     assert!(model.forward(&mut model.session(), &[n as u32]).is_err());
 }
 
+/// `forward_from` leaves the rows whose logits it does not return out of the
+/// last layer's feed-forward part: the rows it returns and the cache it
+/// leaves are those of the whole batch.
+#[test]
+fn returning_only_the_last_rows_changes_neither_them_nor_the_cache() {
+    let gguf = GgufModel::open(&fixtures().join("tiny-zh/reference/tiny-zh-f16.gguf")).unwrap();
+    let model = Model::new(&gguf, 64).unwrap();
+    let ids: Vec<u32> = [1319u32, 3933, 1385, 1304, 85, 293, 1005].repeat(3);
+    let (n, len) = (model.config.n_vocab, ids.len() - 1);
+    let whole = model.forward(&mut model.session(), &ids).unwrap();
+    let same = |a: &[f32], b: &[f32]| {
+        a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
+    };
+    for first in [0, 1, len - 1, len] {
+        let mut session = model.session();
+        let rows = model
+            .forward_from(&mut session, &ids[..len], first)
+            .unwrap();
+        assert!(same(&rows, &whole[first * n..len * n]), "rows from {first}");
+        assert_eq!(session.len(), len);
+        let next = model.forward(&mut session, &ids[len..]).unwrap();
+        assert!(
+            same(&next, &whole[len * n..]),
+            "the token after, from {first}"
+        );
+    }
+}
+
 #[test]
 fn llama_cpp_arithmetic_stays_close_to_exact_and_truncation_rewinds() {
     let gguf = GgufModel::open(&fixtures().join("tiny-zh/reference/tiny-zh-f16.gguf")).unwrap();

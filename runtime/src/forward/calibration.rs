@@ -55,7 +55,7 @@ impl<'a> Model<'a> {
             .collect();
         let mut session = self.session();
         let mut h = vec![0f32; x.len()];
-        self.layer_step(l, x, &mut h, &tables, &mut session)
+        self.layer_step(l, x, &mut h, &tables, &mut session, 0)
     }
 
     /// Like [`Model::forward_layer`] without changing `x`, but stops as soon

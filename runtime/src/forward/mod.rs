@@ -264,7 +264,9 @@ impl<'a> Model<'a> {
     }
 
     /// Like [`Model::forward`], but returns the logits of `tokens[first..]` only
-    /// (the output head is the largest matrix of small models).
+    /// (the output head is the largest matrix of small models), and without an
+    /// observer the last layer's feed-forward part runs on those rows alone
+    /// (the same bits: each row's products do not depend on the others).
     pub fn forward_from(
         &self,
         session: &mut Session,
@@ -286,14 +288,24 @@ impl<'a> Model<'a> {
             })
             .collect();
         let mut h = vec![0f32; t_n * e];
-        for l in 0..self.layers.len() {
-            self.layer_step(l, &mut x, &mut h, &tables, session)?;
+        let first = first.min(t_n);
+        // After the last layer's attention only the returned rows are read
+        // (llama.cpp drops the others there too); an observer or a stop
+        // inside the model sees every row.
+        let watched = self.observer.is_some() || self.stop_at.is_some();
+        let n_layers = self.layers.len();
+        for l in 0..n_layers {
+            let keep = if l + 1 == n_layers && !watched {
+                first
+            } else {
+                0
+            };
+            self.layer_step(l, &mut x, &mut h, &tables, session, keep)?;
         }
         session.n_past += t_n;
         // The layers shared the spare buffers; the next call (one decoded
         // token, typically) needs far smaller ones.
         self.spare.clear();
-        let first = first.min(t_n);
         let rows = t_n - first;
         let mut out = vec![0f32; rows * e];
         self.norm(&x[first * e..], &self.output_norm, &mut out);
@@ -305,7 +317,9 @@ impl<'a> Model<'a> {
     }
 
     /// Layer `l` over the hidden states `x` of the tokens whose RoPE tables
-    /// are `tables`, with `h` as scratch of the same size.
+    /// are `tables`, with `h` as scratch of the same size. Every token's
+    /// keys and values go to the cache; the rows of `x` before row `keep`
+    /// are left as they are after the attention (nothing reads them).
     fn layer_step(
         &self,
         l: usize,
@@ -313,26 +327,30 @@ impl<'a> Model<'a> {
         h: &mut [f32],
         tables: &[Vec<(f32, f32)>],
         session: &mut Session,
+        keep: usize,
     ) -> Result<(), ForwardError> {
         let layer = &self.layers[l];
-        let t_n = tables.len();
         self.norm(x, &layer.attn_norm, h);
         let attn = self.attention_block(layer, h, tables, session, l)?;
-        let ffn = if let Some(ffn_norm) = &layer.ffn_norm {
-            self.add(x, &attn);
-            self.norm(x, ffn_norm, h);
-            let ffn = self.ffn(&layer.ffn, h, t_n)?;
-            self.add(x, &ffn);
-            ffn
-        } else {
-            // Parallel block: attention and FFN both read the attention norm.
-            let ffn = self.ffn(&layer.ffn, h, t_n)?;
-            self.add(x, &attn);
-            self.add(x, &ffn);
-            ffn
-        };
+        let (e, t_n) = (self.config.n_embd, tables.len() - keep);
+        let (x, h, a) = (&mut x[keep * e..], &mut h[keep * e..], &attn[keep * e..]);
+        if t_n > 0 {
+            let ffn = if let Some(ffn_norm) = &layer.ffn_norm {
+                self.add(x, a);
+                self.norm(x, ffn_norm, h);
+                let ffn = self.ffn(&layer.ffn, h, t_n)?;
+                self.add(x, &ffn);
+                ffn
+            } else {
+                // Parallel block: attention and FFN both read the attention norm.
+                let ffn = self.ffn(&layer.ffn, h, t_n)?;
+                self.add(x, a);
+                self.add(x, &ffn);
+                ffn
+            };
+            self.spare.give(ffn);
+        }
         self.spare.give(attn);
-        self.spare.give(ffn);
         Ok(())
     }
 
