@@ -99,7 +99,7 @@ pub(super) fn r_q6_k(w: &[BlockQ6K], a: Q8KRows<'_>, out: &mut [f32]) {
     unsafe { q6_k_rows(w, a.blocks, out) }
 }
 
-fn r_f16w_f32(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
+pub(super) fn r_f16w_f32(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
     let tokens = a.len() / cols;
     if tokens >= 2 {
         // SAFETY: as for `entry!`.

@@ -118,6 +118,10 @@ fn r_q4_k(w: &[BlockQ4K], a: Q8KRows<'_>, out: &mut [f32]) {
 }
 
 fn r_f16w_f32(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
+    if a.len() == cols {
+        // One token: AVX2's row by row (see `F16_ROWS`).
+        return avx2::r_f16w_f32(w, cols, a, out, stride);
+    }
     // SAFETY: as for `entry!`.
     unsafe { f16_rows(w, cols, a, out, stride) }
 }
@@ -676,7 +680,9 @@ fn q4_k_rows_grouped(w: &[BlockQ4K], groups: &[u8], out: &mut [f32]) {
 // conversions); wider rows convert per use, as the widened rows would push
 // the activations out of L1 (slower at 1536 columns and more).
 
-/// Weight rows per tile.
+/// Weight rows per tile. One token's products are not tiled here: against
+/// rows streamed from memory (a decoded token), AVX2's row-by-row product
+/// reads them faster than these tiles do.
 const F16_ROWS: usize = 3;
 /// Tokens per tile.
 const F16_TOKENS: usize = 4;
