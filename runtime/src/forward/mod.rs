@@ -265,8 +265,8 @@ impl<'a> Model<'a> {
 
     /// Like [`Model::forward`], but returns the logits of `tokens[first..]` only
     /// (the output head is the largest matrix of small models), and without an
-    /// observer the last layer's feed-forward part runs on those rows alone
-    /// (the same bits: each row's products do not depend on the others).
+    /// observer or a stop the last layer's feed-forward part runs on those rows
+    /// alone (the same bits: each row's products do not depend on the others).
     pub fn forward_from(
         &self,
         session: &mut Session,

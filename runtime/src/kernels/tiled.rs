@@ -299,7 +299,6 @@ pub(crate) fn unpack(w: &QMatrix<'_>, rows: std::ops::Range<usize>, out: &mut [u
 fn unpack_as<B: Tiled>(w: &QMatrix<'_>, rows: std::ops::Range<usize>, out: &mut [u8]) {
     let nsub = B::LAYOUT.nsub;
     let (rec, nb) = (record_bytes(nsub), w.cols() / QK);
-    let at_c = 4096 + 64 * nsub;
     let panels = rows.len().div_ceil(ROWS);
     assert_eq!(out.len(), panels * nb * rec, "tiled panel length");
     if rows.len() % ROWS != 0 {
@@ -307,7 +306,6 @@ fn unpack_as<B: Tiled>(w: &QMatrix<'_>, rows: std::ops::Range<usize>, out: &mut 
         out[(panels - 1) * nb * rec..].fill(0);
     }
     let mut u = Unpacked::ZERO;
-    let per_sub = QK / nsub;
     // Record by record, each filled by its panel's rows while it is in the
     // first-level cache: row by row, every record of the panel would be
     // written once per row.
@@ -320,34 +318,41 @@ fn unpack_as<B: Tiled>(w: &QMatrix<'_>, rows: std::ops::Range<usize>, out: &mut 
         }
         for (b, o) in out.chunks_exact_mut(rec).enumerate() {
             for (i, row) in blocks[..n].iter().enumerate() {
-                let lane = 4 * i;
                 row[b].unpack(&mut u);
-                for (k, v) in u.values.chunks_exact(4).enumerate() {
-                    let v = [v[0] as u8, v[1] as u8, v[2] as u8, v[3] as u8];
-                    o[64 * k + lane..][..4].copy_from_slice(&v);
-                }
-                let mut bias = 0i32;
-                for (s, (&sc, v)) in u
-                    .scales
-                    .iter()
-                    .zip(u.values.chunks_exact(per_sub))
-                    .enumerate()
-                {
-                    o[4096 + 64 * s + lane..][..4].copy_from_slice(&sc.to_le_bytes());
-                    bias += sc * v.iter().map(|&v| i32::from(v)).sum::<i32>();
-                }
-                if B::LAYOUT.mins {
-                    for (p, m) in u.mins.chunks_exact(2).enumerate() {
-                        o[at_c + 64 * p + lane..][..2].copy_from_slice(&m[0].to_le_bytes());
-                        o[at_c + 64 * p + lane + 2..][..2].copy_from_slice(&m[1].to_le_bytes());
-                    }
-                }
-                o[at_c + 512 + lane..][..4].copy_from_slice(&(-128 * bias).to_le_bytes());
-                o[at_c + 576 + lane..][..4].copy_from_slice(&u.d.to_le_bytes());
-                o[at_c + 640 + lane..][..4].copy_from_slice(&u.dmin.to_le_bytes());
+                write_row::<B>(&u, 4 * i, o);
             }
         }
     }
+}
+
+/// Writes super-block `u` as the row of byte offset `lane` (4 × its index
+/// in the panel) of record `o`.
+fn write_row<B: Tiled>(u: &Unpacked, lane: usize, o: &mut [u8]) {
+    let nsub = B::LAYOUT.nsub;
+    let at_c = 4096 + 64 * nsub;
+    for (k, v) in u.values.chunks_exact(4).enumerate() {
+        let v = [v[0] as u8, v[1] as u8, v[2] as u8, v[3] as u8];
+        o[64 * k + lane..][..4].copy_from_slice(&v);
+    }
+    let mut bias = 0i32;
+    for (s, (&sc, v)) in u
+        .scales
+        .iter()
+        .zip(u.values.chunks_exact(QK / nsub))
+        .enumerate()
+    {
+        o[4096 + 64 * s + lane..][..4].copy_from_slice(&sc.to_le_bytes());
+        bias += sc * v.iter().map(|&v| i32::from(v)).sum::<i32>();
+    }
+    if B::LAYOUT.mins {
+        for (p, m) in u.mins.chunks_exact(2).enumerate() {
+            o[at_c + 64 * p + lane..][..2].copy_from_slice(&m[0].to_le_bytes());
+            o[at_c + 64 * p + lane + 2..][..2].copy_from_slice(&m[1].to_le_bytes());
+        }
+    }
+    o[at_c + 512 + lane..][..4].copy_from_slice(&(-128 * bias).to_le_bytes());
+    o[at_c + 576 + lane..][..4].copy_from_slice(&u.d.to_le_bytes());
+    o[at_c + 640 + lane..][..4].copy_from_slice(&u.dmin.to_le_bytes());
 }
 
 /// Tokens per group of the activations' tiled layout.

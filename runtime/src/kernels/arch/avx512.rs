@@ -5,7 +5,7 @@
 //! (`rows_grouped`); the several-row Q4_K product over Q8_K activations
 //! regrouped the same way (`q4_k_rows_grouped`); and F16 weights against
 //! widened activations in tiles of three rows × four tokens (`f16_rows`,
-//! 512-bit). The several-row Q8_0-family products take two weight rows at a
+//! 512-bit; one token goes row by row through AVX2's product). The several-row Q8_0-family products take two weight rows at a
 //! time, one per 256-bit half of a 512-bit register (`rows_grouped_pair`).
 //! Every other entry is the AVX2 kernel, which these CPUs run too (what was
 //! tried and measured slower is in docs/BENCHMARKS.md).
