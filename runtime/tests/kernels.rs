@@ -651,6 +651,37 @@ fn batched_matmul_matches_scalar_for_every_tail() {
     }
 }
 
+/// A decoded token's products of the K-quants go several weight rows at a
+/// time (eight rows' sums in one vector): work items of whole eights and of
+/// leftover rows, every tail of the eight-block steps, one and two threads,
+/// against the scalar dot products.
+#[test]
+fn one_token_products_of_several_rows_match_scalar() {
+    let mut rng = Rng(0x0c01_0e11);
+    for b in Backend::supported() {
+        for threads in [1, 2] {
+            let mut mm = Matmul::new(Kernels::new(b).unwrap(), threads);
+            for ty in [
+                GgmlType::Q4_K,
+                GgmlType::Q5_K,
+                GgmlType::Q6_K,
+                GgmlType::Q2_K,
+            ] {
+                for nb in (1..=18).chain([24, 35]) {
+                    let cols = 256 * nb;
+                    for rows in [8, 13, 77] {
+                        let w = random_row(&mut rng, ty, rows * cols);
+                        let x = random_acts(&mut rng, cols);
+                        let m = QMatrix::new(ty, &w, rows, cols).unwrap();
+                        let what = format!("{b:?} {ty} threads={threads}");
+                        assert_matmul_is_scalar(&mut mm, &m, &x, &what);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Batches of eight tokens or more take the tiled products of the K-quants,
 /// IQ4_XS and the lattice i-quants (rows unpacked into panels of sixteen, tokens in groups of
 /// eight): ragged panels and groups, one and several work items (129 rows on

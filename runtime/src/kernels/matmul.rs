@@ -295,6 +295,9 @@ fn run(
                 return;
             }
             let (span, n) = (w.row_span(c * chunk, ys.len()), ys.len());
+            if kernels.dot_column(w.ty, span, acts.row(0), ys) {
+                return;
+            }
             let dst = GridOut { out: ys, stride: 1 };
             kernels.dot_grid(w.ty, span, n, 0..1, |t| acts.row(t), dst);
         });

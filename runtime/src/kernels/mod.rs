@@ -845,6 +845,11 @@ pub(crate) type RowsWideF16 = fn(&[f32], usize, &[f32], &mut [f32], usize);
 /// `(w, a, out)` with `a` holding `out.len()` rows of `w`'s block count.
 pub(crate) type RowsK<B> = fn(&[B], Q8KRows<'_>, &mut [f32]);
 
+/// K-quant weight rows against one Q8_K activation row (a decoded token):
+/// `(w, a, out)` with `w` holding `out.len()` whole rows of `a.len()`
+/// blocks; `out[r]` gets the bits of the single product of row `r` with `a`.
+pub(crate) type ColumnK<B> = fn(&[B], &[BlockQ8K], &mut [f32]);
+
 /// Weight panels against tokens ([`tiled`]): `(layout, nb, panels, acts,
 /// out, stride)` with `panels` whole panels of `nb` records and `acts` whole
 /// groups of [`tiled::TOKENS`] tokens in the tiled layout; `out[t·stride + r]`
@@ -880,6 +885,10 @@ pub(crate) struct RowsTable {
     pub(crate) q5_0: Option<RowsQ8<BlockQ5_0>>,
     pub(crate) q8_0: Option<RowsQ8<BlockQ8_0>>,
     pub(crate) iq4_nl: Option<RowsQ8<BlockIq4Nl>>,
+    /// One token's products of Q4_K, Q5_K and Q6_K rows, several rows at once.
+    pub(crate) q4_k_column: Option<ColumnK<BlockQ4K>>,
+    pub(crate) q5_k_column: Option<ColumnK<BlockQ5K>>,
+    pub(crate) q6_k_column: Option<ColumnK<BlockQ6K>>,
     /// The tiled product of the types [`tiled::layout`] knows.
     pub(crate) tiled: Option<TiledProduct>,
     /// Whether `q4_k` reads the regrouped Q8_K activations
@@ -907,6 +916,9 @@ impl RowsTable {
         q5_0: None,
         q8_0: None,
         iq4_nl: None,
+        q4_k_column: None,
+        q5_k_column: None,
+        q6_k_column: None,
         tiled: None,
         q8k_groups: false,
     };
@@ -1193,6 +1205,35 @@ impl Kernels {
             let kind = act(tokens.start).kind();
             panic!("no dot product of {ty} with {kind:?} activations")
         })
+    }
+
+    /// `out[i]` = the dot product of weight row `i` of `w` (the bytes of
+    /// `out.len()` rows of `ty`) with the activation row `a`, through the
+    /// backend's one-token product of several rows ([`ColumnK`]); `false`
+    /// (nothing written) where it has none for `ty` and `a`'s kind. Panics
+    /// (never misbehaves) if the lengths do not fit.
+    pub(crate) fn dot_column(
+        &self,
+        ty: GgmlType,
+        w: &[u8],
+        a: ActRow<'_>,
+        out: &mut [f32],
+    ) -> bool {
+        fn call<B: Block>(
+            f: Option<ColumnK<B>>,
+            w: &[u8],
+            a: &[BlockQ8K],
+            out: &mut [f32],
+        ) -> bool {
+            f.map(|f| f(as_blocks(w), a, out)).is_some()
+        }
+        let r = &self.table.rows;
+        match (ty, a) {
+            (GgmlType::Q4_K, ActRow::Q8K(a)) => call(r.q4_k_column, w, a, out),
+            (GgmlType::Q5_K, ActRow::Q8K(a)) => call(r.q5_k_column, w, a, out),
+            (GgmlType::Q6_K, ActRow::Q8K(a)) => call(r.q6_k_column, w, a, out),
+            _ => false,
+        }
     }
 
     /// The backend's F16 several-row product over activations widened to

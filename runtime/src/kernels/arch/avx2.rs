@@ -99,6 +99,35 @@ pub(super) fn r_q6_k(w: &[BlockQ6K], a: Q8KRows<'_>, out: &mut [f32]) {
     unsafe { q6_k_rows(w, a.blocks, out) }
 }
 
+/// Declares a safe entry point `$name` for a one-token product of several
+/// K-quant rows ([`column256`]) from a block type's sums and scales,
+/// compiled with the target features `$features` (with AVX-512's, its
+/// sixteen more vector registers hold the eight rows' sums).
+macro_rules! column_entry {
+    ($features:literal, $name:ident, $b:ty, $min:literal, $sums:path, $scales:expr) => {
+        pub(super) fn $name(w: &[$b], a: &[BlockQ8K], out: &mut [f32]) {
+            #[target_feature(enable = $features)]
+            fn kernel(w: &[$b], a: &[BlockQ8K], out: &mut [f32]) {
+                super::avx2::column256::<_, $min>(w, a, out, |b, y| $sums(b, y), $scales)
+            }
+            // SAFETY: reachable only through a table that `Kernels::new`
+            // hands out after probing `$features`.
+            unsafe { kernel(w, a, out) }
+        }
+    };
+}
+pub(super) use column_entry;
+
+// With sixteen registers the eight rows' sums and minimums spill: only Q6_K
+// (no minimums) gains from the column product on AVX2.
+column_entry!(
+    "avx2,fma,f16c",
+    c_q6_k,
+    BlockQ6K,
+    false,
+    q6_k_sums,
+    |b: &BlockQ6K| [b.d.bits(), 0]
+);
 pub(super) fn r_f16w_f32(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
     let tokens = a.len() / cols;
     if tokens >= 2 {
@@ -143,6 +172,9 @@ pub(crate) static TABLE: DotTable = memwall_format::block_types!([block_table] e
         q5_0: Some(r_q5_0),
         q8_0: Some(r_q8_0),
         iq4_nl: Some(r_iq4_nl),
+        q4_k_column: None,
+        q5_k_column: None,
+        q6_k_column: Some(c_q6_k),
         tiled: Some(TiledProduct {
             product: t_tiled,
             max_value: 32,
@@ -686,9 +718,16 @@ const PREFETCH_DISTANCE: usize = 8192;
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(super) fn prefetch_ahead<T>(w: &[T], len: usize) {
-    let p = w.as_ptr().cast::<u8>().wrapping_add(PREFETCH_DISTANCE);
+    prefetch::<_MM_HINT_T0>(w.as_ptr().cast::<u8>().wrapping_add(PREFETCH_DISTANCE), len);
+}
+
+/// Asks for the cache lines of the `len` bytes at `p` (a hint `HINT` of
+/// `_mm_prefetch`); for memory that is not the program's it cannot fault.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn prefetch<const HINT: i32>(p: *const u8, len: usize) {
     for off in (0..len).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off).cast());
+        _mm_prefetch::<HINT>(p.wrapping_add(off).cast());
     }
 }
 
@@ -1196,6 +1235,74 @@ pub(super) fn blocks256<B: Block, const MIN: bool>(
     sum.sum()
 }
 
+/// Weight rows of K-quant super-blocks against one activation row (`w`:
+/// `out.len()` whole rows of `a.len()` blocks; a decoded token's product):
+/// eight rows at a time, lane `r` of a step is row `r`'s super-block `i` (the
+/// eight rows' integer sums transposed into one vector), whose term goes to
+/// row `r`'s partial `i % 8` with the operations [`blocks256`] vectorises
+/// over blocks, and the partials' tree runs lane by lane, so `out[r]` has the
+/// bits of the single product. The rows after the last whole eight go
+/// through [`blocks256`]. Compared with one [`blocks256`] per row, a row's
+/// sums are never reduced alone and its terms are never scalar.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn column256<B: Block, const MIN: bool>(
+    w: &[B],
+    a: &[BlockQ8K],
+    out: &mut [f32],
+    sums: impl Fn(&B, &BlockQ8K) -> (__m256i, __m256i),
+    scales: impl Fn(&B) -> [u16; 2],
+) {
+    let nb = a.len();
+    assert!(w.len() == out.len() * nb, "column256 lengths");
+    if nb == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let (whole, rest) = out.as_chunks_mut::<8>();
+    let (ws, w_rest) = w.split_at(whole.len() * 8 * nb);
+    for (out, w) in whole.iter_mut().zip(ws.chunks_exact(8 * nb)) {
+        let mut p = [_mm256_setzero_ps(); 8];
+        for (i0, ys) in (0..nb).step_by(8).zip(a.chunks(8)) {
+            for (k, y) in ys.iter().enumerate() {
+                let i = i0 + k;
+                let mut v = [_mm256_setzero_si256(); 8];
+                let mut m = [_mm256_setzero_si256(); 8];
+                let mut sc = [[0u16; 8]; 2];
+                for r in 0..8 {
+                    let b = &w[r * nb + i];
+                    // The same block of the next eight rows, into L2: the
+                    // eight rows read side by side are too short a stream
+                    // each for the hardware's prefetchers.
+                    let next = std::ptr::from_ref(b).cast::<u8>();
+                    prefetch::<_MM_HINT_T1>(
+                        next.wrapping_add(8 * nb * size_of::<B>()),
+                        size_of::<B>(),
+                    );
+                    (v[r], m[r]) = sums(b, y);
+                    [sc[0][r], sc[1][r]] = scales(b);
+                }
+                let da = _mm256_set1_ps(y.d);
+                let d = _mm256_mul_ps(halves(sc[0]), da);
+                let mut t = _mm256_mul_ps(d, _mm256_cvtepi32_ps(transpose_sum(&v)));
+                if MIN {
+                    let dm = _mm256_mul_ps(halves(sc[1]), da);
+                    t = _mm256_sub_ps(t, _mm256_mul_ps(dm, _mm256_cvtepi32_ps(transpose_sum(&m))));
+                }
+                p[k] = _mm256_add_ps(p[k], t);
+            }
+        }
+        let tree = _mm256_add_ps(
+            _mm256_add_ps(_mm256_add_ps(p[0], p[1]), _mm256_add_ps(p[2], p[3])),
+            _mm256_add_ps(_mm256_add_ps(p[4], p[5]), _mm256_add_ps(p[6], p[7])),
+        );
+        *out = lanes_ps(tree);
+    }
+    for (o, w) in rest.iter_mut().zip(w_rest.chunks_exact(nb)) {
+        *o = blocks256::<B, MIN>(w, a, &sums, &scales);
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q2_k(w: &[BlockQ2K], a: &[BlockQ8K]) -> f32 {
     blocks256::<_, true>(
@@ -1333,7 +1440,7 @@ fn q5_k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
 /// A Q5_K super-block's integer sum and minimum sum.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn q5_k_sums(b: &BlockQ5K, y: &BlockQ8K) -> (__m256i, __m256i) {
+pub(super) fn q5_k_sums(b: &BlockQ5K, y: &BlockQ8K) -> (__m256i, __m256i) {
     let (sc, m) = k4_scales(&b.scales);
     let mins = k4_mins(&m, y);
     let qh = ld256(&b.qh);
@@ -1364,7 +1471,7 @@ fn q6_k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
 /// A Q6_K super-block's integer sum.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn q6_k_sums(b: &BlockQ6K, y: &BlockQ8K) -> (__m256i, __m256i) {
+pub(super) fn q6_k_sums(b: &BlockQ6K, y: &BlockQ8K) -> (__m256i, __m256i) {
     q6_k_sums_of(&q6_k_prep(b), y)
 }
 

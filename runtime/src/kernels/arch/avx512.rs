@@ -35,7 +35,7 @@ use crate::kernels::{
     RowsTable, Scaled, TiledProduct,
 };
 use memwall_format::blocks::{
-    Block, BlockIq4Nl, BlockQ4_0, BlockQ4K, BlockQ5_0, BlockTq1_0, BlockTq2_0,
+    Block, BlockIq4Nl, BlockQ4_0, BlockQ4K, BlockQ5_0, BlockQ5K, BlockQ6K, BlockTq1_0, BlockTq2_0,
 };
 
 macro_rules! entry {
@@ -151,6 +151,9 @@ pub(crate) static TABLE: DotTable = DotTable {
         iq4_nl: Some(r_iq4_nl),
         tq1_0: Some(r_tq1_0),
         tq2_0: Some(r_tq2_0),
+        q4_k_column: Some(c_q4_k),
+        q5_k_column: Some(c_q5_k),
+        q6_k_column: Some(c_q6_k),
         tiled: Some(TiledProduct {
             product: t_tiled,
             max_value: 127,
@@ -970,6 +973,31 @@ fn q4_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
         |b| [b.d.bits(), b.dmin.bits()],
     )
 }
+
+avx2::column_entry!(
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    c_q4_k,
+    BlockQ4K,
+    true,
+    q4_k_sums,
+    |b: &BlockQ4K| [b.d.bits(), b.dmin.bits()]
+);
+avx2::column_entry!(
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl",
+    c_q5_k,
+    BlockQ5K,
+    true,
+    avx2::q5_k_sums,
+    |b: &BlockQ5K| [b.d.bits(), b.dmin.bits()]
+);
+avx2::column_entry!(
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl",
+    c_q6_k,
+    BlockQ6K,
+    false,
+    avx2::q6_k_sums,
+    |b: &BlockQ6K| [b.d.bits(), 0]
+);
 
 /// A Q4_K super-block's integer sum (its sixteen lanes folded to eight, exact)
 /// and minimum sum.
