@@ -445,6 +445,17 @@ pub(super) fn ldps<T: Copy>(s: &[T]) -> __m256 {
     unsafe { _mm256_loadu_ps(s.as_ptr().cast()) }
 }
 
+/// [`tree8`](super::super::scalar::tree8) lane by lane: lane `l` of the
+/// result is the tree of lane `l` of the eight partial vectors `p`.
+#[inline]
+#[target_feature(enable = "avx")]
+fn tree8_lanes(p: &[__m256; 8]) -> __m256 {
+    _mm256_add_ps(
+        _mm256_add_ps(_mm256_add_ps(p[0], p[1]), _mm256_add_ps(p[2], p[3])),
+        _mm256_add_ps(_mm256_add_ps(p[4], p[5]), _mm256_add_ps(p[6], p[7])),
+    )
+}
+
 /// [`tree8`](super::super::scalar::tree8) of the eight lanes of `v`:
 /// `((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7))`, the same additions.
 #[inline]
@@ -1209,14 +1220,7 @@ pub(super) fn blocks256<B: Block, const MIN: bool>(
             [sc[0][k], sc[1][k]] = scales(b);
             da[k] = y.d;
         }
-        let da = ldps(&da);
-        let d = _mm256_mul_ps(halves(sc[0]), da);
-        let mut t = _mm256_mul_ps(d, _mm256_cvtepi32_ps(transpose_sum(&v)));
-        if MIN {
-            let dm = _mm256_mul_ps(halves(sc[1]), da);
-            t = _mm256_sub_ps(t, _mm256_mul_ps(dm, _mm256_cvtepi32_ps(transpose_sum(&m))));
-        }
-        acc = _mm256_add_ps(acc, t);
+        acc = _mm256_add_ps(acc, k_terms::<MIN>(&v, &m, sc, ldps(&da)));
     }
     let mut sum = Blocks::new(lanes_ps(acc));
     for i in done..nb {
@@ -1233,6 +1237,28 @@ pub(super) fn blocks256<B: Block, const MIN: bool>(
         sum.add(i, t);
     }
     sum.sum()
+}
+
+/// Eight K-quant terms at once, lane `l` from the integer sums `v[l]` and
+/// minimum sums `m[l]` (each reduced over its lanes), the f16 bits of the
+/// weights' scales `sc[0][l]` and minimums `sc[1][l]`, and the activations'
+/// scales `da`: the scalar term's operations in order, `(d_w·d_a)·isum`
+/// (minus `(m_w·d_a)·summs` with minimums).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn k_terms<const MIN: bool>(
+    v: &[__m256i; 8],
+    m: &[__m256i; 8],
+    sc: [[u16; 8]; 2],
+    da: __m256,
+) -> __m256 {
+    let d = _mm256_mul_ps(halves(sc[0]), da);
+    let t = _mm256_mul_ps(d, _mm256_cvtepi32_ps(transpose_sum(v)));
+    if !MIN {
+        return t;
+    }
+    let dm = _mm256_mul_ps(halves(sc[1]), da);
+    _mm256_sub_ps(t, _mm256_mul_ps(dm, _mm256_cvtepi32_ps(transpose_sum(m))))
 }
 
 /// Weight rows of K-quant super-blocks against one activation row (`w`:
@@ -1282,21 +1308,11 @@ pub(super) fn column256<B: Block, const MIN: bool>(
                     (v[r], m[r]) = sums(b, y);
                     [sc[0][r], sc[1][r]] = scales(b);
                 }
-                let da = _mm256_set1_ps(y.d);
-                let d = _mm256_mul_ps(halves(sc[0]), da);
-                let mut t = _mm256_mul_ps(d, _mm256_cvtepi32_ps(transpose_sum(&v)));
-                if MIN {
-                    let dm = _mm256_mul_ps(halves(sc[1]), da);
-                    t = _mm256_sub_ps(t, _mm256_mul_ps(dm, _mm256_cvtepi32_ps(transpose_sum(&m))));
-                }
+                let t = k_terms::<MIN>(&v, &m, sc, _mm256_set1_ps(y.d));
                 p[k] = _mm256_add_ps(p[k], t);
             }
         }
-        let tree = _mm256_add_ps(
-            _mm256_add_ps(_mm256_add_ps(p[0], p[1]), _mm256_add_ps(p[2], p[3])),
-            _mm256_add_ps(_mm256_add_ps(p[4], p[5]), _mm256_add_ps(p[6], p[7])),
-        );
-        *out = lanes_ps(tree);
+        *out = lanes_ps(tree8_lanes(&p));
     }
     for (o, w) in rest.iter_mut().zip(w_rest.chunks_exact(nb)) {
         *o = blocks256::<B, MIN>(w, a, &sums, &scales);
@@ -1764,11 +1780,7 @@ fn tiled_k<const NSUB: usize, const MINS: bool>(
                     _mm256_setzero_ps()
                 }
             });
-            let v = _mm256_add_ps(
-                _mm256_add_ps(_mm256_add_ps(p[0], p[1]), _mm256_add_ps(p[2], p[3])),
-                _mm256_add_ps(_mm256_add_ps(p[4], p[5]), _mm256_add_ps(p[6], p[7])),
-            );
-            let v = _mm256_mul_ps(v, _mm256_set1_ps(factor));
+            let v = _mm256_mul_ps(tree8_lanes(&p), _mm256_set1_ps(factor));
             let o = &mut out[t * stride + 8 * half..][..8];
             // SAFETY: `o` holds eight floats.
             unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
