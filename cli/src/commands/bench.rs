@@ -114,8 +114,10 @@ pub fn run(args: Args) -> Result<()> {
             // One warm-up run pages the weights in and sizes the buffers.
             let mut samples = Vec::new();
             let mut read = Vec::new();
+            let mut experts = (0u64, 0u64, 0u64);
             for rep in 0..=args.repetitions {
                 let mut session = model.session();
+                let experts_start = model.expert_stats();
                 let read_start = memwall_runtime::residency::storage_read_bytes();
                 let started = Instant::now();
                 if kind == "pp" {
@@ -130,6 +132,11 @@ pub fn run(args: Args) -> Result<()> {
                 let rate = n as f64 / started.elapsed().as_secs_f64();
                 if rep > 0 {
                     samples.push(rate);
+                    if let (Some(a), Some(b)) = (experts_start, model.expert_stats()) {
+                        experts.0 += b.requests - a.requests;
+                        experts.1 += b.hits - a.hits;
+                        experts.2 += b.bytes_read - a.bytes_read;
+                    }
                     if let (Some(a), Some(b)) =
                         (read_start, memwall_runtime::residency::storage_read_bytes())
                     {
@@ -145,11 +152,22 @@ pub fn run(args: Args) -> Result<()> {
             } else {
                 0.0
             };
-            rows.push(json!({
+            let mut row = json!({
                 "test": format!("{kind}{n}"), "threads": t, "n_batch": batch.min(n),
                 "tokens_per_second": mean, "stddev": sd, "samples": samples,
                 "storage_read_bytes_per_token": read.iter().max(),
-            }));
+            });
+            // Streamed experts: what the measured repetitions asked the cache for.
+            if model.expert_stats().is_some() {
+                let (requests, hits, bytes) = experts;
+                let tokens = (n * args.repetitions) as u64;
+                row["experts"] = json!({
+                    "requests_per_token": requests as f64 / tokens as f64,
+                    "hit_rate": if requests == 0 { 1.0 } else { hits as f64 / requests as f64 },
+                    "bytes_read_per_token": bytes / tokens,
+                });
+            }
+            rows.push(row);
         }
     }
     // The fastest setting of each kind of test.
@@ -173,6 +191,17 @@ pub fn run(args: Args) -> Result<()> {
                 "pinned_bytes": r.pinned_bytes, "pinned_layers": r.pinned_layers,
                 "output_pinned": r.output_pinned, "streamed_bytes": r.streamed_bytes,
                 "ring_bytes": r.ring_bytes, "direct_reads": r.direct,
+                "experts": r.experts.as_ref().map(|x| {
+                    let stats = model.expert_stats();
+                    let (cover, top) = stats.as_ref().map_or((0.0, 0.0), |s| s.concentration());
+                    json!({
+                        "slots": x.slots, "experts": x.experts, "bundle_bytes": x.bundle_bytes,
+                        "hit_rate": stats.as_ref().map(|s| s.hit_rate()),
+                        "routing": {
+                            "experts_for_90_percent": cover, "top_expert_share": top,
+                        },
+                    })
+                }),
             })),
         });
         println!("{}", serde_json::to_string_pretty(&report)?);

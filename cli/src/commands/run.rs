@@ -205,6 +205,14 @@ pub fn run(args: Args) -> Result<()> {
                     " (through the page cache: this file system refuses direct reads)"
                 }
             );
+            if let Some(x) = &r.experts {
+                eprintln!(
+                    "streaming: experts read as routed, {} of {} held at a time ({} each, the most used kept)",
+                    x.slots,
+                    x.experts,
+                    crate::render::human_bytes(x.bundle_bytes)
+                );
+            }
         }
     }
     let sampler = Sampler::new(SamplerConfig {

@@ -31,7 +31,14 @@ impl<'a> Model<'a> {
         y
     }
 
-    pub(super) fn ffn(&self, ffn: &Ffn, h: &[f32], t_n: usize) -> Result<Vec<f32>, ForwardError> {
+    /// The feed-forward part of layer `l`.
+    pub(super) fn ffn(
+        &self,
+        l: usize,
+        ffn: &Ffn,
+        h: &[f32],
+        t_n: usize,
+    ) -> Result<Vec<f32>, ForwardError> {
         match ffn {
             Ffn::Dense { gate, up, down } => self.swiglu(gate, up, down, h, t_n),
             Ffn::Moe {
@@ -39,19 +46,21 @@ impl<'a> Model<'a> {
                 gate,
                 up,
                 down,
-            } => self.moe(router, gate, up, down, h, t_n),
+            } => self.moe(l, router, [gate, up, down], h, t_n),
         }
     }
 
     /// Mixture of experts: softmax over the router's logits, the top
     /// `n_expert_used` experts per token with their probabilities renormalised
-    /// to sum 1, and the weighted sum of those experts' SwiGLU outputs.
+    /// to sum 1, and the weighted sum of those experts' SwiGLU outputs. Each
+    /// expert runs once over the tokens routed to it; when the experts stream,
+    /// the ones already in the cache run while the others are read, and the
+    /// outputs are summed in expert order either way (the same bits).
     pub(super) fn moe(
         &self,
+        l: usize,
         router: &Matrix,
-        gate: &Matrix,
-        up: &Matrix,
-        down: &Matrix,
+        [gate, up, down]: [&Matrix; 3],
         h: &[f32],
         t_n: usize,
     ) -> Result<Vec<f32>, ForwardError> {
@@ -78,28 +87,57 @@ impl<'a> Model<'a> {
                 routed[i].push((t, w));
             }
         }
-        let mut out = vec![0f32; t_n * e];
-        for (x, tokens) in routed.iter().enumerate() {
-            if tokens.is_empty() {
-                continue;
-            }
+        let run = |x: usize, parts: [Option<&[u8]>; 3]| {
+            let tokens = &routed[x];
             let mut input = Vec::with_capacity(tokens.len() * e);
             for &(t, _) in tokens {
                 input.extend_from_slice(&h[t * e..(t + 1) * e]);
             }
-            let y = self.swiglu(
-                &gate.expert(x, ff),
-                &up.expert(x, ff),
-                &down.expert(x, e),
-                &input,
-                tokens.len(),
-            )?;
-            for (i, &(t, w)) in tokens.iter().enumerate() {
+            let g = over(gate.expert(x, ff), parts[0]);
+            let u = over(up.expert(x, ff), parts[1]);
+            let d = over(down.expert(x, e), parts[2]);
+            self.swiglu(&g, &u, &d, &input, tokens.len())
+        };
+        let add = |out: &mut [f32], x: usize, y: &[f32]| {
+            for (i, &(t, w)) in routed[x].iter().enumerate() {
                 for (o, v) in out[t * e..(t + 1) * e].iter_mut().zip(&y[i * e..]) {
                     *o += w * v;
                 }
             }
+        };
+        let chosen: Vec<usize> = (0..n_exp).filter(|&x| !routed[x].is_empty()).collect();
+        let mut out = vec![0f32; t_n * e];
+        // Replaced weights (calibration) are not in the file the cache reads.
+        let cache = (self.stream.as_ref())
+            .and_then(|s| s.experts.as_ref())
+            .and_then(|(cache, layers)| Some((cache, *layers.get(&l)?)))
+            .filter(|_| self.replaced.is_empty());
+        let Some((cache, moe_layer)) = cache else {
+            for &x in &chosen {
+                let y = run(x, [None; 3])?;
+                add(&mut out, x, &y);
+            }
+            return Ok(out);
+        };
+        let mut ys: Vec<Option<Vec<f32>>> = vec![None; n_exp];
+        let mut request = cache.request(moe_layer, &chosen);
+        while let Some((x, held)) = request.next() {
+            ys[x] = Some(run(x, [held.part(0), held.part(1), held.part(2)])?);
+        }
+        for (x, y) in ys.iter().enumerate() {
+            if let Some(y) = y {
+                add(&mut out, x, y);
+            }
         }
         Ok(out)
+    }
+}
+
+/// `m` over `data` when given (an expert's rows as the cache read them; a
+/// part whose read failed leaves the mapping's).
+fn over<'m>(m: Matrix<'m>, data: Option<&'m [u8]>) -> Matrix<'m> {
+    Matrix {
+        data: data.unwrap_or(m.data),
+        ..m
     }
 }

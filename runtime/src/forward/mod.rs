@@ -21,6 +21,7 @@
 mod attention;
 mod calibration;
 mod config;
+mod experts;
 mod ffn;
 mod load;
 pub(crate) mod math;
@@ -31,9 +32,10 @@ mod stream;
 
 pub use calibration::Observer;
 pub use config::Config;
+pub use experts::ExpertStats;
 pub use rope::{Rope, Yarn};
 pub use session::{KvType, Session};
-pub use stream::{Streaming, StreamingReport};
+pub use stream::{ExpertCacheReport, Streaming, StreamingReport};
 
 use load::{Ffn, Layer, Matrix, Norm, decode};
 use session::Cache;
@@ -185,19 +187,19 @@ impl<'a> Model<'a> {
         let streamed = self.stream.as_ref().and_then(|s| {
             let &(pos, whole) = s.by_name.get(m.name)?;
             let not_replaced = !self.replaced.contains_key(m.name);
-            not_replaced.then_some((s, pos, whole))
+            not_replaced.then_some((s.reader.as_ref()?, pos, whole))
         });
         let Some((s, pos, whole)) = streamed else {
             return self.product(m, None, x, t_n, shared);
         };
-        let loaded = s.reader.acquire(pos);
+        let loaded = s.acquire(pos);
         // `m` is the whole tensor or one expert's rows of it.
         let own = (m.data.as_ptr() as usize)
             .checked_sub(whole.as_ptr() as usize)
             .and_then(|off| loaded.bytes()?.get(off..off + m.data.len()));
         // A failed read leaves the mapping to read.
         let y = self.product(m, own, x, t_n, shared);
-        s.reader.release(pos, loaded);
+        s.release(pos, loaded);
         y
     }
 
@@ -338,12 +340,12 @@ impl<'a> Model<'a> {
             let ffn = if let Some(ffn_norm) = &layer.ffn_norm {
                 self.add(x, a);
                 self.norm(x, ffn_norm, h);
-                let ffn = self.ffn(&layer.ffn, h, t_n)?;
+                let ffn = self.ffn(l, &layer.ffn, h, t_n)?;
                 self.add(x, &ffn);
                 ffn
             } else {
                 // Parallel block: attention and FFN both read the attention norm.
-                let ffn = self.ffn(&layer.ffn, h, t_n)?;
+                let ffn = self.ffn(l, &layer.ffn, h, t_n)?;
                 self.add(x, a);
                 self.add(x, &ffn);
                 ffn

@@ -14,7 +14,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use super::{ForwardError, Layer, Matrix, Model, tensor_err};
+use super::experts::{ExpertCache, ExpertStats};
+use super::{Ffn, ForwardError, Layer, Matrix, Model, tensor_err};
 
 /// Direct reads start, end and land on multiples of this (the largest
 /// logical block size in use; 4 KiB also satisfies 512-byte devices).
@@ -38,6 +39,16 @@ pub(super) struct Loaded {
 }
 
 impl Loaded {
+    /// A buffer with nothing read yet.
+    pub(super) fn empty() -> Loaded {
+        Loaded {
+            buf: Vec::new(),
+            start: 0,
+            len: 0,
+            ok: false,
+        }
+    }
+
     /// The matrix's bytes, or `None` if reading them failed (the caller then
     /// reads the mapping).
     pub(super) fn bytes(&self) -> Option<&[u8]> {
@@ -110,12 +121,7 @@ impl Streamer {
             .map(|_| Slot {
                 pos: None,
                 ready: false,
-                buf: Some(Loaded {
-                    buf: Vec::new(),
-                    start: 0,
-                    len: 0,
-                    ok: false,
-                }),
+                buf: Some(Loaded::empty()),
             })
             .collect();
         let shared = Arc::new(Shared {
@@ -254,7 +260,7 @@ fn run(sh: &Shared, files: &[(File, bool)]) {
 
 /// Opens the model file for reading past the page cache where the system
 /// allows it (`O_DIRECT`; tmpfs and some file systems refuse it).
-fn open(path: &std::path::Path) -> Option<(File, bool)> {
+pub(super) fn open(path: &std::path::Path) -> Option<(File, bool)> {
     #[cfg(any(target_os = "linux", target_os = "android"))]
     {
         use std::os::unix::fs::OpenOptionsExt;
@@ -271,7 +277,7 @@ fn open(path: &std::path::Path) -> Option<(File, bool)> {
 
 /// Reads `e` into `out` (aligned for direct reads), growing its buffer as
 /// needed; `out.ok` says whether every byte arrived.
-fn read_extent(file: &File, e: Extent, direct: bool, out: &mut Loaded) {
+pub(super) fn read_extent(file: &File, e: Extent, direct: bool, out: &mut Loaded) {
     let first = e.offset / ALIGN as u64 * ALIGN as u64;
     let lead = (e.offset - first) as usize;
     let total = (lead + e.len).div_ceil(ALIGN) * ALIGN;
@@ -462,6 +468,11 @@ mod tests {
 /// matrices), by a background thread that reads ahead of the products, past
 /// the page cache where the system allows. Reading overlaps computing, and
 /// the memory held is the pinned part, the ring and nothing else.
+///
+/// A mixture of experts keeps every dense matrix (attention, router, output
+/// head) ahead of its experts; what the budget leaves after them is a cache
+/// of expert-sized slots (at least `n_expert_used + 2`), and a layer reads
+/// only the experts its router picks that are not in it (`experts`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Streaming {
     /// Bytes of weights to lock in RAM.
@@ -480,13 +491,28 @@ pub struct StreamingReport {
     pub pinned_layers: usize,
     /// Whether the output head is pinned.
     pub output_pinned: bool,
-    /// Bytes of matrix weights read from storage per token at most (the rest).
+    /// Bytes of matrix weights read from storage per token at most (the rest;
+    /// of a mixture of experts, the dense matrices not pinned and
+    /// `n_expert_used` experts per layer).
     pub streamed_bytes: u64,
     /// Bytes of the read-ahead buffers (0 when nothing streams or the reading
     /// thread could not start: products then read the mapping).
     pub ring_bytes: u64,
     /// Whether streamed reads bypass the page cache (`O_DIRECT`).
     pub direct: bool,
+    /// The cache of experts, when the experts stream.
+    pub experts: Option<ExpertCacheReport>,
+}
+
+/// The cache of a mixture of experts' streamed experts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpertCacheReport {
+    /// Experts (of all layers) the cache holds at once.
+    pub slots: usize,
+    /// Experts in the model (layers × experts per layer).
+    pub experts: usize,
+    /// Bytes of one expert's gate, up and down rows (the largest).
+    pub bundle_bytes: u64,
 }
 
 /// Streaming state: the streamed matrices and their reader.
@@ -494,7 +520,9 @@ pub(super) struct Stream<'a> {
     /// Tensor name → position in the reader's order and the tensor's bytes
     /// in the mapping.
     pub(super) by_name: HashMap<&'a str, (usize, &'a [u8])>,
-    pub(super) reader: Streamer,
+    pub(super) reader: Option<Streamer>,
+    /// The streamed experts: the cache, and layer → its MoE layers' index.
+    pub(super) experts: Option<(ExpertCache, HashMap<usize, usize>)>,
 }
 
 impl<'a> Model<'a> {
@@ -506,22 +534,56 @@ impl<'a> Model<'a> {
                 "streaming needs the model memory-mapped (drop --no-mmap)".into(),
             ));
         }
-        // The ring of read-ahead buffers comes out of the budget when not
-        // everything fits: `prefetch` layers' worth of bytes plus one matrix,
-        // in buffers the size of the largest matrix of a layer.
+        let n_expert = self.config.n_expert;
+        let experts_of = |layer: &Layer<'a>| match &layer.ffn {
+            Ffn::Moe { gate, up, down, .. } if n_expert > 0 => Some([*gate, *up, *down]),
+            _ => None,
+        };
+        let expert_bytes: u64 = (self.layers.iter())
+            .filter_map(experts_of)
+            .flatten()
+            .map(|m| m.data.len() as u64)
+            .sum();
         let sizes: Vec<u64> = (self.layers.iter())
             .flat_map(Layer::matrices)
             .map(|m| m.data.len() as u64)
             .collect();
         let all = sizes.iter().sum::<u64>() + self.output.data.len() as u64;
-        let largest = sizes.iter().copied().max().unwrap_or(0).max(1);
-        let per_layer = all / self.layers.len().max(1) as u64;
-        let slots = (per_layer * s.prefetch as u64 / largest + 1).max(2);
-        let mut budget = if s.resident_bytes >= all {
-            s.resident_bytes
+        let everything = s.resident_bytes >= all;
+        // Experts stream one at a time when they do not all fit: the dense
+        // matrices go first, and the cache gets at least a token's experts
+        // and two to read ahead.
+        let stream_experts = expert_bytes > 0 && !everything;
+        let bundles = self.layers.iter().filter_map(experts_of).count() * n_expert;
+        let bundle_bytes = (self.layers.iter())
+            .filter_map(experts_of)
+            .map(|ms| ms.iter().map(|m| m.data.len() as u64).sum::<u64>() / n_expert as u64)
+            .max()
+            .unwrap_or(0);
+        let min_cache = if stream_experts {
+            (self.config.n_expert_used + 2).min(bundles) as u64 * bundle_bytes
         } else {
-            s.resident_bytes.saturating_sub(slots * largest)
+            0
         };
+        let is_expert = |m: &Matrix<'a>, layer: &Layer<'a>| {
+            stream_experts
+                && experts_of(layer).is_some_and(|ms| ms.iter().any(|e| e.name == m.name))
+        };
+        // The ring of read-ahead buffers comes out of the budget when the
+        // matrices it reads do not all fit: `prefetch` layers' worth of bytes
+        // plus one matrix, in buffers the size of the largest.
+        let dense: Vec<u64> = (self.layers.iter())
+            .flat_map(|l| l.matrices().into_iter().filter(move |m| !is_expert(m, l)))
+            .map(|m| m.data.len() as u64)
+            .collect();
+        let dense_all = dense.iter().sum::<u64>() + self.output.data.len() as u64;
+        let largest = dense.iter().copied().max().unwrap_or(0).max(1);
+        let per_layer = dense_all / self.layers.len().max(1) as u64;
+        let slots = (per_layer * s.prefetch as u64 / largest + 1).max(2);
+        let mut budget = s.resident_bytes.saturating_sub(min_cache);
+        if !everything && budget < dense_all {
+            budget = budget.saturating_sub(slots * largest);
+        }
         // The output head is read for every token: pinned first, then the
         // matrices in the order the forward pass multiplies them, each that
         // still fits.
@@ -533,8 +595,11 @@ impl<'a> Model<'a> {
         }
         let mut pinned_layers = 0;
         for (l, layer) in self.layers.iter().enumerate() {
-            let mut whole = true;
+            let mut whole = !experts_of(layer).is_some_and(|_| stream_experts);
             for m in layer.matrices() {
+                if is_expert(m, layer) {
+                    continue;
+                }
                 let size = m.data.len() as u64;
                 let pin = size <= budget;
                 if pin {
@@ -557,6 +622,7 @@ impl<'a> Model<'a> {
             streamed_bytes: 0,
             ring_bytes: 0,
             direct: false,
+            experts: None,
         };
         let mut by_name = HashMap::new();
         let mut extents = Vec::new();
@@ -571,35 +637,88 @@ impl<'a> Model<'a> {
                 report.pinned_bytes += m.data.len() as u64;
             } else {
                 report.streamed_bytes += m.data.len() as u64;
-                let (file, offset) = self
-                    .gguf
-                    .locate(m.data)
-                    .ok_or_else(|| tensor_err(m.name, "its data lies outside the model's files"))?;
                 by_name.insert(m.name, (extents.len(), m.data));
-                extents.push(Extent {
-                    file,
-                    offset,
-                    len: m.data.len(),
-                });
+                extents.push(self.extent(m.name, m.data)?);
             }
         }
+        let paths: Vec<_> = (self.gguf.files().iter())
+            .map(|f| f.path().to_owned())
+            .collect();
+        let mut reader = None;
         let largest = extents.iter().map(|e| e.len as u64).max().unwrap_or(0);
         // Sized by what streams: an output head that did not fit makes fewer,
         // larger buffers (at least two matrices are always held).
         if let Some(fit) = (per_layer * s.prefetch as u64).checked_div(largest) {
             let slots = (fit + 1).clamp(2, slots) as usize;
-            let paths: Vec<_> = self
-                .gguf
-                .files()
-                .iter()
-                .map(|f| f.path().to_owned())
-                .collect();
-            if let Some(reader) = Streamer::start(&paths, extents, slots) {
+            if let Some(r) = Streamer::start(&paths, extents, slots) {
                 report.ring_bytes = slots as u64 * largest;
-                report.direct = reader.direct();
-                self.stream = Some(Stream { by_name, reader });
+                report.direct = r.direct();
+                reader = Some(r);
             }
         }
+        let mut experts = None;
+        if stream_experts {
+            let mut layers = HashMap::new();
+            let mut parts = Vec::with_capacity(bundles);
+            for (l, layer) in self.layers.iter().enumerate() {
+                let Some([gate, up, down]) = experts_of(layer) else {
+                    continue;
+                };
+                layers.insert(l, layers.len());
+                let ff = gate.rows / n_expert;
+                for x in 0..n_expert {
+                    let [g, u, d] = [
+                        gate.expert(x, ff),
+                        up.expert(x, ff),
+                        down.expert(x, gate.cols),
+                    ];
+                    parts.push([
+                        self.extent(g.name, g.data)?,
+                        self.extent(u.name, u.data)?,
+                        self.extent(d.name, d.data)?,
+                    ]);
+                }
+                report.streamed_bytes += self.config.n_expert_used as u64 * bundle_bytes;
+            }
+            let cache_slots =
+                ((min_cache + budget) / bundle_bytes.max(1)).min(bundles as u64) as usize;
+            if let Some(cache) = ExpertCache::start(&paths, n_expert, parts, cache_slots) {
+                report.direct = cache.direct() && (reader.is_none() || report.direct);
+                report.experts = Some(ExpertCacheReport {
+                    slots: cache.slots(),
+                    experts: bundles,
+                    bundle_bytes: cache.bundle_bytes(),
+                });
+                experts = Some((cache, layers));
+            }
+        }
+        if reader.is_some() || experts.is_some() {
+            self.stream = Some(Stream {
+                by_name,
+                reader,
+                experts,
+            });
+        }
         Ok(report)
+    }
+
+    /// Where `data` (of tensor `name`) lies in the model's files.
+    fn extent(&self, name: &str, data: &[u8]) -> Result<Extent, ForwardError> {
+        let (file, offset) = self
+            .gguf
+            .locate(data)
+            .ok_or_else(|| tensor_err(name, "its data lies outside the model's files"))?;
+        Ok(Extent {
+            file,
+            offset,
+            len: data.len(),
+        })
+    }
+
+    /// What the cache of streamed experts has done so far (`None` when the
+    /// experts do not stream).
+    pub fn expert_stats(&self) -> Option<ExpertStats> {
+        let (cache, _) = self.stream.as_ref()?.experts.as_ref()?;
+        Some(cache.stats())
     }
 }
