@@ -35,15 +35,15 @@ fi
 
 step "tests (aarch64 under qemu)"
 scripts/setup-aarch64.sh
-# Debian's rustc carries the aarch64 standard library; the rustup one does not.
-# LD_LIBRARY_PATH pins libc to the cross package that matches its ld.so: with
-# libc6:arm64 also installed (libstd-rust-web-dev:arm64 pulls it in), the loader
-# would otherwise mix two glibc builds and every thread spawn hangs under qemu.
+# Debian's rustc carries the aarch64 standard library; the rustup one does not. Linked
+# statically, as scripts/phone-build.sh links the phone's binary (sharing its build
+# folder and dependencies): qemu runs the tests with no loader or library path.
 RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc \
 CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
-CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu max -L /usr/aarch64-linux-gnu -E LD_LIBRARY_PATH=/usr/aarch64-linux-gnu/lib" \
+CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static" \
+CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="env -u LD_LIBRARY_PATH qemu-aarch64 -cpu max" \
   /usr/bin/cargo test --locked --target aarch64-unknown-linux-gnu -p memwall-format -p memwall-runtime --release \
-  --target-dir target/aarch64
+  --target-dir target/aarch64-static
 
 step "phone build (aarch64 memwall under qemu)"
 scripts/phone-smoke.sh

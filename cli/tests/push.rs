@@ -621,3 +621,40 @@ fn awkward_file_name_is_quoted_for_the_phone() {
         format!("{on_phone}|")
     );
 }
+
+/// `--with-runtime` without a path sends the static build of
+/// scripts/phone-build.sh (target/phone/memwall) before a glibc-linked one,
+/// and says nothing about loaders: it needs none.
+#[test]
+fn the_static_runtime_is_what_with_runtime_sends_by_default() {
+    let phone = Phone::new();
+    let target = tempfile::tempdir().unwrap();
+    let dynamic = elf(183, Some("/lib/ld-linux-aarch64.so.1"));
+    let gnu = target.path().join("aarch64-unknown-linux-gnu/release");
+    std::fs::create_dir_all(&gnu).unwrap();
+    std::fs::write(gnu.join("memwall"), &dynamic).unwrap();
+    let static_image = elf(183, None);
+    std::fs::create_dir_all(target.path().join("phone")).unwrap();
+    std::fs::write(target.path().join("phone/memwall"), &static_image).unwrap();
+    let env = [("CARGO_TARGET_DIR", target.path().to_str().unwrap())];
+    let out = phone.push(&[MODEL, "--with-runtime", "--json"], &env);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(phone.path("memwall")).unwrap(), static_image);
+    assert!(
+        !stderr(&out).contains("linked dynamically"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Without the static build, the glibc one goes, with the way to the static one.
+    std::fs::remove_file(target.path().join("phone/memwall")).unwrap();
+    let phone = Phone::new();
+    let out = phone.push(&[MODEL, "--with-runtime", "--json"], &env);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(phone.path("memwall")).unwrap(), dynamic);
+    assert!(
+        stderr(&out).contains("scripts/phone-build.sh"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -215,6 +215,92 @@ fn streaming_mode_changes_memory_not_results() {
     assert!(!out.status.success());
 }
 
+/// A mixture of experts streams its experts into a cache (here 4 of its 8,
+/// with `--resident 0`), filled at start from an importance matrix's
+/// per-expert counts when one is given: the text stays the same, the profile
+/// fills every slot, and a file without expert counts is refused by name.
+#[test]
+fn moe_streaming_with_an_expert_profile_keeps_the_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let moe = common::moe_f16(dir.path());
+    let moe = moe.to_str().unwrap();
+    let imatrix = dir.path().join("imatrix.gguf");
+    let imatrix = imatrix.to_str().unwrap();
+    stdout_of(&[
+        "calibrate",
+        "imatrix",
+        "-m",
+        moe,
+        "-f",
+        "fixtures/perplexity/heldout-24k.txt",
+        "-c",
+        "64",
+        "--chunks",
+        "2",
+        "-o",
+        imatrix,
+    ]);
+    let text = |extra: &[&str]| -> Value {
+        let mut args = vec![
+            "run", "-m", moe, "-p", "hello", "-n", "8", "--temp", "0", "--json",
+        ];
+        args.extend_from_slice(extra);
+        serde_json::from_str(&stdout_of(&args)).unwrap()
+    };
+    let plain = text(&[]);
+    assert_eq!(plain["text"], text(&["--resident", "0"])["text"]);
+    assert_eq!(
+        plain["text"],
+        text(&["--resident", "0", "--expert-profile", imatrix])["text"]
+    );
+    let bench: Value = serde_json::from_str(&stdout_of(&[
+        "bench",
+        "-m",
+        moe,
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "--resident",
+        "0",
+        "--expert-profile",
+        imatrix,
+        "--json",
+    ]))
+    .unwrap();
+    let experts = &bench["streaming"]["experts"];
+    assert_eq!(experts["experts"], 8, "2 layers × 4 experts");
+    assert_eq!(experts["slots"], 4, "2 routed + 2 read ahead");
+    assert_eq!(experts["prewarmed"], 4, "the profile fills every slot");
+    for row in bench["results"].as_array().unwrap() {
+        let rate = row["experts"]["hit_rate"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&rate), "{row}");
+        assert!(row["experts"]["requests_per_token"].as_f64().unwrap() > 0.0);
+    }
+    // The model itself has no `.counts` tensors.
+    let out = memwall(&[
+        "run",
+        "-m",
+        moe,
+        "-p",
+        "x",
+        "-n",
+        "1",
+        "--resident",
+        "0",
+        "--expert-profile",
+        moe,
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not an expert profile") && err.contains("per-expert counts"),
+        "{err}"
+    );
+}
+
 /// `MEMWALL_KERNELS` pins the dot products and caps attention, `exp` and the
 /// activation quantizers at the same instruction set: every backend this CPU
 /// runs gives the same perplexity bits and greedy text (prompt batches and

@@ -123,6 +123,59 @@ fn moe_tokens_read_only_their_experts() {
     assert!(per_token * 6 < w.bytes(), "{per_token} of {}", w.bytes());
 }
 
+/// Qwen3-30B-A3B at Q4_K_M on a phone: streaming reads the routed experts the
+/// cache misses and whatever dense matrix did not fit, never the whole stacks.
+#[test]
+fn moe_streaming_reads_only_routed_experts_that_miss_the_cache() {
+    let mut moe = Shape::dense("qwen3", 48, 2048, 6144, 32, 4, 128, 151936, false);
+    moe.arch = "qwen3moe".into();
+    moe.n_expert = 128;
+    moe.n_expert_used = 8;
+    moe.n_ff_expert = 768;
+    let c = Choice::by_name("Q4_K_M").unwrap();
+    let w = c.weights(&moe.facts(), &moe.tensors()).unwrap();
+    let (n, k) = (moe.n_expert, moe.n_expert_used);
+    let total = w.bytes();
+    let per_token = w.bytes_per_token(n, k);
+    let read = |resident: u64| w.streamed_bytes_per_token(n, k, resident);
+    assert_eq!(read(total), 0, "everything resident");
+    // Less RAM never reads less; every budget reads less than a token's weights.
+    let budgets: Vec<u64> = (0..=10).map(|i| total / 10 * i).collect();
+    for pair in budgets.windows(2) {
+        assert!(read(pair[0]) >= read(pair[1]), "{pair:?}");
+    }
+    assert!(read(0) <= per_token, "{} of {per_token}", read(0));
+    // Half the file in RAM: the dense part is pinned and about 45 % of the experts
+    // are cached; the prior misses about 12 % of the routed experts.
+    let half = read(total / 2);
+    let routed = per_token as f64 * 0.8;
+    assert!(
+        (half as f64) < 0.2 * routed && (half as f64) > 0.05 * routed,
+        "{half} of {per_token}"
+    );
+    // A dense model reads the share that is not resident, as before.
+    let dense = Shape::dense("qwen3", 4, 2048, 6144, 32, 4, 128, 151936, false);
+    let wd = c.weights(&dense.facts(), &dense.tensors()).unwrap();
+    let t = wd.bytes();
+    let expect = (wd.bytes_per_token(0, 0) as f64 * 0.75).round() as u64;
+    assert_eq!(wd.streamed_bytes_per_token(0, 0, t / 4), expect);
+}
+
+#[test]
+fn the_routing_prior_misses_a_tenth_with_half_the_experts_cached() {
+    use memwall_quantize::fit::expert_miss_rate;
+    assert_eq!(expert_miss_rate(0.0), 1.0);
+    assert_eq!(expert_miss_rate(1.0), 0.0);
+    let half = expert_miss_rate(0.5);
+    assert!((half - 0.10).abs() < 0.002, "{half}");
+    let mut last = 1.0;
+    for i in 1..100 {
+        let m = expert_miss_rate(f64::from(i) / 100.0);
+        assert!(m < last, "{i}");
+        last = m;
+    }
+}
+
 /// Found by the `hf_config` fuzz target: every field of this Mixtral config is
 /// within its own bound, but together they make about 2^67 weights, and the sums
 /// `memwall plan` makes over the tensor list overflowed u64.

@@ -21,6 +21,27 @@ pub fn lock_range(model: &GgufModel, data: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Tells the OS that `data`, a slice of `model`'s mapping, is read at random
+/// (`MADV_RANDOM`): a page fault then reads its own page and not the
+/// read-ahead window around it (8 MiB on some disks), which a streamed token
+/// would pay for every embedding row it looks up. Advice only: errors are
+/// ignored.
+pub fn advise_random(model: &GgufModel, data: &[u8]) {
+    if data.is_empty() || !model.is_mapped() || model.locate(data).is_none() {
+        return;
+    }
+    // SAFETY: sysconf reads a constant of the system.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .unwrap_or(4096)
+        .max(1);
+    let start = data.as_ptr() as usize / page * page;
+    let end = data.as_ptr() as usize + data.len();
+    // SAFETY: the page-aligned range covers `data`, which lies inside one of
+    // the model's live mappings (checked above; mappings start on a page);
+    // madvise changes no memory, only how the kernel reads it in.
+    unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_RANDOM) };
+}
+
 /// Locks every file of `model` in RAM (`--mlock`): pages are read now and
 /// never swapped or dropped. Returns the bytes locked. Fails (nothing stays
 /// locked) when the OS refuses, typically past `RLIMIT_MEMLOCK`.

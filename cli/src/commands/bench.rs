@@ -95,8 +95,19 @@ pub fn run(args: Args) -> Result<()> {
     };
     let size = gguf.total_file_size();
     let n_vocab = model.config.n_vocab as u32;
-    // Token ids as llama-bench uses them: arbitrary, fixed, within the vocabulary.
-    let token = |i: usize| ((i as u64 * 7919 + 13) % n_vocab as u64) as u32;
+    // Token ids as llama-bench uses them: arbitrary, within the vocabulary, and
+    // new for every run (a mixture of experts routes each token its own way:
+    // repeating the same tokens would measure a cache that always hits), yet
+    // the same from one bench to the next.
+    let mut drawn = 0u64;
+    let mut next_tokens = |n: usize| -> Vec<u32> {
+        (0..n)
+            .map(|_| {
+                drawn += 1;
+                ((drawn * 7919 + 13) % n_vocab as u64) as u32
+            })
+            .collect()
+    };
     let mut rows = Vec::new();
     for &t in &threads {
         model.set_compute(kernels, t);
@@ -110,12 +121,12 @@ pub fn run(args: Args) -> Result<()> {
             tests.push(("tg", n, 1));
         }
         for (kind, n, batch) in tests {
-            let tokens: Vec<u32> = (0..n).map(token).collect();
             // One warm-up run pages the weights in and sizes the buffers.
             let mut samples = Vec::new();
             let mut read = Vec::new();
             let mut experts = (0u64, 0u64, 0u64);
             for rep in 0..=args.repetitions {
+                let tokens = next_tokens(n);
                 let mut session = model.session();
                 let experts_start = model.expert_stats();
                 let read_start = memwall_runtime::residency::storage_read_bytes();
@@ -155,7 +166,9 @@ pub fn run(args: Args) -> Result<()> {
             let mut row = json!({
                 "test": format!("{kind}{n}"), "threads": t, "n_batch": batch.min(n),
                 "tokens_per_second": mean, "stddev": sd, "samples": samples,
-                "storage_read_bytes_per_token": read.iter().max(),
+                // The mean over the measured runs, as the experts' counts below.
+                "storage_read_bytes_per_token":
+                    (!read.is_empty()).then(|| read.iter().sum::<u64>() / read.len() as u64),
             });
             // Streamed experts: what the measured repetitions asked the cache for.
             if model.expert_stats().is_some() {
@@ -196,6 +209,7 @@ pub fn run(args: Args) -> Result<()> {
                     let (cover, top) = stats.as_ref().map_or((0.0, 0.0), |s| s.concentration());
                     json!({
                         "slots": x.slots, "experts": x.experts, "bundle_bytes": x.bundle_bytes,
+                        "prewarmed": x.prewarmed,
                         "hit_rate": stats.as_ref().map(|s| s.hit_rate()),
                         "routing": {
                             "experts_for_90_percent": cover, "top_expert_share": top,

@@ -341,6 +341,12 @@ pub struct LoadArgs {
     /// buffers hold this much plus one matrix, at least two matrices).
     #[arg(long, default_value_t = 1, value_name = "N", requires = "resident")]
     pub prefetch: usize,
+    /// With --resident on a mixture of experts: fill the expert cache at start
+    /// with the experts an importance matrix (memwall calibrate's or
+    /// llama-imatrix's GGUF, whose per-expert counts say how often each was
+    /// routed to) found most used.
+    #[arg(long, value_name = "IMATRIX", requires = "resident")]
+    pub expert_profile: Option<std::path::PathBuf>,
 }
 
 impl LoadArgs {
@@ -352,10 +358,26 @@ impl LoadArgs {
         let Some(mib) = self.resident else {
             return Ok(None);
         };
-        let report = model.enable_streaming(memwall_runtime::forward::Streaming {
+        let mut report = model.enable_streaming(memwall_runtime::forward::Streaming {
             resident_bytes: mib << 20,
             prefetch: self.prefetch,
         })?;
+        if let Some(path) = &self.expert_profile {
+            check_model_path(path)?;
+            use anyhow::Context as _;
+            let profile = GgufModel::open(path)
+                .with_context(|| format!("{}: cannot read the expert profile", path.display()))?;
+            let read = model.prewarm_experts(&profile).with_context(|| {
+                format!(
+                    "{}: not an expert profile for this model (make one with `memwall \
+                     calibrate imatrix` on text like yours)",
+                    path.display()
+                )
+            })?;
+            if let Some(x) = report.experts.as_mut() {
+                x.prewarmed = read;
+            }
+        }
         Ok(Some(report))
     }
 }

@@ -59,8 +59,10 @@ pub struct Args {
     #[arg(long, default_value = "/data/local/tmp/memwall", value_name = "DIR")]
     pub dest: String,
     /// Also send the memwall runtime built for aarch64 (default:
-    /// target/aarch64-linux-android/release/memwall, else
-    /// target/aarch64-unknown-linux-gnu/release/memwall). Give PATH with `=`.
+    /// target/aarch64-linux-android/release/memwall, else the static build of
+    /// scripts/phone-build.sh, target/phone/memwall, which needs no loader or
+    /// libraries, else target/aarch64-unknown-linux-gnu/release/memwall).
+    /// Give PATH with `=`.
     #[arg(
         long,
         value_name = "PATH",
@@ -134,8 +136,8 @@ pub fn run(args: Args) -> Result<()> {
                         format!(
                             "the runtime {} is linked dynamically against {interp}, which Android \
                              does not have: it will not start on a phone (it does on ARM64 Linux); \
-                             build it for Android with `cargo build --release --target \
-                             aarch64-linux-android -p memwall` (docs/RUNTIME.md)",
+                             build the static runtime with `scripts/phone-build.sh` (or for \
+                             Android with the NDK, docs/RUNTIME.md)",
                             path.display()
                         ),
                     );
@@ -859,17 +861,20 @@ fn runtime_path(given: Option<&Path>) -> Result<PathBuf> {
         std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
     let candidates = [
         target.join("aarch64-linux-android/release/memwall"),
+        target.join("phone/memwall"),
         target.join("aarch64-unknown-linux-gnu/release/memwall"),
     ];
     if let Some(found) = candidates.iter().find(|p| p.is_file()) {
         return Ok(found.clone());
     }
     bail!(
-        "no aarch64 memwall binary at {} or {}: build it with `cargo build --release --target \
-         aarch64-unknown-linux-gnu -p memwall` (for Android: `--target aarch64-linux-android` \
-         with the NDK, see docs/RUNTIME.md), or name it with --with-runtime=PATH",
+        "no aarch64 memwall binary at {}, {} or {}: build the static one, which runs on a \
+         stock phone, with `scripts/phone-build.sh` (for Android with the NDK: `cargo build \
+         --release --target aarch64-linux-android -p memwall`, see docs/RUNTIME.md), or name \
+         it with --with-runtime=PATH",
         candidates[1].display(),
-        candidates[0].display()
+        candidates[0].display(),
+        candidates[2].display()
     )
 }
 

@@ -193,7 +193,7 @@ impl Speed {
 
 /// Decode speed of `weights` on `device` with `kv_tokens` tokens in the cache,
 /// when `resident` bytes of the weights stay in RAM (the rest streams from
-/// flash every token).
+/// flash: [`Weights::streamed_bytes_per_token`]).
 pub fn decode_speed(
     device: &Device,
     shape: &Shape,
@@ -214,10 +214,9 @@ pub fn decode_speed(
             * u64::from(shape.n_head)
             * shape.head_dim
             * kv_tokens,
-        streamed_share: if total == 0 {
-            0.0
-        } else {
-            total.saturating_sub(resident) as f64 / total as f64
+        streamed_share: match weights.bytes_per_token(n_exp, used) {
+            0 => 0.0,
+            b => weights.streamed_bytes_per_token(n_exp, used, resident) as f64 / b as f64,
         },
         dispatches: shape.dispatches_per_token(),
         model_bytes: total,

@@ -718,6 +718,43 @@ impl Weights {
             .sum()
     }
 
+    /// Bytes one decoded token reads from storage when `resident` bytes of
+    /// the weights stay in RAM, as memwall streams them. A dense model reads
+    /// the share of its per-token bytes that is not resident. A mixture of
+    /// experts keeps its dense matrices first and caches experts in what is
+    /// left (at least `used + 2` of them): it reads the routed experts that
+    /// miss the cache, [`expert_miss_rate`] of them, and the dense matrices
+    /// that did not fit.
+    pub fn streamed_bytes_per_token(&self, n_expert: u32, used: u32, resident: u64) -> u64 {
+        let total = self.bytes();
+        if resident >= total || total == 0 {
+            return 0;
+        }
+        let sum = |keep: &dyn Fn(&Part) -> bool| -> u64 {
+            self.parts.iter().filter(|p| keep(p)).map(|p| p.bytes).sum()
+        };
+        let experts = sum(&|p| p.kind == Kind::Expert);
+        if n_expert == 0 || used == 0 || experts == 0 {
+            let share = (total - resident) as f64 / total as f64;
+            return (self.bytes_per_token(n_expert, used) as f64 * share).round() as u64;
+        }
+        // What streaming pins: matrices read whole by every token.
+        let dense = sum(&|p| self.share(p, n_expert, used) >= 1.0 && p.kind != Kind::Vector);
+        if resident >= dense + experts {
+            return 0;
+        }
+        // Gate, up and down stacks per MoE layer.
+        let stacks = self.parts.iter().filter(|p| p.kind == Kind::Expert).count() as u64;
+        let bundles = (stacks / 3).max(1) * u64::from(n_expert);
+        let bundle = experts / bundles;
+        let min_cache = (u64::from(used) + 2).min(bundles) * bundle;
+        let pinned = resident.saturating_sub(min_cache).min(dense);
+        let cache = resident.saturating_sub(pinned).max(min_cache).min(experts);
+        let routed = experts as f64 * f64::from(used) / f64::from(n_expert);
+        let miss = expert_miss_rate(cache as f64 / experts as f64);
+        (routed * miss).round() as u64 + (dense - pinned)
+    }
+
     /// Weights one decoded token multiplies, per type.
     pub fn products_per_token(&self, n_expert: u32, used: u32) -> Vec<(GgmlType, u64)> {
         let mut out: Vec<(GgmlType, u64)> = Vec::new();
@@ -733,4 +770,62 @@ impl Weights {
         }
         out
     }
+}
+
+/// How unevenly a mixture of experts routes, for [`expert_miss_rate`]: the
+/// σ of a log-normal expert popularity. σ = 1.28 puts 90 % of the routing in
+/// the hottest half of the experts, what llama-imatrix's counts show for
+/// Qwen3-30B-A3B (58–65 of 128 experts; docs/BENCHMARKS.md).
+pub const ROUTING_SKEW: f64 = 1.28;
+
+/// The share of routed experts a cache of the most used `fraction` of the
+/// experts misses, for log-normal popularity of σ [`ROUTING_SKEW`]: its
+/// hottest fraction `f` takes `Φ(Φ⁻¹(f) + σ)` of the routing.
+pub fn expert_miss_rate(fraction: f64) -> f64 {
+    if fraction <= 0.0 {
+        return 1.0;
+    }
+    if fraction >= 1.0 {
+        return 0.0;
+    }
+    1.0 - normal_cdf(inverse_normal_cdf(fraction) + ROUTING_SKEW)
+}
+
+/// Φ, from erfc (Numerical Recipes' Chebyshev fit, relative error < 1.2e-7).
+fn normal_cdf(x: f64) -> f64 {
+    let z = x.abs() / std::f64::consts::SQRT_2;
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let c = [
+        -1.265_512_23,
+        1.000_023_68,
+        0.374_091_96,
+        0.096_784_18,
+        -0.186_288_06,
+        0.278_868_07,
+        -1.135_203_98,
+        1.488_515_87,
+        -0.822_152_23,
+        0.170_872_77,
+    ];
+    let poly = c.iter().rev().fold(0.0, |acc, &k| acc * t + k);
+    let erfc = t * (-z * z + poly).exp();
+    if x >= 0.0 {
+        1.0 - 0.5 * erfc
+    } else {
+        0.5 * erfc
+    }
+}
+
+/// Φ⁻¹ by bisection on [`normal_cdf`] (the plan needs a few digits).
+fn inverse_normal_cdf(p: f64) -> f64 {
+    let (mut lo, mut hi) = (-9.0f64, 9.0f64);
+    for _ in 0..64 {
+        let mid = 0.5 * (lo + hi);
+        if normal_cdf(mid) < p {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    0.5 * (lo + hi)
 }

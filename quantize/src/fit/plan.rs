@@ -135,7 +135,8 @@ pub fn rows(
                         bits: f64,
                         token: Token,
                         choice: Option<Choice>,
-                        as_is: bool| {
+                        as_is: bool,
+                        weights: Option<&Weights>| {
         let file_bytes = weight_bytes + subject.header_bytes;
         let load = Load {
             file_bytes,
@@ -168,10 +169,17 @@ pub fn rows(
             _ => usable.saturating_sub(rest).min(weight_bytes),
         };
         let mut token = token;
-        token.streamed_share = if weight_bytes == 0 {
-            0.0
-        } else {
-            weight_bytes.saturating_sub(resident) as f64 / weight_bytes as f64
+        // Known tensors stream as memwall streams them (a mixture of experts
+        // reads only the routed experts its cache misses); bare numbers read
+        // the share that is not resident.
+        token.streamed_share = match weights {
+            _ if weight_bytes == 0 || token.weight_bytes == 0 => 0.0,
+            Some(w) => {
+                let flash =
+                    w.streamed_bytes_per_token(shape.n_expert, shape.n_expert_used, resident);
+                flash as f64 / token.weight_bytes as f64
+            }
+            None => weight_bytes.saturating_sub(resident) as f64 / weight_bytes as f64,
         };
         let speed = token_speed(device, &token);
         rows.push(Row {
@@ -203,6 +211,7 @@ pub fn rows(
             token,
             None,
             true,
+            Some(&w),
         );
     }
     if subject.tensors.is_empty() {
@@ -226,7 +235,7 @@ pub fn rows(
             ("INT4 (nominal)", 4.0, GgmlType::Q4_K),
         ] {
             let (bytes, token) = nominal(bits, ty);
-            push_row(label.into(), false, bytes, bits, token, None, false);
+            push_row(label.into(), false, bytes, bits, token, None, false, None);
         }
         // One row per distinct base type: a mix's own rules need tensor names.
         let mut seen = Vec::new();
@@ -246,6 +255,7 @@ pub fn rows(
                 token,
                 Some(c.clone()),
                 false,
+                None,
             );
         }
     } else {
@@ -265,6 +275,7 @@ pub fn rows(
                 token,
                 Some(c.clone()),
                 false,
+                Some(&w),
             );
         }
     }

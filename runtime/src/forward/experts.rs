@@ -270,6 +270,48 @@ impl ExpertCache {
         }
     }
 
+    /// Fills the cache from a profile: `weights[key]` is how often the expert
+    /// is routed to per request (0 for unknown). Seeds every known expert's
+    /// score with the count a steady stream of such requests would leave
+    /// ([`touch`] decays it), then reads the most used experts, as many as
+    /// there are slots, and returns how many it read.
+    pub(super) fn prewarm(&self, weights: &[f64]) -> usize {
+        let sh = &self.shared;
+        let n = sh.bundles.len().min(weights.len());
+        let mut order: Vec<usize> = (0..n).filter(|&k| weights[k] > 0.0).collect();
+        order.sort_by(|&a, &b| weights[b].total_cmp(&weights[a]).then(a.cmp(&b)));
+        let pending = {
+            let mut st = sh.lock();
+            order.truncate(st.slots.len());
+            let t = st.clock as f64 / HALF_LIFE;
+            for (k, &w) in weights.iter().enumerate().take(n) {
+                if w > 0.0 && w.is_finite() {
+                    // Σ w · 2^(−i/H) over past requests ≈ w · H / ln 2.
+                    st.score[k] = t + (w * HALF_LIFE / std::f64::consts::LN_2).log2();
+                }
+            }
+            let mut pending = Vec::new();
+            for &k in &order {
+                if st.at[k].is_none() {
+                    st.wanted[k] += 1;
+                    st.queue.push_back(k);
+                    pending.push(k);
+                }
+            }
+            sh.cv.notify_all();
+            pending
+        };
+        let mut request = Request {
+            cache: self,
+            pending,
+        };
+        let mut read = 0;
+        while request.next().is_some() {
+            read += 1;
+        }
+        read
+    }
+
     /// What the cache has done so far.
     pub(super) fn stats(&self) -> ExpertStats {
         let st = self.shared.lock();
@@ -625,6 +667,38 @@ mod tests {
         ];
         assert!(ExpertCache::start(std::slice::from_ref(&path), 1, bad, 2).is_none());
         drop(cache);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_profile_fills_the_cache_with_the_most_used_experts() {
+        let (b, len) = bundles(2, 8);
+        let (path, _) = pattern_file("profile", len);
+        let cache = ExpertCache::start(std::slice::from_ref(&path), 8, b, 3).unwrap();
+        let mut weights = vec![0.0; 16];
+        weights[5] = 0.9;
+        weights[12] = 0.5;
+        weights[1] = 0.2;
+        weights[2] = 0.1;
+        assert_eq!(cache.prewarm(&weights), 3, "as many as there are slots");
+        let s = cache.stats();
+        assert_eq!(s.requests, 0, "reading a profile is not routing");
+        // Layer 0's expert 5, layer 1's expert 4 and layer 0's expert 1 are in.
+        let mut r = cache.request(0, &[5, 1]);
+        while r.next().is_some() {}
+        drop(r);
+        let mut r = cache.request(1, &[4]);
+        while r.next().is_some() {}
+        drop(r);
+        assert_eq!(cache.stats().hits, 3);
+        // A cold expert takes the least used slot, not the hottest one.
+        let mut r = cache.request(1, &[7]);
+        while r.next().is_some() {}
+        drop(r);
+        let mut r = cache.request(0, &[5]);
+        while r.next().is_some() {}
+        drop(r);
+        assert_eq!(cache.stats().hits, 4);
         std::fs::remove_file(&path).unwrap();
     }
 

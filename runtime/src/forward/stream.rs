@@ -16,6 +16,8 @@ use std::thread::JoinHandle;
 
 use super::experts::{ExpertCache, ExpertStats};
 use super::{Ffn, ForwardError, Layer, Matrix, Model, tensor_err};
+use memwall_format::GgmlType;
+use memwall_format::gguf::GgufModel;
 
 /// Direct reads start, end and land on multiples of this (the largest
 /// logical block size in use; 4 KiB also satisfies 512-byte devices).
@@ -513,6 +515,8 @@ pub struct ExpertCacheReport {
     pub experts: usize,
     /// Bytes of one expert's gate, up and down rows (the largest).
     pub bundle_bytes: u64,
+    /// Experts read in ahead from a profile ([`Model::prewarm_experts`]).
+    pub prewarmed: usize,
 }
 
 /// Streaming state: the streamed matrices and their reader.
@@ -641,6 +645,8 @@ impl<'a> Model<'a> {
                 extents.push(self.extent(m.name, m.data)?);
             }
         }
+        // Every token looks up its embedding row in the mapping.
+        crate::residency::advise_random(self.gguf, self.embd.data);
         let paths: Vec<_> = (self.gguf.files().iter())
             .map(|f| f.path().to_owned())
             .collect();
@@ -688,6 +694,7 @@ impl<'a> Model<'a> {
                     slots: cache.slots(),
                     experts: bundles,
                     bundle_bytes: cache.bundle_bytes(),
+                    prewarmed: 0,
                 });
                 experts = Some((cache, layers));
             }
@@ -713,6 +720,70 @@ impl<'a> Model<'a> {
             offset,
             len: data.len(),
         })
+    }
+
+    /// Fills the cache of streamed experts from a calibration profile:
+    /// `imatrix`, an importance-matrix GGUF (as `memwall calibrate` and
+    /// llama-imatrix write them), whose `<expert tensor>.counts` hold the
+    /// tokens routed to each expert. The most routed experts are read now, as
+    /// many as the cache holds, and every expert starts with the score such
+    /// use would give it. Returns the experts read (0 when the experts do not
+    /// stream); fails on counts that do not fit this model.
+    pub fn prewarm_experts(&self, imatrix: &GgufModel) -> Result<usize, ForwardError> {
+        let Some((cache, layers)) = self.stream.as_ref().and_then(|s| s.experts.as_ref()) else {
+            return Ok(0);
+        };
+        let (n_expert, used) = (self.config.n_expert, self.config.n_expert_used);
+        let mut weights = vec![0.0; layers.len() * n_expert];
+        let mut found = 0;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let (Some(&moe_layer), Ffn::Moe { gate, up, down, .. }) = (layers.get(&l), &layer.ffn)
+            else {
+                continue;
+            };
+            let Some((name, info, data)) = [gate, up, down].iter().find_map(|m| {
+                let name = format!("{}.counts", m.name);
+                let (info, data) = imatrix.tensor(&name)?;
+                Some((name, info, data))
+            }) else {
+                continue;
+            };
+            if info.ty != GgmlType::F32
+                || info.elements != n_expert as u64
+                || data.len() != 4 * n_expert
+            {
+                return Err(tensor_err(
+                    &name,
+                    format!(
+                        "expected {n_expert} f32 counts (one per expert), found {} {} values",
+                        info.elements,
+                        info.ty.name()
+                    ),
+                ));
+            }
+            let counts: Vec<f64> = (data.chunks_exact(4))
+                .map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+                .collect();
+            if counts.iter().any(|c| !c.is_finite() || *c < 0.0) {
+                return Err(tensor_err(&name, "counts must be finite and not negative"));
+            }
+            let total: f64 = counts.iter().sum();
+            if total > 0.0 {
+                for (x, c) in counts.iter().enumerate() {
+                    // The chance that a token routes to expert x.
+                    weights[moe_layer * n_expert + x] = c * used as f64 / total;
+                }
+                found += 1;
+            }
+        }
+        if found == 0 {
+            return Err(ForwardError::Metadata(
+                "the profile has no per-expert counts for this model's expert tensors \
+                 (`<tensor>.counts`, as memwall calibrate and llama-imatrix write them)"
+                    .into(),
+            ));
+        }
+        Ok(cache.prewarm(&weights))
     }
 
     /// What the cache of streamed experts has done so far (`None` when the
