@@ -9,9 +9,11 @@
 # (default 1), alternated, and the best of each is compared. A mixture of experts streams
 # one expert at a time into a cache of the most used ones: the lines for it give the
 # cache's hit rate, the bytes it read per token, and those bytes against what the misses
-# predict (routed experts per token × miss rate × an expert's bytes).
+# predict (routed experts per token × miss rate × an expert's bytes). MEMWALL_FLAGS adds
+# flags to memwall bench (e.g. --expert-guess, --expert-profile IMATRIX).
 #
 #   LLAMA_CPP=/path/to/llama.cpp bench/memwall.sh [MODEL.gguf] [CAP_PERCENTS] [THREADS]
+#   e.g. ROUNDS=2 PLAN=1 GEN=64 bench/memwall.sh moe.gguf 30,60,90
 #
 # Needs root and the cgroup-v1 memory controller at /sys/fs/cgroup/memory (or cgroup v2 at
 # /sys/fs/cgroup). Default model: SmolLM2-135M-Instruct at F16 (270 MB), built by memwall;
@@ -68,6 +70,11 @@ for _ in 1 2 3; do
   start=$(date +%s.%N); dd if="$model" of=/dev/null bs=8M iflag=direct 2> /dev/null; end=$(date +%s.%N)
   bw=$(python3 -c "print(max($bw, $size / ($end - $start)))")
 done
+# PLAN=1: also what `memwall plan` predicts for memwall under each cap, from a profile of
+# this machine (`plan --measure-host`) whose RAM is set to the cap.
+if [ "${PLAN:-0}" = 1 ]; then
+  "$mw" plan --measure-host --save "$tmp/host.toml" -t "$threads" > /dev/null 2>&1
+fi
 for percent in ${percents//,/ }; do
   cap=$(( size * percent / 100 ))
   resident_mib=$(( (cap - overhead) >> 20 ))
@@ -78,11 +85,16 @@ for percent in ${percents//,/ }; do
     capped "$lb" -m "$model" -p 0 -n "$gen" -t "$threads" -r 2 -o json 2> /dev/null > "$tmp/l$round.json"
     lpeak=$(( $(peak) > lpeak ? $(peak) : lpeak ))
     capped "$mw" bench -m "$model" -p 0 -n "$gen" -t "$threads" -r 2 --resident "$resident_mib" \
-      --prefetch "${PREFETCH:-1}" --json > "$tmp/m$round.json"
+      --prefetch "${PREFETCH:-1}" ${MEMWALL_FLAGS:-} --json > "$tmp/m$round.json"
     mpeak=$(( $(peak) > mpeak ? $(peak) : mpeak ))
   done
+  if [ "${PLAN:-0}" = 1 ]; then
+    sed -e "s/^ram_gb = .*/ram_gb = $(python3 -c "print($cap / 2**30)")/" \
+        -e "s/^os_reserve_gb = .*/os_reserve_gb = 0/" "$tmp/host.toml" > "$tmp/cap.toml"
+    "$mw" plan "$model" -d "$tmp/cap.toml" -c "$gen" --json > "$tmp/plan.json"
+  fi
   python3 - "$tmp" "$size" "$cap" "$bw" "$lpeak" "$mpeak" "$model" <<'PY'
-import glob, json, sys
+import glob, json, os, sys
 tmp, size, cap, bw, lpeak, mpeak, model = sys.argv[1:]
 size, cap, bw, lpeak, mpeak = int(size), int(cap), float(bw), int(lpeak), int(mpeak)
 llama = max(json.load(open(f))[0]["avg_ts"] for f in glob.glob(f"{tmp}/l*.json"))
@@ -101,13 +113,14 @@ if x:
     routed = e["requests_per_token"] * x["bundle_bytes"]
     # The dense matrices that did not fit stream whole each token (the ring).
     dense = max(0, streamed - int(round(e["requests_per_token"])) * x["bundle_bytes"])
-    predicted = routed * miss + dense
+    guessed = e.get("bytes_guessed_per_token", 0)
+    predicted = routed * miss + dense + guessed
     print(f"memwall pins {mb(st['pinned_bytes'])}; experts: {x['slots']} of {x['experts']} cached "
           f"({mb(x['slots'] * x['bundle_bytes'])}), hit rate {100 * e['hit_rate']:.1f} %; routing: "
           f"90 % in {100 * x['routing']['experts_for_90_percent']:.0f} % of a layer's experts, "
           f"top expert {100 * x['routing']['top_expert_share']:.1f} %")
     print(f"read per token: {mb(measured)} measured, experts {mb(e['bytes_read_per_token'])}; routed "
-          f"{mb(routed)} × miss rate {miss:.3f} + dense {mb(dense)} = {mb(predicted)} "
+          f"{mb(routed)} × miss rate {miss:.3f} + dense {mb(dense)} + guesses {mb(guessed)} = {mb(predicted)} "
           f"(measured ÷ predicted {measured / predicted if predicted else float('nan'):.2f})")
     need = predicted
 else:
@@ -119,6 +132,12 @@ print(f"decode bound by the disk: memwall {bound}, whole model {bw / size:.1f} t
 print(f"llama.cpp (mmap)      tg{tg['test'][2:]}: {llama:8.2f} t/s   peak {mb(lpeak)}")
 print(f"memwall (--resident)  tg{tg['test'][2:]}: {tg['tokens_per_second']:8.2f} t/s   peak {mb(mpeak)}")
 print(f"ratio memwall / llama.cpp: {tg['tokens_per_second'] / llama:.2f}x")
+if os.path.exists(f"{tmp}/plan.json"):
+    row = json.load(open(f"{tmp}/plan.json"))["rows"][0]
+    d = row["decode"]
+    print(f"memwall plan predicts {d['tokens_per_s']:.2f} t/s ({row['fits']}, reading "
+          f"{mb(d['flash_bytes_per_token'])} per token from storage); "
+          f"measured ÷ predicted {tg['tokens_per_second'] / d['tokens_per_s']:.2f}")
 PY
-  rm -f "$tmp"/l*.json "$tmp"/m*.json
+  rm -f "$tmp"/l*.json "$tmp"/m*.json "$tmp/plan.json"
 done

@@ -4,7 +4,7 @@
 //! the mapping and again under streaming budgets from nothing to everything,
 //! give the same bits for a prompt batch and the tokens decoded after it.
 //! Under budgets that leave the experts streaming, the cache reads exactly one
-//! expert's bytes per miss.
+//! expert's bytes per miss (besides what it reads ahead on a guess, when asked to).
 
 mod common;
 
@@ -69,12 +69,18 @@ fn streaming_gives_the_same_bits_as_the_mapping_dense_and_moe() {
         let plain = logits(&Model::new(&gguf, 64).unwrap());
         let size = gguf.total_file_size();
         let mut cached_runs = 0;
-        for resident in [0, size / 8, size / 3, size / 2, 2 * size] {
+        let budgets = [0, size / 8, size / 3, size / 2, 2 * size];
+        let runs = budgets
+            .iter()
+            .map(|&b| (b, false))
+            .chain([(0, true), (size / 3, true)]);
+        for (resident, speculate) in runs {
             let mut model = Model::new(&gguf, 64).unwrap();
             let report = model
                 .enable_streaming(Streaming {
                     resident_bytes: resident,
                     prefetch: 1,
+                    speculate,
                 })
                 .unwrap();
             let streamed = logits(&model);
@@ -109,10 +115,13 @@ fn streaming_gives_the_same_bits_as_the_mapping_dense_and_moe() {
                 s.requests
             );
             assert_eq!(
-                s.bytes_read,
+                s.bytes_read - s.bytes_guessed,
                 (s.requests - s.hits) * s.bundle_bytes,
                 "{name}, {resident}: one expert's bytes per miss"
             );
+            if !speculate {
+                assert_eq!(s.bytes_guessed, 0);
+            }
             assert_eq!(s.uses.len(), 2);
             cached_runs += 1;
         }

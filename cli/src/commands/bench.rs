@@ -124,7 +124,7 @@ pub fn run(args: Args) -> Result<()> {
             // One warm-up run pages the weights in and sizes the buffers.
             let mut samples = Vec::new();
             let mut read = Vec::new();
-            let mut experts = (0u64, 0u64, 0u64);
+            let mut experts = (0u64, 0u64, 0u64, 0u64);
             for rep in 0..=args.repetitions {
                 let tokens = next_tokens(n);
                 let mut session = model.session();
@@ -147,6 +147,7 @@ pub fn run(args: Args) -> Result<()> {
                         experts.0 += b.requests - a.requests;
                         experts.1 += b.hits - a.hits;
                         experts.2 += b.bytes_read - a.bytes_read;
+                        experts.3 += b.bytes_guessed - a.bytes_guessed;
                     }
                     if let (Some(a), Some(b)) =
                         (read_start, memwall_runtime::residency::storage_read_bytes())
@@ -172,12 +173,13 @@ pub fn run(args: Args) -> Result<()> {
             });
             // Streamed experts: what the measured repetitions asked the cache for.
             if model.expert_stats().is_some() {
-                let (requests, hits, bytes) = experts;
+                let (requests, hits, bytes, guessed) = experts;
                 let tokens = (n * args.repetitions) as u64;
                 row["experts"] = json!({
                     "requests_per_token": requests as f64 / tokens as f64,
                     "hit_rate": if requests == 0 { 1.0 } else { hits as f64 / requests as f64 },
                     "bytes_read_per_token": bytes / tokens,
+                    "bytes_guessed_per_token": guessed / tokens,
                 });
             }
             rows.push(row);

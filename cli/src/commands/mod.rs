@@ -347,6 +347,11 @@ pub struct LoadArgs {
     /// routed to) found most used.
     #[arg(long, value_name = "IMATRIX", requires = "resident")]
     pub expert_profile: Option<std::path::PathBuf>,
+    /// With --resident on a mixture of experts: while the reader is idle, also
+    /// read the experts the previous token used in the next layer (helps when
+    /// consecutive tokens share experts; costs storage reads when they do not).
+    #[arg(long, requires = "resident")]
+    pub expert_guess: bool,
 }
 
 impl LoadArgs {
@@ -361,6 +366,7 @@ impl LoadArgs {
         let mut report = model.enable_streaming(memwall_runtime::forward::Streaming {
             resident_bytes: mib << 20,
             prefetch: self.prefetch,
+            speculate: self.expert_guess,
         })?;
         if let Some(path) = &self.expert_profile {
             check_model_path(path)?;

@@ -45,6 +45,19 @@ struct State {
     score: Vec<f64>,
     /// Requests so far (of any layer), the time scores decay by.
     clock: u64,
+    /// Whether to read ahead what the previous token used in the next layer.
+    speculate: bool,
+    /// MoE layer → the keys its last request asked for.
+    last: Vec<Vec<usize>>,
+    /// Keys to read ahead when nothing is asked for ([`guess_victim`]).
+    hints: VecDeque<usize>,
+    /// All keys of the current guess, read or not (no guess reads over them).
+    guess: Vec<usize>,
+    /// Whether the slot's read was a guess (for the counters).
+    guessed: Vec<bool>,
+    /// Whether the slot took a guess since the last request (other guesses
+    /// leave it alone).
+    guess_round: Vec<bool>,
     counters: Counters,
     stop: bool,
 }
@@ -56,6 +69,8 @@ struct Counters {
     hits: u64,
     misses: u64,
     bytes_read: u64,
+    /// Of those, bytes read ahead on a guess.
+    bytes_guessed: u64,
 }
 
 struct Shared {
@@ -96,6 +111,9 @@ pub struct ExpertStats {
     pub hits: u64,
     /// Bytes read from storage into the slots.
     pub bytes_read: u64,
+    /// Of those, bytes read ahead on a guess (the previous token's experts of
+    /// the next layer), before any layer asked for them.
+    pub bytes_guessed: u64,
     /// Slots of the cache.
     pub slots: usize,
     /// Bytes of one bundle (the largest; what a slot holds).
@@ -159,13 +177,16 @@ pub(super) struct ExpertCache {
 impl ExpertCache {
     /// Starts a cache of `slots` slots (at least two) over `bundles`
     /// (`n_expert` per layer, the layers in order) of the files `paths`.
-    /// `None` if a file cannot be opened again or the OS refuses a thread:
-    /// the layers then read the mapping.
+    /// With `speculate`, a layer's request also guesses the next layer's
+    /// experts from what the previous token used there, read while nothing
+    /// else is asked for. `None` if a file cannot be opened again or the OS
+    /// refuses a thread: the layers then read the mapping.
     pub(super) fn start(
         paths: &[PathBuf],
         n_expert: usize,
         bundles: Vec<[Extent; 3]>,
         slots: usize,
+        speculate: bool,
     ) -> Option<ExpertCache> {
         if n_expert == 0
             || bundles.is_empty()
@@ -181,7 +202,8 @@ impl ExpertCache {
             .max()
             .unwrap_or(0);
         let n = bundles.len();
-        let slots = (0..slots.clamp(2, n.max(2)))
+        let n_slots = slots.clamp(2, n.max(2));
+        let slots = (0..n_slots)
             .map(|_| Slot {
                 key: None,
                 ready: false,
@@ -202,6 +224,12 @@ impl ExpertCache {
                 queue: VecDeque::new(),
                 score: vec![f64::NEG_INFINITY; n],
                 clock: 0,
+                speculate,
+                last: vec![Vec::new(); n / n_expert],
+                hints: VecDeque::new(),
+                guess: Vec::new(),
+                guessed: vec![false; n_slots],
+                guess_round: vec![false; n_slots],
                 counters: Counters {
                     uses: vec![0; n],
                     ..Counters::default()
@@ -263,6 +291,14 @@ impl ExpertCache {
             }
             pending.push(k);
         }
+        if st.speculate && layer < st.last.len() {
+            // Checked when read: the misses above may still push them out.
+            st.last[layer].clone_from(&pending);
+            let next = (layer + 1) % st.last.len();
+            st.guess = st.last[next].clone();
+            st.hints = st.guess.clone().into();
+            st.guess_round.iter_mut().for_each(|g| *g = false);
+        }
         sh.cv.notify_all();
         Request {
             cache: self,
@@ -320,6 +356,7 @@ impl ExpertCache {
             requests: c.hits + c.misses,
             hits: c.hits,
             bytes_read: c.bytes_read,
+            bytes_guessed: c.bytes_guessed,
             slots: st.slots.len(),
             bundle_bytes: self.bundle_bytes,
             uses: c
@@ -434,6 +471,27 @@ fn victim(st: &State) -> Option<usize> {
     best.map(|(i, _)| i)
 }
 
+/// The slot a guess `k` may take: an empty one, else the lowest-scored
+/// expert nobody holds, waits for or guesses, if it scores below what `k`
+/// will score once it is used as guessed. A steadily used expert thus stays,
+/// while one used once long ago gives way.
+fn guess_victim(st: &State, k: usize) -> Option<usize> {
+    let bar = touch(st.score[k], st.clock);
+    let mut best: Option<(usize, f64)> = None;
+    for (i, s) in st.slots.iter().enumerate() {
+        let Some(data) = &s.data else { continue };
+        let Some(old) = s.key else { return Some(i) };
+        let free = s.ready && st.wanted[old] == 0 && Arc::strong_count(data) == 1;
+        if !free || st.guess_round[i] || st.guess.contains(&old) || st.score[old] >= bar {
+            continue;
+        }
+        if best.is_none_or(|(_, b)| st.score[old] < b) {
+            best = Some((i, st.score[old]));
+        }
+    }
+    best.map(|(i, _)| i)
+}
+
 /// The reader: reads what the layers asked for, in order, into victims.
 fn run(sh: &Shared, files: &[(File, bool)]) {
     loop {
@@ -450,13 +508,32 @@ fn run(sh: &Shared, files: &[(File, bool)]) {
                     break;
                 }
             }
+            let mut pick = None;
             if let (Some(&k), Some(i)) = (st.queue.front(), victim(&st)) {
+                st.queue.pop_front();
+                pick = Some((i, k, false));
+            } else if st.queue.is_empty() {
+                // Nothing asked for: a guess, into a slot it outranks. Those
+                // with no such slot yet wait (a product may let one go).
+                let state = &mut *st;
+                let (at, wanted) = (&state.at, &state.wanted);
+                state.hints.retain(|&k| at[k].is_none() && wanted[k] == 0);
+                let placed = (0..st.hints.len())
+                    .find_map(|j| guess_victim(&st, st.hints[j]).map(|i| (j, i)));
+                if let Some((j, i)) = placed {
+                    if let Some(k) = st.hints.remove(j) {
+                        pick = Some((i, k, true));
+                    }
+                }
+            }
+            if let Some((i, k, guess)) = pick {
                 let old = st.slots[i].key.replace(k);
                 if let Some(old) = old {
                     st.at[old] = None;
                 }
                 st.at[k] = Some(i);
-                st.queue.pop_front();
+                st.guessed[i] = guess;
+                st.guess_round[i] = guess;
                 let s = &mut st.slots[i];
                 s.ready = false;
                 if let Some(data) = s.data.take() {
@@ -477,6 +554,9 @@ fn run(sh: &Shared, files: &[(File, bool)]) {
         }
         let mut st = sh.lock();
         st.counters.bytes_read += read;
+        if st.guessed[slot] {
+            st.counters.bytes_guessed += read;
+        }
         let s = &mut st.slots[slot];
         s.data = Some(data);
         s.ready = true;
@@ -540,8 +620,8 @@ mod tests {
         let (b, len) = bundles(2, 8);
         let (path, bytes) = pattern_file("once", len);
         for slots in [2, 3, 16] {
-            let cache =
-                ExpertCache::start(std::slice::from_ref(&path), 8, b.clone(), slots).unwrap();
+            let cache = ExpertCache::start(std::slice::from_ref(&path), 8, b.clone(), slots, false)
+                .unwrap();
             // More experts than slots: the reader waits for taken ones to go.
             for (layer, want) in [(0, vec![7, 0, 3, 5, 1]), (1, vec![2, 6]), (0, vec![0, 7])] {
                 let mut r = cache.request(layer, &want);
@@ -572,7 +652,7 @@ mod tests {
     fn the_most_used_experts_stay() {
         let (b, len) = bundles(1, 16);
         let (path, _) = pattern_file("hot", len);
-        let cache = ExpertCache::start(std::slice::from_ref(&path), 16, b, 4).unwrap();
+        let cache = ExpertCache::start(std::slice::from_ref(&path), 16, b, 4, false).unwrap();
         let take_all = |experts: &[usize]| {
             let mut r = cache.request(0, experts);
             while r.next().is_some() {}
@@ -600,7 +680,8 @@ mod tests {
     fn an_abandoned_request_frees_its_experts() {
         let (b, len) = bundles(1, 8);
         let (path, bytes) = pattern_file("abandon", len);
-        let cache = ExpertCache::start(std::slice::from_ref(&path), 8, b.clone(), 2).unwrap();
+        let cache =
+            ExpertCache::start(std::slice::from_ref(&path), 8, b.clone(), 2, false).unwrap();
         {
             let mut r = cache.request(0, &[0, 1, 2, 3]);
             let _first = r.next().unwrap();
@@ -623,7 +704,7 @@ mod tests {
     fn threads_share_the_slots_without_waiting_forever() {
         let (b, len) = bundles(3, 8);
         let (path, bytes) = pattern_file("threads", len);
-        let cache = ExpertCache::start(std::slice::from_ref(&path), 8, b.clone(), 3).unwrap();
+        let cache = ExpertCache::start(std::slice::from_ref(&path), 8, b.clone(), 3, true).unwrap();
         std::thread::scope(|scope| {
             for t in 0..3usize {
                 let (cache, b, bytes) = (&cache, &b, &bytes);
@@ -647,7 +728,8 @@ mod tests {
     fn a_short_file_leaves_the_mapping_to_read() {
         let (b, len) = bundles(1, 4);
         let (path, bytes) = pattern_file("short", len - 3000);
-        let cache = ExpertCache::start(std::slice::from_ref(&path), 4, b.clone(), 2).unwrap();
+        let cache =
+            ExpertCache::start(std::slice::from_ref(&path), 4, b.clone(), 2, false).unwrap();
         let mut r = cache.request(0, &[0, 3]);
         while let Some((x, held)) = r.next() {
             if x == 0 {
@@ -665,7 +747,7 @@ mod tests {
                 len: 1,
             }; 3],
         ];
-        assert!(ExpertCache::start(std::slice::from_ref(&path), 1, bad, 2).is_none());
+        assert!(ExpertCache::start(std::slice::from_ref(&path), 1, bad, 2, false).is_none());
         drop(cache);
         std::fs::remove_file(&path).unwrap();
     }
@@ -674,7 +756,7 @@ mod tests {
     fn a_profile_fills_the_cache_with_the_most_used_experts() {
         let (b, len) = bundles(2, 8);
         let (path, _) = pattern_file("profile", len);
-        let cache = ExpertCache::start(std::slice::from_ref(&path), 8, b, 3).unwrap();
+        let cache = ExpertCache::start(std::slice::from_ref(&path), 8, b, 3, false).unwrap();
         let mut weights = vec![0.0; 16];
         weights[5] = 0.9;
         weights[12] = 0.5;
@@ -699,6 +781,42 @@ mod tests {
         while r.next().is_some() {}
         drop(r);
         assert_eq!(cache.stats().hits, 4);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn the_previous_tokens_experts_of_the_next_layer_are_read_ahead() {
+        let (b, len) = bundles(2, 8);
+        let (path, bytes) = pattern_file("guess", len);
+        let cache = ExpertCache::start(std::slice::from_ref(&path), 8, b.clone(), 4, true).unwrap();
+        let take = |layer: usize, experts: &[usize]| {
+            let mut r = cache.request(layer, experts);
+            while let Some((x, held)) = r.next() {
+                check(&held, &b[layer * 8 + x], &bytes);
+            }
+        };
+        // Token 1 uses experts 1, 2 of layer 0 and 3, 4 of layer 1 (the four
+        // slots); token 2's 5, 6 and 7 in layer 0 push out 1, 2 and one of
+        // layer 1's. That request guesses layer 1's 3 and 4 (token 1's): the
+        // missing one is read back, over an expert just used, before layer 1
+        // asks, while the other, part of the guess, stays.
+        take(0, &[1, 2]);
+        take(1, &[3, 4]);
+        take(0, &[5, 6, 7]);
+        let wait = std::time::Instant::now();
+        while cache.stats().bytes_guessed == 0 && wait.elapsed().as_secs() < 10 {
+            std::thread::yield_now();
+        }
+        let s = cache.stats();
+        assert_eq!(s.bytes_guessed, 3001 + 3001 + 2777, "one guess was read");
+        take(1, &[3, 4]);
+        let after = cache.stats();
+        assert_eq!(after.hits - s.hits, 2, "both of layer 1's experts were in");
+        assert_eq!(
+            after.bytes_read,
+            after.bytes_guessed + 7 * (3001 + 3001 + 2777),
+            "seven misses and the guess"
+        );
         std::fs::remove_file(&path).unwrap();
     }
 

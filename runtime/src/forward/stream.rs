@@ -482,6 +482,10 @@ pub struct Streaming {
     /// Read ahead this many layers' worth of bytes (the average streamed
     /// layer; the ring holds at least two matrices).
     pub prefetch: usize,
+    /// Of a mixture of experts: also read ahead, while the reader is idle,
+    /// the experts the previous token used in the next layer (into slots of
+    /// experts that rank below them once used).
+    pub speculate: bool,
 }
 
 /// What [`Model::enable_streaming`] set up.
@@ -688,7 +692,9 @@ impl<'a> Model<'a> {
             }
             let cache_slots =
                 ((min_cache + budget) / bundle_bytes.max(1)).min(bundles as u64) as usize;
-            if let Some(cache) = ExpertCache::start(&paths, n_expert, parts, cache_slots) {
+            if let Some(cache) =
+                ExpertCache::start(&paths, n_expert, parts, cache_slots, s.speculate)
+            {
                 report.direct = cache.direct() && (reader.is_none() || report.direct);
                 report.experts = Some(ExpertCacheReport {
                     slots: cache.slots(),
