@@ -100,14 +100,19 @@ fn tiny_zh_config_matches_its_gguf_and_so_do_the_planned_bytes() {
     assert_eq!(planned.bytes(), plan.target_bytes());
 }
 
-#[test]
-fn moe_tokens_read_only_their_experts() {
-    let dense = Shape::dense("qwen3", 48, 2048, 6144, 32, 4, 128, 151936, false);
-    let mut moe = dense.clone();
+/// Qwen3-30B-A3B's shape: 48 layers, 128 experts of 768, 8 per token.
+fn qwen3_30b_a3b() -> Shape {
+    let mut moe = Shape::dense("qwen3", 48, 2048, 6144, 32, 4, 128, 151936, false);
     moe.arch = "qwen3moe".into();
     moe.n_expert = 128;
     moe.n_expert_used = 8;
     moe.n_ff_expert = 768;
+    moe
+}
+
+#[test]
+fn moe_tokens_read_only_their_experts() {
+    let moe = qwen3_30b_a3b();
     let c = Choice::by_name("Q4_K_M").unwrap();
     let w = c.weights(&moe.facts(), &moe.tensors()).unwrap();
     let per_token = w.bytes_per_token(moe.n_expert, moe.n_expert_used);
@@ -127,11 +132,7 @@ fn moe_tokens_read_only_their_experts() {
 /// cache misses and whatever dense matrix did not fit, never the whole stacks.
 #[test]
 fn moe_streaming_reads_only_routed_experts_that_miss_the_cache() {
-    let mut moe = Shape::dense("qwen3", 48, 2048, 6144, 32, 4, 128, 151936, false);
-    moe.arch = "qwen3moe".into();
-    moe.n_expert = 128;
-    moe.n_expert_used = 8;
-    moe.n_ff_expert = 768;
+    let moe = qwen3_30b_a3b();
     let c = Choice::by_name("Q4_K_M").unwrap();
     let w = c.weights(&moe.facts(), &moe.tensors()).unwrap();
     let (n, k) = (moe.n_expert, moe.n_expert_used);

@@ -12,10 +12,10 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use super::stream::{Extent, Loaded, open, read_extent};
+use super::stream::{Extent, Loaded, Monitor, open, read_extent};
 
 /// An expert's gate, up and down rows, as read from the file.
 pub(super) type Bundle = [Loaded; 3];
@@ -77,19 +77,7 @@ struct Shared {
     n_expert: usize,
     /// Key → where its gate, up and down rows lie.
     bundles: Vec<[Extent; 3]>,
-    state: Mutex<State>,
-    cv: Condvar,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // Nothing is left half-updated under the lock by a panic.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn wait<'g>(&self, g: MutexGuard<'g, State>) -> MutexGuard<'g, State> {
-        self.cv.wait(g).unwrap_or_else(|e| e.into_inner())
-    }
+    m: Monitor<State>,
 }
 
 /// `score` after one more use at `clock`: the decayed count `2^(s − t)`
@@ -217,7 +205,7 @@ impl ExpertCache {
         let shared = Arc::new(Shared {
             n_expert,
             bundles,
-            state: Mutex::new(State {
+            m: Monitor::new(State {
                 slots,
                 at: vec![None; n],
                 wanted: vec![0; n],
@@ -236,7 +224,6 @@ impl ExpertCache {
                 },
                 stop: false,
             }),
-            cv: Condvar::new(),
         });
         let worker = shared.clone();
         let handle = std::thread::Builder::new()
@@ -258,7 +245,7 @@ impl ExpertCache {
 
     /// Slots of the cache.
     pub(super) fn slots(&self) -> usize {
-        self.shared.lock().slots.len()
+        self.shared.m.lock().slots.len()
     }
 
     /// Bytes of the largest bundle.
@@ -271,7 +258,7 @@ impl ExpertCache {
     /// with [`Request::next`], in whatever order they arrive.
     pub(super) fn request(&self, layer: usize, experts: &[usize]) -> Request<'_> {
         let sh = &self.shared;
-        let mut st = sh.lock();
+        let mut st = sh.m.lock();
         st.clock += 1;
         let clock = st.clock;
         let mut pending = Vec::with_capacity(experts.len());
@@ -299,7 +286,7 @@ impl ExpertCache {
             st.hints = st.guess.clone().into();
             st.guess_round.iter_mut().for_each(|g| *g = false);
         }
-        sh.cv.notify_all();
+        sh.m.notify();
         Request {
             cache: self,
             pending,
@@ -317,7 +304,7 @@ impl ExpertCache {
         let mut order: Vec<usize> = (0..n).filter(|&k| weights[k] > 0.0).collect();
         order.sort_by(|&a, &b| weights[b].total_cmp(&weights[a]).then(a.cmp(&b)));
         let pending = {
-            let mut st = sh.lock();
+            let mut st = sh.m.lock();
             order.truncate(st.slots.len());
             let t = st.clock as f64 / HALF_LIFE;
             for (k, &w) in weights.iter().enumerate().take(n) {
@@ -334,7 +321,7 @@ impl ExpertCache {
                     pending.push(k);
                 }
             }
-            sh.cv.notify_all();
+            sh.m.notify();
             pending
         };
         let mut request = Request {
@@ -350,7 +337,7 @@ impl ExpertCache {
 
     /// What the cache has done so far.
     pub(super) fn stats(&self) -> ExpertStats {
-        let st = self.shared.lock();
+        let st = self.shared.m.lock();
         let c = &st.counters;
         ExpertStats {
             requests: c.hits + c.misses,
@@ -370,8 +357,8 @@ impl ExpertCache {
 
 impl Drop for ExpertCache {
     fn drop(&mut self) {
-        self.shared.lock().stop = true;
-        self.shared.cv.notify_all();
+        self.shared.m.lock().stop = true;
+        self.shared.m.notify();
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
@@ -390,7 +377,7 @@ impl<'c> Request<'c> {
     /// `None` when all were taken. The slot stays while the bundle is held.
     pub(super) fn next(&mut self) -> Option<(usize, Held<'c>)> {
         let sh = &self.cache.shared;
-        let mut st = sh.lock();
+        let mut st = sh.m.lock();
         loop {
             if self.pending.is_empty() {
                 return None;
@@ -411,7 +398,7 @@ impl<'c> Request<'c> {
                     },
                 ));
             }
-            st = sh.wait(st);
+            st = sh.m.wait(st);
         }
     }
 }
@@ -422,11 +409,11 @@ impl Drop for Request<'_> {
             return;
         }
         let sh = &self.cache.shared;
-        let mut st = sh.lock();
+        let mut st = sh.m.lock();
         for &k in &self.pending {
             st.wanted[k] -= 1;
         }
-        sh.cv.notify_all();
+        sh.m.notify();
     }
 }
 
@@ -448,8 +435,8 @@ impl Drop for Held<'_> {
     fn drop(&mut self) {
         // Let go first, so the reader sees the slot free when it wakes.
         drop(self.data.take());
-        let _st = self.shared.lock();
-        self.shared.cv.notify_all();
+        let _st = self.shared.m.lock();
+        self.shared.m.notify();
     }
 }
 
@@ -495,7 +482,7 @@ fn guess_victim(st: &State, k: usize) -> Option<usize> {
 /// The reader: reads what the layers asked for, in order, into victims.
 fn run(sh: &Shared, files: &[(File, bool)]) {
     loop {
-        let mut st = sh.lock();
+        let mut st = sh.m.lock();
         let (slot, key, mut data) = loop {
             if st.stop {
                 return;
@@ -540,7 +527,7 @@ fn run(sh: &Shared, files: &[(File, bool)]) {
                     break (i, k, data);
                 }
             }
-            st = sh.wait(st);
+            st = sh.m.wait(st);
         };
         drop(st);
         // The victim had no other holder, so this is the only handle.
@@ -552,7 +539,7 @@ fn run(sh: &Shared, files: &[(File, bool)]) {
                 read += e.len as u64;
             }
         }
-        let mut st = sh.lock();
+        let mut st = sh.m.lock();
         st.counters.bytes_read += read;
         if st.guessed[slot] {
             st.counters.bytes_guessed += read;
@@ -560,7 +547,7 @@ fn run(sh: &Shared, files: &[(File, bool)]) {
         let s = &mut st.slots[slot];
         s.data = Some(data);
         s.ready = true;
-        sh.cv.notify_all();
+        sh.m.notify();
     }
 }
 

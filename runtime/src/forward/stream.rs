@@ -81,22 +81,40 @@ struct State {
     stop: bool,
 }
 
-struct Shared {
-    /// The streamed matrices in the order the forward pass multiplies them.
-    order: Vec<Extent>,
-    state: Mutex<State>,
+/// State shared with a reading thread, behind a lock, and the condition the
+/// thread and the products wait on. Nothing is left half-updated under the
+/// lock by a panic, so a poisoned lock is taken as it is.
+pub(super) struct Monitor<S> {
+    state: Mutex<S>,
     cv: Condvar,
 }
 
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // Nothing is left half-updated under the lock by a panic.
+impl<S> Monitor<S> {
+    pub(super) fn new(state: S) -> Monitor<S> {
+        Monitor {
+            state: Mutex::new(state),
+            cv: Condvar::new(),
+        }
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, S> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn wait<'g>(&self, g: MutexGuard<'g, State>) -> MutexGuard<'g, State> {
+    pub(super) fn wait<'g>(&self, g: MutexGuard<'g, S>) -> MutexGuard<'g, S> {
         self.cv.wait(g).unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Wakes every waiter.
+    pub(super) fn notify(&self) {
+        self.cv.notify_all();
+    }
+}
+
+struct Shared {
+    /// The streamed matrices in the order the forward pass multiplies them.
+    order: Vec<Extent>,
+    m: Monitor<State>,
 }
 
 /// The reading thread and its ring of buffers.
@@ -128,13 +146,12 @@ impl Streamer {
             .collect();
         let shared = Arc::new(Shared {
             order,
-            state: Mutex::new(State {
+            m: Monitor::new(State {
                 head: 0,
                 waiting: Vec::new(),
                 slots,
                 stop: false,
             }),
-            cv: Condvar::new(),
         });
         let worker = shared.clone();
         let handle = std::thread::Builder::new()
@@ -157,10 +174,10 @@ impl Streamer {
     /// not in yet. Hand them back with [`Streamer::release`].
     pub(super) fn acquire(&self, pos: usize) -> Loaded {
         let sh = &self.shared;
-        let mut st = sh.lock();
+        let mut st = sh.m.lock();
         st.head = pos;
         st.waiting.push(pos);
-        sh.cv.notify_all();
+        sh.m.notify();
         loop {
             let found = st
                 .slots
@@ -172,14 +189,14 @@ impl Streamer {
                 }
                 return buf;
             }
-            st = sh.wait(st);
+            st = sh.m.wait(st);
         }
     }
 
     /// Returns what [`Streamer::acquire`] handed out for `pos`.
     pub(super) fn release(&self, pos: usize, loaded: Loaded) {
         let sh = &self.shared;
-        let mut st = sh.lock();
+        let mut st = sh.m.lock();
         if let Some(s) = st
             .slots
             .iter_mut()
@@ -187,14 +204,14 @@ impl Streamer {
         {
             s.buf = Some(loaded);
         }
-        sh.cv.notify_all();
+        sh.m.notify();
     }
 }
 
 impl Drop for Streamer {
     fn drop(&mut self) {
-        self.shared.lock().stop = true;
-        self.shared.cv.notify_all();
+        self.shared.m.lock().stop = true;
+        self.shared.m.notify();
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
@@ -205,7 +222,7 @@ impl Drop for Streamer {
 fn run(sh: &Shared, files: &[(File, bool)]) {
     let n = sh.order.len();
     loop {
-        let mut st = sh.lock();
+        let mut st = sh.m.lock();
         let (slot, pos, mut loaded) = loop {
             if st.stop {
                 return;
@@ -247,16 +264,16 @@ fn run(sh: &Shared, files: &[(File, bool)]) {
                     break (i, p, buf);
                 }
             }
-            st = sh.wait(st);
+            st = sh.m.wait(st);
         };
         drop(st);
         let e = sh.order[pos];
         let (file, direct) = &files[e.file];
         read_extent(file, e, *direct, &mut loaded);
-        let mut st = sh.lock();
+        let mut st = sh.m.lock();
         st.slots[slot].buf = Some(loaded);
         st.slots[slot].ready = true;
-        sh.cv.notify_all();
+        sh.m.notify();
     }
 }
 
