@@ -25,6 +25,11 @@ pub(super) type Bundle = [Loaded; 3];
 /// a few tokens picked, short enough to follow a change of topic.
 const HALF_LIFE: f64 = 256.0;
 
+/// A profile counts as this many requests of history: enough to order the
+/// experts it read in, few enough that the text being run, when it routes
+/// otherwise, takes over within a few dozen tokens.
+const PROFILE_REQUESTS: f64 = 32.0;
+
 /// A cache slot. `data` is `None` while the reader fills it.
 struct Slot {
     key: Option<usize>,
@@ -295,9 +300,9 @@ impl ExpertCache {
 
     /// Fills the cache from a profile: `weights[key]` is how often the expert
     /// is routed to per request (0 for unknown). Seeds every known expert's
-    /// score with the count a steady stream of such requests would leave
-    /// ([`touch`] decays it), then reads the most used experts, as many as
-    /// there are slots, and returns how many it read.
+    /// score with the uses [`PROFILE_REQUESTS`] such requests would give it
+    /// ([`touch`] decays them like any), then reads the most used experts, as
+    /// many as there are slots, and returns how many it read.
     pub(super) fn prewarm(&self, weights: &[f64]) -> usize {
         let sh = &self.shared;
         let n = sh.bundles.len().min(weights.len());
@@ -309,8 +314,7 @@ impl ExpertCache {
             let t = st.clock as f64 / HALF_LIFE;
             for (k, &w) in weights.iter().enumerate().take(n) {
                 if w > 0.0 && w.is_finite() {
-                    // Σ w · 2^(−i/H) over past requests ≈ w · H / ln 2.
-                    st.score[k] = t + (w * HALF_LIFE / std::f64::consts::LN_2).log2();
+                    st.score[k] = t + (w * PROFILE_REQUESTS).log2();
                 }
             }
             let mut pending = Vec::new();
