@@ -27,7 +27,7 @@ use memwall_quantize::{IMATRIX_ENCODABLE, quantize_row_imatrix};
 use rayon::prelude::*;
 
 use crate::CalibrateError;
-use crate::linalg::dot;
+use memwall_runtime::kernels::Kernels;
 
 /// One matrix of a group: `rows × cols` weights (row-major) and its target type.
 pub struct Linear<'a> {
@@ -57,6 +57,7 @@ pub struct Choice {
 /// The output error `Σ_rows Δwᵀ H Δw` of quantizing the group with input
 /// scales `s` (weights × s, encoded, decoded, ÷ s).
 fn group_error(
+    kernels: &Kernels,
     linears: &[Linear],
     cols: usize,
     h: &[f32],
@@ -74,31 +75,37 @@ fn group_error(
         let weights = IMATRIX_ENCODABLE
             .contains(&ty)
             .then_some(&scaled_imatrix[..]);
-        // Rows in blocks of 16, so that each row of H is read once per block
-        // (H is too large for the caches of wide layers).
-        const BLOCK: usize = 16;
+        // Rows in blocks, so that H is read once per block (it is too large
+        // for the caches of wide layers).
+        const BLOCK: usize = 32;
         let e = lin
             .w
             .par_chunks(cols * BLOCK)
             .map(|rows| -> Result<f64, CalibrateError> {
                 let mut deltas = Vec::with_capacity(rows.len());
+                let mut ws = vec![0f32; cols];
+                let mut back = vec![0f32; cols];
+                let mut bytes = vec![0u8; rb];
                 for row in rows.chunks_exact(cols) {
-                    let ws: Vec<f32> = row.iter().zip(s).map(|(w, s)| w * s).collect();
-                    let mut bytes = vec![0u8; rb];
+                    ws.iter_mut()
+                        .zip(row.iter().zip(s))
+                        .for_each(|(o, (w, s))| *o = w * s);
                     quantize_row_imatrix(ty, &ws, &mut bytes, weights)
                         .map_err(|e| CalibrateError::Input(format!("{}: {e}", lin.name)))?;
-                    let mut back = vec![0f32; cols];
                     dequantize_row(ty, &bytes, &mut back)
                         .map_err(|e| CalibrateError::Input(format!("{}: {e}", lin.name)))?;
                     deltas.extend(back.iter().zip(s).zip(row).map(|((q, s), w)| q / s - w));
                 }
-                let mut sums = vec![0f64; deltas.len() / cols];
-                for (i, hi) in h.chunks_exact(cols).enumerate() {
-                    for (sum, d) in sums.iter_mut().zip(deltas.chunks_exact(cols)) {
-                        *sum += f64::from(d[i]) * f64::from(dot(hi, d));
-                    }
-                }
-                Ok(sums.iter().sum())
+                let m = deltas.len() / cols;
+                // (Δw·H)[r][i], then Σ_i Δw[r][i]·(Δw·H)[r][i] per row.
+                let mut dh = vec![0f32; m * cols];
+                kernels.product_f32(&deltas, m, cols, h, cols, 0..cols, &mut dh);
+                let sum: f64 = deltas
+                    .iter()
+                    .zip(&dh)
+                    .map(|(&d, &p)| f64::from(d) * f64::from(p))
+                    .sum();
+                Ok(sum)
             })
             .collect::<Result<Vec<f64>, _>>()?
             // Summed in row order, so the choice does not depend on threads.
@@ -113,6 +120,7 @@ fn group_error(
 /// `h` (`cols × cols`, f32), mean |activation| `x_abs` and mean squared
 /// activation `imatrix` per channel, over `n_grid` exponents.
 pub fn search(
+    kernels: &Kernels,
     linears: &[Linear],
     cols: usize,
     h: &[f32],
@@ -139,16 +147,31 @@ pub fn search(
         .iter()
         .map(|&v| (v / rows.max(1) as f64) as f32)
         .collect();
-    let ones = vec![1f32; cols];
-    let base = group_error(linears, cols, h, imatrix, &ones)?;
-    let mut best = Choice {
-        scales: ones,
-        alpha: None,
-        error: base,
-        base_error: base,
-    };
-    for i in 0..n_grid {
-        let alpha = i as f32 / n_grid as f32;
+    // The candidates are scored on a sample of the group's rows: every
+    // `stride`-th row of each matrix, at most SCORED_ROWS in all.
+    let total: usize = linears.iter().map(|l| l.w.len() / cols).sum();
+    let stride = total.div_ceil(SCORED_ROWS).max(1);
+    let sampled: Vec<Vec<f32>> = linears
+        .iter()
+        .map(|l| {
+            l.w.chunks_exact(cols)
+                .step_by(stride)
+                .flatten()
+                .copied()
+                .collect()
+        })
+        .collect();
+    let sample: Vec<Linear> = linears
+        .iter()
+        .zip(&sampled)
+        .map(|(l, w)| Linear {
+            name: l.name,
+            w,
+            rows: w.len() / cols,
+            ty: l.ty,
+        })
+        .collect();
+    let scales = |alpha: f32| -> Option<Vec<f32>> {
         let mut s: Vec<f32> = x_abs
             .iter()
             .zip(&w_mean)
@@ -159,24 +182,61 @@ pub fn search(
             .fold((0f32, f32::INFINITY), |(a, b), &v| (a.max(v), b.min(v)));
         let norm = (max * min).sqrt();
         if !(norm > 0.0 && norm.is_finite()) {
-            continue;
+            return None;
         }
         s.iter_mut().for_each(|v| *v /= norm);
-        if s.iter().any(|v| !v.is_finite() || *v <= 0.0) {
-            continue;
+        s.iter().all(|v| v.is_finite() && *v > 0.0).then_some(s)
+    };
+    let ones = vec![1f32; cols];
+    let base = group_error(kernels, &sample, cols, h, imatrix, &ones)?;
+    let mut best = Choice {
+        scales: ones,
+        alpha: None,
+        error: base,
+        base_error: base,
+    };
+    // Coarse to fine: every `step`-th exponent of the grid, then the ones
+    // between the best of those and its coarse neighbours (the whole grid's
+    // best when the error is unimodal in α, as it is in practice).
+    let step = (n_grid / 5).max(1);
+    let mut tried = vec![false; n_grid];
+    let mut try_i = |i: usize, best: &mut Choice| -> Result<Option<f64>, CalibrateError> {
+        if std::mem::replace(&mut tried[i], true) {
+            return Ok(None);
         }
-        let e = group_error(linears, cols, h, imatrix, &s)?;
+        let alpha = i as f32 / n_grid as f32;
+        let Some(s) = scales(alpha) else {
+            return Ok(None);
+        };
+        let e = group_error(kernels, &sample, cols, h, imatrix, &s)?;
         if e < best.error {
-            best = Choice {
+            *best = Choice {
                 scales: s,
                 alpha: Some(alpha),
                 error: e,
                 base_error: base,
             };
         }
+        Ok(Some(e))
+    };
+    let mut coarse: Option<(usize, f64)> = None;
+    for i in (0..n_grid).step_by(step) {
+        if let Some(e) = try_i(i, &mut best)? {
+            if coarse.is_none_or(|(_, b)| e < b) {
+                coarse = Some((i, e));
+            }
+        }
+    }
+    if let Some((c, _)) = coarse {
+        for i in c.saturating_sub(step - 1)..(c + step).min(n_grid) {
+            try_i(i, &mut best)?;
+        }
     }
     Ok(best)
 }
+
+/// Most rows of a group that score AWQ's candidates.
+const SCORED_ROWS: usize = 512;
 
 #[cfg(test)]
 mod tests {
@@ -196,7 +256,8 @@ mod tests {
             .map(|i| next() * if i % cols % 50 == 0 { 30.0 } else { 1.0 })
             .collect();
         let mut h = Hessian::new(cols);
-        h.add(&x, tokens);
+        let k = Kernels::detect();
+        h.add(&k, &x, tokens);
         let hf: Vec<f32> = h.full().iter().map(|&v| v as f32).collect();
         let lin = [Linear {
             name: "w",
@@ -206,7 +267,7 @@ mod tests {
         }];
         // Plain rounding (no importance weights) is where AWQ helps most.
         let flat = vec![1f32; cols];
-        let c = search(&lin, cols, &hf, &h.mean_abs(), &flat, 20).unwrap();
+        let c = search(&k, &lin, cols, &hf, &h.mean_abs(), &flat, 20).unwrap();
         assert!(c.alpha.is_some());
         assert!(
             c.error < 0.9 * c.base_error,

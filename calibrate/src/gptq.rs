@@ -57,20 +57,17 @@ pub struct Prepared {
 /// Prepares `h` for GPTQ; `what` names the input in errors.
 pub fn prepare(h: &Hessian, settings: Settings, what: &str) -> Result<Prepared, CalibrateError> {
     let n = h.n;
-    let mut full = h.full();
     let mut dead = vec![false; n];
     let mut diag_sum = 0f64;
     for (i, d) in dead.iter_mut().enumerate() {
-        if full[i * n + i] <= 0.0 {
-            *d = true;
-            full[i * n + i] = 1.0;
-        }
-        diag_sum += full[i * n + i];
+        let v = h.h[i * n + i];
+        *d = v <= 0.0;
+        diag_sum += if *d { 1.0 } else { v };
     }
     let mean = diag_sum / n.max(1) as f64;
     let mut damp = settings.damp;
     for retries in 0..=10 {
-        match inverse_cholesky_upper(&full, n, damp * mean) {
+        match inverse_cholesky_upper(&h.h, n, damp * mean, &dead) {
             Ok(u) => {
                 return Ok(Prepared {
                     u,
@@ -85,6 +82,33 @@ pub fn prepare(h: &Hessian, settings: Settings, what: &str) -> Result<Prepared, 
     Err(CalibrateError::Input(format!(
         "{what}: the Hessian stays singular up to dampening {damp:.2} (too few or degenerate calibration tokens; use more samples)"
     )))
+}
+
+/// Rows quantized together (see [`quantize`]).
+const ROWS: usize = 32;
+
+/// `x[i] -= e · f[i]`: a multiply then a subtraction per value (no fused
+/// operation), so every vector width gives the same bits.
+fn subtract_scaled(x: &mut [f32], e: f32, f: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is present (checked above).
+        return unsafe { subtract_scaled_avx2(x, e, f) };
+    }
+    subtract_scaled_portable(x, e, f)
+}
+
+#[inline(always)]
+fn subtract_scaled_portable(x: &mut [f32], e: f32, f: &[f32]) {
+    for (x, f) in x.iter_mut().zip(f) {
+        *x -= e * f;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn subtract_scaled_avx2(x: &mut [f32], e: f32, f: &[f32]) {
+    subtract_scaled_portable(x, e, f)
 }
 
 /// Quantizes `w` (`rows × cols`, row-major) to `ty` with GPTQ, given the
@@ -115,39 +139,53 @@ pub fn quantize(
     let bs = ty.block_size() as usize;
     let block_bytes = ty.type_size() as usize;
     let u = &prepared.u;
-    out.par_chunks_mut(row_bytes)
-        .zip(w.par_chunks(cols))
+    // Rows in groups, column by column within a group, so that each row of
+    // `U` is read once per group (it is too large for the caches of wide
+    // inputs). Every row still sees its own operations in the same order.
+    out.par_chunks_mut(row_bytes * ROWS)
+        .zip(w.par_chunks(cols * ROWS))
         .try_for_each(|(o, src)| -> Result<(), CalibrateError> {
+            let n = src.len() / cols;
             let mut wr: Vec<f32> = src
-                .iter()
-                .zip(&prepared.dead)
+                .chunks_exact(cols)
+                .flat_map(|r| r.iter().zip(&prepared.dead))
                 .map(|(&v, &d)| if d { 0.0 } else { v })
                 .collect();
+            let mut grids = Vec::with_capacity(n);
             for k in 0..cols / bs {
                 let cols_k = k * bs..(k + 1) * bs;
-                let bytes = &mut o[k * block_bytes..(k + 1) * block_bytes];
-                quantize_row_imatrix(
-                    ty,
-                    &wr[cols_k.clone()],
-                    bytes,
-                    weights.map(|m| &m[cols_k.clone()]),
-                )
-                .map_err(|e| CalibrateError::Input(e.to_string()))?;
-                let mut grid = Grid::read(ty, bytes)
-                    .ok_or_else(|| CalibrateError::Input(format!("no grid for {ty}")))?;
+                grids.clear();
+                for r in 0..n {
+                    let bytes = &mut o[r * row_bytes + k * block_bytes..][..block_bytes];
+                    quantize_row_imatrix(
+                        ty,
+                        &wr[r * cols + cols_k.start..r * cols + cols_k.end],
+                        bytes,
+                        weights.map(|m| &m[cols_k.clone()]),
+                    )
+                    .map_err(|e| CalibrateError::Input(e.to_string()))?;
+                    grids.push(
+                        Grid::read(ty, bytes)
+                            .ok_or_else(|| CalibrateError::Input(format!("no grid for {ty}")))?,
+                    );
+                }
                 for i in cols_k.clone() {
                     let j = i - k * bs;
-                    let q = grid.nearest(j, wr[i]);
-                    grid.levels[j] = q;
-                    let err = (wr[i] - grid.value(j, q)) / u[i * cols + i];
-                    if err != 0.0 && err.is_finite() {
-                        let urow = &u[i * cols + i + 1..(i + 1) * cols];
-                        for (x, f) in wr[i + 1..].iter_mut().zip(urow) {
-                            *x -= err * f;
+                    let urow = &u[i * cols + i + 1..(i + 1) * cols];
+                    let d = u[i * cols + i];
+                    for (r, grid) in grids.iter_mut().enumerate() {
+                        let row = &mut wr[r * cols..(r + 1) * cols];
+                        let q = grid.nearest(j, row[i]);
+                        grid.levels[j] = q;
+                        let err = (row[i] - grid.value(j, q)) / d;
+                        if err != 0.0 && err.is_finite() {
+                            subtract_scaled(&mut row[i + 1..], err, urow);
                         }
                     }
                 }
-                grid.pack(bytes);
+                for (r, grid) in grids.iter().enumerate() {
+                    grid.pack(&mut o[r * row_bytes + k * block_bytes..][..block_bytes]);
+                }
             }
             Ok(())
         })?;
@@ -190,7 +228,7 @@ mod tests {
             }
         }
         let mut h = Hessian::new(cols);
-        h.add(&x, tokens);
+        h.add(&memwall_runtime::kernels::Kernels::detect(), &x, tokens);
         let imatrix = h.mean_square();
         let prepared = prepare(&h, Settings::default(), "test").unwrap();
         for ty in [
@@ -239,7 +277,7 @@ mod tests {
             row[3] = 0.0;
         }
         let mut h = Hessian::new(cols);
-        h.add(&x, 64);
+        h.add(&memwall_runtime::kernels::Kernels::detect(), &x, 64);
         let p = prepare(&h, Settings::default(), "test").unwrap();
         assert!(p.dead[3]);
         let w = vec![1.0f32; cols];

@@ -25,6 +25,8 @@ pub mod grid;
 pub mod imatrix;
 pub mod linalg;
 pub mod quantize;
+mod work;
+pub use work::finished_layers;
 
 /// Deterministic pseudo-random values for the unit tests.
 #[cfg(test)]
@@ -36,6 +38,10 @@ pub(crate) fn test_values(n: usize, seed: u32) -> Vec<f32> {
             (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
         })
         .collect()
+}
+
+fn gib(b: u64) -> f64 {
+    b as f64 / (1u64 << 30) as f64
 }
 
 /// Why calibration failed.
@@ -72,4 +78,15 @@ pub enum CalibrateError {
     /// Input that cannot be used, with the reason.
     #[error("{0}")]
     Input(String),
+    /// The estimated peak memory is more than the limit.
+    #[error(
+        "calibration needs about {:.1} GiB at its peak (hidden states {:.1}, a layer's weights {:.1}, Hessians {:.1}, factorisation {:.1} GiB), more than the {:.1} GiB available; use fewer --samples or a shorter --seq-len (the hidden states scale with them), or pass --memory-limit to allow more",
+        gib(need.total), gib(need.hidden), gib(need.weights), gib(need.hessians), gib(need.factor), gib(*limit)
+    )]
+    Memory {
+        /// The estimate.
+        need: quantize::Memory,
+        /// The limit.
+        limit: u64,
+    },
 }

@@ -4,6 +4,7 @@
 //! (factorisations) and `f32` where size does (the accumulated products are
 //! summed per sample in `f32`, across samples in `f64`).
 
+use memwall_runtime::kernels::Kernels;
 use rayon::prelude::*;
 
 /// `Σ xᵀx` over the rows `x` of every input seen, and `Σ |x|` per column.
@@ -31,13 +32,15 @@ impl Hessian {
         }
     }
 
-    /// Adds `rows` rows of `n` values.
-    pub fn add(&mut self, x: &[f32], rows: usize) {
+    /// Adds `rows` rows of `n` values: each entry's sum over the rows in
+    /// `f32` ([`Kernels::product_f32`]: the same bits on every backend and
+    /// thread count), added to the `f64` total.
+    pub fn add(&mut self, kernels: &Kernels, x: &[f32], rows: usize) {
         let n = self.n;
         if rows == 0 || x.len() != rows * n {
             return;
         }
-        // Columns contiguous, so each entry is one dot product of two slices.
+        // Row i of `t` is column i of `x`.
         let mut t = vec![0f32; n * rows];
         for (r, row) in x.chunks_exact(n).enumerate() {
             for (c, &v) in row.iter().enumerate() {
@@ -45,12 +48,27 @@ impl Hessian {
             }
         }
         let t = &t;
-        self.h.par_chunks_mut(n).enumerate().for_each(|(i, out)| {
-            let ci = &t[i * rows..(i + 1) * rows];
-            for (j, o) in out.iter_mut().enumerate().take(i + 1) {
-                *o += f64::from(dot(ci, &t[j * rows..(j + 1) * rows]));
-            }
-        });
+        // Blocks of rows of H, each computing the columns up to its last row.
+        const BLOCK: usize = 32;
+        self.h
+            .par_chunks_mut(n * BLOCK)
+            .enumerate()
+            .for_each(|(b, out)| {
+                let i0 = b * BLOCK;
+                let m = out.len() / n;
+                let mut sums = vec![0f32; m * n];
+                let a = &t[i0 * rows..(i0 + m) * rows];
+                kernels.product_f32(a, m, rows, x, n, 0..i0 + m, &mut sums);
+                for (r, (o, s)) in out
+                    .chunks_exact_mut(n)
+                    .zip(sums.chunks_exact(n))
+                    .enumerate()
+                {
+                    for (o, &s) in o[..=i0 + r].iter_mut().zip(&s[..=i0 + r]) {
+                        *o += f64::from(s);
+                    }
+                }
+            });
         for (c, s) in self.abs_sum.iter_mut().enumerate() {
             *s += t[c * rows..(c + 1) * rows]
                 .iter()
@@ -87,17 +105,46 @@ impl Hessian {
     }
 }
 
-/// A dot product in `f32` with eight partial sums (vectorises well).
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+/// `Σ a[i]·b[i]` in `f64`: sixteen partial sums (lane `k` takes the
+/// products `16m + k`), added in a fixed tree, then the remainder in order.
+/// Separate multiplies and adds, so the AVX2 build of the same loop gives
+/// the same bits as the portable one.
+fn dot64(a: &[f64], b: &[f64]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is present (checked above).
+        return unsafe { dot64_avx2(a, b) };
+    }
+    dot64_portable(a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn dot64_avx2(a: &[f64], b: &[f64]) -> f64 {
+    dot64_portable(a, b)
+}
+
+#[inline(always)]
+fn dot64_portable(a: &[f64], b: &[f64]) -> f64 {
+    let mut acc = [0f64; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
     let (ra, rb) = (ca.remainder(), cb.remainder());
     for (x, y) in ca.zip(cb) {
-        for k in 0..8 {
+        for k in 0..16 {
             acc[k] += x[k] * y[k];
         }
     }
-    let mut s: f32 = acc.iter().sum();
+    let mut half = [0f64; 8];
+    for k in 0..8 {
+        half[k] = acc[k] + acc[k + 8];
+    }
+    let q = [
+        half[0] + half[4],
+        half[1] + half[5],
+        half[2] + half[6],
+        half[3] + half[7],
+    ];
+    let mut s = (q[0] + q[2]) + (q[1] + q[3]);
     for (x, y) in ra.iter().zip(rb) {
         s += x * y;
     }
@@ -116,76 +163,142 @@ pub fn cholesky(a: &[f64], n: usize) -> Result<Vec<f64>, usize> {
 }
 
 /// Overwrites the lower triangle (diagonal included) of `a` with its
-/// Cholesky factor; the strict upper triangle keeps `a`'s values. Each entry
-/// of `a` is read before it is overwritten, so this computes exactly what a
-/// separate output would hold.
+/// Cholesky factor; the strict upper triangle keeps `a`'s values.
+///
+/// Blocked, right-looking: a block of columns is factored, the rows below
+/// it are solved against its diagonal block, and their rank-`B` product is
+/// taken from the rest, rows in groups that read each row of the block's
+/// panel once (an unblocked factorisation reads the whole matrix once per
+/// column, which at widths of 10⁴ is memory-bound). Independent of the
+/// thread count.
 fn cholesky_in_place(a: &mut [f64], n: usize) -> Result<(), usize> {
-    for j in 0..n {
-        let mut d = a[j * n + j];
-        for k in 0..j {
-            d -= a[j * n + k] * a[j * n + k];
+    const B: usize = 96;
+    const GROUP: usize = 16;
+    for k0 in (0..n).step_by(B) {
+        let k1 = (k0 + B).min(n);
+        // The diagonal block (its entries hold the earlier blocks' updates).
+        for j in k0..k1 {
+            let (before, from_j) = a.split_at_mut(j * n);
+            let lj = &from_j[k0..j];
+            let d = from_j[j] - dot64(lj, lj);
+            if d <= 0.0 || !d.is_finite() {
+                return Err(j);
+            }
+            let d = d.sqrt();
+            from_j[j] = d;
+            let _ = before;
+            let (row_j, below) = from_j.split_at_mut(n);
+            let lj = &row_j[k0..j];
+            for row in below.chunks_exact_mut(n).take(k1 - j - 1) {
+                let s = dot64(&row[k0..j], lj);
+                row[j] = (row[j] - s) / d;
+            }
         }
-        if d <= 0.0 || !d.is_finite() {
-            return Err(j);
+        if k1 == n {
+            break;
         }
-        let d = d.sqrt();
-        a[j * n + j] = d;
-        let (done, rest) = a.split_at_mut((j + 1) * n);
-        let lj = &done[j * n..j * n + j];
+        let w = k1 - k0;
+        let (top, rest) = a.split_at_mut(k1 * n);
+        let top = &*top;
+        // The rows below, against the diagonal block.
         rest.par_chunks_mut(n).for_each(|row| {
-            let s: f64 = row[..j].iter().zip(lj).map(|(x, y)| x * y).sum();
-            row[j] = (row[j] - s) / d;
+            for j in k0..k1 {
+                let s = dot64(&row[k0..j], &top[j * n + k0..j * n + j]);
+                row[j] = (row[j] - s) / top[j * n + j];
+            }
         });
+        // Their product, taken from the trailing lower triangle.
+        let panel: Vec<f64> = rest
+            .chunks_exact(n)
+            .flat_map(|r| r[k0..k1].iter().copied())
+            .collect();
+        rest.par_chunks_mut(n * GROUP)
+            .enumerate()
+            .for_each(|(g, rows)| {
+                let i0 = g * GROUP;
+                let nr = rows.len() / n;
+                for j in 0..i0 + nr {
+                    let pj = &panel[j * w..(j + 1) * w];
+                    for r in j.saturating_sub(i0)..nr {
+                        let pi = &panel[(i0 + r) * w..(i0 + r + 1) * w];
+                        rows[r * n + k1 + j] -= dot64(pi, pj);
+                    }
+                }
+            });
     }
     Ok(())
 }
 
 /// The transpose of the inverse of the lower triangular `L` (stored in the
-/// lower triangle of `l`): row `j` is the solution of `L·x = e_j`.
+/// lower triangle of `l`): row `j` is the solution of `L·x = e_j`, by
+/// forward substitution. Solutions are made in groups of columns that read
+/// each row of `L` once.
 fn inverse_lower_transposed(l: &[f64], n: usize) -> Vec<f64> {
+    const GROUP: usize = 16;
     let mut out = vec![0f64; n * n];
-    out.par_chunks_mut(n).enumerate().for_each(|(j, x)| {
-        x[j] = 1.0 / l[j * n + j];
-        for i in j + 1..n {
-            let s: f64 = (j..i).map(|k| l[i * n + k] * x[k]).sum();
-            x[i] = -s / l[i * n + i];
-        }
-    });
+    out.par_chunks_mut(n * GROUP)
+        .enumerate()
+        .for_each(|(g, xs)| {
+            let j0 = g * GROUP;
+            let nc = xs.len() / n;
+            for (c, x) in xs.chunks_exact_mut(n).enumerate() {
+                let j = j0 + c;
+                x[j] = 1.0 / l[j * n + j];
+            }
+            for i in j0 + 1..n {
+                let li = &l[i * n..i * n + i + 1];
+                for (c, x) in xs.chunks_exact_mut(n).enumerate().take(nc) {
+                    let j = j0 + c;
+                    if i <= j {
+                        continue;
+                    }
+                    let s = dot64(&li[j..i], &x[j..i]);
+                    x[i] = -s / li[i];
+                }
+            }
+        });
     out
 }
 
-/// What GPTQ needs from the Hessian `h` (`n × n`, symmetric): the upper
-/// Cholesky factor `U` of `(h + damp·I)⁻¹` (`(h + damp·I)⁻¹ = UᵀU`), in
-/// `f32`, row-major. Fails with the column where `h + damp·I` is not
-/// positive definite. Holds at most two `n × n` `f64` matrices at a time.
-pub fn inverse_cholesky_upper(h: &[f64], n: usize, damp: f64) -> Result<Vec<f32>, usize> {
-    let mut l = h.to_vec();
-    for i in 0..n {
-        l[i * n + i] += damp;
-    }
-    cholesky_in_place(&mut l, n)?;
-    // (L Lᵀ)⁻¹ = L⁻ᵀ L⁻¹: entry (i, j) is the dot product of columns i and j
-    // of L⁻¹, which are rows of its transpose (contiguous).
+/// What GPTQ needs from the Hessian `h` (`n × n`, symmetric; only its lower
+/// triangle is read, and the diagonal entries of the `dead` columns are
+/// taken as 1): the upper Cholesky factor `U` of `(h + damp·I)⁻¹`
+/// (`(h + damp·I)⁻¹ = UᵀU`), in `f32`, row-major. Fails with the column
+/// where `h + damp·I` is not positive definite. Holds two `n × n` `f64`
+/// matrices besides `h` at its peak.
+///
+/// One factorisation and one triangular inverse: with `J` the reversal of
+/// the indices, the lower factor `L` of `J(h + damp·I)J` gives
+/// `h + damp·I = Ũ·Ũᵀ` with `Ũ = JLJ` upper triangular, so
+/// `(h + damp·I)⁻¹ = Ũ⁻ᵀ·Ũ⁻¹` and `U = Ũ⁻¹ = J·L⁻¹·J` (the factor is
+/// unique, so this is the `U` of factorising the inverse).
+pub fn inverse_cholesky_upper(
+    h: &[f64],
+    n: usize,
+    damp: f64,
+    dead: &[bool],
+) -> Result<Vec<f32>, usize> {
+    let mut l = vec![0f64; n * n];
+    l.par_chunks_mut(n.max(1)).enumerate().for_each(|(i, row)| {
+        // Entry (n−1−i, n−1−j) of h, from its lower triangle.
+        for (j, v) in row.iter_mut().enumerate().take(i + 1) {
+            *v = h[(n - 1 - j) * n + (n - 1 - i)];
+        }
+        if dead.get(n - 1 - i).copied().unwrap_or(false) {
+            row[i] = 1.0;
+        }
+        row[i] += damp;
+    });
+    cholesky_in_place(&mut l, n).map_err(|j| n - 1 - j)?;
+    // Row j of `lt` is column j of L⁻¹: U[i][j] = L⁻¹[n−1−i][n−1−j].
     let lt = inverse_lower_transposed(&l, n);
     drop(l);
-    let mut hinv = vec![0f64; n * n];
-    hinv.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
-        let ci = &lt[i * n..(i + 1) * n];
-        for (j, out) in row.iter_mut().enumerate() {
-            let k0 = i.max(j);
-            let cj = &lt[j * n..(j + 1) * n];
-            *out = ci[k0..].iter().zip(&cj[k0..]).map(|(a, b)| a * b).sum();
+    let mut u = vec![0f32; n * n];
+    u.par_chunks_mut(n.max(1)).enumerate().for_each(|(i, row)| {
+        for (j, v) in row.iter_mut().enumerate().skip(i) {
+            *v = lt[(n - 1 - j) * n + (n - 1 - i)] as f32;
         }
     });
-    drop(lt);
-    // Upper factor of hinv = the transpose of its lower factor.
-    cholesky_in_place(&mut hinv, n)?;
-    let mut u = vec![0f32; n * n];
-    for i in 0..n {
-        for j in i..n {
-            u[i * n + j] = hinv[j * n + i] as f32;
-        }
-    }
     Ok(u)
 }
 
@@ -196,14 +309,14 @@ mod tests {
     fn spd(n: usize) -> Vec<f64> {
         let mut h = Hessian::new(n);
         let x = crate::test_values(n * 3 * n, 7);
-        h.add(&x, 3 * n);
+        h.add(&Kernels::detect(), &x, 3 * n);
         h.full()
     }
 
     #[test]
     fn hessian_is_x_transpose_x() {
         let mut h = Hessian::new(2);
-        h.add(&[1.0, 2.0, -3.0, 4.0], 2);
+        h.add(&Kernels::detect(), &[1.0, 2.0, -3.0, 4.0], 2);
         assert_eq!(h.full(), vec![10.0, -10.0, -10.0, 20.0]);
         assert_eq!(h.mean_square(), vec![5.0, 10.0]);
         assert_eq!(h.mean_abs(), vec![2.0, 3.0]);
@@ -213,7 +326,7 @@ mod tests {
     fn upper_factor_reconstructs_the_inverse() {
         let n = 20;
         let a = spd(n);
-        let u = inverse_cholesky_upper(&a, n, 0.0).unwrap();
+        let u = inverse_cholesky_upper(&a, n, 0.0, &[]).unwrap();
         // (UᵀU)·A = I.
         for i in 0..n {
             for j in 0..n {
@@ -231,9 +344,35 @@ mod tests {
     }
 
     #[test]
+    fn blocked_factors_of_a_matrix_wider_than_a_block_are_exact() {
+        // Wider than two blocks and not a multiple of the block or group sizes.
+        let n = 211;
+        let a = spd(n);
+        let l = cholesky(&a, n).unwrap();
+        for i in 0..n {
+            for j in 0..=i {
+                let v: f64 = (0..=j).map(|k| l[i * n + k] * l[j * n + k]).sum();
+                assert!(
+                    (v - a[i * n + j]).abs() < 1e-9 * a[i * n + i].abs().max(1.0),
+                    "{i},{j}"
+                );
+            }
+        }
+        let lt = inverse_lower_transposed(&l, n);
+        // L · L⁻¹ = I, with column j of L⁻¹ in row j of lt.
+        for i in 0..n {
+            for j in 0..n {
+                let v: f64 = (0..n).map(|k| l[i * n + k] * lt[j * n + k]).sum();
+                let want = if i == j { 1.0 } else { 0.0 };
+                assert!((v - want).abs() < 1e-9, "{i},{j}: {v}");
+            }
+        }
+    }
+
+    #[test]
     fn a_singular_matrix_fails_with_its_column() {
         let a = vec![1.0, 1.0, 1.0, 1.0];
         assert_eq!(cholesky(&a, 2), Err(1));
-        assert!(inverse_cholesky_upper(&a, 2, 0.1).is_ok());
+        assert!(inverse_cholesky_upper(&a, 2, 0.1, &[]).is_ok());
     }
 }

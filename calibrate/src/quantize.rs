@@ -20,13 +20,14 @@
 //!
 //! Memory: the hidden states of all samples (samples × length × n_embd
 //! floats), one layer's weights in `f32`, the Hessians of one layer
-//! (inputs² × 8 bytes each); quantized tensors go to a scratch file next to
-//! the output as they are made, and the output is written from it at the end.
+//! (inputs² × 8 bytes each); quantized tensors go to a work folder next to
+//! the output as they are made (committed layer by layer, so a stopped run
+//! resumes: `work.rs`), and the output is written from it at the end.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
-use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::io::Read;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -38,12 +39,14 @@ use memwall_quantize::imatrix::Imatrix;
 use memwall_quantize::job::{self, ImatrixInput, Options};
 use memwall_quantize::{IMATRIX_ENCODABLE, quantize_row_imatrix};
 use memwall_runtime::forward::{Model, Observer};
+use memwall_runtime::kernels::Kernels;
 use rayon::prelude::*;
 
 use crate::CalibrateError;
 use crate::awq::{self, Linear};
 use crate::gptq;
 use crate::linalg::Hessian;
+use crate::work::{Manifest, Work};
 
 /// Which calibration to apply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,6 +91,13 @@ pub struct Settings {
     pub dataset: String,
     /// Its SHA-256.
     pub dataset_sha256: String,
+    /// Insist on continuing the interrupted run whose work folder is next to
+    /// the output (`work.rs`): one of other settings is refused, not
+    /// replaced. (The same run is always continued.)
+    pub resume: bool,
+    /// Refuse to start when the estimated peak ([`Memory::total`]) is
+    /// larger than this many bytes.
+    pub memory_limit: Option<u64>,
 }
 
 /// What happened to one group of one layer.
@@ -130,6 +140,10 @@ pub struct Report {
     pub awq_seconds: f64,
     /// Seconds in GPTQ (factorisation and rounding) or plain encoding.
     pub quantize_seconds: f64,
+    /// Layers taken over from an interrupted run.
+    pub resumed_layers: usize,
+    /// Memory the run needs at its peak, estimated before it starts.
+    pub memory: Memory,
 }
 
 /// The input group a matrix reads, and whether it is the one whose input
@@ -164,6 +178,7 @@ struct Collect {
     found: Mutex<HashMap<String, Hessian>>,
     /// Nanoseconds spent accumulating.
     nanos: std::sync::atomic::AtomicU64,
+    kernels: Kernels,
 }
 
 impl Observer for Collect {
@@ -185,7 +200,7 @@ impl Observer for Collect {
         let h = found.entry(k).or_insert_with(|| Hessian::new(cols));
         if h.n == cols {
             let t = Instant::now();
-            h.add(x, tokens);
+            h.add(&self.kernels, x, tokens);
             self.nanos.fetch_add(
                 t.elapsed().as_nanos() as u64,
                 std::sync::atomic::Ordering::Relaxed,
@@ -265,81 +280,6 @@ fn encode_rows(
     Ok(out)
 }
 
-/// Quantized tensors waiting for the output file, kept in a scratch file.
-struct Spill {
-    path: PathBuf,
-    file: BufWriter<File>,
-    at: u64,
-    index: HashMap<String, (u64, u64)>,
-    /// Lists the scratch file for the signal handlers (after `file`: unlisted
-    /// once closed and removed).
-    _listed: memwall_format::cleanup::Registration,
-}
-
-impl Spill {
-    fn new(out: &Path) -> Result<Spill, CalibrateError> {
-        let mut name = out.file_name().unwrap_or_default().to_os_string();
-        name.push(".calibrating");
-        let path = out.with_file_name(name);
-        let listed = memwall_format::cleanup::register_file(&path);
-        let file = File::options()
-            .create(true)
-            .truncate(true)
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(|error| CalibrateError::Io {
-                path: path.clone(),
-                error,
-            })?;
-        Ok(Spill {
-            path,
-            file: BufWriter::new(file),
-            at: 0,
-            index: HashMap::new(),
-            _listed: listed,
-        })
-    }
-
-    fn io(&self) -> impl Fn(std::io::Error) -> CalibrateError + '_ {
-        |error| CalibrateError::Io {
-            path: self.path.clone(),
-            error,
-        }
-    }
-
-    fn put(&mut self, name: &str, bytes: &[u8]) -> Result<(), CalibrateError> {
-        self.file.write_all(bytes).map_err(|e| self.io()(e))?;
-        self.index
-            .insert(name.to_owned(), (self.at, bytes.len() as u64));
-        self.at += bytes.len() as u64;
-        Ok(())
-    }
-
-    fn get(&mut self, name: &str) -> Result<Option<Vec<u8>>, CalibrateError> {
-        let Some(&(at, len)) = self.index.get(name) else {
-            return Ok(None);
-        };
-        self.file.flush().map_err(|e| self.io()(e))?;
-        let f = self.file.get_mut();
-        let mut bytes = vec![0u8; len as usize];
-        f.seek(SeekFrom::Start(at))
-            .and_then(|_| f.read_exact(&mut bytes))
-            .and_then(|_| f.seek(SeekFrom::End(0)).map(|_| ()))
-            .map_err(|error| CalibrateError::Io {
-                path: self.path.clone(),
-                error,
-            })?;
-        Ok(Some(bytes))
-    }
-}
-
-impl Drop for Spill {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
 /// Runs the layer over every sample, showing the matrix inputs of `wanted`
 /// to a collector; returns the Hessians. With `advance`, the samples' hidden
 /// states become the layer's outputs; with `until`, each pass stops once that
@@ -359,6 +299,7 @@ fn pass(
         wanted,
         found: Mutex::new(HashMap::new()),
         nanos: std::sync::atomic::AtomicU64::new(0),
+        kernels: model.kernels(),
     });
     if !collect.wanted.is_empty() {
         model.set_observer(Some(collect.clone()));
@@ -400,6 +341,120 @@ fn rescale(h: &mut Hessian, s: &[f32]) {
 
 fn f32_full(h: &Hessian) -> Vec<f32> {
     h.full().iter().map(|&v| v as f32).collect()
+}
+
+/// Memory a calibration needs at its peak, by part, estimated from the
+/// model's shapes and the calibration tokens before any work.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Memory {
+    /// The hidden states of every sample (`f32`).
+    pub hidden: u64,
+    /// The largest layer's matrices in `f32`, twice (the weights being
+    /// calibrated and the rescaled copies the forward pass reads).
+    pub weights: u64,
+    /// The largest layer's Hessians (`f64`, one per input and expert).
+    pub hessians: u64,
+    /// GPTQ's factorisation of the widest input (two `f64` matrices), or
+    /// AWQ's `f32` copy of its Hessian.
+    pub factor: u64,
+    /// The sum, with the buffers of the forward pass.
+    pub total: u64,
+}
+
+fn estimate_memory(
+    plan: &job::Plan,
+    c: &memwall_runtime::forward::Config,
+    tokens: u64,
+    settings: &Settings,
+) -> Memory {
+    let mut weights = 0u64;
+    let mut hessians = 0u64;
+    let mut widest = 0u64;
+    for l in 0..c.n_layer {
+        let prefix = format!("blk.{l}.");
+        let (mut w, mut h) = (0u64, 0u64);
+        let mut keys = HashSet::new();
+        for t in plan.tensors.iter().filter(|t| t.name.starts_with(&prefix)) {
+            let Some((group, records)) = input_group(&t.name[prefix.len()..]) else {
+                continue;
+            };
+            if t.converts() {
+                w += t.elements * 4;
+            }
+            let cols = t.dims[0];
+            let experts = t.dims.get(2).copied().unwrap_or(1);
+            widest = widest.max(cols);
+            if records && keys.insert((group, experts > 1)) {
+                h += experts * cols * cols * 8;
+            }
+        }
+        weights = weights.max(2 * w);
+        hessians = hessians.max(h);
+    }
+    let hidden = tokens * c.n_embd as u64 * 4;
+    let factor = if settings.method.gptq() {
+        2 * widest * widest * 8 + widest * widest * 4
+    } else {
+        widest * widest * 4
+    };
+    // A sample's activations through the widest product, and slack.
+    let longest = c.n_ctx as u64;
+    let buffers = 8 * longest * (c.n_embd as u64).max(widest) * 4 + (64 << 20);
+    Memory {
+        hidden,
+        weights,
+        hessians,
+        factor,
+        total: hidden + weights + hessians + factor + buffers,
+    }
+}
+
+/// What decides the output bytes of a run (compared on `--resume`): the
+/// program, the model (size and a hash of its first 64 MiB, where the
+/// header and tensor directory are), every calibration token, the settings
+/// and the planned tensor types.
+fn manifest(
+    input: &Path,
+    samples: &[Vec<u32>],
+    settings: &Settings,
+    plan: &job::Plan,
+) -> Result<Manifest, CalibrateError> {
+    use sha2::{Digest, Sha256};
+    let io = |error| CalibrateError::Io {
+        path: input.to_owned(),
+        error,
+    };
+    let f = File::open(input).map_err(io)?;
+    let size = f.metadata().map_err(io)?.len();
+    let mut head = Vec::new();
+    f.take(64 << 20).read_to_end(&mut head).map_err(io)?;
+    let mut tokens = Sha256::new();
+    for s in samples {
+        tokens.update((s.len() as u64).to_le_bytes());
+        for t in s {
+            tokens.update(t.to_le_bytes());
+        }
+    }
+    let mut types = Sha256::new();
+    for t in &plan.tensors {
+        types.update(format!("{} {} {:?}\n", t.name, t.target, t.dims).as_bytes());
+    }
+    let hex = |d: &[u8]| d.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let mut m = Manifest::new();
+    let mut put = |k: &str, v: serde_json::Value| {
+        m.insert(k.to_owned(), v);
+    };
+    put("memwall", env!("CARGO_PKG_VERSION").into());
+    put("model_bytes", size.into());
+    put("model_head_sha256", hex(&Sha256::digest(&head)).into());
+    put("tokens_sha256", hex(&tokens.finalize()).into());
+    put("samples", samples.len().into());
+    put("dataset_sha256", settings.dataset_sha256.clone().into());
+    put("method", settings.method.name().into());
+    put("awq_grid", settings.awq_grid.into());
+    put("gptq_damp", settings.gptq.damp.into());
+    put("plan_sha256", hex(&types.finalize()).into());
+    Ok(m)
 }
 
 /// Calibrates `gguf` (opened as `model`) on `samples` and writes the result
@@ -464,17 +519,35 @@ pub fn run(
             )));
         }
     }
-    let mut spill = Spill::new(out)?;
-    let mut norms: BTreeMap<String, Vec<f32>> = BTreeMap::new();
-    let mut report = Report::default();
-    let mut imatrix_entries: BTreeMap<String, Vec<f32>> = BTreeMap::new();
-    let mut xs: Vec<Vec<f32>> = samples
-        .iter()
-        .map(|s| model.embed(s))
-        .collect::<Result<_, _>>()?;
     let total_tokens: u64 = samples.iter().map(|s| s.len() as u64).sum();
+    let memory = estimate_memory(&plan, &c, total_tokens, settings);
+    if let Some(limit) = settings.memory_limit.filter(|&m| memory.total > m) {
+        return Err(CalibrateError::Memory {
+            need: memory.clone(),
+            limit,
+        });
+    }
+    let manifest = manifest(input, samples, settings, &plan)?;
+    let sizes: Vec<usize> = samples.iter().map(|s| s.len() * c.n_embd).collect();
+    let (mut spill, resumed) = Work::open(out, &manifest, settings.resume, &sizes)?;
+    let (first, mut xs, mut norms, mut imatrix_entries, mut report) = match resumed {
+        Some(r) => (r.layers, r.xs, r.norms, r.imatrix, r.report),
+        None => (
+            0,
+            samples
+                .iter()
+                .map(|s| model.embed(s))
+                .collect::<Result<_, _>>()?,
+            BTreeMap::new(),
+            BTreeMap::new(),
+            Report::default(),
+        ),
+    };
+    report.resumed_layers = first;
+    report.memory = memory;
     progress.start("calibrating", c.n_layer as u64, Unit::Items);
-    for l in 0..c.n_layer {
+    progress.advance(first as u64);
+    for l in first..c.n_layer {
         let started = Instant::now();
         let prefix = format!("blk.{l}.");
         // The layer's matrices that the plan quantizes.
@@ -575,6 +648,7 @@ pub fn run(
                     .collect();
                 let t_awq = Instant::now();
                 let choice = awq::search(
+                    &model.kernels(),
                     &linears,
                     cols,
                     &hf,
@@ -675,14 +749,30 @@ pub fn run(
                 }
             }
             let mut dense_damp = None;
-            for &i in &members {
-                let t = &targets[i];
-                progress.item(&format!("layer {l}: {}", t.name));
-                let t_quant = Instant::now();
-                let expert_rows = t.rows * t.cols;
-                let mut bytes = Vec::new();
-                for x in 0..t.experts {
+            // GPTQ's factor of each input is made once for every matrix that
+            // reads it (Q, K and V; gate and up; an expert's gate and up):
+            // the dense inputs for the whole group, an expert's while its
+            // matrices are quantized.
+            let mut factors: HashMap<String, gptq::Prepared> = HashMap::new();
+            let mut parts: Vec<Vec<u8>> = vec![Vec::new(); members.len()];
+            let t_quant = Instant::now();
+            let n_x = members
+                .iter()
+                .map(|&i| targets[i].experts)
+                .max()
+                .unwrap_or(1);
+            for x in 0..n_x {
+                factors.retain(|k, _| !k.contains('#'));
+                for (m, &i) in members.iter().enumerate() {
+                    let t = &targets[i];
+                    if x >= t.experts {
+                        continue;
+                    }
+                    if x == 0 {
+                        progress.item(&format!("layer {l}: {}", t.name));
+                    }
                     let k = key(group, (t.experts > 1).then_some(x));
+                    let expert_rows = t.rows * t.cols;
                     let w = &t.w[x * expert_rows..(x + 1) * expert_rows];
                     let h = stats.get(&k).filter(|h| h.tokens > 0 && h.n == t.cols);
                     let part = match h {
@@ -692,25 +782,32 @@ pub fn run(
                             encode_rows(w, t.cols, t.ty, None, &t.name)?
                         }
                         Some(h) if settings.method.gptq() => {
-                            let what = format!("{} (input {k})", t.name);
-                            let prepared = gptq::prepare(h, settings.gptq, &what)?;
+                            if !factors.contains_key(&k) {
+                                let what = format!("{} (input {k})", t.name);
+                                factors.insert(k.clone(), gptq::prepare(h, settings.gptq, &what)?);
+                            }
+                            let prepared = &factors[&k];
                             if t.experts == 1 {
                                 dense_damp = Some(prepared.damp);
                             }
-                            gptq::quantize(w, t.rows, t.cols, t.ty, &prepared, &h.mean_square())?
+                            gptq::quantize(w, t.rows, t.cols, t.ty, prepared, &h.mean_square())?
                         }
                         Some(h) => encode_rows(w, t.cols, t.ty, Some(&h.mean_square()), &t.name)?,
                     };
-                    bytes.extend_from_slice(&part);
+                    parts[m].extend_from_slice(&part);
                 }
+            }
+            drop(factors);
+            report.quantize_seconds += t_quant.elapsed().as_secs_f64();
+            for (&i, bytes) in members.iter().zip(parts) {
+                let t = &targets[i];
                 if let Some(h) = stats.get(&key(group, None)) {
                     if t.experts == 1 {
                         imatrix_entries.insert(t.name.clone(), h.mean_square());
                     }
                 }
-                report.quantize_seconds += t_quant.elapsed().as_secs_f64();
-                model.replace_matrix(&t.name, t.ty, bytes.clone().into())?;
                 spill.put(&t.name, &bytes)?;
+                model.replace_matrix(&t.name, t.ty, bytes.into())?;
                 report.calibrated += 1;
             }
             let (alpha, ratio) = alphas.get(group).copied().unwrap_or((None, None));
@@ -727,8 +824,12 @@ pub fn run(
         progress.item(&format!("layer {l}: output"));
         pass(model, l, &mut xs, HashSet::new(), true, None, &mut report)?;
         report.layer_seconds.push(started.elapsed().as_secs_f64());
+        // No pass reads this layer again: its replaced matrices go.
+        model.drop_replacements(&prefix);
+        spill.commit_layer(l, &xs, &norms, &imatrix_entries, &report)?;
         progress.advance(1);
     }
+    drop(xs);
     progress.finish();
 
     // The output file: the plan again, now with the statistics as its imatrix
@@ -807,6 +908,7 @@ pub fn run(
         progress.advance(1);
     }
     w.commit()?;
+    spill.finish();
     progress.finish();
     report.bytes = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
     report.seconds = started_all.elapsed().as_secs_f64();

@@ -378,3 +378,95 @@ fn bad_input_is_refused_and_leaves_nothing() {
     assert!(!out.exists(), "{left:?}");
     assert!(left.iter().all(|n| !n.contains("out.gguf")), "{left:?}");
 }
+
+#[test]
+fn a_run_killed_after_a_finished_layer_continues_to_the_same_bytes_and_resume_refuses_other_options()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let tiny = repo().join(TINY);
+    let text = repo().join("fixtures/perplexity/heldout-24k.txt");
+    let args = |out: &Path, extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "calibrate",
+            "quantize",
+            "-m",
+            s(&tiny),
+            "-f",
+            s(&text),
+            "--samples",
+            "24",
+            "--seq-len",
+            "128",
+            "--type",
+            "Q4_K_M",
+            "-o",
+            s(out),
+        ]
+        .map(String::from)
+        .to_vec();
+        a.extend(extra.iter().map(|e| e.to_string()));
+        a
+    };
+    let whole = d.join("whole.gguf");
+    stdout_of(
+        &args(&whole, &[])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+
+    // Killed (SIGKILL: no handler runs) once the work folder records a finished layer.
+    let out = d.join("out.gguf");
+    let work = d.join("out.gguf.calibrating");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memwall"))
+        .args(args(&out, &[]))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let layers = |work: &Path| -> u64 {
+        std::fs::read(work.join("state.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Json>(&b).ok())
+            .and_then(|v| v["layers"].as_u64())
+            .unwrap_or(0)
+    };
+    let started = std::time::Instant::now();
+    while layers(&work) == 0 {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "finished before it could be killed"
+        );
+        assert!(started.elapsed().as_secs() < 300, "no layer finished");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let done = layers(&work);
+    assert!((1..4).contains(&done), "{done} layers");
+    assert!(!out.exists());
+
+    // --resume with another option than the interrupted run's is refused, named.
+    let r = common::memwall(
+        &args(&out, &["--resume", "--damp", "0.02"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(!r.status.success() && err.contains("gptq_damp"), "{err}");
+    assert_eq!(layers(&work), done);
+    // The same command again continues: the bytes of the uninterrupted run,
+    // and the folder is gone.
+    let report: Json = serde_json::from_str(&stdout_of(
+        &args(&out, &["--json"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    ))
+    .unwrap();
+    assert_eq!(report["resumed_layers"].as_u64(), Some(done));
+    assert_eq!(sha(&out), sha(&whole));
+    assert!(!work.exists());
+}

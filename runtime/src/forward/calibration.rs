@@ -116,6 +116,13 @@ impl<'a> Model<'a> {
         Ok(())
     }
 
+    /// Drops the replacements of the matrices whose names start with
+    /// `prefix` (a calibrated layer that no pass reads again): the tensors
+    /// read the model file again, and their bytes are freed.
+    pub fn drop_replacements(&mut self, prefix: &str) {
+        self.replaced.retain(|name, _| !name.starts_with(prefix));
+    }
+
     /// Replaces a norm's weight or bias vector (`blk.N.attn_norm.weight`,
     /// `blk.N.ffn_norm.bias`, `output_norm.weight`, …).
     pub fn replace_norm(&mut self, name: &str, values: Vec<f32>) -> Result<(), ForwardError> {

@@ -129,6 +129,11 @@ fn tensor_err(name: &str, message: impl Into<String>) -> ForwardError {
 }
 
 impl<'a> Model<'a> {
+    /// The kernels the forward pass runs.
+    pub fn kernels(&self) -> Kernels {
+        self.kernels
+    }
+
     /// Runs the matrix products on `threads` threads (default: every core)
     /// with `kernels` (default: the best this CPU runs, or `MEMWALL_KERNELS`).
     pub fn set_compute(&mut self, kernels: Kernels, threads: usize) {

@@ -78,6 +78,46 @@ pub(crate) fn key_tiles_generic<const N: usize, const P: usize>(
     }
 }
 
+/// The scalar table's float products ([`super::Kernels::product_f32`]).
+pub(crate) fn product_tiles(
+    q: &[f32],
+    hd: usize,
+    kt: &[f32],
+    stride: usize,
+    out: &mut [[f32; KEY_TILE]],
+) {
+    by_heads!(product_tiles_generic, 16, out.len(), q, hd, kt, stride, out)
+}
+
+/// [`key_tiles_generic`] with a fused multiply-add per step
+/// (`f32::mul_add`: one rounding), the float products' arithmetic.
+#[inline(always)]
+pub(crate) fn product_tiles_generic<const N: usize, const P: usize>(
+    q: &[f32],
+    hd: usize,
+    kt: &[f32],
+    stride: usize,
+    out: &mut [[f32; KEY_TILE]],
+) {
+    const { assert!(KEY_TILE % P == 0) };
+    let q: [&[f32]; N] = std::array::from_fn(|h| &q[h * hd..][..hd]);
+    for l0 in (0..KEY_TILE).step_by(P) {
+        let mut acc = [[-0.0f32; P]; N];
+        for d in 0..hd {
+            let keys = &kt[d * stride + l0..][..P];
+            for (acc, q) in acc.iter_mut().zip(&q) {
+                let qd = q[d];
+                for (a, &k) in acc.iter_mut().zip(keys) {
+                    *a = qd.mul_add(k, *a);
+                }
+            }
+        }
+        for (out, acc) in out.iter_mut().zip(&acc) {
+            out[l0..l0 + P].copy_from_slice(acc);
+        }
+    }
+}
+
 /// `out[i] = out[i] + p · x[i]` for every `i`.
 #[inline(always)]
 pub(crate) fn axpy(out: &mut [f32], p: f32, x: &[f32]) {
@@ -205,6 +245,46 @@ mod tests {
                 }
             })
             .collect()
+    }
+
+    #[test]
+    fn float_products_sum_each_value_in_order_with_fused_steps_on_every_backend() {
+        // Shapes with whole tiles, a ragged edge, fewer rows than a tile's
+        // heads, and a column range that starts inside the matrix.
+        for (k, (m, kk, n)) in every_backend().into_iter().flat_map(|k| {
+            [
+                (1, 1, 1),
+                (4, 64, 32),
+                (7, 33, 70),
+                (9, 256, 100),
+                (3, 5, 31),
+            ]
+            .map(|s| (k, s))
+        }) {
+            let a = values(m * kk, (m + kk) as u32);
+            let b = values(kk * n, (kk + n) as u32);
+            for cols in [0..n, n / 3..n] {
+                let mut got = vec![f32::NAN; m * n];
+                k.product_f32(&a, m, kk, &b, n, cols.clone(), &mut got);
+                for i in 0..m {
+                    for j in 0..n {
+                        let g = got[i * n + j];
+                        if !cols.contains(&j) {
+                            assert!(g.is_nan(), "{:?}: ({i}, {j}) written outside", k.backend());
+                            continue;
+                        }
+                        let want = (0..kk)
+                            .fold(-0.0f32, |acc, d| a[i * kk + d].mul_add(b[d * n + j], acc));
+                        assert_eq!(
+                            g.to_bits(),
+                            want.to_bits(),
+                            "{:?}: {m}×{kk}·{kk}×{n} at ({i}, {j})",
+                            k.backend()
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -1035,6 +1035,9 @@ pub(crate) type KeyTiles = fn(&[f32], usize, &[f32], usize, &mut [[f32; attn::KE
 pub(crate) struct OpsTable {
     /// [`Kernels::key_tiles`] for `out.len() ≤ attn::HEADS` heads.
     pub(crate) key_tiles: KeyTiles,
+    /// The tiles of [`Kernels::product_f32`]: [`Kernels::key_tiles`]' shape
+    /// with a fused multiply-add per step.
+    pub(crate) product_tiles: KeyTiles,
     /// The accumulation of [`Kernels::weighted_rows`] over scores already
     /// divided by their sums: `(out, probs, v, heads)`.
     pub(crate) weighted_rows: fn(&mut [f32], &[f32], &[f32], usize),
@@ -1327,6 +1330,62 @@ impl Kernels {
     pub fn dot_f32(&self, a: &[f32], b: &[f32]) -> f32 {
         assert_eq!(a.len(), b.len(), "dot_f32 lengths");
         (self.table.dot_f32)(a, b)
+    }
+
+    /// `out[i·n + j] = Σ_d a[i·k + d] · b[d·n + j]`: the product of `a`
+    /// (`m × k`) and `b` (`k × n`), both row-major, for the columns `cols` of
+    /// `out` (`m × n`; the others are left as they are). Each value is summed
+    /// in increasing `d` from `-0.0`, one fused multiply-add (`f32::mul_add`)
+    /// per step, in tiles of the attention scores' shape where a whole tile
+    /// fits — so every backend gives the same bits, and
+    /// a caller may split rows and columns between threads at will
+    /// (calibration's Hessians `XᵀX` and error scores `Δw·H` go through
+    /// this). Panics if the lengths do not fit.
+    #[allow(clippy::too_many_arguments)]
+    pub fn product_f32(
+        &self,
+        a: &[f32],
+        m: usize,
+        k: usize,
+        b: &[f32],
+        n: usize,
+        cols: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
+        assert!(
+            a.len() == m * k && b.len() == k * n && out.len() == m * n && cols.end <= n,
+            "product_f32 lengths"
+        );
+        if k == 0 {
+            for row in out.chunks_exact_mut(n.max(1)) {
+                row[cols.clone()].fill(-0.0);
+            }
+            return;
+        }
+        let tile = attn::KEY_TILE;
+        let mut tiles = [[0f32; attn::KEY_TILE]; attn::HEADS];
+        // Columns outer: a tile of `b` is read by every row of `a` while it
+        // is in the cache.
+        let mut j0 = cols.start;
+        while j0 + tile <= cols.end {
+            for i0 in (0..m).step_by(attn::HEADS) {
+                let nh = attn::HEADS.min(m - i0);
+                let q = &a[i0 * k..(i0 + nh) * k];
+                (self.table.ops.product_tiles)(q, k, &b[j0..], n, &mut tiles[..nh]);
+                for (h, t) in tiles[..nh].iter().enumerate() {
+                    out[(i0 + h) * n + j0..(i0 + h) * n + j0 + tile].copy_from_slice(t);
+                }
+            }
+            j0 += tile;
+        }
+        for j in j0..cols.end {
+            for (i, row) in a.chunks_exact(k).enumerate() {
+                out[i * n + j] = row
+                    .iter()
+                    .enumerate()
+                    .fold(-0.0, |acc, (d, &v)| v.mul_add(b[d * n + j], acc));
+            }
+        }
     }
 
     /// `Σ f16(a[i])·b[i]`: an f16 KV-cache row against `f32` values. Panics if

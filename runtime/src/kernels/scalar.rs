@@ -107,6 +107,7 @@ pub(crate) static TABLE: DotTable = memwall_format::block_types!([block_table] d
 /// The scalar float loops: the specification of every backend's [`OpsTable`].
 pub(crate) const OPS: OpsTable = OpsTable {
     key_tiles: attn::key_tiles,
+    product_tiles: attn::product_tiles,
     weighted_rows: attn::weighted_rows,
     axpy: attn::axpy,
     widen_f16: attn::widen_f16,

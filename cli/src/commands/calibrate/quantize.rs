@@ -65,6 +65,16 @@ pub struct Args {
     /// AWQ exponents tried (α = 0, 1/N, …, (N−1)/N).
     #[arg(long, default_value_t = 20, value_name = "N")]
     pub awq_grid: usize,
+    /// Continue an interrupted run from its last finished layer (kept in
+    /// OUT.gguf.calibrating/), refusing if the model, data or options differ.
+    /// (Running the same command again also continues it; the file is the
+    /// same as an uninterrupted run's.)
+    #[arg(long)]
+    pub resume: bool,
+    /// Refuse to start when the estimated peak memory is more than this
+    /// many MiB (default: the memory available now).
+    #[arg(long, value_name = "MiB")]
+    pub memory_limit: Option<u64>,
     #[command(flatten)]
     pub threads: crate::args::Threads,
     /// Print a JSON report instead of text (and no progress bar).
@@ -157,6 +167,11 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
         gptq: gptq::Settings { damp: args.damp },
         dataset: label,
         dataset_sha256: sha,
+        resume: args.resume,
+        memory_limit: args
+            .memory_limit
+            .map(|m| m << 20)
+            .or_else(memwall_runtime::residency::available_memory),
     };
     let bar = Bar::new(!args.json);
     let report = quantize::run(
@@ -169,7 +184,19 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
         &args.output,
         &bar,
     )
-    .with_context(|| format!("{}: calibrated quantization", args.model.display()))?;
+    .map_err(|e| {
+        let kept = memwall_calibrate::finished_layers(&args.output);
+        let what = if kept > 0 {
+            format!(
+                "{}: calibrated quantization ({kept} finished layers are kept in {}.calibrating; the same command continues from there)",
+                args.model.display(),
+                args.output.display()
+            )
+        } else {
+            format!("{}: calibrated quantization", args.model.display())
+        };
+        anyhow::Error::from(e).context(what)
+    })?;
     let tokens: usize = samples.iter().map(Vec::len).sum();
     if args.json {
         let groups: Vec<_> = report
@@ -189,6 +216,10 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
             "layer_seconds": report.layer_seconds, "groups": groups,
             "forward_seconds": report.forward_seconds, "hessian_seconds": report.hessian_seconds,
             "awq_seconds": report.awq_seconds, "quantize_seconds": report.quantize_seconds,
+            "resumed_layers": report.resumed_layers,
+            "memory": {"total": report.memory.total, "hidden": report.memory.hidden,
+                       "weights": report.memory.weights, "hessians": report.memory.hessians,
+                       "factor": report.memory.factor},
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
@@ -218,6 +249,16 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
             report.seconds,
             args.output.display(),
             report.bytes as f64 / (1 << 20) as f64
+        );
+        if report.resumed_layers > 0 {
+            println!(
+                "resumed: {} layers were finished by the interrupted run",
+                report.resumed_layers
+            );
+        }
+        println!(
+            "memory: about {:.0} MiB at the peak (estimated before starting)",
+            report.memory.total as f64 / (1 << 20) as f64
         );
         println!(
             "time: {:.1} s running layers (of which {:.1} s Hessians), {:.1} s AWQ search, {:.1} s quantizing",

@@ -189,6 +189,7 @@ pub(crate) static TABLE: DotTable = memwall_format::block_types!([block_table] e
 /// transposes.
 pub(super) const OPS: OpsTable = OpsTable {
     key_tiles: o_key_tiles,
+    product_tiles: o_product_tiles,
     weighted_rows: o_weighted_rows,
     axpy: o_axpy,
     widen_f16: o_widen_f16,
@@ -202,6 +203,11 @@ pub(super) const OPS: OpsTable = OpsTable {
 fn o_key_tiles(q: &[f32], hd: usize, kt: &[f32], stride: usize, out: &mut [[f32; KEY_TILE]]) {
     // SAFETY: as for `entry!`.
     unsafe { by_heads!(key_tiles, 16, out.len(), q, hd, kt, stride, out) }
+}
+
+fn o_product_tiles(q: &[f32], hd: usize, kt: &[f32], stride: usize, out: &mut [[f32; KEY_TILE]]) {
+    // SAFETY: as for `entry!`.
+    unsafe { by_heads!(product_tiles, 16, out.len(), q, hd, kt, stride, out) }
 }
 
 fn o_weighted_rows(out: &mut [f32], probs: &[f32], v: &[f32], heads: usize) {
@@ -260,6 +266,17 @@ fn key_tiles<const N: usize, const P: usize>(
     out: &mut [[f32; KEY_TILE]],
 ) {
     attn::key_tiles_generic::<N, P>(q, hd, kt, stride, out)
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn product_tiles<const N: usize, const P: usize>(
+    q: &[f32],
+    hd: usize,
+    kt: &[f32],
+    stride: usize,
+    out: &mut [[f32; KEY_TILE]],
+) {
+    attn::product_tiles_generic::<N, P>(q, hd, kt, stride, out)
 }
 
 #[target_feature(enable = "avx2")]

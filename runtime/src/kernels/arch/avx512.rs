@@ -163,6 +163,7 @@ pub(crate) static TABLE: DotTable = DotTable {
     },
     ops: OpsTable {
         key_tiles: o_key_tiles,
+        product_tiles: o_product_tiles,
         weighted_rows: o_weighted_rows,
         exp_fast: o_exp_fast,
         ..avx2::OPS
@@ -173,6 +174,11 @@ pub(crate) static TABLE: DotTable = DotTable {
 fn o_key_tiles(q: &[f32], hd: usize, kt: &[f32], stride: usize, out: &mut [[f32; KEY_TILE]]) {
     // SAFETY: as for `entry!`.
     unsafe { by_heads!(key_tiles, 32, out.len(), q, hd, kt, stride, out) }
+}
+
+fn o_product_tiles(q: &[f32], hd: usize, kt: &[f32], stride: usize, out: &mut [[f32; KEY_TILE]]) {
+    // SAFETY: as for `entry!`.
+    unsafe { by_heads!(product_tiles, 32, out.len(), q, hd, kt, stride, out) }
 }
 
 fn o_weighted_rows(out: &mut [f32], probs: &[f32], v: &[f32], heads: usize) {
@@ -197,6 +203,18 @@ fn key_tiles<const N: usize, const P: usize>(
     out: &mut [[f32; KEY_TILE]],
 ) {
     attn::key_tiles_generic::<N, P>(q, hd, kt, stride, out)
+}
+
+#[clippy::msrv = "1.89"]
+#[target_feature(enable = "avx512f,fma")]
+fn product_tiles<const N: usize, const P: usize>(
+    q: &[f32],
+    hd: usize,
+    kt: &[f32],
+    stride: usize,
+    out: &mut [[f32; KEY_TILE]],
+) {
+    attn::product_tiles_generic::<N, P>(q, hd, kt, stride, out)
 }
 
 #[clippy::msrv = "1.89"]
