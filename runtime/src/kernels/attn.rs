@@ -59,6 +59,19 @@ pub(crate) fn key_tiles_generic<const N: usize, const P: usize>(
     stride: usize,
     out: &mut [[f32; KEY_TILE]],
 ) {
+    tiles_generic::<N, P, false>(q, hd, kt, stride, out)
+}
+
+/// The tiles' loop: a multiply and an add per step, or with `FUSED` one
+/// fused multiply-add (`f32::mul_add`: one rounding).
+#[inline(always)]
+fn tiles_generic<const N: usize, const P: usize, const FUSED: bool>(
+    q: &[f32],
+    hd: usize,
+    kt: &[f32],
+    stride: usize,
+    out: &mut [[f32; KEY_TILE]],
+) {
     const { assert!(KEY_TILE % P == 0) };
     let q: [&[f32]; N] = std::array::from_fn(|h| &q[h * hd..][..hd]);
     for l0 in (0..KEY_TILE).step_by(P) {
@@ -68,7 +81,11 @@ pub(crate) fn key_tiles_generic<const N: usize, const P: usize>(
             for (acc, q) in acc.iter_mut().zip(&q) {
                 let qd = q[d];
                 for (a, &k) in acc.iter_mut().zip(keys) {
-                    *a += qd * k;
+                    *a = if FUSED {
+                        qd.mul_add(k, *a)
+                    } else {
+                        *a + qd * k
+                    };
                 }
             }
         }
@@ -89,8 +106,8 @@ pub(crate) fn product_tiles(
     by_heads!(product_tiles_generic, 16, out.len(), q, hd, kt, stride, out)
 }
 
-/// [`key_tiles_generic`] with a fused multiply-add per step
-/// (`f32::mul_add`: one rounding), the float products' arithmetic.
+/// [`key_tiles_generic`] with a fused multiply-add per step, the float
+/// products' arithmetic.
 #[inline(always)]
 pub(crate) fn product_tiles_generic<const N: usize, const P: usize>(
     q: &[f32],
@@ -99,23 +116,7 @@ pub(crate) fn product_tiles_generic<const N: usize, const P: usize>(
     stride: usize,
     out: &mut [[f32; KEY_TILE]],
 ) {
-    const { assert!(KEY_TILE % P == 0) };
-    let q: [&[f32]; N] = std::array::from_fn(|h| &q[h * hd..][..hd]);
-    for l0 in (0..KEY_TILE).step_by(P) {
-        let mut acc = [[-0.0f32; P]; N];
-        for d in 0..hd {
-            let keys = &kt[d * stride + l0..][..P];
-            for (acc, q) in acc.iter_mut().zip(&q) {
-                let qd = q[d];
-                for (a, &k) in acc.iter_mut().zip(keys) {
-                    *a = qd.mul_add(k, *a);
-                }
-            }
-        }
-        for (out, acc) in out.iter_mut().zip(&acc) {
-            out[l0..l0 + P].copy_from_slice(acc);
-        }
-    }
+    tiles_generic::<N, P, true>(q, hd, kt, stride, out)
 }
 
 /// `out[i] = out[i] + p · x[i]` for every `i`.
