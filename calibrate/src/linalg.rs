@@ -178,7 +178,7 @@ fn cholesky_in_place(a: &mut [f64], n: usize) -> Result<(), usize> {
         let k1 = (k0 + B).min(n);
         // The diagonal block (its entries hold the earlier blocks' updates).
         for j in k0..k1 {
-            let (before, from_j) = a.split_at_mut(j * n);
+            let from_j = &mut a[j * n..];
             let lj = &from_j[k0..j];
             let d = from_j[j] - dot64(lj, lj);
             if d <= 0.0 || !d.is_finite() {
@@ -186,7 +186,6 @@ fn cholesky_in_place(a: &mut [f64], n: usize) -> Result<(), usize> {
             }
             let d = d.sqrt();
             from_j[j] = d;
-            let _ = before;
             let (row_j, below) = from_j.split_at_mut(n);
             let lj = &row_j[k0..j];
             for row in below.chunks_exact_mut(n).take(k1 - j - 1) {

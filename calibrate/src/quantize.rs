@@ -115,6 +115,14 @@ pub struct GroupReport {
     pub tokens: u64,
 }
 
+impl GroupReport {
+    /// The report as JSON (`--json` output and the work folder's state).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({"input": self.input, "alpha": self.alpha,
+            "awq_error_ratio": self.awq_error_ratio, "damp": self.damp, "tokens": self.tokens})
+    }
+}
+
 /// The result of [`run`].
 #[derive(Clone, Debug, Default)]
 pub struct Report {

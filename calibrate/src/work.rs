@@ -402,14 +402,7 @@ fn read_json(path: &Path) -> Result<Value, CalibrateError> {
 }
 
 fn report_json(r: &Report) -> Value {
-    let groups: Vec<Value> = r
-        .groups
-        .iter()
-        .map(|g| {
-            json!({"input": g.input, "alpha": g.alpha, "awq_error_ratio": g.awq_error_ratio,
-                   "damp": g.damp, "tokens": g.tokens})
-        })
-        .collect();
+    let groups: Vec<Value> = r.groups.iter().map(GroupReport::to_json).collect();
     json!({
         "groups": groups, "calibrated": r.calibrated, "unreached_experts": r.unreached_experts,
         "layer_seconds": r.layer_seconds, "forward_seconds": r.forward_seconds,

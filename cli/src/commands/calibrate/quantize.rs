@@ -199,14 +199,7 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
     })?;
     let tokens: usize = samples.iter().map(Vec::len).sum();
     if args.json {
-        let groups: Vec<_> = report
-            .groups
-            .iter()
-            .map(|g| {
-                json!({"input": g.input, "alpha": g.alpha, "awq_error_ratio": g.awq_error_ratio,
-                       "damp": g.damp, "tokens": g.tokens})
-            })
-            .collect();
+        let groups: Vec<_> = report.groups.iter().map(|g| g.to_json()).collect();
         let out = json!({
             "model": args.model, "output": args.output, "method": settings.method.name(),
             "type": ftype.name, "recipe": options.recipe.as_ref().map(|r| r.name.clone()),
