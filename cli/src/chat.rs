@@ -1,15 +1,19 @@
 //! Chat templates: the Jinja template a model carries in
 //! `tokenizer.chat_template`, rendered with minijinja the way transformers
 //! renders it with jinja2 (`trim_blocks`, `lstrip_blocks`, Python's string
-//! methods, `raise_exception`, `strftime_now`), with a fuel limit so that a
-//! hostile template cannot run forever and an output limit so that it cannot
-//! write without end.
+//! methods, `raise_exception`, `strftime_now`, `{% generation %}` blocks,
+//! `tools` and `documents` given as Python's `None`, and jinja2's `length`
+//! and `iterable` where they differ from minijinja's), with a fuel limit so
+//! that a hostile template cannot run forever and an output limit so that it
+//! cannot write without end.
 
 use std::io::{Read, Write};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
-use minijinja::{Environment, Error, ErrorKind, Value, context};
+use minijinja::value::{Object, ObjectRepr};
+use minijinja::{Environment, Error, ErrorKind, State, Value, context};
 use serde_json::json;
 
 /// One message of a conversation.
@@ -71,6 +75,92 @@ impl std::io::Write for Capped {
     }
 }
 
+/// Python's `None` as transformers passes it for `tools` and `documents`:
+/// minijinja's own none iterates as an empty list and `is iterable`, where
+/// jinja2 raises (`for tool in tools`) and says false. This one is false, is
+/// `none` (the test is replaced to say so), prints `None` and cannot be
+/// iterated or measured.
+#[derive(Debug)]
+struct PyNone;
+
+impl Object for PyNone {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Plain
+    }
+
+    fn is_true(self: &Arc<Self>) -> bool {
+        false
+    }
+
+    fn render(self: &Arc<Self>, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("None")
+    }
+}
+
+fn is_none(v: &Value) -> bool {
+    v.is_none() || v.downcast_object_ref::<PyNone>().is_some()
+}
+
+/// [`PyNone`] as minijinja's none, which its filters read as an empty list.
+fn empty_if_none(v: Value) -> Value {
+    if is_none(&v) { Value::from(()) } else { v }
+}
+
+/// transformers' `{% generation %}` … `{% endgeneration %}` (its
+/// AssistantTracker extension, which renders the body unchanged) as an
+/// `{% if true %}` block with the same whitespace control.
+fn rewrite_generation_blocks(source: &str) -> String {
+    // `-`/`+` whitespace control at the start of `t`, and the rest.
+    fn marker(t: &str) -> (Option<char>, &str) {
+        match t.chars().next() {
+            Some(c @ ('-' | '+')) => (Some(c), &t[1..]),
+            _ => (None, t),
+        }
+    }
+    // The rewritten tag and what follows it, if `tag` (after `{%`) is one.
+    fn rewrite(tag: &str) -> Option<(String, &str)> {
+        let (open, body) = marker(tag);
+        let body = body.trim_start();
+        let (statement, body) = match body.strip_prefix("endgeneration") {
+            Some(b) => ("endif", b),
+            None => ("if true", body.strip_prefix("generation")?),
+        };
+        let (close, body) = marker(body.trim_start());
+        let after = body.strip_prefix("%}")?;
+        let [open, close] = [open, close].map(|m| m.map(String::from).unwrap_or_default());
+        Some((format!("{{%{open} {statement} {close}%}}"), after))
+    }
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(i) = rest.find("{%") {
+        out.push_str(&rest[..i]);
+        let tag = &rest[i + 2..];
+        match rewrite(tag) {
+            Some((rewritten, after)) => {
+                out.push_str(&rewritten);
+                rest = after;
+            }
+            None => {
+                out.push_str("{%");
+                rest = tag;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+#[test]
+fn generation_blocks_become_if_blocks_with_the_same_whitespace_control() {
+    assert_eq!(
+        rewrite_generation_blocks(
+            "a{%- generation %}b{% endgeneration -%} {%generations%}{% if x %}"
+        ),
+        "a{%- if true %}b{% endif -%} {%generations%}{% if x %}"
+    );
+}
+
 /// The hidden subcommand of the memwall binary that renders one template in
 /// a child process ([`ChatTemplate::render_isolated`], [`serve_render`]).
 pub(crate) const RENDER_SUBCOMMAND: &str = "__render-template";
@@ -102,6 +192,12 @@ impl ChatTemplate {
     /// Compiles `source` with another fuel limit: the fuzz target's
     /// instrumented build runs each instruction about ten times slower.
     pub(crate) fn with_fuel(source: &str, fuel: u64) -> Result<ChatTemplate> {
+        Self::build(source, fuel, None)
+    }
+
+    /// Compiles `source` with `strftime_now` reading `clock` (seconds since
+    /// 1970, UTC) instead of the system clock, or the system clock for `None`.
+    fn build(source: &str, fuel: u64, clock: Option<u64>) -> Result<ChatTemplate> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -114,10 +210,63 @@ impl ChatTemplate {
                 Err(Error::new(ErrorKind::InvalidOperation, message))
             },
         );
-        env.add_function("strftime_now", |format: String| -> String {
-            strftime_now(&format)
+        // jinja2: `None is iterable` is false, `Undefined|length` is 0.
+        env.add_test("none", |v: Value| is_none(&v));
+        env.add_test("iterable", |v: Value| !is_none(&v) && v.try_iter().is_ok());
+        let length = |v: Value| -> Result<usize, Error> {
+            if v.is_undefined() {
+                return Ok(0);
+            }
+            v.len().ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("object of type '{}' has no len()", v.kind()),
+                )
+            })
+        };
+        env.add_filter("length", length);
+        env.add_filter("count", length);
+        // jinja2's select/reject/map filters take None as an empty list.
+        use minijinja::filters;
+        use minijinja::value::Rest;
+        type Name<'a> = Option<std::borrow::Cow<'a, str>>;
+        type Attr<'a> = std::borrow::Cow<'a, str>;
+        env.add_filter(
+            "select",
+            |st: &State, v: Value, t: Name<'_>, a: Rest<Value>| {
+                filters::select(st, empty_if_none(v), t, a)
+            },
+        );
+        env.add_filter(
+            "reject",
+            |st: &State, v: Value, t: Name<'_>, a: Rest<Value>| {
+                filters::reject(st, empty_if_none(v), t, a)
+            },
+        );
+        env.add_filter(
+            "selectattr",
+            |st: &State, v: Value, k: Attr<'_>, t: Name<'_>, a: Rest<Value>| {
+                filters::selectattr(st, empty_if_none(v), k, t, a)
+            },
+        );
+        env.add_filter(
+            "rejectattr",
+            |st: &State, v: Value, k: Attr<'_>, t: Name<'_>, a: Rest<Value>| {
+                filters::rejectattr(st, empty_if_none(v), k, t, a)
+            },
+        );
+        env.add_filter("map", |st: &State, v: Value, a: Rest<Value>| {
+            filters::map(st, empty_if_none(v), a)
         });
-        env.add_template_owned("chat".to_owned(), source.to_owned())
+        env.add_function("strftime_now", move |format: String| -> String {
+            let secs = clock.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs())
+            });
+            strftime(secs, &format)
+        });
+        env.add_template_owned("chat".to_owned(), rewrite_generation_blocks(source))
             .map_err(|e| anyhow!("the chat template does not compile: {e}"))?;
         Ok(ChatTemplate {
             env,
@@ -230,8 +379,11 @@ impl ChatTemplate {
             limit: output_limit(input),
             full: false,
         };
+        // transformers passes `tools` and `documents` as None when there are none.
         let ctx = context! {
             messages => Value::from_serialize(&list),
+            tools => Value::from_object(PyNone),
+            documents => Value::from_object(PyNone),
             add_generation_prompt => add_generation_prompt,
             bos_token => bos_token,
             eos_token => eos_token,
@@ -292,12 +444,9 @@ pub(crate) fn serve_render() -> Result<()> {
     Ok(())
 }
 
-/// The date as `strftime` would format it, for the few codes templates use
-/// (`%d %m %Y %y %b %B %H %M %S %%`).
-fn strftime_now(format: &str) -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+/// The time `secs` (since 1970, UTC) as `strftime` would format it, for the
+/// few codes templates use (`%d %m %Y %y %b %B %H %M %S %%`).
+fn strftime(secs: u64, format: &str) -> String {
     let days = (secs / 86_400) as i64;
     let (y, m, d) = civil_from_days(days);
     let (hh, mm, ss) = (secs / 3600 % 24, secs / 60 % 60, secs % 60);
@@ -405,6 +554,74 @@ mod transformers {
     use super::*;
     use memwall_format::gguf::GgufModel;
     use memwall_runtime::tokenizer::Tokenizer;
+
+    fn messages(recorded: &serde_json::Value) -> Vec<Message> {
+        recorded
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect()
+    }
+
+    /// Every template of llama.cpp's `models/templates/` renders three
+    /// conversations as transformers' renderer does, and fails where it fails
+    /// (fixtures/chat/record_templates.sh; the clock is the recording's).
+    #[test]
+    fn every_llama_cpp_template_renders_as_transformers_renders_it() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let text = std::fs::read_to_string(root.join("fixtures/chat/templates.json")).unwrap();
+        let recorded: serde_json::Value = serde_json::from_str(&text).unwrap();
+        // 2026-11-29 12:34:56 UTC, the recording's clock.
+        let now = recorded["now"].as_str().unwrap();
+        assert_eq!(now, "2026-11-29T12:34:56");
+        let clock = 20_786 * 86_400 + 12 * 3600 + 34 * 60 + 56;
+        let (bos, eos) = (
+            recorded["bos_token"].as_str().unwrap(),
+            recorded["eos_token"].as_str().unwrap(),
+        );
+        let folder = root.join("fixtures/cache/llama.cpp-0c1e570/models/templates");
+        let templates = recorded["templates"].as_object().unwrap();
+        assert_eq!(templates.len(), 70);
+        let mut failures = Vec::new();
+        let mut rendered = 0;
+        for (name, t) in templates {
+            let path = folder.join(name);
+            let source = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e} (run fixtures/fetch.sh)", path.display()));
+            let sha: String = <sha2::Sha256 as sha2::Digest>::digest(source.as_bytes())
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            assert_eq!(sha, t["sha256"].as_str().unwrap(), "{name}");
+            let template = ChatTemplate::build(&source, FUEL, Some(clock));
+            for (case, c) in t["cases"].as_object().unwrap() {
+                let generation = c["add_generation_prompt"].as_bool().unwrap();
+                let ours = template
+                    .as_ref()
+                    .map_err(|e| anyhow!("{e}"))
+                    .and_then(|t| t.render(&messages(&c["messages"]), generation, bos, eos));
+                match (c["text"].as_str(), ours) {
+                    (Some(want), Ok(got)) if got == want => rendered += 1,
+                    (None, Err(_)) => {}
+                    (want, got) => failures.push(format!(
+                        "{name} / {case}:\n  transformers {:?}\n  memwall      {:?}",
+                        want.map_or_else(
+                            || c["error"].to_string(),
+                            |w| w.chars().take(300).collect()
+                        ),
+                        got.map(|g| g.chars().take(300).collect::<String>())
+                    )),
+                }
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "{} renderings differ ({rendered} equal):\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    }
 
     /// Renders the recorded conversations with the template from each model's
     /// GGUF and tokenizes them as `memwall run --chat` does; both must equal what

@@ -2,7 +2,9 @@
 //! (fixtures/tokenizer/record.sh) for every text of texts.json on tiny-zh,
 //! SmolLM2 and a SentencePiece vocabulary, several with another
 //! `tokenizer.ggml.pre`; pieces and detokenized bytes from libllama; then
-//! round trips, the streaming decoder, and hostile metadata.
+//! round trips, the streaming decoder, and hostile metadata. Also llama.cpp's
+//! own tokenizer tests (`models/ggml-vocab-*.gguf` with `.inp`/`.out`, as its
+//! `tests/test-tokenizer-0` reads them) for every vocabulary memwall reads.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -130,6 +132,96 @@ fn ids_match_llama_tokenize() {
     );
 }
 
+/// llama.cpp's vocabulary tests, as fixtures/fetch.sh extracts them from its tree.
+const LLAMA_CPP_VOCABULARIES: &[&str] = &[
+    "command-r",
+    "deepseek-llm",
+    "gemma-4",
+    "gpt-2",
+    "llama-bpe",
+    "llama-spm",
+    "mpt",
+    "phi-3",
+    "qwen2",
+    "qwen35",
+    "refact",
+    "starcoder",
+];
+
+/// The tests of `ggml-vocab-NAME.gguf.inp/.out`: texts separated by
+/// `\n__ggml_vocab_test__\n`, one line of ids per text; a repeated text
+/// counts once (test-tokenizer-0 keeps them in a map).
+fn vocab_tests(models: &Path, name: &str) -> BTreeMap<String, Vec<u32>> {
+    let read = |ext: &str| {
+        let path = models.join(format!("ggml-vocab-{name}.gguf.{ext}"));
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    };
+    let (inp, out) = (read("inp"), read("out"));
+    let mut texts = Vec::new();
+    let mut rest = inp.as_str();
+    while !rest.is_empty() {
+        match rest.split_once("\n__ggml_vocab_test__\n") {
+            Some((text, next)) => {
+                texts.push(text);
+                rest = next;
+            }
+            None => {
+                texts.push(rest);
+                rest = "";
+            }
+        }
+    }
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        texts.len(),
+        lines.len(),
+        "{name}: .inp and .out differ in length"
+    );
+    texts
+        .into_iter()
+        .zip(lines)
+        .map(|(text, line)| {
+            let ids = line
+                .split_whitespace()
+                .map(|t| t.parse().unwrap())
+                .collect();
+            (text.to_owned(), ids)
+        })
+        .collect()
+}
+
+#[test]
+fn llama_cpp_vocabulary_tests_pass_for_every_vocabulary_memwall_reads() {
+    let models = root().join("fixtures/cache/llama.cpp-0c1e570/models");
+    let mut report = Vec::new();
+    for name in LLAMA_CPP_VOCABULARIES {
+        let meta = source_metadata(&format!(
+            "fixtures/cache/llama.cpp-0c1e570/models/ggml-vocab-{name}.gguf"
+        ));
+        let tok = Tokenizer::from_gguf(&meta).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let tests = vocab_tests(&models, name);
+        assert!(tests.len() >= 40, "{name}: only {} tests", tests.len());
+        let failed: Vec<String> = tests
+            .iter()
+            .filter_map(|(text, want)| {
+                // test-tokenizer-0: add_special = false, parse_special = false.
+                let got = tok.encode(text, false, false);
+                (&got != want)
+                    .then(|| format!("  {text:?}\n    llama.cpp {want:?}\n    memwall   {got:?}"))
+            })
+            .collect();
+        if !failed.is_empty() {
+            report.push(format!(
+                "{name}: {} of {} differ\n{}",
+                failed.len(),
+                tests.len(),
+                failed[..failed.len().min(3)].join("\n")
+            ));
+        }
+    }
+    assert!(report.is_empty(), "{}", report.join("\n"));
+}
+
 #[test]
 fn special_tokens_match_llama_cpp() {
     for (name, m) in recorded()["models"].as_object().unwrap() {
@@ -143,7 +235,20 @@ fn special_tokens_match_llama_cpp() {
         );
         assert_eq!(tok.bos(), id("bos"), "{name} bos");
         assert_eq!(tok.eos(), id("eos"), "{name} eos");
-        assert_eq!(tok.eot(), id("eot"), "{name} eot");
+        // With several end-of-turn texts in the vocabulary llama.cpp takes the
+        // first in its hash map's order, memwall the lowest id: both must be one.
+        if tok.eot() != id("eot") {
+            let text = |id: Option<u32>| id.and_then(|i| tok.token_text(i));
+            for eot in [tok.eot(), id("eot")] {
+                assert!(
+                    ["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>"]
+                        .contains(&text(eot).unwrap_or("")),
+                    "{name} eot: memwall {:?}, llama.cpp {:?}",
+                    text(tok.eot()),
+                    text(id("eot"))
+                );
+            }
+        }
         assert_eq!(tok.add_bos(), info["add_bos"].as_bool().unwrap(), "{name}");
         assert_eq!(tok.add_eos(), info["add_eos"].as_bool().unwrap(), "{name}");
         let eog: Vec<u32> = tok.eog_tokens().collect();

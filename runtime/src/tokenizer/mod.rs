@@ -1,9 +1,10 @@
 //! The tokenizer stored in a GGUF file's `tokenizer.ggml.*` keys, producing
 //! the same token ids as llama.cpp (`llama-tokenize`, llama.cpp 0c1e570).
 //!
-//! Two models: byte-level BPE (`gpt2`, with the pre-tokenizers listed in
-//! [`PRE_TOKENIZERS`]) and SentencePiece (`llama`: scores, byte fallback,
-//! `add_space_prefix`). Special tokens written in the text are split out
+//! Three models: byte-level BPE (`gpt2`, with the pre-tokenizers listed in
+//! [`PRE_TOKENIZERS`]), SentencePiece (`llama`: scores, byte fallback,
+//! `add_space_prefix`) and Gemma 4's BPE over SentencePiece-style text
+//! (`gemma4`: spaces written `▁`, merges over raw UTF-8, `<0xXX>` byte tokens). Special tokens written in the text are split out
 //! first (control tokens only with `parse_special`), as llama.cpp does.
 //!
 //! ```no_run
@@ -123,7 +124,9 @@ pub enum TokenizerError {
     #[error(transparent)]
     Metadata(#[from] MetadataError),
     /// `tokenizer.ggml.model` names a model memwall does not implement.
-    #[error("tokenizer.ggml.model '{0}' is not supported (memwall supports 'gpt2' and 'llama')")]
+    #[error(
+        "tokenizer.ggml.model '{0}' is not supported (memwall supports 'gpt2', 'llama' and 'gemma4')"
+    )]
     UnknownModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer memwall does not implement.
     #[error("tokenizer.ggml.pre '{0}' is not a supported pre-tokenizer")]
@@ -195,13 +198,25 @@ mod attr {
     }
 }
 
+/// How a BPE model writes text in its vocabulary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BpeText {
+    /// GPT-2's byte-to-character map (`gpt2`); a piece with no token falls
+    /// back to its one-byte ASCII tokens.
+    ByteLevel,
+    /// Raw UTF-8 with spaces escaped as `▁` (`gemma4`); a piece with no token
+    /// falls back to `<0xXX>` byte tokens.
+    Escaped,
+}
+
 #[derive(Debug)]
 enum Model {
-    /// Byte-level BPE.
+    /// BPE.
     Bpe {
         merges: bpe::Merges,
         steps: &'static [Step],
         ignore_merges: bool,
+        text: BpeText,
     },
     /// SentencePiece, with the byte-fallback token of each byte.
     Spm {
@@ -244,6 +259,8 @@ const GPT2: &[Step] = &[Step::Gpt2];
 const DIGIT_GPT2: &[Step] = &[Step::Digit, Step::Gpt2];
 const LLAMA3: &[Step] = &[Step::Llama3];
 const QWEN2: &[Step] = &[Step::Qwen2];
+const QWEN35: &[Step] = &[Step::Qwen35];
+const NEWLINES: &[Step] = &[Step::Newlines];
 const DEFAULT: &[Step] = &[
     Step::PunctuationRun,
     Step::Gpt2,
@@ -286,10 +303,19 @@ fn pre_tokenizer(name: &str) -> Option<Pre> {
         "dbrx" | "smaug-bpe" => pre(LLAMA3, true),
         "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "hunyuan" | "solar-open"
         | "grok-2" => pre(QWEN2, false),
+        "qwen35" => pre(QWEN35, false),
         "stablelm2" | "megrez" => pre(QWEN2, true),
         "deepseek-llm" => pre(DEEPSEEK_LLM, false),
         _ => return None,
     })
+}
+
+/// What [`Tokenizer::encode_bpe`] needs of a [`Model::Bpe`].
+struct Bpe<'a> {
+    merges: &'a bpe::Merges,
+    steps: &'a [Step],
+    ignore_merges: bool,
+    text: BpeText,
 }
 
 /// A piece of the input: text still to tokenize (byte range) or a special token.
@@ -305,11 +331,13 @@ impl Tokenizer {
     /// Reads the tokenizer from GGUF metadata, checking every key it uses.
     pub fn from_gguf(meta: &Metadata) -> Result<Tokenizer, TokenizerError> {
         let model_name = meta.require_str(keys::MODEL)?;
-        let is_bpe = match model_name {
-            "gpt2" => true,
-            "llama" => false,
+        let bpe_text = match model_name {
+            "gpt2" => Some(BpeText::ByteLevel),
+            "gemma4" => Some(BpeText::Escaped),
+            "llama" => None,
             other => return Err(TokenizerError::UnknownModel(other.to_owned())),
         };
+        let is_bpe = bpe_text.is_some();
         let tokens = meta
             .get_str_array(keys::TOKENS)?
             .ok_or_else(|| MetadataError::Missing(keys::TOKENS.to_owned()))?;
@@ -358,59 +386,80 @@ impl Tokenizer {
             texts.push(text);
         }
 
-        let pre_name = if is_bpe {
-            meta.get_str(keys::PRE)?.unwrap_or("default")
-        } else {
-            "default"
+        // llama.cpp ignores `tokenizer.ggml.pre` for `gemma4`.
+        let pre_name = match bpe_text {
+            Some(BpeText::ByteLevel) => meta.get_str(keys::PRE)?.unwrap_or("default"),
+            Some(BpeText::Escaped) => "gemma4",
+            None => "default",
         };
         // llama.cpp's defaults per model: (model, add_bos, clean_spaces, [bos, eos, unk]).
-        let (model, mut add_bos, clean_spaces, [default_bos, default_eos, default_unk]) = if is_bpe
-        {
-            let pre = pre_tokenizer(pre_name)
-                .ok_or_else(|| TokenizerError::UnknownPreTokenizer(pre_name.to_owned()))?;
-            let merges = read_merges(meta)?;
-            let model = Model::Bpe {
-                merges,
-                steps: pre.steps,
-                ignore_merges: pre.ignore_merges,
-            };
-            let ids = [Some(11), Some(11), None];
-            (model, pre.add_bos, pre.clean_spaces, ids)
-        } else {
-            let mut scores = vec![0.0f32; n];
-            if let Some(array) = meta.get_array(keys::SCORES)? {
-                let len = array.len();
-                if let Some(e) = too_short(keys::SCORES, len) {
-                    return Err(e);
-                }
-                match array {
-                    Array::F32(v) => scores.copy_from_slice(&v[..n]),
-                    // Whole-number scores are converted as llama.cpp does.
-                    Array::I32(v) => {
-                        for (s, &i) in scores.iter_mut().zip(v) {
-                            *s = i as f32;
+        let (model, mut add_bos, clean_spaces, [default_bos, default_eos, default_unk]) =
+            if let Some(text) = bpe_text {
+                let pre = match text {
+                    BpeText::ByteLevel => pre_tokenizer(pre_name)
+                        .ok_or_else(|| TokenizerError::UnknownPreTokenizer(pre_name.to_owned()))?,
+                    // Merges run over whole lines: only newlines split words.
+                    BpeText::Escaped => Pre {
+                        steps: NEWLINES,
+                        clean_spaces: true,
+                        ignore_merges: false,
+                        add_bos: true,
+                    },
+                };
+                let merges = read_merges(meta)?;
+                let model = Model::Bpe {
+                    merges,
+                    steps: pre.steps,
+                    ignore_merges: pre.ignore_merges,
+                    text,
+                };
+                // `gemma4` has no default special ids: they come from the keys.
+                let ids = match text {
+                    BpeText::ByteLevel => [Some(11), Some(11), None],
+                    BpeText::Escaped => [None; 3],
+                };
+                (model, pre.add_bos, pre.clean_spaces, ids)
+            } else {
+                let mut scores = vec![0.0f32; n];
+                if let Some(array) = meta.get_array(keys::SCORES)? {
+                    let len = array.len();
+                    if let Some(e) = too_short(keys::SCORES, len) {
+                        return Err(e);
+                    }
+                    match array {
+                        Array::F32(v) => scores.copy_from_slice(&v[..n]),
+                        // Whole-number scores are converted as llama.cpp does.
+                        Array::I32(v) => {
+                            for (s, &i) in scores.iter_mut().zip(v) {
+                                *s = i as f32;
+                            }
+                        }
+                        _ => {
+                            return Err(wrong_type(
+                                meta,
+                                keys::SCORES,
+                                "array of float32 or int32",
+                            ));
                         }
                     }
-                    _ => return Err(wrong_type(meta, keys::SCORES, "array of float32 or int32")),
                 }
-            }
-            let mut byte_tokens = Box::new([None; 256]);
-            for (b, slot) in (0u8..=255).zip(byte_tokens.iter_mut()) {
-                *slot = token_to_id
-                    .get(&format!("<0x{b:02X}>"))
-                    .or_else(|| {
-                        b.is_ascii()
-                            .then(|| token_to_id.get(&char::from(b).to_string()))
-                            .flatten()
-                    })
-                    .copied();
-            }
-            let model = Model::Spm {
-                scores,
-                byte_tokens,
+                let mut byte_tokens = Box::new([None; 256]);
+                for (b, slot) in (0u8..=255).zip(byte_tokens.iter_mut()) {
+                    *slot = token_to_id
+                        .get(&format!("<0x{b:02X}>"))
+                        .or_else(|| {
+                            b.is_ascii()
+                                .then(|| token_to_id.get(&char::from(b).to_string()))
+                                .flatten()
+                        })
+                        .copied();
+                }
+                let model = Model::Spm {
+                    scores,
+                    byte_tokens,
+                };
+                (model, true, false, [Some(1), Some(2), Some(0)])
             };
-            (model, true, false, [Some(1), Some(2), Some(0)])
-        };
         let add_space_prefix = meta
             .get_bool(extra_keys::ADD_SPACE_PREFIX)?
             .unwrap_or(!is_bpe);
@@ -457,11 +506,15 @@ impl Tokenizer {
         if let Some(b) = meta.get_bool(keys::ADD_BOS)? {
             add_bos = b;
         }
+        // llama.cpp turns BOS on for Gemma 4 whatever the key says.
+        add_bos |= bpe_text == Some(BpeText::Escaped);
         let add_eos = meta.get_bool(keys::ADD_EOS)?.unwrap_or(false);
 
         // llama.cpp recognises some special tokens by their text and makes
         // them control tokens. When several texts of one role are present it
-        // takes the first in hash-map order; memwall takes the lowest id.
+        // takes the first in its hash map's order (libstdc++'s, so Qwen3.5's
+        // `<|im_end|>` but tiny-zh's `<|endoftext|>`); memwall takes the
+        // lowest id. Only the reported id differs: all of them end generation.
         let make_control = |id: u32, attrs: &mut [u16]| attrs[id as usize] |= attr::CONTROL;
         let find = |names: &[&str]| {
             names
@@ -663,11 +716,18 @@ impl Tokenizer {
                 merges,
                 steps,
                 ignore_merges,
+                text: kind,
             } => {
                 for fragment in fragments {
                     match fragment {
                         Fragment::Text(s, e) => {
-                            self.encode_bpe(&text[s..e], merges, steps, *ignore_merges, &mut out);
+                            let bpe = Bpe {
+                                merges,
+                                steps,
+                                ignore_merges: *ignore_merges,
+                                text: *kind,
+                            };
+                            self.encode_bpe(&text[s..e], &bpe, &mut out);
                         }
                         Fragment::Token(id) => out.push(id),
                     }
@@ -722,14 +782,15 @@ impl Tokenizer {
         fragments
     }
 
-    fn encode_bpe(
-        &self,
-        text: &str,
-        merges: &bpe::Merges,
-        steps: &[Step],
-        ignore_merges: bool,
-        out: &mut Vec<u32>,
-    ) {
+    fn encode_bpe(&self, text: &str, bpe: &Bpe<'_>, out: &mut Vec<u32>) {
+        let escaped;
+        let text = match bpe.text {
+            BpeText::ByteLevel => text,
+            BpeText::Escaped => {
+                escaped = text.replace(' ', "\u{2581}");
+                escaped.as_str()
+            }
+        };
         let mut cpts = Vec::with_capacity(text.len());
         let mut offsets = Vec::with_capacity(text.len() + 1);
         for (i, c) in text.char_indices() {
@@ -739,25 +800,42 @@ impl Tokenizer {
         offsets.push(text.len());
         let flags: Vec<Flags> = cpts.iter().map(|&c| Flags::of(c)).collect();
         let mut word = String::new();
-        for (s, e) in pretok::split(&cpts, &flags, steps) {
+        for (s, e) in pretok::split(&cpts, &flags, bpe.steps) {
+            let raw = &text[offsets[s]..offsets[e]];
             word.clear();
-            bpe::byte_encode(&text.as_bytes()[offsets[s]..offsets[e]], &mut word);
-            if ignore_merges && let Some(&id) = self.token_to_id.get(&word) {
+            match bpe.text {
+                BpeText::ByteLevel => bpe::byte_encode(raw.as_bytes(), &mut word),
+                BpeText::Escaped => word.push_str(raw),
+            }
+            let whole = bpe.ignore_merges
+                || (bpe.text == BpeText::Escaped && word.bytes().all(|b| b == b'\n'));
+            if whole && let Some(&id) = self.token_to_id.get(&word) {
                 out.push(id);
                 continue;
             }
-            for (a, b) in merges.apply(&word) {
+            for (a, b) in bpe.merges.apply(&word) {
                 let piece = &word[a..b];
                 if let Some(&id) = self.token_to_id.get(piece) {
                     out.push(id);
                     continue;
                 }
-                // llama.cpp then looks up each byte of the piece as a
-                // one-byte token; only ASCII bytes can be one.
-                for c in piece.chars().filter(char::is_ascii) {
-                    let mut buf = [0u8; 4];
-                    if let Some(&id) = self.token_to_id.get(&*c.encode_utf8(&mut buf)) {
-                        out.push(id);
+                match bpe.text {
+                    // llama.cpp then looks up each byte of the piece as a
+                    // one-byte token; only ASCII bytes can be one.
+                    BpeText::ByteLevel => {
+                        for c in piece.chars().filter(char::is_ascii) {
+                            let mut buf = [0u8; 4];
+                            if let Some(&id) = self.token_to_id.get(&*c.encode_utf8(&mut buf)) {
+                                out.push(id);
+                            }
+                        }
+                    }
+                    BpeText::Escaped => {
+                        for b in piece.bytes() {
+                            if let Some(&id) = self.token_to_id.get(&format!("<0x{b:02X}>")) {
+                                out.push(id);
+                            }
+                        }
                     }
                 }
             }
@@ -803,8 +881,15 @@ impl Tokenizer {
         }
         if a & attr::NORMAL != 0 {
             return match self.model {
-                Model::Spm { .. } => text.replace('\u{2581}', " ").into_bytes(),
-                Model::Bpe { .. } => decode_byte_level(text),
+                Model::Spm { .. }
+                | Model::Bpe {
+                    text: BpeText::Escaped,
+                    ..
+                } => text.replace('\u{2581}', " ").into_bytes(),
+                Model::Bpe {
+                    text: BpeText::ByteLevel,
+                    ..
+                } => decode_byte_level(text),
             };
         }
         if a & attr::BYTE != 0 {

@@ -23,6 +23,11 @@ pub(crate) enum Step {
     Llama3,
     /// Llama 3's expression with `\p{N}` instead of `\p{N}{1,3}`.
     Qwen2,
+    /// Qwen2's expression where letter runs take combining marks too:
+    /// `[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+` and ` ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*`.
+    Qwen35,
+    /// `[^\n]+|[\n]+`: runs of newlines and runs of everything else.
+    Newlines,
     /// `\p{N}`: every digit on its own.
     Digit,
     /// `\p{N}+`
@@ -56,8 +61,10 @@ pub(crate) fn split(cpts: &[u32], flags: &[Flags], steps: &[Step]) -> Vec<Span> 
         for &span in &spans {
             match step {
                 Step::Gpt2 => text.gpt2(span, &mut out),
-                Step::Llama3 => text.llama3(span, Some(3), &mut out),
-                Step::Qwen2 => text.llama3(span, Some(1), &mut out),
+                Step::Llama3 => text.llama3(span, Some(3), false, &mut out),
+                Step::Qwen2 => text.llama3(span, Some(1), false, &mut out),
+                Step::Qwen35 => text.llama3(span, Some(1), true, &mut out),
+                Step::Newlines => text.newlines(span, &mut out),
                 _ => text.regex(step, span, &mut out),
             }
         }
@@ -212,9 +219,12 @@ impl Text<'_> {
         }
     }
 
-    /// Llama 3 (`digits` = 3) and Qwen2 (`digits` = 1).
-    fn llama3(&self, span: Span, digits: Option<usize>, out: &mut Vec<Span>) {
+    /// Llama 3 (`digits` = 3), Qwen2 (`digits` = 1) and Qwen3.5 (Qwen2 with
+    /// `marks`: combining marks join letter runs and leave the "other" class).
+    fn llama3(&self, span: Span, digits: Option<usize>, marks: bool, out: &mut Vec<Span>) {
         let max_digits = digits.unwrap_or(usize::MAX);
+        let word = |f: Flags| f.is_letter() || (marks && f.is_accent_mark());
+        let other = |f: Flags| other(f) && !(marks && f.is_accent_mark());
         let mut c = self.cursor(span, out);
         let mut pos = c.start;
         while pos < c.end {
@@ -225,12 +235,12 @@ impl Text<'_> {
                 c.add(pos);
                 continue;
             }
-            // `[^\r\n\p{L}\p{N}]?\p{L}+`
+            // `[^\r\n\p{L}\p{N}]?\p{L}+` (`[\p{L}\p{M}]+` with marks)
             if !(matches!(cpt, Some(CR | LF)) || f.is_number())
-                && (f.is_letter() || c.flags(pos + 1).is_letter())
+                && (word(f) || word(c.flags(pos + 1)))
             {
                 pos += 1;
-                while c.flags(pos).is_letter() {
+                while word(c.flags(pos)) {
                     pos += 1;
                 }
                 c.add(pos);
@@ -277,6 +287,19 @@ impl Text<'_> {
                 pos += 1;
             }
             c.add(pos);
+        }
+    }
+
+    /// `[^\n]+|[\n]+` (llama.cpp's `unicode_regex_split_custom_newlines`).
+    fn newlines(&self, (start, end): Span, out: &mut Vec<Span>) {
+        let mut pos = start;
+        while pos < end {
+            let newline = self.cpts[pos] == LF;
+            let run = pos;
+            while pos < end && (self.cpts[pos] == LF) == newline {
+                pos += 1;
+            }
+            out.push((run, pos));
         }
     }
 
@@ -355,7 +378,7 @@ impl Text<'_> {
                 }
                 (s < end).then_some((s, end))
             }
-            Step::Gpt2 | Step::Llama3 | Step::Qwen2 => None,
+            Step::Gpt2 | Step::Llama3 | Step::Qwen2 | Step::Qwen35 | Step::Newlines => None,
         }
     }
 
@@ -445,6 +468,25 @@ mod tests {
         assert_eq!(
             words("I'M 1234567 ok\n\n x", &[Step::Llama3]),
             ["I", "'M", " ", "123", "456", "7", " ok", "\n\n", " x"]
+        );
+    }
+
+    #[test]
+    fn qwen35_keeps_combining_marks_in_words() {
+        // U+0301 after a space: Qwen2 leaves it to the "other" class with the space.
+        assert_eq!(words("x \u{301}e", &[Step::Qwen2]), ["x", " \u{301}", "e"]);
+        assert_eq!(words("x \u{301}e", &[Step::Qwen35]), ["x", " \u{301}e"]);
+        assert_eq!(
+            words("ca\u{301}fe 12", &[Step::Qwen35]),
+            ["ca\u{301}fe", " ", "1", "2"]
+        );
+    }
+
+    #[test]
+    fn newlines_split_into_runs() {
+        assert_eq!(
+            words("a b\n\n c\n", &[Step::Newlines]),
+            ["a b", "\n\n", " c", "\n"]
         );
     }
 

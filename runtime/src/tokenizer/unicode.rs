@@ -15,6 +15,7 @@ impl Flags {
     const UNDEFINED: u16 = 0x01;
     const NUMBER: u16 = 0x02;
     const LETTER: u16 = 0x04;
+    const ACCENT_MARK: u16 = 0x10;
     const PUNCTUATION: u16 = 0x20;
     const WHITESPACE: u16 = 0x100;
 
@@ -34,6 +35,11 @@ impl Flags {
     /// `\p{N}`.
     pub(crate) fn is_number(self) -> bool {
         self.0 & Self::NUMBER != 0
+    }
+
+    /// `\p{M}` (combining marks).
+    pub(crate) fn is_accent_mark(self) -> bool {
+        self.0 & Self::ACCENT_MARK != 0
     }
 
     /// `\p{P}`.
@@ -101,6 +107,7 @@ mod tests {
         assert!(Flags::of('，' as u32).is_punctuation());
         assert!(Flags::of(0x3000).is_whitespace());
         assert!(!Flags::of(0x0301).is_letter());
+        assert!(Flags::of(0x0301).is_accent_mark());
         assert!(Flags::of('½' as u32).is_number());
         assert!(!Flags::of('😀' as u32).is_letter());
         assert!(Flags::of(0x10FFFF).is_some());
