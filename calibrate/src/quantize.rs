@@ -154,13 +154,23 @@ pub struct Report {
     pub memory: Memory,
 }
 
+/// The inputs a layer's matrices read, in the order the forward pass
+/// computes them: the quantization stages.
+const STAGES: [&str; 5] = ["attn_in", "attn_out", "ffn_in", "ffn_mid", "shexp_mid"];
+
 /// The input group a matrix reads, and whether it is the one whose input
-/// is recorded for the group (so shared inputs are counted once).
+/// is recorded for the group (so shared inputs are counted once). A gated
+/// delta-net layer's projections read the attention input too, its output
+/// projection the attention output; a shared expert reads the FFN input,
+/// its down projection an input of its own.
 fn input_group(suffix: &str) -> Option<(&'static str, bool)> {
     Some(match suffix {
-        "attn_q.weight" => ("attn_in", true),
+        "attn_q.weight" | "attn_qkv.weight" => ("attn_in", true),
         "attn_k.weight" | "attn_v.weight" => ("attn_in", false),
-        "attn_output.weight" => ("attn_out", true),
+        "attn_gate.weight" | "ssm_beta.weight" | "ssm_alpha.weight" => ("attn_in", false),
+        "attn_output.weight" | "ssm_out.weight" => ("attn_out", true),
+        "ffn_gate_shexp.weight" | "ffn_up_shexp.weight" => ("ffn_in", false),
+        "ffn_down_shexp.weight" => ("shexp_mid", true),
         "ffn_gate_inp.weight" => ("ffn_in", true),
         "ffn_gate.weight" => ("ffn_in", true),
         "ffn_up.weight" => ("ffn_in", false),
@@ -581,10 +591,7 @@ pub fn run(
         let find = |targets: &[Target], s: &str| targets.iter().position(|t| t.suffix() == s);
         // 1. Float pass: statistics of every input.
         progress.item(&format!("layer {l}: statistics"));
-        let mut wanted: HashSet<String> = ["attn_in", "attn_out", "ffn_in", "ffn_mid"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let mut wanted: HashSet<String> = STAGES.iter().map(|s| s.to_string()).collect();
         for x in 0..c.n_expert {
             wanted.insert(key("ffn_in", Some(x)));
             wanted.insert(key("ffn_mid", Some(x)));
@@ -609,6 +616,18 @@ pub fn run(
                         "ffn_up.weight",
                     ],
                 ));
+            } else if find(&targets, "attn_qkv.weight").is_some() {
+                // A gated delta-net layer: its four projections read the norm.
+                groups.push((
+                    "attn_in",
+                    "attn_norm",
+                    vec![
+                        "attn_qkv.weight",
+                        "attn_gate.weight",
+                        "ssm_beta.weight",
+                        "ssm_alpha.weight",
+                    ],
+                ));
             } else {
                 groups.push((
                     "attn_in",
@@ -622,11 +641,12 @@ pub fn run(
             }
             if !moe {
                 if !parallel {
-                    groups.push((
-                        "ffn_in",
-                        "ffn_norm",
-                        vec!["ffn_gate.weight", "ffn_up.weight"],
-                    ));
+                    let norm = if c.arch.hybrid() {
+                        "post_attention_norm"
+                    } else {
+                        "ffn_norm"
+                    };
+                    groups.push(("ffn_in", norm, vec!["ffn_gate.weight", "ffn_up.weight"]));
                 }
                 groups.push(("ffn_mid", "ffn_up.weight", vec!["ffn_down.weight"]));
             }
@@ -721,10 +741,7 @@ pub fn run(
             }
         }
         // 3. Quantize group by group.
-        for (stage, group) in ["attn_in", "attn_out", "ffn_in", "ffn_mid"]
-            .into_iter()
-            .enumerate()
-        {
+        for (stage, group) in STAGES.into_iter().enumerate() {
             let members: Vec<usize> = (0..targets.len())
                 .filter(|&i| input_group(targets[i].suffix()).map(|g| g.0) == Some(group))
                 .collect();
@@ -887,7 +904,7 @@ pub fn run(
         .iter()
         .map(|t| TensorSpec {
             name: t.name.clone(),
-            dims: t.dims.clone(),
+            dims: job::stored_dims(&t.dims),
             ty: t.target,
         })
         .collect();

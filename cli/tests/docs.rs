@@ -281,6 +281,7 @@ impl Session {
             "Qwen2.5-32B-Instruct",
             "Qwen3-30B-A3B",
             "c4ai-command-r-v01",
+            "Qwen3.5-35B-A3B",
         ] {
             std::fs::create_dir(dir.path().join(model)).unwrap();
             std::fs::copy(

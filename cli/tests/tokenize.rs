@@ -118,8 +118,8 @@ fn ids_are_llama_tokenizes_for_the_recorded_tokenizer_cases() {
     }
     assert_eq!(
         jobs.len(),
-        5 * 46 * 3,
-        "tiny-zh, smollm2, spm, spm+no-prefix, spm+eos"
+        7 * 46 * 3,
+        "tiny-zh, smollm2, spm, qwen35, gemma-4, spm+no-prefix, spm+eos"
     );
     // Two at a time: each run loads a vocabulary (SmolLM2's is 49152 tokens).
     let failures: Vec<String> = std::thread::scope(|scope| {

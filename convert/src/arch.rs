@@ -30,6 +30,10 @@ pub struct Arch {
     pub permute_qk: bool,
     /// Expert layout of MoE models.
     pub experts: Option<&'static Experts>,
+    /// Qwen3.5's hybrid stack: linear-attention tensors, zero-centred norms
+    /// stored as `1 + w`, value heads reordered, a norm before the FFN named
+    /// `post_attention_norm` and multi-token-prediction blocks (`mtp.*`).
+    pub hybrid: bool,
 }
 
 /// Tensors outside the blocks: (HF module, GGUF name).
@@ -55,6 +59,108 @@ pub const BLOCK_NAMES: &[(&str, &str)] = &[
     ("mlp.gate", "ffn_gate_inp"),
     ("block_sparse_moe.gate", "ffn_gate_inp"),
 ];
+
+/// Tensors of block `N` of a hybrid (Qwen3.5) stack, looked up before
+/// [`BLOCK_NAMES`]: (HF module, GGUF name without `blk.N.`). The
+/// multi-token-prediction block's own tensors are renamed to these modules
+/// first ([`mtp_name`]).
+pub const HYBRID_BLOCK_NAMES: &[(&str, &str)] = &[
+    ("post_attention_layernorm", "post_attention_norm"),
+    ("linear_attn.in_proj_qkv", "attn_qkv"),
+    ("linear_attn.in_proj_z", "attn_gate"),
+    ("linear_attn.in_proj_b", "ssm_beta"),
+    ("linear_attn.in_proj_a", "ssm_alpha"),
+    ("linear_attn.conv1d", "ssm_conv1d"),
+    ("linear_attn.dt_proj", "ssm_dt"),
+    ("linear_attn.norm", "ssm_norm"),
+    ("linear_attn.out_proj", "ssm_out"),
+    ("mlp.shared_expert.gate_proj", "ffn_gate_shexp"),
+    ("mlp.shared_expert.up_proj", "ffn_up_shexp"),
+    ("mlp.shared_expert.down_proj", "ffn_down_shexp"),
+    ("mlp.shared_expert_gate", "ffn_gate_inp_shexp"),
+    ("eh_proj", "nextn.eh_proj"),
+    ("enorm", "nextn.enorm"),
+    ("hnorm", "nextn.hnorm"),
+    ("shared_head.norm", "nextn.shared_head_norm"),
+];
+
+/// Prefixes of multimodal checkpoints' tensors that the text model's
+/// conversion drops (llama.cpp's `TextModel.filter_tensors`): name starts…
+const MULTIMODAL_PREFIXES: &[&str] = &[
+    "mlp",
+    "vit.",
+    "vpm.",
+    "siglip2.",
+    "conformer.",
+    "merger.",
+    "resampler.",
+    "sound_encoder.",
+    "sound_projection.",
+    "speech_embeddings.",
+];
+
+/// …and name parts.
+const MULTIMODAL_PARTS: &[&str] = &[
+    "visual.",
+    "vision.",
+    "audio.",
+    "talker.",
+    "vision_",
+    "audio_",
+    "token2wav.",
+    "code2wav.",
+    "projector.",
+    "pre_mm_projector_norm",
+    "image_newline",
+    "view_seperator",
+    "patch_embed",
+    "patch_embedding",
+    "patch_merger.",
+    "patch_merge_mlp.",
+    "model.connector.",
+];
+
+/// The name llama.cpp's converter gives a checkpoint tensor before mapping
+/// it, or `None` for tensors of a multimodal model's other towers, which the
+/// text model's conversion drops: `language_model.` is removed from the name
+/// (`model.language_model.layers.0…` → `model.layers.0…`).
+pub fn text_model_name(name: &str) -> Option<String> {
+    if MULTIMODAL_PREFIXES.iter().any(|p| name.starts_with(p))
+        || MULTIMODAL_PARTS.iter().any(|p| name.contains(p))
+    {
+        return None;
+    }
+    Some(name.replace("language_model.", ""))
+}
+
+/// A multi-token-prediction tensor (`mtp.*`) of a checkpoint with
+/// `n_layer` layers, renamed as the block after them: `mtp.layers.M.x` →
+/// `model.layers.{n_layer + M}.x`, `mtp.fc` → `eh_proj`,
+/// `mtp.pre_fc_norm_embedding` → `enorm`, `mtp.pre_fc_norm_hidden` →
+/// `hnorm`, `mtp.norm` → `shared_head.norm` (llama.cpp's `_QwenMtpMixin`).
+/// Returns the new name and the index `M` of the block it belongs to.
+pub fn mtp_name(name: &str, n_layer: usize) -> Option<(String, usize)> {
+    let name = name.strip_prefix("model.").unwrap_or(name);
+    let rest = name.strip_prefix("mtp.")?;
+    let parts: Vec<&str> = rest.splitn(3, '.').collect();
+    match parts.as_slice() {
+        ["layers", m, tail] => {
+            let m: usize = m.parse().ok()?;
+            Some((format!("model.layers.{}.{tail}", n_layer + m), m))
+        }
+        [module, tail] => {
+            let renamed = match *module {
+                "fc" => "eh_proj",
+                "pre_fc_norm_embedding" => "enorm",
+                "pre_fc_norm_hidden" => "hnorm",
+                "norm" => "shared_head.norm",
+                _ => return None,
+            };
+            Some((format!("model.layers.{n_layer}.{renamed}.{tail}"), 0))
+        }
+        _ => None,
+    }
+}
 
 /// Tensors llama.cpp's converter drops.
 pub const SKIPPED_SUFFIXES: &[&str] = &[
@@ -93,6 +199,7 @@ pub const ARCHS: &[Arch] = &[
         model_type: "llama",
         permute_qk: true,
         experts: None,
+        hybrid: false,
     },
     Arch {
         hf_classes: &["MixtralForCausalLM"],
@@ -100,6 +207,7 @@ pub const ARCHS: &[Arch] = &[
         model_type: "mixtral",
         permute_qk: true,
         experts: Some(&MIXTRAL_EXPERTS),
+        hybrid: false,
     },
     Arch {
         hf_classes: &["Qwen2ForCausalLM"],
@@ -107,6 +215,7 @@ pub const ARCHS: &[Arch] = &[
         model_type: "qwen2",
         permute_qk: false,
         experts: None,
+        hybrid: false,
     },
     Arch {
         hf_classes: &["Qwen3ForCausalLM"],
@@ -114,6 +223,7 @@ pub const ARCHS: &[Arch] = &[
         model_type: "qwen3",
         permute_qk: false,
         experts: None,
+        hybrid: false,
     },
     Arch {
         hf_classes: &["Qwen3MoeForCausalLM"],
@@ -121,6 +231,7 @@ pub const ARCHS: &[Arch] = &[
         model_type: "qwen3_moe",
         permute_qk: false,
         experts: Some(&QWEN_EXPERTS),
+        hybrid: false,
     },
     Arch {
         hf_classes: &["CohereForCausalLM"],
@@ -128,6 +239,26 @@ pub const ARCHS: &[Arch] = &[
         model_type: "cohere",
         permute_qk: false,
         experts: None,
+        hybrid: false,
+    },
+    Arch {
+        hf_classes: &["Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"],
+        gguf: "qwen35",
+        model_type: "qwen3_5_text",
+        permute_qk: false,
+        experts: None,
+        hybrid: true,
+    },
+    Arch {
+        hf_classes: &[
+            "Qwen3_5MoeForCausalLM",
+            "Qwen3_5MoeForConditionalGeneration",
+        ],
+        gguf: "qwen35moe",
+        model_type: "qwen3_5_moe_text",
+        permute_qk: false,
+        experts: Some(&QWEN_EXPERTS),
+        hybrid: true,
     },
 ];
 
@@ -172,9 +303,30 @@ pub fn block_of(name: &str) -> Option<(usize, &str)> {
 /// The GGUF name of a (non-expert) HF tensor, e.g. `model.layers.3.self_attn.q_proj.weight`
 /// → `blk.3.attn_q.weight`.
 pub fn gguf_name(name: &str) -> Option<String> {
+    gguf_name_in(name, &[])
+}
+
+/// [`gguf_name`] for `arch`: a hybrid stack's own tensors too, including
+/// `linear_attn.A_log` (→ `ssm_a`, no suffix) and `linear_attn.dt_bias` (→
+/// `ssm_dt.bias`).
+pub fn gguf_name_for(arch: &Arch, name: &str) -> Option<String> {
+    if !arch.hybrid {
+        return gguf_name(name);
+    }
+    if let Some(module) = name.strip_suffix(".A_log") {
+        let (n, rest) = block_of(module)?;
+        return (rest == "linear_attn").then(|| format!("blk.{n}.ssm_a"));
+    }
+    match name.strip_suffix(".dt_bias") {
+        Some(module) => gguf_name_in(&format!("{module}.dt_proj.bias"), HYBRID_BLOCK_NAMES),
+        None => gguf_name_in(name, HYBRID_BLOCK_NAMES),
+    }
+}
+
+fn gguf_name_in(name: &str, first: &[(&str, &str)]) -> Option<String> {
     let (module, suffix) = name.rsplit_once('.')?;
     if let Some((n, rest)) = block_of(module).map(|(n, r)| (n, r.to_owned())) {
-        let (_, g) = BLOCK_NAMES.iter().find(|(h, _)| *h == rest)?;
+        let (_, g) = first.iter().chain(BLOCK_NAMES).find(|(h, _)| *h == rest)?;
         return Some(format!("blk.{n}.{g}.{suffix}"));
     }
     let (_, g) = GLOBAL_NAMES.iter().find(|(h, _)| *h == module)?;
@@ -184,14 +336,33 @@ pub fn gguf_name(name: &str) -> Option<String> {
 /// The Hugging Face name of a (non-expert) GGUF tensor of `arch`: the inverse
 /// of [`gguf_name`], e.g. `blk.3.attn_q.weight` → `model.layers.3.self_attn.q_proj.weight`.
 pub fn hf_name(arch: &Arch, name: &str) -> Option<String> {
+    if arch.hybrid {
+        if let Some(n) = name
+            .strip_prefix("blk.")
+            .and_then(|r| r.strip_suffix(".ssm_a"))
+        {
+            let n: usize = n.parse().ok()?;
+            return Some(format!("model.layers.{n}.linear_attn.A_log"));
+        }
+    }
     let (module, suffix) = name.rsplit_once('.')?;
     if let Some(rest) = module.strip_prefix("blk.") {
         let (n, kind) = rest.split_once('.')?;
         let n: usize = n.parse().ok()?;
+        let hybrid: &[(&str, &str)] = if arch.hybrid { HYBRID_BLOCK_NAMES } else { &[] };
+        if arch.hybrid && (kind, suffix) == ("ssm_dt", "bias") {
+            return Some(format!("model.layers.{n}.linear_attn.dt_bias"));
+        }
         let hf = match (kind, arch.experts) {
             ("ffn_gate_inp", Some(e)) => e.router,
             ("ffn_gate_inp", None) => return None,
-            _ => BLOCK_NAMES.iter().find(|(_, g)| *g == kind)?.0,
+            _ => {
+                hybrid
+                    .iter()
+                    .chain(BLOCK_NAMES)
+                    .find(|(_, g)| *g == kind)?
+                    .0
+            }
         };
         return Some(format!("model.layers.{n}.{hf}.{suffix}"));
     }

@@ -108,6 +108,7 @@ impl Checkpoint {
             return Err(invalid(&config_path, "must hold a JSON object"));
         }
         crate::hf_config::with_defaults(&mut config);
+        crate::hf_config::flatten_text_config(&mut config);
         let index_path = dir.join("model.safetensors.index.json");
         let (shard_names, index) = if index_path.exists() {
             let text = std::fs::read_to_string(&index_path).map_err(io(&index_path))?;

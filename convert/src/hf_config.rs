@@ -88,6 +88,8 @@ const DEFAULTS: &[(&str, &[(&str, Fill)])] = &[
             ("moe_intermediate_size", Int(768)),
         ],
     ),
+    ("qwen3_5_text", QWEN35),
+    ("qwen3_5_moe_text", QWEN35),
     (
         "cohere",
         &[
@@ -98,6 +100,18 @@ const DEFAULTS: &[(&str, &[(&str, Fill)])] = &[
             ("logit_scale", Float(0.0625)),
         ],
     ),
+];
+
+/// Qwen3.5's text models (`Qwen3_5TextConfig`, `Qwen3_5MoeTextConfig`).
+const QWEN35: &[(&str, Fill)] = &[
+    ("max_position_embeddings", Int(32768)),
+    ("rms_norm_eps", Float(1e-6)),
+    ("head_dim", Int(256)),
+    ("linear_conv_kernel_dim", Int(4)),
+    ("linear_key_head_dim", Int(128)),
+    ("linear_value_head_dim", Int(128)),
+    ("linear_num_key_heads", Int(16)),
+    ("linear_num_value_heads", Int(32)),
 ];
 
 /// Keys that stand for the same setting: one present means the default is not needed.
@@ -127,9 +141,16 @@ pub fn with_defaults(config: &mut Value) {
         return;
     };
     let model_type = c.get("model_type").and_then(Value::as_str).unwrap_or("");
+    let qwen35 = model_type.starts_with("qwen3_5");
     let Some((_, defaults)) = DEFAULTS.iter().find(|(t, _)| *t == model_type) else {
+        if let Some(text) = c.get_mut("text_config") {
+            with_defaults(text);
+        }
         return;
     };
+    if qwen35 {
+        qwen35_defaults(c);
+    }
     for (key, default) in defaults.iter() {
         if present(c, key) {
             continue;
@@ -150,6 +171,74 @@ pub fn with_defaults(config: &mut Value) {
             }
         };
         c.insert((*key).to_owned(), value);
+    }
+}
+
+/// What `Qwen3_5TextConfig` derives: `layer_types` from
+/// `full_attention_interval` (default 4), and the rope parameters' default
+/// base and `partial_rotary_factor` (0.25); the MoE model's expert counts.
+fn qwen35_defaults(c: &mut Map<String, Value>) {
+    let layers = c.get("num_hidden_layers").and_then(Value::as_u64);
+    if let (None, Some(n)) = (c.get("layer_types").filter(|v| !v.is_null()), layers) {
+        let interval = c
+            .get("full_attention_interval")
+            .and_then(Value::as_u64)
+            .unwrap_or(4)
+            .max(1);
+        let types: Vec<Value> = (1..=n)
+            .map(|i| {
+                Value::from(if i % interval == 0 {
+                    "full_attention"
+                } else {
+                    "linear_attention"
+                })
+            })
+            .collect();
+        c.insert("layer_types".into(), Value::Array(types));
+    }
+    let theta = c.get("rope_theta").cloned();
+    let rope = c
+        .entry("rope_parameters")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if let Some(r) = rope.as_object_mut() {
+        let theta = theta.unwrap_or(Value::from(10000.0));
+        r.entry("rope_theta").or_insert(theta);
+        r.entry("rope_type").or_insert(Value::from("default"));
+        r.entry("partial_rotary_factor")
+            .or_insert(Value::from(0.25));
+    }
+    if c.get("model_type").and_then(Value::as_str) == Some("qwen3_5_moe_text") {
+        for (key, default) in [
+            ("num_key_value_heads", 2),
+            ("num_experts", 256),
+            ("num_experts_per_tok", 8),
+            ("moe_intermediate_size", 512),
+            ("shared_expert_intermediate_size", 512),
+        ] {
+            c.entry(key).or_insert(Value::from(default));
+        }
+    } else {
+        c.entry("num_key_value_heads").or_insert(Value::from(4));
+    }
+}
+
+/// A multimodal config (Qwen3.5's `…ForConditionalGeneration`) as llama.cpp's
+/// converter reads it for the text model: the keys of `text_config` (with
+/// its own defaults) moved to the top, over the outer ones. The outer
+/// `architectures` stays, naming the checkpoint's class.
+pub fn flatten_text_config(config: &mut Value) {
+    let Some(c) = config.as_object_mut() else {
+        return;
+    };
+    let Some(Value::Object(text)) = c.get("text_config").cloned() else {
+        return;
+    };
+    let architectures = c.get("architectures").cloned();
+    for (k, v) in text {
+        c.insert(k, v);
+    }
+    if let Some(a) = architectures {
+        c.insert("architectures".into(), a);
     }
 }
 

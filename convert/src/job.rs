@@ -9,12 +9,12 @@ use memwall_format::progress::{Progress, Unit};
 
 use crate::arch::{Arch, UnsupportedArch};
 use crate::checkpoint::Checkpoint;
-use crate::metadata::{ConfigValueError, hparams};
+use crate::metadata::{ConfigValueError, hparams_with};
 use crate::model_card::CardError;
 use crate::naming::{naming, parameter_counts};
 use crate::tensors::{
     EncodeError, OutType, PlanError, Planned, RowEncoder, encode_into, float_rows, is_float_copy,
-    plan, rows,
+    nextn_blocks, plan_with, rows,
 };
 use crate::validate::MismatchError;
 use crate::vocab::{VocabError, detect_pre, load_bpe, load_sentencepiece, write_vocab};
@@ -112,6 +112,9 @@ pub struct Options<'a> {
     pub allow_nonfinite: bool,
     /// Largest output file in bytes (tensor data), as `--split-max-size`; `None` for one file.
     pub split_max_size: Option<u64>,
+    /// Leave out a hybrid checkpoint's multi-token-prediction blocks
+    /// (llama.cpp's `--no-mtp`).
+    pub no_mtp: bool,
 }
 
 /// The planned output: metadata and tensors.
@@ -132,7 +135,8 @@ pub fn prepare(ckpt: &Checkpoint, options: &Options) -> Result<Conversion, Conve
         .as_str()
         .ok_or_else(|| model_err(ModelError::NoArchitectures))?;
     let arch: &Arch = Arch::for_class(class).map_err(|e| model_err(e.into()))?;
-    let tensors = plan(ckpt, arch, options.outtype).map_err(|e| model_err(e.into()))?;
+    let tensors =
+        plan_with(ckpt, arch, options.outtype, !options.no_mtp).map_err(|e| model_err(e.into()))?;
     crate::validate::validate(ckpt, arch, &tensors).map_err(|e| model_err(e.into()))?;
     let counts = parameter_counts(tensors.iter().map(|p| (p.name.as_str(), p.dims.as_slice())));
     let card =
@@ -143,7 +147,19 @@ pub fn prepare(ckpt: &Checkpoint, options: &Options) -> Result<Conversion, Conve
     meta.set("general.type", "model");
     sampling(&mut meta, ckpt.dir()).map_err(|e| model_err(e.into()))?;
     general_keys(&mut meta, &names, &card);
-    hparams(&mut meta, ckpt.config(), arch, options.outtype).map_err(|e| model_err(e.into()))?;
+    let nextn = if options.no_mtp {
+        0
+    } else {
+        nextn_blocks(ckpt, arch)
+    };
+    hparams_with(
+        &mut meta,
+        ckpt.config(),
+        arch,
+        options.outtype,
+        nextn as u32,
+    )
+    .map_err(|e| model_err(e.into()))?;
     // llama.cpp's LlamaModel and Qwen2Model (Qwen3Model) try tokenizer.model first.
     let sentencepiece = matches!(arch.gguf, "llama" | "qwen2" | "qwen3")
         && ckpt.dir().join("tokenizer.model").is_file();

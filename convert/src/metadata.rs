@@ -5,7 +5,7 @@
 //!
 //! Not yet here: the `general.*` naming keys and the tokenizer.
 
-use memwall_format::gguf::{Metadata, Value};
+use memwall_format::gguf::{Array, Metadata, Value};
 
 use crate::arch::Arch;
 use crate::tensors::OutType;
@@ -47,11 +47,139 @@ pub enum ConfigValueError {
     /// YaRN rope scaling without its original context length.
     #[error("config.json: YaRN rope scaling needs original_max_position_embeddings")]
     YarnOriginalContext,
+    /// `layer_types` is not a list.
+    #[error("config.json: layer_types must be a list of layer types")]
+    NotLayerTypes,
+    /// `layer_types` has another length than the layer count.
+    #[error("config.json: layer_types has {found} entries for {layers} layers")]
+    LayerTypes {
+        /// Entries.
+        found: usize,
+        /// `num_hidden_layers`.
+        layers: u32,
+    },
     /// A rope type llama.cpp does not know.
     #[error(
         "config.json: rope type {0:?} is not one llama.cpp knows (default, linear, yarn, longrope, dynamic, llama3)"
     )]
     RopeType(String),
+}
+
+/// `rope.dimension_sections`: the config's `mrope_section` as INT32, padded
+/// with zeros to four entries (llama.cpp keeps the first four).
+fn mrope_sections(v: &serde_json::Value) -> Result<Value, ConfigValueError> {
+    let bad = || ConfigValueError::NotUnsigned {
+        key: "rope_parameters.mrope_section",
+        value: v.clone(),
+    };
+    let mut out = Vec::new();
+    for x in v.as_array().ok_or_else(bad)? {
+        out.push(
+            x.as_i64()
+                .and_then(|n| i32::try_from(n).ok())
+                .ok_or_else(bad)?,
+        );
+    }
+    out.resize(out.len().max(4), 0);
+    out.truncate(4);
+    Ok(Value::Array(Array::I32(out)))
+}
+
+/// Qwen3.5's own keys after the file type, in llama.cpp's order
+/// (`Qwen2MoeModel`, `_QwenMtpMixin`, `Qwen3NextModel`, `_Qwen35MRopeMixin`).
+fn hybrid_keys(
+    meta: &mut Metadata,
+    config: &serde_json::Value,
+    key: &dyn Fn(&str) -> String,
+    nextn: u32,
+) -> Result<(), ConfigValueError> {
+    let h = Hparams(config);
+    let need = |k: &'static str| h.uint(&[k])?.ok_or(ConfigValueError::Missing(k));
+    for (k, v) in [
+        (
+            "expert_feed_forward_length",
+            h.uint(&["moe_intermediate_size"])?,
+        ),
+        (
+            "expert_shared_feed_forward_length",
+            h.uint(&["shared_expert_intermediate_size"])?,
+        ),
+    ] {
+        if let Some(v) = v {
+            meta.set(key(k), Value::U32(v));
+        }
+    }
+    if nextn > 0 {
+        meta.set(key("nextn_predict_layers"), Value::U32(nextn));
+    }
+    let v_heads = need("linear_num_value_heads")?;
+    meta.set(
+        key("ssm.conv_kernel"),
+        Value::U32(need("linear_conv_kernel_dim")?),
+    );
+    meta.set(
+        key("ssm.state_size"),
+        Value::U32(need("linear_key_head_dim")?),
+    );
+    meta.set(
+        key("ssm.group_count"),
+        Value::U32(need("linear_num_key_heads")?),
+    );
+    meta.set(key("ssm.time_step_rank"), Value::U32(v_heads));
+    let inner = need("linear_value_head_dim")?.checked_mul(v_heads).ok_or(
+        ConfigValueError::NotUnsigned {
+            key: "linear_value_head_dim",
+            value: config["linear_value_head_dim"].clone(),
+        },
+    )?;
+    meta.set(key("ssm.inner_size"), Value::U32(inner));
+    if let Some(types) = config.get("layer_types").filter(|v| !v.is_null()) {
+        let layers = need("num_hidden_layers")?;
+        let list = types.as_array().ok_or(ConfigValueError::NotLayerTypes)?;
+        if list.len() != layers as usize {
+            return Err(ConfigValueError::LayerTypes {
+                found: list.len(),
+                layers,
+            });
+        }
+        let mut recurrent: Vec<bool> = list
+            .iter()
+            .map(|t| t.as_str() == Some("linear_attention"))
+            .collect();
+        recurrent.resize(recurrent.len() + nextn as usize, false);
+        meta.set(
+            key("attention.recurrent_layers"),
+            Value::Array(Array::Bool(recurrent)),
+        );
+    }
+    let interval = h.uint(&["full_attention_interval"])?.unwrap_or(4);
+    meta.set(key("full_attention_interval"), Value::U32(interval));
+    let rope = config
+        .get("rope_parameters")
+        .or_else(|| config.get("rope_scaling"))
+        .filter(|v| v.is_object());
+    let head_dim = match h.uint(&["head_dim"])? {
+        Some(d) => d,
+        None => {
+            let hidden = need("hidden_size")?;
+            hidden / need("num_attention_heads")?.max(1)
+        }
+    };
+    let factor = rope
+        .and_then(|r| r.get("partial_rotary_factor"))
+        .and_then(|v| v.as_f64())
+        .unwrap_or(0.25);
+    meta.set(
+        key("rope.dimension_count"),
+        Value::U32((f64::from(head_dim) * factor) as u32),
+    );
+    if rope.and_then(|r| r.get("mrope_section")).is_none() {
+        meta.set(
+            key("rope.dimension_sections"),
+            Value::Array(Array::I32(vec![11, 11, 10, 0])),
+        );
+    }
+    Ok(())
 }
 
 /// Reads `config.json` values as llama.cpp's `find_hparam` does: the first
@@ -108,12 +236,32 @@ fn float32(key: &'static str, v: &serde_json::Value) -> Result<Option<f32>, Conf
 }
 
 /// The hyper-parameter keys of `arch` for this config, in llama.cpp's order,
-/// appended to `meta`. Errors name the config key.
+/// appended to `meta`, with the multi-token-prediction blocks the config
+/// states (`mtp_num_hidden_layers`). Errors name the config key.
 pub fn hparams(
     meta: &mut Metadata,
     config: &serde_json::Value,
     arch: &Arch,
     outtype: OutType,
+) -> Result<(), ConfigValueError> {
+    let nextn = if arch.hybrid {
+        Hparams(config)
+            .uint(&["mtp_num_hidden_layers"])?
+            .unwrap_or(0)
+    } else {
+        0
+    };
+    hparams_with(meta, config, arch, outtype, nextn)
+}
+
+/// [`hparams`] with `nextn` multi-token-prediction blocks written after the
+/// model's own (a hybrid stack's; 0 for `--no-mtp`).
+pub fn hparams_with(
+    meta: &mut Metadata,
+    config: &serde_json::Value,
+    arch: &Arch,
+    outtype: OutType,
+    nextn: u32,
 ) -> Result<(), ConfigValueError> {
     let h = Hparams(config);
     let a = arch.gguf;
@@ -126,6 +274,7 @@ pub fn hparams(
     let block_count = h
         .uint(&["n_layers", "num_hidden_layers", "n_layer", "num_layers"])?
         .ok_or(ConfigValueError::Missing("num_hidden_layers"))?;
+    let block_count = block_count.saturating_add(nextn);
     meta.set(key("block_count"), Value::U32(block_count));
     // Command-R's config understates its context; llama.cpp prefers model_max_length.
     let ctx_keys: &[&str] = if a == "command-r" {
@@ -239,6 +388,14 @@ pub fn hparams(
             return Err(ConfigValueError::RopeType(other.to_owned()));
         }
     }
+    // Multi-axis rotary sections (Qwen3.5), padded to four.
+    if let Some(sections) = config
+        .get("rope_parameters")
+        .or_else(|| config.get("rope_scaling"))
+        .and_then(|r| r.get("mrope_section"))
+    {
+        meta.set(key("rope.dimension_sections"), mrope_sections(sections)?);
+    }
     let theta = rope_f32("rope_theta")?;
     let theta = match theta {
         Some(t) => Some(t),
@@ -308,6 +465,7 @@ pub fn hparams(
                 h.uint(&["shared_expert_intermediate_size"])?,
             );
         }
+        "qwen35" | "qwen35moe" => hybrid_keys(meta, config, &key, nextn)?,
         "command-r" => {
             let scale = h
                 .float(&["logit_scale"])?

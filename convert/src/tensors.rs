@@ -10,7 +10,7 @@ use memwall_format::GgmlType;
 use memwall_format::blocks::{bf16_to_f32, f16_to_f32, f32_to_bf16};
 use memwall_format::ggml_type::ShapeError;
 
-use crate::arch::{Arch, SKIPPED_SUFFIXES, block_of, gguf_name};
+use crate::arch::{Arch, SKIPPED_SUFFIXES, block_of, gguf_name_for, mtp_name, text_model_name};
 use crate::checkpoint::{Checkpoint, SourceTensor, SourceType};
 
 /// Why the tensors of a checkpoint could not be planned.
@@ -28,6 +28,22 @@ pub enum PlanError {
     /// Q/K rows are to be permuted but the head count is missing.
     #[error("config.json has no num_attention_heads")]
     NoAttentionHeads,
+    /// The config has no layer count (`num_hidden_layers`).
+    #[error("config.json has no num_hidden_layers")]
+    NoLayerCount,
+    /// A linear-attention dimension is missing from the config.
+    #[error("config.json has no {0} (or it is 0)")]
+    NoLinearKey(&'static str),
+    /// Value heads that are no multiple of the key heads.
+    #[error(
+        "config.json: linear_num_value_heads ({v_heads}) is not a multiple of linear_num_key_heads ({k_heads})"
+    )]
+    LinearHeads {
+        /// Key heads.
+        k_heads: usize,
+        /// Value heads.
+        v_heads: usize,
+    },
     /// Tensors the architecture's table does not name.
     #[error("unexpected tensors for {arch}: {}", .tensors.join(", "))]
     UnexpectedTensors {
@@ -180,6 +196,99 @@ pub struct Planned {
     pub permute_heads: Option<usize>,
     /// Values computed by the converter rather than read (Llama-3's `rope_freqs`).
     pub generated: Option<Vec<f32>>,
+    /// Value heads reordered from grouped by key head to tiled (Qwen3.5's
+    /// linear attention), along the rows or the columns.
+    pub heads: Option<HeadOrder>,
+    /// What is done to every value after it is read.
+    pub values: Values,
+}
+
+/// What the converter does to each value of a tensor (in `f32`, after the
+/// source type's exact conversion to `f32`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Values {
+    /// Nothing.
+    #[default]
+    AsRead,
+    /// `x + 1`: Qwen3.5's zero-centred norm weights, stored as the factor.
+    PlusOne,
+    /// `-exp(x)`: a gated delta net's `A_log`, stored as the factor `a`.
+    /// Computed correctly rounded; llama.cpp's converter takes PyTorch's
+    /// `exp`, whose last bit depends on the CPU MKL runs on (docs/CONVERT.md).
+    NegExp,
+}
+
+impl Values {
+    fn apply(self, x: &mut [f32]) {
+        match self {
+            Values::AsRead => {}
+            Values::PlusOne => x.iter_mut().for_each(|v| *v += 1.0),
+            Values::NegExp => x
+                .iter_mut()
+                .for_each(|v| *v = -(f64::from(*v).exp() as f32)),
+        }
+    }
+}
+
+/// The axis along which [`HeadOrder`] moves value heads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Axis {
+    /// Rows (a projection's outputs, convolution channels).
+    Rows,
+    /// Columns (the output projection's inputs, a vector's elements).
+    Cols,
+}
+
+/// llama.cpp's `_reorder_v_heads`: from index `start` on, `k_heads × per_k`
+/// heads of `head_dim` stored grouped by key head (`g0v0 g0v1 … g1v0 …`) are
+/// written tiled (`g0v0 g1v0 … g0v1 g1v1 …`), so that value head `j` reads
+/// key head `j % k_heads`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadOrder {
+    /// Which axis moves.
+    pub axis: Axis,
+    /// First index of the value heads along it.
+    pub start: usize,
+    /// Key heads.
+    pub k_heads: usize,
+    /// Value heads per key head.
+    pub per_k: usize,
+    /// Size of a head along the axis.
+    pub head_dim: usize,
+}
+
+impl HeadOrder {
+    /// The source index of output index `i` along the axis.
+    pub fn source(&self, i: usize) -> usize {
+        if i < self.start {
+            return i;
+        }
+        let (head, d) = (
+            (i - self.start) / self.head_dim,
+            (i - self.start) % self.head_dim,
+        );
+        if head >= self.k_heads * self.per_k {
+            return i;
+        }
+        let (v, g) = (head / self.k_heads, head % self.k_heads);
+        self.start + (g * self.per_k + v) * self.head_dim + d
+    }
+
+    /// The output index of source index `i` (the inverse of [`HeadOrder::source`]).
+    pub fn target(&self, i: usize) -> usize {
+        if i < self.start {
+            return i;
+        }
+        let (head, d) = (
+            (i - self.start) / self.head_dim,
+            (i - self.start) % self.head_dim,
+        );
+        if head >= self.k_heads * self.per_k {
+            return i;
+        }
+        let (g, v) = (head / self.per_k, head % self.per_k);
+        self.start + (v * self.k_heads + g) * self.head_dim + d
+    }
 }
 
 fn config_usize(ckpt: &Checkpoint, keys: &[&str]) -> Option<usize> {
@@ -188,20 +297,80 @@ fn config_usize(ckpt: &Checkpoint, keys: &[&str]) -> Option<usize> {
         .map(|v| v as usize)
 }
 
-/// Plans every output tensor of `ckpt` for `arch`, in llama.cpp's order.
+/// Plans every output tensor of `ckpt` for `arch`, in llama.cpp's order,
+/// with the multi-token-prediction blocks a hybrid checkpoint carries.
 pub fn plan(ckpt: &Checkpoint, arch: &Arch, outtype: OutType) -> Result<Vec<Planned>, PlanError> {
+    plan_with(ckpt, arch, outtype, true)
+}
+
+/// The multi-token-prediction blocks a hybrid (Qwen3.5) checkpoint of this
+/// config carries: `mtp_num_hidden_layers`, else as many as its `mtp.layers.M`
+/// tensors show (llama.cpp counts them for Qwen3-Next).
+pub fn nextn_blocks(ckpt: &Checkpoint, arch: &Arch) -> usize {
+    if !arch.hybrid {
+        return 0;
+    }
+    if let Some(n) = config_usize(ckpt, &["mtp_num_hidden_layers"]).filter(|&n| n > 0) {
+        return n;
+    }
+    (ckpt.tensors().iter())
+        .filter_map(|t| text_model_name(&t.name))
+        .filter_map(|n| {
+            let rest = n
+                .strip_prefix("model.")
+                .unwrap_or(&n)
+                .strip_prefix("mtp.layers.")?;
+            rest.split('.').next()?.parse::<usize>().ok()
+        })
+        .map(|m| m + 1)
+        .max()
+        .unwrap_or(0)
+}
+
+/// [`plan`], without the multi-token-prediction blocks when `nextn` is
+/// false (llama.cpp's `--no-mtp`).
+pub fn plan_with(
+    ckpt: &Checkpoint,
+    arch: &Arch,
+    outtype: OutType,
+    nextn: bool,
+) -> Result<Vec<Planned>, PlanError> {
     let n_head = config_usize(ckpt, &["num_attention_heads", "n_heads"]);
     let n_head_kv = config_usize(ckpt, &["num_key_value_heads", "n_kv_heads"]).or(n_head);
     let n_experts = arch
         .experts
         .map(|e| config_usize(ckpt, e.count_keys).ok_or(PlanError::NoExpertCount(e.count_keys)))
         .transpose()?;
-    let index: BTreeMap<&str, usize> = ckpt
-        .tensors()
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.name.as_str(), i))
-        .collect();
+    let n_layer = config_usize(
+        ckpt,
+        &["num_hidden_layers", "n_layers", "n_layer", "num_layers"],
+    );
+    let linear = if arch.hybrid {
+        Some(LinearHeads::of(ckpt)?)
+    } else {
+        None
+    };
+    // The names llama.cpp maps: other towers of a multimodal checkpoint
+    // dropped, `mtp.*` renamed as the blocks after the model's own.
+    let mut names: Vec<(String, usize)> = Vec::with_capacity(ckpt.tensors().len());
+    for (i, t) in ckpt.tensors().iter().enumerate() {
+        let Some(name) = text_model_name(&t.name) else {
+            continue;
+        };
+        if arch.hybrid && (name.starts_with("mtp.") || name.starts_with("model.mtp.")) {
+            if !nextn {
+                continue;
+            }
+            let n = n_layer.ok_or(PlanError::NoLayerCount)?;
+            match mtp_name(&name, n) {
+                Some((renamed, _)) => names.push((renamed, i)),
+                None => names.push((name, i)),
+            }
+            continue;
+        }
+        names.push((name, i));
+    }
+    let index: BTreeMap<&str, usize> = names.iter().map(|(n, i)| (n.as_str(), *i)).collect();
     // llama.cpp emits generated tensors before the checkpoint's.
     let mut out = Vec::new();
     if arch.gguf == "llama" {
@@ -213,17 +382,21 @@ pub fn plan(ckpt: &Checkpoint, arch: &Arch, outtype: OutType) -> Result<Vec<Plan
                 parts: Vec::new(),
                 permute_heads: None,
                 generated: Some(factors),
+                heads: None,
+                values: Values::AsRead,
             });
         }
     }
     let mut pending: BTreeMap<usize, usize> = BTreeMap::new();
     let mut unknown = Vec::new();
-    for (i, t) in ckpt.tensors().iter().enumerate() {
-        if SKIPPED_SUFFIXES.iter().any(|s| t.name.ends_with(s)) {
+    for (hf, i) in &names {
+        let (hf, i) = (hf.as_str(), *i);
+        let t = &ckpt.tensors()[i];
+        if SKIPPED_SUFFIXES.iter().any(|s| hf.ends_with(s)) {
             continue;
         }
         if let (Some(experts), Some(n)) = (arch.experts, n_experts) {
-            if let Some(layer) = expert_layer(&t.name, experts.module) {
+            if let Some(layer) = expert_layer(hf, experts.module) {
                 let seen = pending.entry(layer).or_insert(0);
                 *seen += 1;
                 if *seen == n * experts.stacked.len() {
@@ -251,19 +424,25 @@ pub fn plan(ckpt: &Checkpoint, arch: &Arch, outtype: OutType) -> Result<Vec<Plan
                             parts,
                             permute_heads: None,
                             generated: None,
+                            heads: None,
+                            values: Values::AsRead,
                         });
                     }
                 }
                 continue;
             }
         }
-        let Some(name) = gguf_name(&t.name) else {
+        let Some(name) = gguf_name_for(arch, hf) else {
             unknown.push(t.name.clone());
             continue;
         };
-        let dims: Vec<u64> = t.shape.iter().rev().map(|&d| d as u64).collect();
+        let mut dims: Vec<u64> = t.shape.iter().rev().map(|&d| d as u64).collect();
+        if name.contains(".ssm_conv1d.") {
+            // `[channels, 1, taps]` squeezed to `[channels, taps]`.
+            dims.retain(|&d| d != 1);
+        }
         let ty = weight_type(&name, &dims, outtype);
-        let permute_heads = match (arch.permute_qk, t.name.rsplit_once('.')) {
+        let permute_heads = match (arch.permute_qk, hf.rsplit_once('.')) {
             (true, Some((m, _))) if m.ends_with("self_attn.q_proj") => n_head,
             (true, Some((m, _))) if m.ends_with("self_attn.k_proj") => n_head_kv,
             _ => None,
@@ -271,6 +450,10 @@ pub fn plan(ckpt: &Checkpoint, arch: &Arch, outtype: OutType) -> Result<Vec<Plan
         if arch.permute_qk && permute_heads.is_none() && name.contains(".attn_q.") {
             return Err(PlanError::NoAttentionHeads);
         }
+        let (heads, values) = match &linear {
+            Some(lin) => (lin.order(hf), hybrid_values(hf)),
+            None => (None, Values::AsRead),
+        };
         out.push(Planned {
             name,
             dims,
@@ -278,6 +461,8 @@ pub fn plan(ckpt: &Checkpoint, arch: &Arch, outtype: OutType) -> Result<Vec<Plan
             parts: vec![i],
             permute_heads,
             generated: None,
+            heads,
+            values,
         });
     }
     if !unknown.is_empty() {
@@ -297,6 +482,81 @@ pub fn plan(ckpt: &Checkpoint, arch: &Arch, outtype: OutType) -> Result<Vec<Plan
         });
     }
     Ok(out)
+}
+
+/// What llama.cpp's converter does to the values of a Qwen3.5 tensor
+/// (`Qwen3NextModel.modify_tensors`, on the renamed tensor): norms but the
+/// gated one of the linear attention get `+1`, `A_log` becomes `-exp(A_log)`.
+fn hybrid_values(hf: &str) -> Values {
+    if hf.ends_with(".A_log") {
+        Values::NegExp
+    } else if hf.ends_with("norm.weight") && !hf.ends_with("linear_attn.norm.weight") {
+        Values::PlusOne
+    } else {
+        Values::AsRead
+    }
+}
+
+/// The linear-attention head counts of a hybrid config, for the value-head
+/// reordering.
+struct LinearHeads {
+    k_heads: usize,
+    v_heads: usize,
+    head_k: usize,
+    head_v: usize,
+}
+
+impl LinearHeads {
+    fn of(ckpt: &Checkpoint) -> Result<LinearHeads, PlanError> {
+        let need = |key: &'static str| {
+            config_usize(ckpt, &[key])
+                .filter(|&n| n > 0)
+                .ok_or(PlanError::NoLinearKey(key))
+        };
+        let heads = LinearHeads {
+            k_heads: need("linear_num_key_heads")?,
+            v_heads: need("linear_num_value_heads")?,
+            head_k: need("linear_key_head_dim")?,
+            head_v: need("linear_value_head_dim")?,
+        };
+        if heads.v_heads % heads.k_heads != 0 {
+            return Err(PlanError::LinearHeads {
+                k_heads: heads.k_heads,
+                v_heads: heads.v_heads,
+            });
+        }
+        Ok(heads)
+    }
+
+    /// How llama.cpp reorders the value heads of linear-attention tensor
+    /// `hf`, when there are more value heads than key heads.
+    fn order(&self, hf: &str) -> Option<HeadOrder> {
+        if self.k_heads == self.v_heads || !hf.contains("linear_attn.") {
+            return None;
+        }
+        let order = |axis, start, head_dim| HeadOrder {
+            axis,
+            start,
+            k_heads: self.k_heads,
+            per_k: self.v_heads / self.k_heads,
+            head_dim,
+        };
+        let qk = 2 * self.k_heads * self.head_k;
+        if hf.contains(".in_proj_qkv.") || hf.contains(".conv1d.") {
+            Some(order(Axis::Rows, qk, self.head_v))
+        } else if hf.contains(".in_proj_z.") {
+            Some(order(Axis::Rows, 0, self.head_v))
+        } else if hf.contains(".in_proj_b.") || hf.contains(".in_proj_a.") {
+            Some(order(Axis::Rows, 0, 1))
+        } else if hf.ends_with(".A_log") || hf.ends_with(".dt_bias") {
+            // One row of one value per head.
+            Some(order(Axis::Cols, 0, 1))
+        } else if hf.contains(".out_proj.") {
+            Some(order(Axis::Cols, 0, self.head_v))
+        } else {
+            None
+        }
+    }
 }
 
 /// Llama 3's per-dimension rope frequency factors (`rope_freqs.weight`), when
@@ -387,6 +647,7 @@ fn weight_type(name: &str, dims: &[u64], outtype: OutType) -> GgmlType {
     if n_dims <= 1
         || name.ends_with("_norm.weight")
         || name.contains("ffn_gate_inp")
+        || name.contains(".ssm_conv1d.")
         || !name.ends_with(".weight")
     {
         return GgmlType::F32;
@@ -463,9 +724,20 @@ pub fn rows(
     }
     let (per_part, perm) = row_mapping(p)?;
     let mut x = vec![0f32; count as usize * row_len];
+    let cols = p.heads.filter(|h| h.axis == Axis::Cols);
+    let mut read = vec![0f32; if cols.is_some() { row_len } else { 0 }];
     for (r, dst) in (start..start + count).zip(x.chunks_exact_mut(row_len.max(1))) {
         let (t, data) = source_row(ckpt, p, per_part, perm, r);
-        decode(t, data, dst);
+        match &cols {
+            Some(order) => {
+                decode(t, data, &mut read);
+                for (c, v) in dst.iter_mut().enumerate() {
+                    *v = read[order.source(c)];
+                }
+            }
+            None => decode(t, data, dst),
+        }
+        p.values.apply(dst);
     }
     Ok(x)
 }
@@ -504,6 +776,9 @@ fn source_row<'a>(
     if let Some(head) = perm {
         local = permuted_source_row(local, head);
     }
+    if let Some(order) = p.heads.filter(|h| h.axis == Axis::Rows) {
+        local = order.source(local);
+    }
     let t = &ckpt.tensors()[p.parts[part]];
     let bytes = t.ty.size() * p.dims[0] as usize;
     (t, &ckpt.data(t)[local * bytes..(local + 1) * bytes])
@@ -511,7 +786,10 @@ fn source_row<'a>(
 
 /// Whether the fast float path ([`float_rows`]) converts `p`.
 pub fn is_float_copy(p: &Planned) -> bool {
-    p.generated.is_none() && matches!(p.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+    p.generated.is_none()
+        && p.values == Values::AsRead
+        && p.heads.is_none_or(|h| h.axis == Axis::Rows)
+        && matches!(p.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
 }
 
 /// Output rows `[start, start + count)` of a float tensor ([`is_float_copy`])

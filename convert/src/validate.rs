@@ -6,7 +6,7 @@
 use crate::arch::Arch;
 use crate::checkpoint::Checkpoint;
 use crate::tensors::Planned;
-use memwall_format::arch::{Arch as GgufArch, Dims, Slot};
+use memwall_format::arch::{Arch as GgufArch, Dims, LinearDims, Slot, recurrent_every};
 
 fn get(config: &serde_json::Value, keys: &[&str]) -> Option<u64> {
     keys.iter()
@@ -43,10 +43,11 @@ pub fn validate(ckpt: &Checkpoint, arch: &Arch, planned: &[Planned]) -> Result<(
     let hidden = need(&["hidden_size", "n_embd", "dim"]);
     let heads = need(&["num_attention_heads", "n_head", "n_heads"]);
     let vocab = need(&["vocab_size"]);
-    let ffn = need(&["intermediate_size"]);
-    if !missing_keys.is_empty() {
-        return Err(MismatchError::MissingKeys(missing_keys));
-    }
+    // A mixture without dense layers may state no dense FFN width.
+    let ffn = match arch.experts {
+        Some(_) => get(c, &["intermediate_size"]).unwrap_or(0),
+        None => need(&["intermediate_size"]),
+    };
     let kv_heads = get(c, &["num_key_value_heads", "n_kv_heads"]).unwrap_or(heads);
     let head_dim = get(c, &["head_dim"]).unwrap_or(hidden.checked_div(heads).unwrap_or(0));
     let experts = arch.experts.and_then(|e| get(c, e.count_keys)).unwrap_or(0);
@@ -56,6 +57,42 @@ pub fn validate(ckpt: &Checkpoint, arch: &Arch, planned: &[Planned]) -> Result<(
         .and_then(|v| v.as_bool())
         .unwrap_or(false);
 
+    // A hybrid stack's linear layers and the multi-token-prediction blocks
+    // planned after the model's own.
+    let nextn = if arch.hybrid {
+        planned
+            .iter()
+            .filter(|p| p.name.ends_with(".nextn.eh_proj.weight"))
+            .count() as u64
+    } else {
+        0
+    };
+    let linear = if arch.hybrid {
+        let lin = LinearDims {
+            conv_kernel: need(&["linear_conv_kernel_dim"]),
+            n_k_heads: need(&["linear_num_key_heads"]),
+            head_k_dim: need(&["linear_key_head_dim"]),
+            n_v_heads: need(&["linear_num_value_heads"]),
+            head_v_dim: need(&["linear_value_head_dim"]),
+        };
+        let recurrent = match c.get("layer_types").and_then(|t| t.as_array()) {
+            Some(types) => types
+                .iter()
+                .map(|t| t.as_str() == Some("linear_attention"))
+                .collect(),
+            None => recurrent_every(layers, get(c, &["full_attention_interval"]).unwrap_or(4)),
+        };
+        Some((lin, recurrent))
+    } else {
+        None
+    };
+    if !missing_keys.is_empty() {
+        return Err(MismatchError::MissingKeys(missing_keys));
+    }
+    let (linear, recurrent) = match linear {
+        Some((l, r)) => (Some(l), r),
+        None => (None, Vec::new()),
+    };
     // Expected GGUF dims (ne[0] first) of each tensor, from the architecture's table.
     let gguf_arch = GgufArch::from_name(arch.gguf).ok_or(MismatchError::NoTable(arch.gguf))?;
     let expected = gguf_arch.tensors(&Dims {
@@ -69,6 +106,10 @@ pub fn validate(ckpt: &Checkpoint, arch: &Arch, planned: &[Planned]) -> Result<(
         n_ff_expert: moe_ffn,
         n_vocab: vocab,
         tied_embeddings: tied,
+        n_ff_shared: get(c, &["shared_expert_intermediate_size"]).unwrap_or(0),
+        linear,
+        recurrent,
+        n_nextn: nextn,
     });
     let mut problems = Vec::new();
     for Slot { name, dims } in &expected {
@@ -99,7 +140,7 @@ pub fn validate(ckpt: &Checkpoint, arch: &Arch, planned: &[Planned]) -> Result<(
             .and_then(|r| r.split('.').next())
             .and_then(|n| n.parse::<u64>().ok())
         {
-            if l >= layers {
+            if l >= layers + nextn {
                 problems.push(format!(
                     "{} is in block {l}; config.json has {layers} layers",
                     p.name

@@ -134,6 +134,8 @@ fn unknown_architectures_and_tensors_are_listed() {
             "model.layers.0.self_attn.rotary_emb.inv_freq",
             view(vec![4]),
         ),
+        ("model.extra_head.weight", view(vec![4, 4])),
+        // A multimodal checkpoint's other towers are dropped, as llama.cpp drops them.
         ("vision_tower.proj.weight", view(vec![4, 4])),
     ];
     safetensors::serialize_to_file(tensors, None, &dir.path().join("model.safetensors")).unwrap();
@@ -152,7 +154,7 @@ fn unknown_architectures_and_tensors_are_listed() {
     .to_string();
     assert_eq!(
         err,
-        "unexpected tensors for llama: model.layers.0.mlp.mystery.weight, vision_tower.proj.weight"
+        "unexpected tensors for llama: model.extra_head.weight, model.layers.0.mlp.mystery.weight"
     );
     // An MoE architecture needs its expert count.
     let err = plan(
@@ -182,6 +184,7 @@ fn weights_that_do_not_match_the_config_are_listed() {
         encode: &encode,
         allow_nonfinite: false,
         split_max_size: None,
+        no_mtp: false,
     };
     let config_path = ckpt.join("config.json");
     let config = std::fs::read_to_string(&config_path).unwrap();

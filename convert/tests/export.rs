@@ -30,6 +30,7 @@ fn options(outtype: OutType, pre: Option<&str>) -> Convert<'static> {
         encode: &quantize,
         allow_nonfinite: false,
         split_max_size: None,
+        no_mtp: false,
     }
 }
 

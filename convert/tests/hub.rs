@@ -177,6 +177,7 @@ fn downloads_into_the_cache_and_converts_like_the_folder() {
         encode: &quantize,
         allow_nonfinite: false,
         split_max_size: None,
+        no_mtp: false,
     };
     let out = cache.path().join("a.gguf");
     convert(&snapshot, &out, &options, &Silent).unwrap();

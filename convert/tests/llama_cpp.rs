@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{fixtures, quantize, sha};
+use common::{
+    fixtures, model_keys, quantize, recorded_keys, recorded_tokenizer_keys, sha, tokenizer_keys,
+};
 
 use std::path::{Path, PathBuf};
 
@@ -137,54 +139,6 @@ fn every_architecture_and_outtype_equals_llama_cpp() {
     }
 }
 
-/// Keys the converter derives from config.json (not naming, not tokenizer).
-fn is_model_key(k: &str) -> bool {
-    !k.starts_with("tokenizer.")
-        && ![
-            "general.architecture",
-            "general.type",
-            "general.name",
-            "general.size_label",
-        ]
-        .contains(&k)
-}
-
-/// The keys between `general.size_label` and the tokenizer, as (key, type, value text).
-fn model_keys(meta: &memwall_format::gguf::Metadata) -> Vec<(String, String, String)> {
-    use memwall_format::gguf::Value as V;
-    meta.iter()
-        .filter(|(k, _)| is_model_key(k))
-        .map(|(k, v)| {
-            let (ty, text) = match v {
-                V::U32(n) => ("UINT32", n.to_string()),
-                V::F32(f) => ("FLOAT32", f.to_string()),
-                V::Bool(b) => ("BOOL", b.to_string()),
-                V::String(s) => ("STRING", s.clone()),
-                other => ("OTHER", format!("{other:?}")),
-            };
-            (k.to_owned(), ty.to_owned(), text)
-        })
-        .collect()
-}
-
-fn recorded_keys(metadata: &Value) -> Vec<(String, String, String)> {
-    metadata
-        .as_object()
-        .unwrap()
-        .iter()
-        .filter(|(k, _)| is_model_key(k))
-        .map(|(k, v)| {
-            let ty = v["types"][0].as_str().unwrap().to_owned();
-            let text = match ty.as_str() {
-                "FLOAT32" => (v["value"].as_f64().unwrap() as f32).to_string(),
-                "STRING" => v["value"].as_str().unwrap().to_owned(),
-                _ => v["value"].to_string(),
-            };
-            (k.clone(), ty, text)
-        })
-        .collect()
-}
-
 #[test]
 fn hyper_parameter_keys_equal_llama_cpp() {
     use memwall_convert::metadata::hparams;
@@ -219,67 +173,6 @@ fn hyper_parameter_keys_equal_llama_cpp() {
             );
         }
     }
-}
-
-/// Tokenizer keys as (key, type, value or SHA-256 of the JSON of long arrays).
-fn tokenizer_keys(meta: &memwall_format::gguf::Metadata) -> Vec<(String, String)> {
-    use memwall_format::gguf::{Array as A, Value as V};
-    let json_sha = |v: serde_json::Value| {
-        // Python's json.dumps(ensure_ascii=False): ", " between elements.
-        let items: Vec<String> = v
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e.to_string())
-            .collect();
-        sha(format!("[{}]", items.join(", ")).as_bytes())
-    };
-    meta.iter()
-        .filter(|(k, _)| k.starts_with("tokenizer."))
-        .map(|(k, v)| {
-            let text = match v {
-                V::U32(n) => format!("UINT32 {n}"),
-                V::Bool(b) => format!("BOOL {}", if *b { "True" } else { "False" }),
-                V::String(s) => format!("STRING {s}"),
-                V::Array(A::String(a)) => format!("STRING[] {}", json_sha(serde_json::json!(a))),
-                V::Array(A::I32(a)) => format!("INT32[] {}", json_sha(serde_json::json!(a))),
-                other => format!("{other:?}"),
-            };
-            (k.to_owned(), text)
-        })
-        .collect()
-}
-
-fn recorded_tokenizer_keys(metadata: &Value) -> Vec<(String, String)> {
-    metadata
-        .as_object()
-        .unwrap()
-        .iter()
-        .filter(|(k, _)| k.starts_with("tokenizer."))
-        .map(|(k, v)| {
-            let types: Vec<&str> = v["types"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| t.as_str().unwrap())
-                .collect();
-            let text = match (types.as_slice(), v.get("sha256")) {
-                (["ARRAY", t], Some(h)) => format!("{t}[] {}", h.as_str().unwrap()),
-                (["BOOL"], _) => format!(
-                    "BOOL {}",
-                    if v["value"].as_bool().unwrap() {
-                        "True"
-                    } else {
-                        "False"
-                    }
-                ),
-                (["STRING"], _) => format!("STRING {}", v["value"].as_str().unwrap()),
-                ([t], _) => format!("{t} {}", v["value"]),
-                _ => format!("{v}"),
-            };
-            (k.clone(), text)
-        })
-        .collect()
 }
 
 #[test]
@@ -334,6 +227,7 @@ fn whole_files_equal_llama_cpp() {
         encode: &quantize,
         allow_nonfinite: false,
         split_max_size: None,
+        no_mtp: false,
     };
     convert(&fixtures().join("tiny-zh"), &out, &gpt2, &Silent).unwrap();
     assert_eq!(
@@ -353,6 +247,7 @@ fn whole_files_equal_llama_cpp() {
                 encode: &quantize,
                 allow_nonfinite: false,
                 split_max_size: None,
+                no_mtp: false,
             };
             convert(&ckpt, &out, &o, &Silent).unwrap();
             let bytes = std::fs::read(&out).unwrap();
@@ -384,6 +279,7 @@ fn split_output_equals_llama_cpps_parts() {
         encode: &quantize,
         allow_nonfinite: false,
         split_max_size: Some(parse_split_size("4M").unwrap()),
+        no_mtp: false,
     };
     let written = convert(
         &fixtures().join("tiny-zh"),
@@ -469,6 +365,7 @@ fn llama3_rope_factors_equal_pytorchs_and_the_file_llama_cpps() {
         encode: &quantize,
         allow_nonfinite: false,
         split_max_size: None,
+        no_mtp: false,
     };
     convert(&renamed, &out, &options, &Silent).unwrap();
     let bytes = std::fs::read(&out).unwrap();
@@ -510,6 +407,7 @@ fn post_processor_templates_with_bos_equal_llama_cpp() {
         encode: &quantize,
         allow_nonfinite: false,
         split_max_size: None,
+        no_mtp: false,
     };
     convert(&ckpt, &out, &options, &Silent).unwrap();
     let file = GgufFile::open(&out).unwrap();
@@ -597,6 +495,7 @@ fn prepared_f16(dir: &Path) -> memwall_format::gguf::Metadata {
         encode: &quantize,
         allow_nonfinite: false,
         split_max_size: None,
+        no_mtp: false,
     };
     prepare(&ckpt, &o).unwrap().metadata
 }

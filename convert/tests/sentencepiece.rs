@@ -41,6 +41,7 @@ fn options(outtype: OutType) -> Convert<'static> {
         encode: &quantize,
         allow_nonfinite: false,
         split_max_size: None,
+        no_mtp: false,
     }
 }
 

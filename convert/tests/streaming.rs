@@ -54,6 +54,7 @@ fn gguf_of(dir: &std::path::Path, arch: Arch) -> std::path::PathBuf {
         encode: &quantize,
         allow_nonfinite: false,
         split_max_size: None,
+        no_mtp: false,
     };
     convert(&hf, &out, &convert_options, &Silent).unwrap();
     out

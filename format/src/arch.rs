@@ -22,16 +22,23 @@ pub enum Arch {
     Qwen3Moe,
     /// `command-r` (Cohere Command-R).
     CommandR,
+    /// `qwen35`: Qwen3.5 dense, gated delta-net layers between gated full
+    /// attention layers.
+    Qwen35,
+    /// `qwen35moe`: Qwen3.5 with routed and shared experts.
+    Qwen35Moe,
 }
 
 impl Arch {
     /// Every architecture, for messages.
-    pub const ALL: [Arch; 5] = [
+    pub const ALL: [Arch; 7] = [
         Arch::Llama,
         Arch::Qwen2,
         Arch::Qwen3,
         Arch::Qwen3Moe,
         Arch::CommandR,
+        Arch::Qwen35,
+        Arch::Qwen35Moe,
     ];
 
     /// The `general.architecture` value.
@@ -42,6 +49,8 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Qwen3Moe => "qwen3moe",
             Arch::CommandR => "command-r",
+            Arch::Qwen35 => "qwen35",
+            Arch::Qwen35Moe => "qwen35moe",
         }
     }
 
@@ -53,7 +62,10 @@ impl Arch {
     /// Rotary embedding in the NEOX layout (halves rotated together) rather
     /// than NORM (neighbouring pairs).
     pub fn rope_neox(self) -> bool {
-        matches!(self, Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe)
+        matches!(
+            self,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe
+        )
     }
 
     /// LayerNorm (with an optional bias) rather than RMSNorm.
@@ -74,7 +86,28 @@ impl Arch {
 
     /// Whether queries and keys are normalised per head in every file.
     pub fn qk_norm(self) -> bool {
-        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe)
+        matches!(
+            self,
+            Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe
+        )
+    }
+
+    /// Hybrid stacks (Qwen3.5): linear-attention (gated delta-net) layers
+    /// between full attention layers whose queries carry an output gate
+    /// (`attn_q` is twice as wide), every norm before the FFN named
+    /// `post_attention_norm`, and multi-token-prediction blocks after the
+    /// last layer (`nextn_predict_layers`).
+    pub fn hybrid(self) -> bool {
+        matches!(self, Arch::Qwen35 | Arch::Qwen35Moe)
+    }
+
+    /// The norm before the feed-forward part of a block.
+    pub fn ffn_norm(self) -> BlockTensor {
+        if self.hybrid() {
+            BlockTensor::AttnPostNorm
+        } else {
+            BlockTensor::FfnNorm
+        }
     }
 
     /// The tensors a file of this architecture with dimensions `d` must
@@ -83,7 +116,6 @@ impl Arch {
     /// biases, `rope_freqs`, Command-R's per-head norms.)
     pub fn tensors(self, d: &Dims) -> Vec<Slot> {
         let e = d.n_embd;
-        let (q, kv) = (d.n_head * d.head_dim, d.n_head_kv * d.head_dim);
         let mut out = Vec::new();
         let mut put = |name: String, dims: Vec<u64>| out.push(Slot { name, dims });
         put(TOKEN_EMBD.into(), vec![e, d.n_vocab]);
@@ -91,24 +123,29 @@ impl Arch {
         if !d.tied_embeddings {
             put(OUTPUT.into(), vec![e, d.n_vocab]);
         }
-        for l in 0..d.n_layer {
+        for l in 0..d.n_layer + d.n_nextn {
             let b = |t: BlockTensor| t.name(l);
             put(b(BlockTensor::AttnNorm), vec![e]);
-            put(b(BlockTensor::AttnQ), vec![e, q]);
-            put(b(BlockTensor::AttnK), vec![e, kv]);
-            put(b(BlockTensor::AttnV), vec![e, kv]);
-            put(b(BlockTensor::AttnOutput), vec![q, e]);
-            if self.qkv_bias() {
-                put(b(BlockTensor::AttnQBias), vec![q]);
-                put(b(BlockTensor::AttnKBias), vec![kv]);
-                put(b(BlockTensor::AttnVBias), vec![kv]);
-            }
-            if self.qk_norm() {
-                put(b(BlockTensor::AttnQNorm), vec![d.head_dim]);
-                put(b(BlockTensor::AttnKNorm), vec![d.head_dim]);
+            match d.linear.filter(|_| d.is_recurrent(l)) {
+                Some(lin) => {
+                    let (k, v) = (
+                        lin.n_k_heads * lin.head_k_dim,
+                        lin.n_v_heads * lin.head_v_dim,
+                    );
+                    put(b(BlockTensor::AttnQkv), vec![e, 2 * k + v]);
+                    put(b(BlockTensor::AttnGate), vec![e, v]);
+                    put(b(BlockTensor::SsmConv1d), vec![lin.conv_kernel, 2 * k + v]);
+                    put(b(BlockTensor::SsmDt), vec![lin.n_v_heads]);
+                    put(b(BlockTensor::SsmA), vec![lin.n_v_heads]);
+                    put(b(BlockTensor::SsmBeta), vec![e, lin.n_v_heads]);
+                    put(b(BlockTensor::SsmAlpha), vec![e, lin.n_v_heads]);
+                    put(b(BlockTensor::SsmNorm), vec![lin.head_v_dim]);
+                    put(b(BlockTensor::SsmOut), vec![v, e]);
+                }
+                None => self.attention_tensors(d, l, &mut put),
             }
             if !self.parallel_blocks() {
-                put(b(BlockTensor::FfnNorm), vec![e]);
+                put(b(self.ffn_norm()), vec![e]);
             }
             if d.n_expert > 0 {
                 let (x, f) = (d.n_expert, d.n_ff_expert);
@@ -121,13 +158,48 @@ impl Arch {
                 put(b(BlockTensor::FfnUp), vec![e, d.n_ff]);
                 put(b(BlockTensor::FfnDown), vec![d.n_ff, e]);
             }
+            if d.n_ff_shared > 0 {
+                let f = d.n_ff_shared;
+                put(b(BlockTensor::FfnGateInpShexp), vec![e, 1]);
+                put(b(BlockTensor::FfnGateShexp), vec![e, f]);
+                put(b(BlockTensor::FfnUpShexp), vec![e, f]);
+                put(b(BlockTensor::FfnDownShexp), vec![f, e]);
+            }
+            if l >= d.n_layer {
+                put(b(BlockTensor::NextnEhProj), vec![2 * e, e]);
+                put(b(BlockTensor::NextnEnorm), vec![e]);
+                put(b(BlockTensor::NextnHnorm), vec![e]);
+                put(b(BlockTensor::NextnSharedHeadNorm), vec![e]);
+            }
         }
         out
+    }
+
+    /// The attention tensors of block `l`.
+    fn attention_tensors(self, d: &Dims, l: u64, put: &mut impl FnMut(String, Vec<u64>)) {
+        let b = |t: BlockTensor| t.name(l);
+        let e = d.n_embd;
+        let (q, kv) = (d.n_head * d.head_dim, d.n_head_kv * d.head_dim);
+        // A hybrid stack's query projection also gives the output gate.
+        let q_rows = if self.hybrid() { 2 * q } else { q };
+        put(b(BlockTensor::AttnQ), vec![e, q_rows]);
+        put(b(BlockTensor::AttnK), vec![e, kv]);
+        put(b(BlockTensor::AttnV), vec![e, kv]);
+        put(b(BlockTensor::AttnOutput), vec![q, e]);
+        if self.qkv_bias() {
+            put(b(BlockTensor::AttnQBias), vec![q]);
+            put(b(BlockTensor::AttnKBias), vec![kv]);
+            put(b(BlockTensor::AttnVBias), vec![kv]);
+        }
+        if self.qk_norm() {
+            put(b(BlockTensor::AttnQNorm), vec![d.head_dim]);
+            put(b(BlockTensor::AttnKNorm), vec![d.head_dim]);
+        }
     }
 }
 
 /// The dimensions a file's tensor shapes follow.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Dims {
     /// Transformer blocks.
     pub n_layer: u64,
@@ -149,6 +221,45 @@ pub struct Dims {
     pub n_vocab: u64,
     /// The output head reuses the token embeddings (no `output.weight`).
     pub tied_embeddings: bool,
+    /// FFN width of the shared expert beside the routed ones (0: none).
+    pub n_ff_shared: u64,
+    /// The linear-attention layers' dimensions (hybrid architectures).
+    pub linear: Option<LinearDims>,
+    /// Which of the `n_layer` blocks are linear-attention layers (empty:
+    /// none; the multi-token-prediction blocks never are).
+    pub recurrent: Vec<bool>,
+    /// Multi-token-prediction blocks after the `n_layer` blocks.
+    pub n_nextn: u64,
+}
+
+impl Dims {
+    /// Whether block `l` is a linear-attention layer.
+    pub fn is_recurrent(&self, l: u64) -> bool {
+        self.recurrent.get(l as usize).copied().unwrap_or(false)
+    }
+}
+
+/// The dimensions of a gated delta-net layer (`<arch>.ssm.*`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinearDims {
+    /// Width of the short causal convolution (`ssm.conv_kernel`).
+    pub conv_kernel: u64,
+    /// Key heads (`ssm.group_count`).
+    pub n_k_heads: u64,
+    /// Size of a key head (`ssm.state_size`).
+    pub head_k_dim: u64,
+    /// Value heads (`ssm.time_step_rank`).
+    pub n_v_heads: u64,
+    /// Size of a value head (`ssm.inner_size / ssm.time_step_rank`).
+    pub head_v_dim: u64,
+}
+
+/// Qwen3.5's layer pattern: every `interval`-th layer (counting from 1) is a
+/// full attention layer, the others linear (`full_attention_interval`).
+pub fn recurrent_every(n_layer: u64, interval: u64) -> Vec<bool> {
+    (1..=n_layer)
+        .map(|i| interval == 0 || i % interval != 0)
+        .collect()
 }
 
 /// One tensor of the table: its GGUF name and shape.
@@ -196,6 +307,24 @@ pub enum BlockTensor {
     FfnGateExps,
     FfnUpExps,
     FfnDownExps,
+    AttnPostNorm,
+    AttnQkv,
+    AttnGate,
+    SsmConv1d,
+    SsmDt,
+    SsmA,
+    SsmBeta,
+    SsmAlpha,
+    SsmNorm,
+    SsmOut,
+    FfnGateInpShexp,
+    FfnGateShexp,
+    FfnUpShexp,
+    FfnDownShexp,
+    NextnEhProj,
+    NextnEnorm,
+    NextnHnorm,
+    NextnSharedHeadNorm,
 }
 
 impl BlockTensor {
@@ -224,6 +353,24 @@ impl BlockTensor {
             T::FfnGateExps => "ffn_gate_exps.weight",
             T::FfnUpExps => "ffn_up_exps.weight",
             T::FfnDownExps => "ffn_down_exps.weight",
+            T::AttnPostNorm => "post_attention_norm.weight",
+            T::AttnQkv => "attn_qkv.weight",
+            T::AttnGate => "attn_gate.weight",
+            T::SsmConv1d => "ssm_conv1d.weight",
+            T::SsmDt => "ssm_dt.bias",
+            T::SsmA => "ssm_a",
+            T::SsmBeta => "ssm_beta.weight",
+            T::SsmAlpha => "ssm_alpha.weight",
+            T::SsmNorm => "ssm_norm.weight",
+            T::SsmOut => "ssm_out.weight",
+            T::FfnGateInpShexp => "ffn_gate_inp_shexp.weight",
+            T::FfnGateShexp => "ffn_gate_shexp.weight",
+            T::FfnUpShexp => "ffn_up_shexp.weight",
+            T::FfnDownShexp => "ffn_down_shexp.weight",
+            T::NextnEhProj => "nextn.eh_proj.weight",
+            T::NextnEnorm => "nextn.enorm.weight",
+            T::NextnHnorm => "nextn.hnorm.weight",
+            T::NextnSharedHeadNorm => "nextn.shared_head_norm.weight",
         }
     }
 
@@ -274,5 +421,51 @@ mod tests {
         let down = t.iter().find(|s| s.name == "blk.0.ffn_down_exps.weight");
         assert_eq!(down.map(|s| s.dims.clone()), Some(vec![6, 8, 4]));
         assert!(!t.iter().any(|s| s.name == "blk.0.ffn_gate.weight"));
+    }
+
+    #[test]
+    fn hybrid_stacks_alternate_linear_and_gated_attention_layers_then_nextn_blocks() {
+        let d = Dims {
+            n_layer: 4,
+            n_embd: 8,
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: 4,
+            n_ff: 16,
+            n_vocab: 10,
+            linear: Some(LinearDims {
+                conv_kernel: 4,
+                n_k_heads: 1,
+                head_k_dim: 4,
+                n_v_heads: 2,
+                head_v_dim: 4,
+            }),
+            recurrent: recurrent_every(4, 4),
+            n_nextn: 1,
+            ..Dims::default()
+        };
+        assert_eq!(d.recurrent, [true, true, true, false]);
+        let t = Arch::Qwen35.tensors(&d);
+        let dims = |n: &str| t.iter().find(|s| s.name == n).map(|s| s.dims.clone());
+        assert_eq!(dims("blk.0.attn_qkv.weight"), Some(vec![8, 16]));
+        assert_eq!(dims("blk.0.ssm_conv1d.weight"), Some(vec![4, 16]));
+        assert_eq!(dims("blk.0.ssm_a"), Some(vec![2]));
+        assert_eq!(dims("blk.0.attn_q.weight"), None);
+        assert_eq!(dims("blk.3.attn_q.weight"), Some(vec![8, 16]));
+        assert_eq!(dims("blk.3.post_attention_norm.weight"), Some(vec![8]));
+        assert_eq!(dims("blk.3.ffn_norm.weight"), None);
+        assert_eq!(dims("blk.4.nextn.eh_proj.weight"), Some(vec![16, 8]));
+        assert_eq!(dims("blk.4.attn_q.weight"), Some(vec![8, 16]));
+        assert_eq!(dims("blk.3.nextn.eh_proj.weight"), None);
+        let moe = Dims {
+            n_expert: 4,
+            n_ff_expert: 6,
+            n_ff_shared: 6,
+            ..d
+        };
+        let t = Arch::Qwen35Moe.tensors(&moe);
+        let dims = |n: &str| t.iter().find(|s| s.name == n).map(|s| s.dims.clone());
+        assert_eq!(dims("blk.1.ffn_gate_inp_shexp.weight"), Some(vec![8, 1]));
+        assert_eq!(dims("blk.4.ffn_down_shexp.weight"), Some(vec![6, 8]));
     }
 }

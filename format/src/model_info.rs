@@ -68,6 +68,45 @@ impl<'a> Reader<'a> {
         let r = self.m.get_bool(key);
         self.opt(r)
     }
+
+    /// An array of booleans.
+    fn bools(&mut self, key: &str) -> Option<Vec<bool>> {
+        let r = self.m.get_array(key);
+        match self.opt(r)? {
+            Array::Bool(v) => Some(v.clone()),
+            _ => {
+                self.problems.push(MetadataError::WrongType {
+                    key: key.to_owned(),
+                    expected: "array of bool",
+                    found: "another array".to_owned(),
+                });
+                None
+            }
+        }
+    }
+
+    /// An array of integers of any width.
+    fn ints(&mut self, key: &str) -> Option<Vec<i64>> {
+        let r = self.m.get_array(key);
+        let v = match self.opt(r)? {
+            Array::I32(v) => v.iter().map(|&x| i64::from(x)).collect(),
+            Array::U32(v) => v.iter().map(|&x| i64::from(x)).collect(),
+            Array::I64(v) => v.clone(),
+            Array::I16(v) => v.iter().map(|&x| i64::from(x)).collect(),
+            Array::U16(v) => v.iter().map(|&x| i64::from(x)).collect(),
+            Array::I8(v) => v.iter().map(|&x| i64::from(x)).collect(),
+            Array::U8(v) => v.iter().map(|&x| i64::from(x)).collect(),
+            _ => {
+                self.problems.push(MetadataError::WrongType {
+                    key: key.to_owned(),
+                    expected: "array of integers",
+                    found: "another array".to_owned(),
+                });
+                return None;
+            }
+        };
+        Some(v)
+    }
 }
 
 /// Architecture hyper-parameters, read from `<arch>.*` keys.
@@ -130,6 +169,28 @@ pub struct HyperParams {
     pub logit_scale: Option<f64>,
     /// Vocabulary size: `<arch>.vocab_size`, else the token list length.
     pub vocab_size: Option<u64>,
+    /// FFN width of the shared expert (`expert_shared_feed_forward_length`).
+    pub expert_shared_feed_forward_length: Option<u64>,
+    /// Multi-token-prediction blocks stored after the model's own
+    /// (`nextn_predict_layers`; they count in `block_count`).
+    pub nextn_predict_layers: Option<u64>,
+    /// Width of a linear-attention layer's convolution (`ssm.conv_kernel`).
+    pub ssm_conv_kernel: Option<u64>,
+    /// Value width of a linear-attention layer (`ssm.inner_size`).
+    pub ssm_inner_size: Option<u64>,
+    /// Key head size of a linear-attention layer (`ssm.state_size`).
+    pub ssm_state_size: Option<u64>,
+    /// Value heads of a linear-attention layer (`ssm.time_step_rank`).
+    pub ssm_time_step_rank: Option<u64>,
+    /// Key heads of a linear-attention layer (`ssm.group_count`).
+    pub ssm_group_count: Option<u64>,
+    /// Which blocks are linear-attention layers (`attention.recurrent_layers`).
+    pub recurrent_layers: Option<Vec<bool>>,
+    /// Every how many blocks a full attention layer comes, when the file
+    /// states no `recurrent_layers` (`full_attention_interval`).
+    pub full_attention_interval: Option<u64>,
+    /// Multi-axis rotary sections (`rope.dimension_sections`).
+    pub rope_dimension_sections: Option<Vec<i64>>,
 }
 
 impl HyperParams {
@@ -137,6 +198,33 @@ impl HyperParams {
     pub fn head_dim(&self) -> u64 {
         self.key_length
             .unwrap_or(self.embedding_length / self.head_count.max(1))
+    }
+
+    /// Blocks the model runs: `block_count` without the
+    /// multi-token-prediction blocks stored after them (0 when the count is
+    /// not smaller than `block_count`).
+    pub fn n_layer(&self) -> u64 {
+        self.block_count
+            .saturating_sub(self.nextn_predict_layers.unwrap_or(0))
+    }
+
+    /// Whether block `l` is a linear-attention layer: as
+    /// `recurrent_layers` says, else every block but each
+    /// `full_attention_interval`-th (llama.cpp's default interval is 4) when
+    /// the file has linear-attention keys. Multi-token-prediction blocks
+    /// never are.
+    pub fn is_recurrent(&self, l: u64) -> bool {
+        if l >= self.n_layer() {
+            return false;
+        }
+        if let Some(r) = &self.recurrent_layers {
+            return r.get(l as usize).copied().unwrap_or(false);
+        }
+        if self.ssm_inner_size.is_none() {
+            return false;
+        }
+        let interval = self.full_attention_interval.unwrap_or(4);
+        interval == 0 || (l + 1) % interval != 0
     }
 }
 
@@ -191,6 +279,16 @@ impl TryFrom<&Metadata> for HyperParams {
                 let tokens = r.opt(m.get_array(tokenizer_keys::TOKENS));
                 tokens.map(|a| a.len() as u64)
             }),
+            expert_shared_feed_forward_length: r.u64(&k("expert_shared_feed_forward_length")),
+            nextn_predict_layers: r.u64(&k("nextn_predict_layers")),
+            ssm_conv_kernel: r.u64(&k("ssm.conv_kernel")),
+            ssm_inner_size: r.u64(&k("ssm.inner_size")),
+            ssm_state_size: r.u64(&k("ssm.state_size")),
+            ssm_time_step_rank: r.u64(&k("ssm.time_step_rank")),
+            ssm_group_count: r.u64(&k("ssm.group_count")),
+            recurrent_layers: r.bools(&k("attention.recurrent_layers")),
+            full_attention_interval: r.u64(&k("full_attention_interval")),
+            rope_dimension_sections: r.ints(&k("rope.dimension_sections")),
         };
         if r.problems.is_empty() {
             Ok(hp)

@@ -210,6 +210,14 @@ impl TensorPlan {
     }
 }
 
+/// The dimensions llama-quantize writes for a tensor: ggml's `n_dims`, so
+/// trailing dimensions of 1 are dropped (a converter's `[2048, 1]`, Qwen3.5's
+/// `ffn_gate_inp_shexp`, comes out as `[2048]`); at least one stays.
+pub fn stored_dims(dims: &[u64]) -> Vec<u64> {
+    let n = dims.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1);
+    dims[..n.min(dims.len())].to_vec()
+}
+
 /// The whole plan: what `--dry-run` shows and what [`run`] executes.
 #[derive(Clone, Debug)]
 pub struct Plan {
@@ -283,7 +291,7 @@ impl Plan {
             .filter(|t| t.file == file)
             .map(|t| TensorSpec {
                 name: t.name.clone(),
-                dims: t.dims.clone(),
+                dims: stored_dims(&t.dims),
                 ty: t.target,
             })
             .collect()

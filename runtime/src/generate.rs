@@ -148,7 +148,10 @@ impl<'a> Generator<'a> {
             .take_while(|(a, b)| a == b)
             .count()
             .min(tokens.len().saturating_sub(1));
+        // A model with linear-attention layers cannot step back: its session
+        // may keep fewer tokens than asked (none).
         self.session.truncate(common);
+        let common = self.session.len();
         self.evaluated.truncate(common);
         let rest = &tokens[common..];
         if self.evaluated.len() + rest.len() > self.model.config.n_ctx {

@@ -39,6 +39,10 @@ pub struct Args {
     /// named OUT-00001-of-0000N.gguf, as llama.cpp's converter and llama-gguf-split do.
     #[arg(long, value_name = "SIZE")]
     pub split_max_size: Option<String>,
+    /// Leave out the multi-token-prediction (MTP) block a Qwen3.5 checkpoint carries
+    /// for speculative decoding (as llama.cpp's --no-mtp; --no-nextn works too).
+    #[arg(long, alias = "no-nextn")]
+    pub no_mtp: bool,
     /// Print a JSON summary instead of text (and no progress bar).
     #[arg(long)]
     pub json: bool,
@@ -126,6 +130,7 @@ pub fn run(args: Args) -> Result<()> {
             .map(memwall_convert::job::parse_split_size)
             .transpose()
             .map_err(|e| anyhow::anyhow!("--split-max-size: {e}"))?,
+        no_mtp: args.no_mtp,
     };
     let bar = Bar::new(!args.json);
     let started = Instant::now();

@@ -74,6 +74,9 @@ pub struct Footprint {
     pub weights: u64,
     /// The KV cache at the context length.
     pub kv: u64,
+    /// The linear-attention layers' recurrent state (hybrid stacks): the same
+    /// at any context length.
+    pub state: u64,
     /// Activations, logits and scratch of one batch.
     pub compute: u64,
     /// The process itself: code, allocator, parsed metadata and tokenizer.
@@ -83,7 +86,7 @@ pub struct Footprint {
 impl Footprint {
     /// Everything.
     pub fn total(&self) -> u64 {
-        self.weights + self.kv + self.compute + self.overhead
+        self.weights + self.kv + self.state + self.compute + self.overhead
     }
 }
 
@@ -141,6 +144,7 @@ pub fn footprint(runtime: Runtime, shape: &Shape, load: &Load) -> Footprint {
             Footprint {
                 weights: load.file_bytes,
                 kv,
+                state: shape.recurrent_state_bytes(),
                 compute: batch * per_token + attention + logits,
                 overhead,
             }
@@ -156,6 +160,7 @@ pub fn footprint(runtime: Runtime, shape: &Shape, load: &Load) -> Footprint {
             Footprint {
                 weights: load.file_bytes,
                 kv,
+                state: shape.recurrent_state_bytes(),
                 compute,
                 overhead: LLAMA_BASE + load.header_bytes,
             }
@@ -206,14 +211,17 @@ pub fn decode_speed(
     let total = weights.bytes();
     let token = Token {
         weight_bytes: weights.bytes_per_token(n_exp, used),
-        kv_bytes: shape.kv_bytes_per_token(kv) * kv_tokens,
+        // A linear layer reads and writes its whole state once per token.
+        kv_bytes: shape.kv_bytes_per_token(kv) * kv_tokens + 2 * shape.recurrent_state_bytes(),
         products: weights.products_per_token(n_exp, used),
-        // q·k and p·v over the cache: two multiply-adds per cached value.
+        // q·k and p·v over the cache: two multiply-adds per cached value;
+        // the delta rule: three per value of a linear layer's state.
         attention: 2
-            * u64::from(shape.n_layer)
+            * u64::from(shape.attention_layers())
             * u64::from(shape.n_head)
             * shape.head_dim
-            * kv_tokens,
+            * kv_tokens
+            + 3 * shape.recurrent_state_bytes() / 4,
         streamed_share: match weights.bytes_per_token(n_exp, used) {
             0 => 0.0,
             b => weights.streamed_bytes_per_token(n_exp, used, resident) as f64 / b as f64,

@@ -28,7 +28,7 @@ pub use estimate::{
 };
 
 use memwall_format::GgmlType;
-use memwall_format::arch::{Arch, Dims, Slot};
+use memwall_format::arch::{Arch, Dims, LinearDims, Slot, recurrent_every};
 use memwall_format::ggml_type::{FileTypeInfo, ShapeError, file_type_by_name};
 use memwall_format::model_info::MetadataProblems;
 use memwall_format::suggest::did_you_mean;
@@ -37,7 +37,7 @@ use crate::recipe::Recipe;
 use crate::rules::{Category, MixError, MixOptions, Mixer, ModelFacts, llama_order};
 
 /// The `config.json` architectures [`Shape::from_hf_config`] reads.
-const PLANNED: [&str; 7] = [
+const PLANNED: [&str; 11] = [
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "MixtralForCausalLM",
@@ -45,6 +45,10 @@ const PLANNED: [&str; 7] = [
     "Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM",
     "CohereForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration",
 ];
 
 /// Why a model's hyper-parameters cannot be planned: read from GGUF metadata
@@ -71,7 +75,7 @@ pub enum ModelShapeError {
     /// A `config.json` of an architecture memwall does not plan.
     #[error(
         "architecture {class} is not one memwall plans{} (Llama, Mistral, Mixtral, \
-         Qwen2, Qwen3, Qwen3-MoE, Command-R); give the numbers instead",
+         Qwen2, Qwen3, Qwen3-MoE, Command-R, Qwen3.5); give the numbers instead",
         did_you_mean(class, PLANNED)
     )]
     UnplannedArchitecture {
@@ -203,6 +207,16 @@ pub struct Shape {
     pub tied_embeddings: bool,
     /// Training context length (0 when unknown).
     pub ctx_train: u64,
+    /// FFN width of a shared expert beside the routed ones (0: none).
+    pub n_ff_shared: u64,
+    /// Multi-token-prediction blocks stored after the `n_layer` that run
+    /// (Qwen3.5's `nextn_predict_layers`): in the file, never read by a
+    /// decoded token.
+    pub n_nextn: u32,
+    /// The linear-attention layers of a hybrid stack (Qwen3.5): their sizes.
+    pub linear: Option<LinearDims>,
+    /// Which of the `n_layer` blocks are linear-attention layers (empty: none).
+    pub recurrent: Vec<bool>,
 }
 
 impl Shape {
@@ -233,6 +247,10 @@ impl Shape {
             n_ff_expert: 0,
             tied_embeddings,
             ctx_train: 0,
+            n_ff_shared: 0,
+            n_nextn: 0,
+            linear: None,
+            recurrent: Vec::new(),
         }
     }
 
@@ -254,8 +272,39 @@ impl Shape {
         let small = |value: u64, key: &'static str| {
             u32::try_from(value).map_err(|_| ModelShapeError::TooLarge { key, value })
         };
+        let linear = match (
+            hp.ssm_conv_kernel,
+            hp.ssm_group_count,
+            hp.ssm_state_size,
+            hp.ssm_time_step_rank,
+            hp.ssm_inner_size,
+        ) {
+            (
+                Some(conv_kernel),
+                Some(n_k_heads),
+                Some(head_k_dim),
+                Some(n_v_heads),
+                Some(inner),
+            ) if n_v_heads > 0 => Some(LinearDims {
+                conv_kernel,
+                n_k_heads,
+                head_k_dim,
+                n_v_heads,
+                head_v_dim: inner / n_v_heads,
+            }),
+            _ => None,
+        };
+        let n_layer = hp.n_layer();
+        let recurrent = match linear {
+            Some(_) => (0..n_layer).map(|l| hp.is_recurrent(l)).collect(),
+            None => Vec::new(),
+        };
         Ok(Shape {
-            n_layer: small(hp.block_count, "block_count")?,
+            n_layer: small(n_layer, "block_count")?,
+            n_nextn: small(hp.block_count - n_layer, "nextn_predict_layers")?,
+            n_ff_shared: hp.expert_shared_feed_forward_length.unwrap_or(0),
+            linear,
+            recurrent,
             n_embd: hp.embedding_length,
             n_ff: hp.feed_forward_length.unwrap_or(0),
             n_head: small(hp.head_count, "head_count")?,
@@ -278,6 +327,8 @@ impl Shape {
             .as_str()
             .ok_or(ModelShapeError::NoArchitectures)?;
         let (arch, moe) = match class {
+            "Qwen3_5ForCausalLM" | "Qwen3_5ForConditionalGeneration" => ("qwen35", false),
+            "Qwen3_5MoeForCausalLM" | "Qwen3_5MoeForConditionalGeneration" => ("qwen35moe", true),
             "LlamaForCausalLM" | "MistralForCausalLM" => ("llama", false),
             "MixtralForCausalLM" => ("llama", true),
             "Qwen2ForCausalLM" => ("qwen2", false),
@@ -304,7 +355,12 @@ impl Shape {
         let n_embd = need("hidden_size")?;
         let n_head = need("num_attention_heads")?;
         let n_head_kv = num("num_key_value_heads")?.unwrap_or(n_head);
-        let head_dim = num("head_dim")?.unwrap_or(n_embd / n_head.max(1));
+        let head_dim = match num("head_dim")? {
+            Some(d) => d,
+            // Qwen3_5TextConfig's default.
+            None if arch.starts_with("qwen35") => 256,
+            None => n_embd / n_head.max(1),
+        };
         let n_expert = if moe {
             num("num_local_experts")?
                 .or(num("num_experts")?)
@@ -319,12 +375,55 @@ impl Shape {
             0
         };
         let tied_default = arch == "command-r";
+        let hybrid = arch.starts_with("qwen35");
+        let n_layer = need("num_hidden_layers")?;
+        // Qwen3.5: transformers' defaults (Qwen3_5TextConfig) for what a
+        // config leaves out, the converter's multi-token-prediction blocks.
+        let (linear, recurrent, n_nextn, n_ff_shared) = if hybrid {
+            let or = |key: &'static str, default: u64| -> Result<u64, ModelShapeError> {
+                Ok(num(key)?.unwrap_or(default))
+            };
+            let linear = LinearDims {
+                conv_kernel: or("linear_conv_kernel_dim", 4)?,
+                n_k_heads: or("linear_num_key_heads", 16)?,
+                head_k_dim: or("linear_key_head_dim", 128)?,
+                n_v_heads: or("linear_num_value_heads", 32)?,
+                head_v_dim: or("linear_value_head_dim", 128)?,
+            };
+            let recurrent = match text
+                .get("layer_types")
+                .and_then(serde_json::Value::as_array)
+            {
+                Some(types) => types
+                    .iter()
+                    .map(|t| t.as_str() == Some("linear_attention"))
+                    .collect(),
+                None => recurrent_every(n_layer, or("full_attention_interval", 4)?),
+            };
+            let shared = if moe {
+                or("shared_expert_intermediate_size", 512)?
+            } else {
+                0
+            };
+            (
+                Some(linear),
+                recurrent,
+                or("mtp_num_hidden_layers", 0)?,
+                shared,
+            )
+        } else {
+            (None, Vec::new(), 0, 0)
+        };
         let small = |value: u64, key: &'static str| {
             u32::try_from(value).map_err(|_| ModelShapeError::ConfigTooLarge { key, value })
         };
         let shape = Shape {
             arch: arch.to_owned(),
-            n_layer: small(need("num_hidden_layers")?, "num_hidden_layers")?,
+            n_layer: small(n_layer, "num_hidden_layers")?,
+            n_nextn: small(n_nextn, "mtp_num_hidden_layers")?,
+            n_ff_shared,
+            linear,
+            recurrent,
             n_embd,
             n_ff,
             n_head: small(n_head, "num_attention_heads")?,
@@ -334,7 +433,7 @@ impl Shape {
             n_expert: small(n_expert, "num_experts")?,
             n_expert_used: small(
                 if moe {
-                    num("num_experts_per_tok")?.unwrap_or(2)
+                    num("num_experts_per_tok")?.unwrap_or(if arch == "qwen35moe" { 8 } else { 2 })
                 } else {
                     0
                 },
@@ -422,17 +521,38 @@ impl Shape {
     pub fn facts(&self) -> ModelFacts {
         ModelFacts {
             arch: self.arch.clone(),
-            n_layer: self.n_layer,
+            // llama.cpp's rules count every block in the file.
+            n_layer: self.n_layer + self.n_nextn,
             n_head: self.n_head,
             n_head_kv: self.n_head_kv,
             n_expert: self.n_expert,
         }
     }
 
+    /// Layers with a KV cache: all but a hybrid stack's linear-attention layers.
+    pub fn attention_layers(&self) -> u32 {
+        let linear = self.recurrent.iter().filter(|&&r| r).count() as u32;
+        self.n_layer.saturating_sub(linear)
+    }
+
     /// KV cache bytes per token of context with `bytes_per_value` per element.
     pub fn kv_bytes_per_token(&self, kv: KvType) -> u64 {
         let per_layer = 2 * u64::from(self.n_head_kv) * self.head_dim;
-        kv.bytes(u64::from(self.n_layer) * per_layer)
+        kv.bytes(u64::from(self.attention_layers()) * per_layer)
+    }
+
+    /// Bytes of the linear-attention layers' state, whatever the context
+    /// (`f32`: the convolution's last inputs and each value head's
+    /// `head_k_dim × head_v_dim` matrix per layer, as llama.cpp keeps them).
+    pub fn recurrent_state_bytes(&self) -> u64 {
+        let Some(l) = self.linear else {
+            return 0;
+        };
+        let channels = 2 * l.n_k_heads * l.head_k_dim + l.n_v_heads * l.head_v_dim;
+        let per_layer =
+            l.conv_kernel.saturating_sub(1) * channels + l.n_v_heads * l.head_k_dim * l.head_v_dim;
+        let layers = self.recurrent.iter().filter(|&&r| r).count() as u64;
+        4 * per_layer * layers
     }
 
     /// Units of fixed per-token cost of one decoded token: each matrix
@@ -440,12 +560,19 @@ impl Shape {
     /// per used expert, plus the router, in MoE layers; the output head) and
     /// each attention head of each layer (a task of its own in the runtime).
     pub fn dispatches_per_token(&self) -> u64 {
-        let ffn = if self.n_expert > 0 {
+        let mut ffn = if self.n_expert > 0 {
             3 * u64::from(self.n_expert_used) + 1
         } else {
             3
         };
-        u64::from(self.n_layer) * (4 + ffn + u64::from(self.n_head)) + 1
+        if self.n_ff_shared > 0 {
+            ffn += 4;
+        }
+        // A linear-attention layer has five products and one task per value head.
+        let attention = u64::from(self.attention_layers()) * (4 + ffn + u64::from(self.n_head));
+        let linear = u64::from(self.n_layer - self.attention_layers())
+            * (5 + ffn + self.linear.map_or(0, |l| l.n_v_heads));
+        attention + linear + 1
     }
 
     /// The tensors llama.cpp's converter writes for this shape (F16 matrices,
@@ -465,13 +592,20 @@ impl Shape {
             n_ff_expert: self.n_ff_expert,
             n_vocab: self.n_vocab,
             tied_embeddings: self.tied_embeddings,
+            n_ff_shared: self.n_ff_shared,
+            linear: self.linear,
+            recurrent: self.recurrent.clone(),
+            n_nextn: u64::from(self.n_nextn),
         };
         let mut out: Vec<TensorShape> = arch
             .tensors(&dims)
             .into_iter()
             .map(|Slot { name, dims }| {
-                // The converter keeps vectors and the MoE router in F32.
-                let ty = if dims.len() > 1 && !name.ends_with("ffn_gate_inp.weight") {
+                // The converter keeps vectors, the routers and the convolutions in F32.
+                let ty = if dims.len() > 1
+                    && !name.contains("ffn_gate_inp")
+                    && !name.contains("ssm_conv1d")
+                {
                     GgmlType::F16
                 } else {
                     GgmlType::F32
@@ -574,7 +708,8 @@ impl Choice {
             tensors.iter().map(|t| t.name.as_str()),
         );
         let mut parts = Vec::with_capacity(tensors.len());
-        for t in tensors {
+        let kinds = Kind::all(tensors);
+        for (t, kind) in tensors.iter().zip(kinds) {
             let choice = mixer.choose(&t.name, &t.dims, t.ty)?;
             let bytes = choice
                 .ty
@@ -588,7 +723,7 @@ impl Choice {
                 ty: choice.ty,
                 elements: t.elements(),
                 bytes,
-                kind: Kind::of(t),
+                kind,
             });
         }
         Ok(Weights { parts })
@@ -608,9 +743,33 @@ pub enum Kind {
     Matrix,
     /// Norms and biases.
     Vector,
+    /// A multi-token-prediction block's tensor: stored, never read by the
+    /// forward pass.
+    Idle,
 }
 
 impl Kind {
+    /// The role of every tensor of a model: [`Kind::of`], and
+    /// [`Kind::Idle`] for every tensor of a block that holds `nextn.*`
+    /// tensors.
+    pub fn all(tensors: &[TensorShape]) -> Vec<Kind> {
+        let block = |name: &str| -> Option<u64> {
+            name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+        };
+        let nextn: std::collections::BTreeSet<u64> = tensors
+            .iter()
+            .filter(|t| t.name.contains(".nextn."))
+            .filter_map(|t| block(&t.name))
+            .collect();
+        tensors
+            .iter()
+            .map(|t| match block(&t.name) {
+                Some(b) if nextn.contains(&b) => Kind::Idle,
+                _ => Kind::of(t),
+            })
+            .collect()
+    }
+
     /// The role of `t`.
     pub fn of(t: &TensorShape) -> Kind {
         match Category::of(&t.name) {
@@ -648,7 +807,8 @@ impl Weights {
     pub fn as_stored(tensors: &[TensorShape]) -> Result<Weights, WeightsError> {
         let parts = tensors
             .iter()
-            .map(|t| {
+            .zip(Kind::all(tensors))
+            .map(|(t, kind)| {
                 let size =
                     t.ty.tensor_size(&t.dims)
                         .map_err(|error| WeightsError::Size {
@@ -659,7 +819,7 @@ impl Weights {
                     ty: t.ty,
                     elements: t.elements(),
                     bytes: size.bytes,
-                    kind: Kind::of(t),
+                    kind,
                 })
             })
             .collect::<Result<Vec<_>, WeightsError>>()?;
@@ -706,6 +866,7 @@ impl Weights {
             // One row of the vocabulary: negligible.
             Kind::Embedding => 0.0,
             Kind::Expert if n_expert > 0 => f64::from(used) / f64::from(n_expert),
+            Kind::Idle => 0.0,
             _ => 1.0,
         }
     }

@@ -40,10 +40,11 @@ impl<'a> Model<'a> {
         }
     }
 
-    /// Q/K/V projections, RoPE, the cache update, attention and the output projection.
+    /// Q/K/V projections, RoPE, the cache update, attention, the output gate
+    /// (Qwen3.5) and the output projection.
     pub(super) fn attention_block(
         &self,
-        layer: &Layer,
+        layer: &Attention,
         h: &[f32],
         tables: &[Vec<(f32, f32)>],
         session: &mut Session,
@@ -54,6 +55,21 @@ impl<'a> Model<'a> {
         let (qd, kvd, hd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.head_dim);
         let mut shared = None;
         let mut q = self.matmul_sharing(&layer.wq, h, t_n, &mut shared)?;
+        // Each head's queries are followed by its gate: split them apart.
+        let gate = layer.gated.then(|| {
+            let mut gate = self.spare.take_dirty(t_n * qd);
+            let mut queries = self.spare.take_dirty(t_n * qd);
+            for ((pair, qh), gh) in q
+                .chunks_exact(2 * hd)
+                .zip(queries.chunks_exact_mut(hd))
+                .zip(gate.chunks_exact_mut(hd))
+            {
+                qh.copy_from_slice(&pair[..hd]);
+                gh.copy_from_slice(&pair[hd..]);
+            }
+            self.spare.give(std::mem::replace(&mut q, queries));
+            gate
+        });
         let mut k = self.matmul_sharing(&layer.wk, h, t_n, &mut shared)?;
         let mut v = self.matmul_sharing(&layer.wv, h, t_n, &mut shared)?;
         add_bias(&mut q, layer.bq.as_deref());
@@ -75,9 +91,16 @@ impl<'a> Model<'a> {
         }
         session.k[l].extend(&self.kernels, &k);
         session.v[l].extend(&self.kernels, &v);
-        let attn = self.attention(&q, &session.k[l], &session.v[l], session.n_past, t_n);
+        let mut attn = self.attention(&q, &session.k[l], &session.v[l], session.n_past, t_n);
         for b in [q, k, v] {
             self.spare.give(b);
+        }
+        if let Some(mut gate) = gate {
+            self.sigmoid(&mut gate);
+            for (a, g) in attn.iter_mut().zip(&gate) {
+                *a *= g;
+            }
+            self.spare.give(gate);
         }
         let mut o = self.matmul(&layer.wo, &attn, t_n)?;
         self.spare.give(attn);

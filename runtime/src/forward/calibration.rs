@@ -139,7 +139,7 @@ impl<'a> Model<'a> {
                     let layer = self.layers.get_mut(l.parse::<usize>().ok()?)?;
                     match kind {
                         "attn_norm" => Some(&mut layer.attn_norm),
-                        "ffn_norm" => layer.ffn_norm.as_mut(),
+                        "ffn_norm" | "post_attention_norm" => layer.ffn_norm.as_mut(),
                         _ => None,
                     }
                 })

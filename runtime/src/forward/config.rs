@@ -37,4 +37,46 @@ pub struct Config {
     pub logit_scale: f32,
     /// What the KV cache stores (set before opening sessions).
     pub kv_type: KvType,
+    /// The gated delta-net layers' dimensions (hybrid architectures).
+    pub linear: Option<Linear>,
+}
+
+/// The dimensions of a gated delta-net layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Linear {
+    /// Taps of the causal convolution.
+    pub conv_kernel: usize,
+    /// Key (and query) heads.
+    pub n_k_heads: usize,
+    /// Size of a key head.
+    pub head_k_dim: usize,
+    /// Value heads (a multiple of the key heads).
+    pub n_v_heads: usize,
+    /// Size of a value head.
+    pub head_v_dim: usize,
+}
+
+impl Linear {
+    /// Width of the queries and of the keys.
+    pub fn key_dim(&self) -> usize {
+        self.n_k_heads * self.head_k_dim
+    }
+
+    /// Width of the values.
+    pub fn value_dim(&self) -> usize {
+        self.n_v_heads * self.head_v_dim
+    }
+
+    /// Channels of the convolution: queries, keys and values.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// `f32` values of one sequence's state of one layer: the last
+    /// `conv_kernel - 1` convolution inputs and every value head's
+    /// `head_k_dim × head_v_dim` matrix.
+    pub fn state_values(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_dim()
+            + self.n_v_heads * self.head_k_dim * self.head_v_dim
+    }
 }

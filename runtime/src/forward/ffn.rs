@@ -46,8 +46,38 @@ impl<'a> Model<'a> {
                 gate,
                 up,
                 down,
-            } => self.moe(l, router, [gate, up, down], h, t_n),
+                shared,
+            } => {
+                let mut out = self.moe(l, router, [gate, up, down], h, t_n)?;
+                if let Some(s) = shared {
+                    self.add_shared_expert(s, h, t_n, &mut out)?;
+                }
+                Ok(out)
+            }
         }
+    }
+
+    /// `out += sigmoid(gate_inp · h) · swiglu(h)`: the shared expert, added
+    /// after the routed ones as llama.cpp adds it.
+    fn add_shared_expert(
+        &self,
+        s: &Shared,
+        h: &[f32],
+        t_n: usize,
+        out: &mut [f32],
+    ) -> Result<(), ForwardError> {
+        let mut g = self.matmul(&s.gate_inp, h, t_n)?;
+        self.sigmoid(&mut g);
+        let y = self.swiglu(&s.gate, &s.up, &s.down, h, t_n)?;
+        let e = self.config.n_embd;
+        for ((o, y), g) in out.chunks_exact_mut(e).zip(y.chunks_exact(e)).zip(&g) {
+            for (o, y) in o.iter_mut().zip(y) {
+                *o += y * g;
+            }
+        }
+        self.spare.give(g);
+        self.spare.give(y);
+        Ok(())
     }
 
     /// Mixture of experts: softmax over the router's logits, the top

@@ -39,11 +39,52 @@ pub(super) enum Ffn<'a> {
         gate: Matrix<'a>,
         up: Matrix<'a>,
         down: Matrix<'a>,
+        /// A shared expert every token runs, when the model has one.
+        shared: Option<Box<Shared<'a>>>,
     },
 }
 
-pub(super) struct Layer<'a> {
-    pub(super) attn_norm: Norm,
+/// The shared expert of a mixture (Qwen3.5): a SwiGLU every token runs,
+/// its output scaled by `sigmoid(gate_inp · h)`.
+pub(super) struct Shared<'a> {
+    /// One row: the input of the sigmoid gate.
+    pub(super) gate_inp: Matrix<'a>,
+    pub(super) gate: Matrix<'a>,
+    pub(super) up: Matrix<'a>,
+    pub(super) down: Matrix<'a>,
+}
+
+/// What mixes the tokens of a block: attention, or a gated delta net.
+pub(super) enum Mixer<'a> {
+    Attention(Attention<'a>),
+    Linear(DeltaNet<'a>),
+}
+
+/// A gated delta-net layer (Qwen3.5's linear attention). Value heads are in
+/// the file's tiled order: value head `j` reads key head `j % n_k_heads`.
+pub(super) struct DeltaNet<'a> {
+    pub(super) lin: Linear,
+    /// Queries, keys and values before the convolution (`attn_qkv`).
+    pub(super) qkv: Matrix<'a>,
+    /// The output gate `z` (`attn_gate`).
+    pub(super) z: Matrix<'a>,
+    /// Per value head: the write strength before its sigmoid (`ssm_beta`).
+    pub(super) beta: Matrix<'a>,
+    /// Per value head: the decay's input (`ssm_alpha`).
+    pub(super) alpha: Matrix<'a>,
+    /// The causal convolution: `conv_kernel` taps per channel, oldest first.
+    pub(super) conv: Vec<f32>,
+    /// Added to `alpha` before the softplus (`ssm_dt.bias`).
+    pub(super) dt_bias: Vec<f32>,
+    /// `-exp(A_log)` per value head (`ssm_a`).
+    pub(super) a: Vec<f32>,
+    /// RMSNorm weight of a value head's output (`ssm_norm`).
+    pub(super) norm: Vec<f32>,
+    pub(super) out: Matrix<'a>,
+}
+
+/// Attention weights of a block.
+pub(super) struct Attention<'a> {
     pub(super) wq: Matrix<'a>,
     pub(super) wk: Matrix<'a>,
     pub(super) wv: Matrix<'a>,
@@ -56,6 +97,14 @@ pub(super) struct Layer<'a> {
     pub(super) k_norm: Option<Vec<f32>>,
     pub(super) wo: Matrix<'a>,
     pub(super) bo: Option<Vec<f32>>,
+    /// The query projection also gives a sigmoid gate on the output (Qwen3.5:
+    /// each head's queries followed by its gate).
+    pub(super) gated: bool,
+}
+
+pub(super) struct Layer<'a> {
+    pub(super) attn_norm: Norm,
+    pub(super) mixer: Mixer<'a>,
     /// `None` for parallel blocks (Command-R), whose FFN reads the attention norm.
     pub(super) ffn_norm: Option<Norm>,
     pub(super) ffn: Ffn<'a>,
@@ -64,7 +113,10 @@ pub(super) struct Layer<'a> {
 impl<'a> Layer<'a> {
     /// Every matrix of the layer, in the order the forward pass reads them.
     pub(super) fn matrices(&self) -> Vec<&Matrix<'a>> {
-        let mut v = vec![&self.wq, &self.wk, &self.wv, &self.wo];
+        let mut v = match &self.mixer {
+            Mixer::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
+            Mixer::Linear(d) => vec![&d.qkv, &d.z, &d.beta, &d.alpha, &d.out],
+        };
         match &self.ffn {
             Ffn::Dense { gate, up, down } => v.extend([gate, up, down]),
             Ffn::Moe {
@@ -72,7 +124,13 @@ impl<'a> Layer<'a> {
                 gate,
                 up,
                 down,
-            } => v.extend([router, gate, up, down]),
+                shared,
+            } => {
+                v.extend([router, gate, up, down]);
+                if let Some(s) = shared {
+                    v.extend([&s.gate_inp, &s.gate, &s.up, &s.down]);
+                }
+            }
         }
         v
     }
@@ -173,6 +231,17 @@ impl<'g> Loader<'g> {
         Ok(out)
     }
 
+    /// A convolution of `channels` rows of `taps` values, decoded to `f32`.
+    pub(super) fn conv(
+        &self,
+        name: &str,
+        channels: usize,
+        taps: usize,
+    ) -> Result<Vec<f32>, ForwardError> {
+        let m = self.shaped(name, channels, taps)?;
+        self.vector(name, m.rows * m.cols)
+    }
+
     pub(super) fn optional_vector(
         &self,
         name: &str,
@@ -237,6 +306,27 @@ pub(super) fn decode(m: &Matrix, r: usize, out: &mut [f32]) -> Result<(), Forwar
         name: format!("a {} matrix", m.ty.name()),
         message: e.to_string(),
     })
+}
+
+/// Qwen3.5's interleaved rotary sections (`rope.dimension_sections`, four
+/// counts), for the architectures that rotate with them.
+fn sections(arch: Arch, hp: &HyperParams) -> Result<Option<[u32; 4]>, ForwardError> {
+    if !arch.hybrid() {
+        return Ok(None);
+    }
+    let Some(v) = &hp.rope_dimension_sections else {
+        return Ok(None);
+    };
+    let mut s = [0u32; 4];
+    for (slot, &n) in s.iter_mut().zip(v.iter()) {
+        *slot = u32::try_from(n).map_err(|_| {
+            ForwardError::Metadata(format!(
+                "{}.rope.dimension_sections holds {n}, not a count",
+                arch.name()
+            ))
+        })?;
+    }
+    Ok(Some(s))
 }
 
 impl<'a> Model<'a> {
@@ -308,10 +398,59 @@ impl<'a> Model<'a> {
         } else {
             hp.rms_norm_eps
         };
+        let linear = if arch.hybrid() {
+            let need = |v: Option<u64>, key: &str| {
+                v.filter(|&n| n > 0)
+                    .map(|n| n as usize)
+                    .ok_or_else(|| ForwardError::Metadata(format!("{a}.{key} is missing or zero")))
+            };
+            let n_v_heads = need(hp.ssm_time_step_rank, "ssm.time_step_rank")?;
+            let inner = need(hp.ssm_inner_size, "ssm.inner_size")?;
+            let lin = Linear {
+                conv_kernel: need(hp.ssm_conv_kernel, "ssm.conv_kernel")?,
+                n_k_heads: need(hp.ssm_group_count, "ssm.group_count")?,
+                head_k_dim: need(hp.ssm_state_size, "ssm.state_size")?,
+                n_v_heads,
+                head_v_dim: inner / n_v_heads,
+            };
+            // llama.cpp's kernels take square states (head_k_dim = head_v_dim).
+            if inner % n_v_heads != 0
+                || n_v_heads % lin.n_k_heads != 0
+                || lin.head_v_dim != lin.head_k_dim
+                || lin.conv_kernel > 64
+            {
+                return Err(ForwardError::Metadata(format!(
+                    "{a}.ssm: {} key heads of {}, {n_v_heads} value heads of {inner} values in all, \
+                     a {}-tap convolution do not fit together",
+                    lin.n_k_heads, lin.head_k_dim, lin.conv_kernel
+                )));
+            }
+            if let Some(r) = &hp.recurrent_layers
+                && (r.len() as u64) < hp.n_layer()
+            {
+                return Err(ForwardError::Metadata(format!(
+                    "{a}.attention.recurrent_layers has {} entries for {} blocks",
+                    r.len(),
+                    hp.n_layer()
+                )));
+            }
+            Some(lin)
+        } else {
+            None
+        };
+        if hp.nextn_predict_layers.unwrap_or(0) >= hp.block_count && hp.block_count > 0 {
+            return Err(ForwardError::Metadata(format!(
+                "{a}.nextn_predict_layers is {}, and the file has {} blocks in all",
+                hp.nextn_predict_layers.unwrap_or(0),
+                hp.block_count
+            )));
+        }
         let config = Config {
             arch,
             n_embd,
-            n_layer: hp.block_count as usize,
+            // Multi-token-prediction blocks are stored after the model's own
+            // and do not run in the forward pass (as in llama.cpp's).
+            n_layer: hp.n_layer() as usize,
             n_head: hp.head_count as usize,
             n_head_kv: hp.head_count_kv as usize,
             head_dim,
@@ -323,6 +462,7 @@ impl<'a> Model<'a> {
                 yarn,
                 mscale,
                 freq_factors,
+                sections: sections(arch, &hp)?,
             },
             eps: eps.unwrap_or(1e-5) as f32,
             n_vocab: embd.rows,
@@ -332,6 +472,7 @@ impl<'a> Model<'a> {
             expert_weights_scale: f32_of(hp.expert_weights_scale).unwrap_or(0.0),
             logit_scale: f32_of(hp.logit_scale).unwrap_or(1.0),
             kv_type: KvType::F16,
+            linear,
         };
         let c = &config;
         if c.n_head == 0
@@ -365,7 +506,7 @@ impl<'a> Model<'a> {
         };
         let output_norm = load.norm(arch::OUTPUT_NORM, arch::OUTPUT_NORM_BIAS, n_embd)?;
         let layers = (0..c.n_layer)
-            .map(|l| Self::layer(&load, c, l))
+            .map(|l| Self::layer(&load, c, l, hp.is_recurrent(l as u64)))
             .collect::<Result<Vec<_>, _>>()?;
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let kernels = Kernels::from_env()?;
@@ -394,25 +535,37 @@ impl<'a> Model<'a> {
         load: &Loader<'a>,
         c: &Config,
         l: usize,
+        recurrent: bool,
     ) -> Result<Layer<'a>, ForwardError> {
         use BlockTensor as T;
         let n = |t: T| t.name(l as u64);
-        let (q, kv) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
         let e = c.n_embd;
         let ffn_norm = if c.arch.parallel_blocks() {
             None
         } else {
-            Some(load.norm(&n(T::FfnNorm), &n(T::FfnNormBias), e)?)
+            Some(load.norm(&n(c.arch.ffn_norm()), &n(T::FfnNormBias), e)?)
         };
         let ffn = if c.n_expert > 0 {
             let router = load.shaped(&n(T::FfnGateInp), c.n_expert, e)?;
             let gate = load.matrix(&n(T::FfnGateExps))?;
             let ff = gate.rows / c.n_expert;
+            let shared = if load.has(&n(T::FfnUpShexp)) {
+                let gate = load.matrix(&n(T::FfnGateShexp))?;
+                Some(Box::new(Shared {
+                    gate_inp: load.shaped(&n(T::FfnGateInpShexp), 1, e)?,
+                    gate: load.shaped(&n(T::FfnGateShexp), gate.rows, e)?,
+                    up: load.shaped(&n(T::FfnUpShexp), gate.rows, e)?,
+                    down: load.shaped(&n(T::FfnDownShexp), e, gate.rows)?,
+                }))
+            } else {
+                None
+            };
             Ffn::Moe {
                 router,
                 gate: load.experts(&n(T::FfnGateExps), c.n_expert, ff, e)?,
                 up: load.experts(&n(T::FfnUpExps), c.n_expert, ff, e)?,
                 down: load.experts(&n(T::FfnDownExps), c.n_expert, e, ff)?,
+                shared,
             }
         } else {
             let gate = load.matrix(&n(T::FfnGate))?;
@@ -422,9 +575,30 @@ impl<'a> Model<'a> {
                 down: load.shaped(&n(T::FfnDown), e, gate.rows)?,
             }
         };
+        let mixer = match c.linear.filter(|_| recurrent) {
+            Some(lin) => Mixer::Linear(Self::delta_net(load, c, l, lin)?),
+            None => Mixer::Attention(Self::attention_weights(load, c, l)?),
+        };
         Ok(Layer {
             attn_norm: load.norm(&n(T::AttnNorm), &n(T::AttnNormBias), e)?,
-            wq: load.shaped(&n(T::AttnQ), q, e)?,
+            mixer,
+            ffn_norm,
+            ffn,
+        })
+    }
+
+    fn attention_weights(
+        load: &Loader<'a>,
+        c: &Config,
+        l: usize,
+    ) -> Result<Attention<'a>, ForwardError> {
+        use BlockTensor as T;
+        let n = |t: T| t.name(l as u64);
+        let (q, kv) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
+        let e = c.n_embd;
+        let gated = c.arch.hybrid();
+        Ok(Attention {
+            wq: load.shaped(&n(T::AttnQ), if gated { 2 * q } else { q }, e)?,
             wk: load.shaped(&n(T::AttnK), kv, e)?,
             wv: load.shaped(&n(T::AttnV), kv, e)?,
             bq: load.optional_vector(&n(T::AttnQBias), q)?,
@@ -434,8 +608,31 @@ impl<'a> Model<'a> {
             k_norm: load.head_norm(&n(T::AttnKNorm), c.head_dim, c.n_head_kv)?,
             wo: load.shaped(&n(T::AttnOutput), e, q)?,
             bo: load.optional_vector(&n(T::AttnOutputBias), e)?,
-            ffn_norm,
-            ffn,
+            gated,
+        })
+    }
+
+    fn delta_net(
+        load: &Loader<'a>,
+        c: &Config,
+        l: usize,
+        lin: Linear,
+    ) -> Result<DeltaNet<'a>, ForwardError> {
+        use BlockTensor as T;
+        let n = |t: T| t.name(l as u64);
+        let e = c.n_embd;
+        let heads = lin.n_v_heads;
+        Ok(DeltaNet {
+            lin,
+            qkv: load.shaped(&n(T::AttnQkv), lin.conv_dim(), e)?,
+            z: load.shaped(&n(T::AttnGate), lin.value_dim(), e)?,
+            beta: load.shaped(&n(T::SsmBeta), heads, e)?,
+            alpha: load.shaped(&n(T::SsmAlpha), heads, e)?,
+            conv: load.conv(&n(T::SsmConv1d), lin.conv_dim(), lin.conv_kernel)?,
+            dt_bias: load.vector(&n(T::SsmDt), heads)?,
+            a: load.vector(&n(T::SsmA), heads)?,
+            norm: load.vector(&n(T::SsmNorm), lin.head_v_dim)?,
+            out: load.shaped(&n(T::SsmOut), e, lin.value_dim())?,
         })
     }
 }

@@ -21,6 +21,7 @@
 mod attention;
 mod calibration;
 mod config;
+mod delta;
 mod experts;
 mod ffn;
 mod load;
@@ -31,13 +32,13 @@ mod spare;
 mod stream;
 
 pub use calibration::Observer;
-pub use config::Config;
+pub use config::{Config, Linear};
 pub use experts::ExpertStats;
 pub use rope::{Rope, Yarn};
 pub use session::{KvType, Session};
 pub use stream::{ExpertCacheReport, Streaming, StreamingReport};
 
-use load::{Ffn, Layer, Matrix, Norm, decode};
+use load::{Attention, DeltaNet, Ffn, Layer, Matrix, Mixer, Norm, Shared, decode};
 use session::Cache;
 use spare::Spare;
 use stream::Stream;
@@ -338,7 +339,10 @@ impl<'a> Model<'a> {
     ) -> Result<(), ForwardError> {
         let layer = &self.layers[l];
         self.norm(x, &layer.attn_norm, h);
-        let attn = self.attention_block(layer, h, tables, session, l)?;
+        let attn = match &layer.mixer {
+            Mixer::Attention(a) => self.attention_block(a, h, tables, session, l)?,
+            Mixer::Linear(d) => self.delta_net_block(d, h, tables.len(), &mut session.state[l])?,
+        };
         let (e, t_n) = (self.config.n_embd, tables.len() - keep);
         let (x, h, a) = (&mut x[keep * e..], &mut h[keep * e..], &attn[keep * e..]);
         if t_n > 0 {

@@ -34,6 +34,11 @@ pub struct Rope {
     pub mscale: f32,
     /// Per-pair frequency divisors (`rope_freqs.weight`, Llama 3).
     pub freq_factors: Option<Vec<f32>>,
+    /// Qwen3.5's interleaved multi-axis sections (`rope.dimension_sections`,
+    /// ggml's IMROPE): pair `i`'s sector `i mod Σ` rotates with the text
+    /// position when it belongs to one of the first three axes, and not at all
+    /// when it falls to the fourth, whose position a text token has at 0.
+    pub sections: Option<[u32; 4]>,
 }
 
 impl Rope {
@@ -47,6 +52,11 @@ impl Rope {
         };
         let mut theta = pos as f32;
         for i in 0..self.n_rot / 2 {
+            if self.still(i) {
+                out.push((self.mscale, 0.0));
+                theta *= theta_scale;
+                continue;
+            }
             let ff = self.freq_factors.as_ref().map_or(1.0, |f| f[i]);
             let extrap = theta / ff;
             let interp = self.freq_scale * extrap;
@@ -60,6 +70,21 @@ impl Rope {
             out.push((cos * mscale, sin * mscale));
             theta *= theta_scale;
         }
+    }
+
+    /// Whether pair `i` takes the fourth axis of [`Rope::sections`] (ggml's
+    /// IMROPE order: the second, third, first axis, else the fourth).
+    fn still(&self, i: usize) -> bool {
+        let Some(s) = self.sections else {
+            return false;
+        };
+        let total = s.iter().sum::<u32>() as usize;
+        if total == 0 {
+            return false;
+        }
+        let sector = i % total;
+        let within = |axis: usize| sector % 3 == axis && sector < 3 * s[axis] as usize;
+        !(within(1) || within(2) || within(0))
     }
 
     /// Rotates one head in place with a table from [`Rope::table`].
@@ -120,7 +145,32 @@ mod tests {
             yarn: None,
             mscale: 1.0,
             freq_factors: None,
+            sections: None,
         }
+    }
+
+    #[test]
+    fn interleaved_sections_leave_the_fourth_axis_unrotated() {
+        // Eight pairs in sections [2, 3, 3, 0]: sector 6 is 0 mod 3 but past the
+        // first axis's 2 × 3 sectors, so it takes the fourth axis (position 0).
+        let mut r = rope(true);
+        r.n_rot = 16;
+        let mut plain = Vec::new();
+        r.table(5, &mut plain);
+        r.sections = Some([2, 3, 3, 0]);
+        let mut t = Vec::new();
+        r.table(5, &mut t);
+        for (i, (a, b)) in plain.iter().zip(&t).enumerate() {
+            if i == 6 {
+                assert_eq!(*b, (1.0, 0.0));
+            } else {
+                assert_eq!(a, b, "pair {i}");
+            }
+        }
+        // Qwen3.5's own [11, 11, 10] covers all 32 pairs of its 64 rotated dims.
+        r.n_rot = 64;
+        r.sections = Some([11, 11, 10, 0]);
+        assert!((0..32).all(|i| !r.still(i)));
     }
 
     #[test]

@@ -118,6 +118,9 @@ pub(super) fn by_head_transposed(
 pub struct Session {
     pub(super) k: Vec<Cache>,
     pub(super) v: Vec<Cache>,
+    /// Per layer, the state of a gated delta-net layer (empty for attention
+    /// layers): [`Linear::state_values`] values.
+    pub(super) state: Vec<Vec<f32>>,
     pub(super) n_past: usize,
 }
 
@@ -132,16 +135,33 @@ impl Session {
         self.n_past == 0
     }
 
-    /// Forgets everything after the first `n` tokens (keeps the cache's memory).
+    /// Forgets everything after the first `n` tokens (keeps the cache's
+    /// memory). The state of a linear-attention layer holds all its tokens at
+    /// once and cannot step back, so a model with such layers forgets
+    /// everything instead: [`Session::len`] says what is kept.
     pub fn truncate(&mut self, n: usize) {
         if n < self.n_past {
+            let n = if self.state.iter().any(|s| !s.is_empty()) {
+                0
+            } else {
+                n
+            };
             let per = |c: &Cache| c.len() / self.n_past;
             for c in self.k.iter_mut().chain(self.v.iter_mut()) {
                 let keep = per(c) * n;
                 c.truncate(keep);
             }
+            if n == 0 {
+                self.state.iter_mut().for_each(|s| s.fill(0.0));
+            }
             self.n_past = n;
         }
+    }
+
+    /// Bytes of the linear-attention layers' state (constant: it does not
+    /// grow with the context).
+    pub fn state_bytes(&self) -> usize {
+        self.state.iter().map(|s| s.len() * 4).sum()
     }
 }
 
@@ -162,13 +182,25 @@ impl<'a> Model<'a> {
             let _ = v.try_reserve_exact(n);
             v
         }
-        let empty = || match c.kv_type {
-            KvType::F16 => Cache::F16(reserved(n)),
-            KvType::F32 => Cache::F32(reserved(n)),
+        // Linear-attention layers keep no cache: their state instead.
+        let empty = |l: usize| {
+            let n = match self.layers[l].mixer {
+                Mixer::Attention(_) => n,
+                Mixer::Linear(_) => 0,
+            };
+            match c.kv_type {
+                KvType::F16 => Cache::F16(reserved(n)),
+                KvType::F32 => Cache::F32(reserved(n)),
+            }
+        };
+        let state = |l: usize| match &self.layers[l].mixer {
+            Mixer::Attention(_) => Vec::new(),
+            Mixer::Linear(d) => vec![0f32; d.lin.state_values()],
         };
         Session {
-            k: (0..c.n_layer).map(|_| empty()).collect(),
-            v: (0..c.n_layer).map(|_| empty()).collect(),
+            k: (0..c.n_layer).map(empty).collect(),
+            v: (0..c.n_layer).map(empty).collect(),
+            state: (0..c.n_layer).map(state).collect(),
             n_past: 0,
         }
     }

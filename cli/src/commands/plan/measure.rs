@@ -229,6 +229,7 @@ fn forward_dispatch(threads: usize, device: &Device) -> Result<f64> {
             encode: &encode,
             allow_nonfinite: false,
             split_max_size: None,
+            no_mtp: false,
         };
         memwall_convert::job::convert(&ckpt, &out, &options, &crate::progress::Bar::new(false))?;
         let gguf = GgufModel::open(&out)?;

@@ -439,6 +439,10 @@ fn numbers_subject(args: &Args) -> Result<Subject> {
         n_ff_expert: if experts > 0 { embd / 2 } else { 0 },
         tied_embeddings: false,
         ctx_train: 0,
+        n_ff_shared: 0,
+        n_nextn: 0,
+        linear: None,
+        recurrent: Vec::new(),
     };
     shape.check()?;
     Ok(Subject {
@@ -768,6 +772,16 @@ fn print_plan(
         kv.name(),
         human_bytes(s.kv_bytes_per_token(kv) * args.ctx())
     );
+    if s.linear.is_some() {
+        let linear = s.n_layer - s.attention_layers();
+        println!(
+            "          {} of the {} layers are linear attention: no KV cache, a state of {} \
+             in all, the same at any context",
+            linear,
+            s.n_layer,
+            human_bytes(s.recurrent_state_bytes())
+        );
+    }
     println!(
         "Device: {} — {}: {} RAM, {} usable, {:.1} GB/s RAM (× {:.2}), {:.1} GB/s flash, {} threads",
         device.name,
@@ -890,6 +904,7 @@ fn footprint_json(f: &Footprint) -> serde_json::Value {
     json!({
         "weights_bytes": f.weights,
         "kv_bytes": f.kv,
+        "state_bytes": f.state,
         "compute_bytes": f.compute,
         "overhead_bytes": f.overhead,
         "total_bytes": f.total(),
@@ -962,6 +977,8 @@ fn to_json(
         "ctx": args.ctx(),
         "kv_type": kv.name(),
         "kv_bytes": s.kv_bytes_per_token(kv) * args.ctx(),
+        "recurrent_state_bytes": s.recurrent_state_bytes(),
+        "attention_layers": s.attention_layers(),
         "batch": args.batch(),
         "device": device_json(device),
         "rows": rows_json,

@@ -1,0 +1,216 @@
+//! Qwen3.5 against llama.cpp's converter: memwall-synth's tiny dense and MoE
+//! checkpoints, as text models and inside their multimodal checkpoints, with
+//! and without the multi-token-prediction block, at four output types
+//! (expectations recorded by fixtures/synth/qwen35_convert_reference.sh).
+
+mod common;
+
+use common::{
+    fixtures, model_keys, quantize, recorded_keys, recorded_tokenizer_keys, sha, tokenizer_keys,
+};
+
+use std::path::{Path, PathBuf};
+
+use memwall_convert::arch::Arch;
+use memwall_convert::checkpoint::Checkpoint;
+use memwall_convert::job::{Options as Convert, convert};
+use memwall_convert::metadata::hparams_with;
+use memwall_convert::naming::{naming, parameter_counts};
+use memwall_convert::tensors::{Axis, HeadOrder, OutType, encode, nextn_blocks, plan_with, rows};
+use memwall_fixtures::synth::{Options, preset, write_checkpoint};
+use memwall_format::gguf::Metadata;
+use memwall_format::progress::Silent;
+use serde_json::Value;
+
+fn recorded() -> Value {
+    let text = std::fs::read_to_string(fixtures().join("synth/qwen35-convert.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn flags(entry: &Value, key: &str) -> Vec<String> {
+    entry[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Writes the checkpoint of recorded variant `name` into `dir/name`, checking
+/// that it is the input llama.cpp converted.
+fn checkpoint(dir: &Path, name: &str, entry: &Value) -> PathBuf {
+    let mut p = preset(entry["preset"].as_str().unwrap()).unwrap();
+    p.shape.vocab = 49152;
+    let options = Options {
+        tokenizer_dir: Some(fixtures().join("smollm2")),
+        multimodal: flags(entry, "synth_flags").contains(&"--multimodal".to_owned()),
+        ..Options::default()
+    };
+    let out = dir.join(name);
+    write_checkpoint(&out, p.arch, &p.shape, &options, &mut |_| {}).unwrap();
+    for (file, want) in entry["safetensors_sha256"].as_object().unwrap() {
+        let bytes = std::fs::read(out.join(file)).unwrap();
+        assert_eq!(
+            sha(&bytes),
+            want.as_str().unwrap(),
+            "{name}: synth input {file}"
+        );
+    }
+    out
+}
+
+fn nextn(entry: &Value) -> bool {
+    !flags(entry, "convert_flags").contains(&"--no-mtp".to_owned())
+}
+
+fn arch_of(ckpt: &Checkpoint) -> &'static Arch {
+    Arch::for_class(ckpt.config()["architectures"][0].as_str().unwrap()).unwrap()
+}
+
+#[test]
+fn every_qwen35_checkpoint_converts_tensor_for_tensor_as_llama_cpp() {
+    let reference = recorded();
+    let dir = tempfile::tempdir().unwrap();
+    for (name, entry) in reference["variants"].as_object().unwrap() {
+        let ckpt = Checkpoint::open(&checkpoint(dir.path(), name, entry)).unwrap();
+        let arch = arch_of(&ckpt);
+        for (outtype, want) in entry["outtypes"].as_object().unwrap() {
+            let planned =
+                plan_with(&ckpt, arch, OutType::parse(outtype).unwrap(), nextn(entry)).unwrap();
+            let ours: Vec<(String, String, Vec<u64>, String)> = planned
+                .iter()
+                .map(|p| {
+                    let x = rows(&ckpt, p, 0, p.rows()).unwrap();
+                    let bytes = encode(p, &x, &quantize).unwrap();
+                    (
+                        p.name.clone(),
+                        p.ty.name().to_uppercase(),
+                        p.dims.clone(),
+                        sha(&bytes),
+                    )
+                })
+                .collect();
+            let theirs: Vec<(String, String, Vec<u64>, String)> = want["tensors"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| {
+                    let dims = t[2].as_array().unwrap();
+                    (
+                        t[0].as_str().unwrap().to_owned(),
+                        t[1].as_str().unwrap().to_owned(),
+                        dims.iter().map(|d| d.as_u64().unwrap()).collect(),
+                        t[3].as_str().unwrap().to_owned(),
+                    )
+                })
+                .collect();
+            assert_eq!(ours.len(), theirs.len(), "{name} {outtype}: tensor count");
+            for (a, b) in ours.iter().zip(&theirs) {
+                assert_eq!(a, b, "{name} {outtype}");
+            }
+        }
+    }
+}
+
+#[test]
+fn qwen35_metadata_equals_llama_cpps() {
+    let reference = recorded();
+    let dir = tempfile::tempdir().unwrap();
+    for (name, entry) in reference["variants"].as_object().unwrap() {
+        let path = checkpoint(dir.path(), name, entry);
+        let ckpt = Checkpoint::open(&path).unwrap();
+        let arch = arch_of(&ckpt);
+        let n = if nextn(entry) {
+            nextn_blocks(&ckpt, arch)
+        } else {
+            0
+        };
+        for (outtype, want) in entry["outtypes"].as_object().unwrap() {
+            let outtype = OutType::parse(outtype).unwrap();
+            let mut meta = Metadata::new();
+            hparams_with(&mut meta, ckpt.config(), arch, outtype, n as u32).unwrap();
+            assert_eq!(
+                model_keys(&meta),
+                recorded_keys(&want["metadata"]),
+                "{name} {outtype:?}"
+            );
+        }
+        // Naming (the size label counts the MTP block, as llama.cpp's does) and
+        // the tokenizer keys.
+        let planned = plan_with(&ckpt, arch, OutType::F16, nextn(entry)).unwrap();
+        let counts = parameter_counts(planned.iter().map(|p| (p.name.as_str(), p.dims.as_slice())));
+        let naming = naming(&path, ckpt.config(), counts, &Default::default());
+        let meta = &entry["outtypes"]["f16"]["metadata"];
+        assert_eq!(
+            naming.name.as_deref(),
+            meta["general.name"]["value"].as_str(),
+            "{name}"
+        );
+        assert_eq!(
+            naming.size_label.as_deref(),
+            meta["general.size_label"]["value"].as_str(),
+            "{name}"
+        );
+        let v = memwall_convert::vocab::load_bpe(&path, ckpt.config(), arch.gguf).unwrap();
+        let mut tok = Metadata::new();
+        memwall_convert::vocab::write_vocab(&mut tok, &v, "smollm");
+        assert_eq!(
+            tokenizer_keys(&tok),
+            recorded_tokenizer_keys(meta),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn whole_qwen35_files_equal_llama_cpps() {
+    let reference = recorded();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.gguf");
+    for (name, entry) in reference["variants"].as_object().unwrap() {
+        let path = checkpoint(dir.path(), name, entry);
+        for (outtype, want) in entry["outtypes"].as_object().unwrap() {
+            let options = Convert {
+                outtype: OutType::parse(outtype).unwrap(),
+                pre: Some("smollm".into()),
+                encode: &quantize,
+                allow_nonfinite: false,
+                split_max_size: None,
+                no_mtp: !nextn(entry),
+            };
+            convert(&path, &out, &options, &Silent).unwrap();
+            let bytes = std::fs::read(&out).unwrap();
+            assert_eq!(
+                bytes.len() as u64,
+                want["bytes"].as_u64().unwrap(),
+                "{name} {outtype}"
+            );
+            assert_eq!(
+                sha(&bytes),
+                want["sha256"].as_str().unwrap(),
+                "{name} {outtype}"
+            );
+        }
+    }
+}
+
+#[test]
+fn value_heads_go_from_grouped_to_tiled_and_back() {
+    // Two key heads with three value heads each, heads of two values, after
+    // four other rows: g0v0 g0v1 g0v2 g1v0 g1v1 g1v2 → g0v0 g1v0 g0v1 g1v1 g0v2 g1v2.
+    let order = HeadOrder {
+        axis: Axis::Rows,
+        start: 4,
+        k_heads: 2,
+        per_k: 3,
+        head_dim: 2,
+    };
+    let sources: Vec<usize> = (0..16).map(|i| order.source(i)).collect();
+    assert_eq!(
+        sources,
+        [0, 1, 2, 3, 4, 5, 10, 11, 6, 7, 12, 13, 8, 9, 14, 15]
+    );
+    for i in 0..20 {
+        assert_eq!(order.target(order.source(i)), i);
+    }
+}
