@@ -18,6 +18,10 @@
 //!   Any other SIGBUS removes the outputs and then takes its default action.
 //! - SIGXFSZ is ignored: a write past `ulimit -f` then fails with EFBIG and
 //!   takes the ordinary error path (partial file removed, the file named).
+//! - SIGPIPE when standard output's reader has gone (`memwall plan … | head`):
+//!   remove the unfinished outputs and exit quietly with 141, as a shell tool
+//!   does, instead of failing to print. A broken pipe to anything else (the
+//!   chat template's renderer) returns an error from the write as before.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -53,6 +57,26 @@ pub fn install() {
     }
     let on_bus: extern "C" fn(_, _, _) = on_bus;
     set_handler(libc::SIGBUS, on_bus as usize, libc::SA_SIGINFO);
+    set_handler(libc::SIGPIPE, on_pipe as extern "C" fn(_) as usize, 0);
+}
+
+extern "C" fn on_pipe(_signal: libc::c_int) {
+    // A pipe with no reader polls as an error; any other standard output
+    // (a terminal, a file, a live pipe) does not.
+    let mut fd = libc::pollfd {
+        fd: 1,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: poll is async-signal-safe; one valid pollfd, no wait.
+    let polled = unsafe { libc::poll(&mut fd, 1, 0) };
+    if polled != 1 || fd.revents & libc::POLLERR == 0 {
+        return;
+    }
+    first_handler();
+    remove_registered();
+    // SAFETY: as in `on_terminate`.
+    unsafe { libc::_exit(128 + libc::SIGPIPE) }
 }
 
 /// Whether `signal` is ignored now (inherited from the parent).

@@ -976,3 +976,23 @@ fn an_interrupted_push_leaves_no_local_chunk() {
         assert_eq!(chunks(), 0, "{:?}", names(&tree(tmp.path())));
     }
 }
+
+/// A reader that goes away (`memwall tokenize … | head`) ends memwall
+/// quietly with 141, as a shell tool ends, and not with a panic about
+/// printing: here the pipe is closed before memwall writes its first line,
+/// and the ids of the held-out text would fill far more than a pipe holds.
+#[test]
+fn a_closed_standard_output_ends_quietly() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memwall"))
+        .args(["tokenize", "-m", TINY, "-f", TEXT])
+        .current_dir(repo())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+}
