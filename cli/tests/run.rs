@@ -121,6 +121,7 @@ fn greedy_is_deterministic_and_stop_strings_cut_the_text() {
             "prompt_tokens_per_second",
             "decode_tokens_per_second",
             "peak_rss_bytes",
+            "file_rss_bytes",
             "storage_read_bytes_per_token",
         ] {
             b[k] = a[k].clone();

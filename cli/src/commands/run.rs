@@ -116,6 +116,21 @@ fn peak_rss() -> u64 {
     usage.ru_maxrss.max(0) as u64 * 1024
 }
 
+/// Resident pages of this process backed by files (its code and libraries;
+/// the model too when mapped), from `/proc/self/status`; 0 where the system
+/// does not say. They count in the peak RSS as far as the page cache holds
+/// them, so that peak moves with what else the machine has read.
+fn file_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("RssFile:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024)
+        })
+        .unwrap_or(0)
+}
+
 fn stats_json(s: &Stats) -> serde_json::Value {
     json!({
         "prompt_tokens": s.prompt_tokens,
@@ -125,6 +140,7 @@ fn stats_json(s: &Stats) -> serde_json::Value {
         "decode_tokens_per_second": s.generated as f64 / s.decode_time.as_secs_f64().max(1e-9),
         "stopped_by": s.stopped_by.name(),
         "peak_rss_bytes": peak_rss(),
+        "file_rss_bytes": file_rss(),
         "storage_read_bytes_per_token": s.decode_read.map(|b| b / s.generated.max(1) as u64),
     })
 }

@@ -81,6 +81,10 @@ pub struct Footprint {
     pub compute: u64,
     /// The process itself: code, allocator, parsed metadata and tokenizer.
     pub overhead: u64,
+    /// Of `overhead`, the program's code and libraries: pages backed by
+    /// files, which the system may drop and read again, so a peak RSS holds
+    /// as many of them as the page cache happens to (0: not told apart).
+    pub code: u64,
 }
 
 impl Footprint {
@@ -106,9 +110,11 @@ pub struct Load {
 }
 
 /// Process baseline of memwall's runtime: code, libc, allocator arenas, the
-/// thread pool (fitted to peak RSS of tiny-zh and SmolLM2, docs/PLAN.md; the
-/// resident code grew with the command line's llama.cpp spellings and tokenize).
+/// thread pool (fitted to peak RSS of tiny-zh and SmolLM2, docs/PLAN.md).
 const MEMWALL_BASE: u64 = 7_000_000;
+/// Of [`MEMWALL_BASE`], the resident code and libraries (the file-backed
+/// RSS of a release build's `run`, docs/PLAN.md).
+const MEMWALL_CODE: u64 = 6_500_000;
 /// Memory per byte of GGUF header besides the header itself: the parsed
 /// metadata (every vocabulary entry a `String`), the tokenizer's maps and
 /// merge ranks (fitted as above: 6 144 and 49 152-entry vocabularies).
@@ -147,6 +153,7 @@ pub fn footprint(runtime: Runtime, shape: &Shape, load: &Load) -> Footprint {
                 state: shape.recurrent_state_bytes(),
                 compute: batch * per_token + attention + logits,
                 overhead,
+                code: MEMWALL_CODE,
             }
         }
         Runtime::LlamaCpp => {
@@ -163,6 +170,7 @@ pub fn footprint(runtime: Runtime, shape: &Shape, load: &Load) -> Footprint {
                 state: shape.recurrent_state_bytes(),
                 compute,
                 overhead: LLAMA_BASE + load.header_bytes,
+                code: 0,
             }
         }
     }

@@ -907,6 +907,7 @@ fn footprint_json(f: &Footprint) -> serde_json::Value {
         "state_bytes": f.state,
         "compute_bytes": f.compute,
         "overhead_bytes": f.overhead,
+        "code_bytes": f.code,
         "total_bytes": f.total(),
     })
 }
