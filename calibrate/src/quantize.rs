@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use memwall_format::GgmlType;
+use memwall_format::arch::Arch;
 use memwall_format::blocks::dequantize_row;
 use memwall_format::gguf::{GgufModel, GgufWriter, TensorSpec, Value};
 use memwall_format::progress::{Progress, Unit};
@@ -162,8 +163,13 @@ const STAGES: [&str; 5] = ["attn_in", "attn_out", "ffn_in", "ffn_mid", "shexp_mi
 /// is recorded for the group (so shared inputs are counted once). A gated
 /// delta-net layer's projections read the attention input too, its output
 /// projection the attention output; a shared expert reads the FFN input,
-/// its down projection an input of its own.
-fn input_group(suffix: &str) -> Option<(&'static str, bool)> {
+/// its down projection an input of its own. Gemma 4's router reads an input
+/// of its own (the residual's plain RMSNorm, scaled) and its experts theirs
+/// (the second pre-norm): the FFN input of `ffn_in` is its dense MLP's.
+fn input_group(suffix: &str, arch: Arch) -> Option<(&'static str, bool)> {
+    if arch == Arch::Gemma4 && suffix == "ffn_gate_inp.weight" {
+        return Some(("router_in", true));
+    }
     Some(match suffix {
         "attn_q.weight" | "attn_qkv.weight" => ("attn_in", true),
         "attn_k.weight" | "attn_v.weight" => ("attn_in", false),
@@ -174,7 +180,7 @@ fn input_group(suffix: &str) -> Option<(&'static str, bool)> {
         "ffn_gate_inp.weight" => ("ffn_in", true),
         "ffn_gate.weight" => ("ffn_in", true),
         "ffn_up.weight" => ("ffn_in", false),
-        "ffn_gate_exps.weight" => ("ffn_in", true),
+        "ffn_gate_exps.weight" | "ffn_gate_up_exps.weight" => ("ffn_in", true),
         "ffn_up_exps.weight" => ("ffn_in", false),
         "ffn_down.weight" | "ffn_down_exps.weight" => ("ffn_mid", true),
         _ => return None,
@@ -192,6 +198,7 @@ fn key(group: &str, expert: Option<usize>) -> String {
 /// Collects Hessians of the wanted inputs of one layer.
 struct Collect {
     prefix: String,
+    arch: Arch,
     wanted: HashSet<String>,
     found: Mutex<HashMap<String, Hessian>>,
     /// Nanoseconds spent accumulating.
@@ -204,7 +211,7 @@ impl Observer for Collect {
         let Some(suffix) = tensor.strip_prefix(&self.prefix) else {
             return;
         };
-        let Some((group, true)) = input_group(suffix) else {
+        let Some((group, true)) = input_group(suffix, self.arch) else {
             return;
         };
         // The router's input is the FFN input of every token (dense); the
@@ -314,6 +321,7 @@ fn pass(
     let started = Instant::now();
     let collect = Arc::new(Collect {
         prefix: format!("blk.{l}."),
+        arch: model.config.arch,
         wanted,
         found: Mutex::new(HashMap::new()),
         nanos: std::sync::atomic::AtomicU64::new(0),
@@ -393,7 +401,7 @@ fn estimate_memory(
         let (mut w, mut h) = (0u64, 0u64);
         let mut keys = HashSet::new();
         for t in plan.tensors.iter().filter(|t| t.name.starts_with(&prefix)) {
-            let Some((group, records)) = input_group(&t.name[prefix.len()..]) else {
+            let Some((group, records)) = input_group(&t.name[prefix.len()..], c.arch) else {
                 continue;
             };
             if t.converts() {
@@ -572,7 +580,7 @@ pub fn run(
         let mut targets: Vec<Target> = Vec::new();
         for t in plan.tensors.iter().filter(|t| t.name.starts_with(&prefix)) {
             let suffix = &t.name[prefix.len()..];
-            if input_group(suffix).is_none() || !t.converts() {
+            if input_group(suffix, c.arch).is_none() || !t.converts() {
                 continue;
             }
             let (w, _, dims) = decode_tensor(gguf, &t.name)?;
@@ -628,6 +636,13 @@ pub fn run(
                         "ssm_alpha.weight",
                     ],
                 ));
+            } else if gguf.tensor(&format!("{prefix}attn_v.weight")).is_none() {
+                // Gemma 4's global layers: the values are the keys.
+                groups.push((
+                    "attn_in",
+                    "attn_norm",
+                    vec!["attn_q.weight", "attn_k.weight"],
+                ));
             } else {
                 groups.push((
                     "attn_in",
@@ -636,7 +651,9 @@ pub fn run(
                 ));
             }
             let has_v_bias = gguf.tensor(&format!("{prefix}attn_v.bias")).is_some();
-            if c.n_head == c.n_head_kv && !has_v_bias {
+            // Gemma 4 RMS-normalises its values, so a factor moved into V
+            // would not come out again.
+            if c.n_head == c.n_head_kv && !has_v_bias && c.arch != Arch::Gemma4 {
                 groups.push(("attn_out", "attn_v.weight", vec!["attn_output.weight"]));
             }
             if !moe {
@@ -743,7 +760,7 @@ pub fn run(
         // 3. Quantize group by group.
         for (stage, group) in STAGES.into_iter().enumerate() {
             let members: Vec<usize> = (0..targets.len())
-                .filter(|&i| input_group(targets[i].suffix()).map(|g| g.0) == Some(group))
+                .filter(|&i| input_group(targets[i].suffix(), c.arch).map(|g| g.0) == Some(group))
                 .collect();
             if members.is_empty() {
                 continue;
@@ -754,12 +771,13 @@ pub fn run(
                 for x in 0..c.n_expert {
                     wanted.insert(key(group, Some(x)));
                 }
-                // The pass can stop at the group's first matrix (a dense one;
-                // experts need the whole routed FFN).
-                let stop = members
-                    .iter()
+                // The pass can stop at the group's first matrix when all are
+                // dense (experts need the whole routed FFN).
+                let dense = members.iter().all(|&i| targets[i].experts == 1);
+                let stop = (members.iter())
                     .map(|&i| &targets[i])
-                    .find(|t| t.experts == 1 && input_group(t.suffix()).is_some_and(|g| g.1))
+                    .find(|t| input_group(t.suffix(), c.arch).is_some_and(|g| g.1))
+                    .filter(|_| dense)
                     .map(|t| t.name.clone());
                 for (k, h) in pass(
                     model,

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
-use common::{repo, stdout_of};
+use common::{kld_mean, repo, stdout_of};
 use memwall_format::GgmlType;
 use memwall_format::gguf::{Value, parse};
 use serde_json::Value as Json;
@@ -65,19 +65,6 @@ fn layout(path: &Path) -> (Tensors, BTreeMap<String, Value>) {
         .map(|(k, v)| (k.to_owned(), v.clone()))
         .collect();
     (tensors, meta)
-}
-
-fn kld(model: &Path, base: &Path) -> f64 {
-    let out = stdout_of(&[
-        "perplexity",
-        "-m",
-        s(model),
-        "--kl-divergence",
-        s(base),
-        "--json",
-    ]);
-    let v: Json = serde_json::from_str(&out).unwrap();
-    v["kld"]["mean"].as_f64().unwrap()
 }
 
 #[test]
@@ -145,7 +132,7 @@ fn calibrated_files_keep_the_plain_layout_run_in_llama_cpp_and_lower_the_kld() {
         s(&base),
     ]);
     let (plain_tensors, _) = layout(&plain);
-    let k_weighted = kld(&weighted, &base);
+    let k_weighted = kld_mean(&weighted, &base);
     let mut klds = BTreeMap::new();
     for method in ["awq", "gptq", "awq+gptq"] {
         let out = d.join(format!("{method}.gguf"));
@@ -185,7 +172,7 @@ fn calibrated_files_keep_the_plain_layout_run_in_llama_cpp_and_lower_the_kld() {
             (ppl / want - 1.0).abs() < 1e-3,
             "{method}: memwall {ppl} vs llama.cpp {want}"
         );
-        klds.insert(method, kld(&out, &base));
+        klds.insert(method, kld_mean(&out, &base));
     }
     // GPTQ's error feedback beats importance-weighted rounding on the same data.
     assert!(

@@ -282,6 +282,8 @@ impl Session {
             "Qwen3-30B-A3B",
             "c4ai-command-r-v01",
             "Qwen3.5-35B-A3B",
+            "gemma-4-26B-A4B-it",
+            "gemma-4-31B-it",
         ] {
             std::fs::create_dir(dir.path().join(model)).unwrap();
             std::fs::copy(

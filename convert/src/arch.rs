@@ -34,6 +34,10 @@ pub struct Arch {
     /// stored as `1 + w`, value heads reordered, a norm before the FFN named
     /// `post_attention_norm` and multi-token-prediction blocks (`mtp.*`).
     pub hybrid: bool,
+    /// Gemma 4: norms stored as they are, sandwich norms, `layer_scalar`,
+    /// a router with scales and fused experts beside the dense MLP, and the
+    /// generated `rope_freqs` of its proportional rotary embedding.
+    pub gemma: bool,
 }
 
 /// Tensors outside the blocks: (HF module, GGUF name).
@@ -83,6 +87,51 @@ pub const HYBRID_BLOCK_NAMES: &[(&str, &str)] = &[
     ("hnorm", "nextn.hnorm"),
     ("shared_head.norm", "nextn.shared_head_norm"),
 ];
+
+/// Tensors of block `N` of Gemma 4, looked up before [`BLOCK_NAMES`].
+pub const GEMMA4_BLOCK_NAMES: &[(&str, &str)] = &[
+    ("post_attention_layernorm", "post_attention_norm"),
+    ("pre_feedforward_layernorm", "ffn_norm"),
+    ("post_feedforward_layernorm", "post_ffw_norm"),
+    ("pre_feedforward_layernorm_2", "pre_ffw_norm_2"),
+    ("post_feedforward_layernorm_1", "post_ffw_norm_1"),
+    ("post_feedforward_layernorm_2", "post_ffw_norm_2"),
+    ("layer_scalar", "layer_output_scale"),
+    ("router.proj", "ffn_gate_inp"),
+    ("router", "ffn_gate_inp"),
+    ("experts.gate_up_proj", "ffn_gate_up_exps"),
+    ("experts.down_proj", "ffn_down_exps"),
+    ("per_layer_input_gate", "inp_gate"),
+    ("per_layer_projection", "proj"),
+    ("post_per_layer_input_norm", "post_norm"),
+];
+
+/// Gemma 4's tensors outside the blocks, looked up before [`GLOBAL_NAMES`].
+const GEMMA4_GLOBAL_NAMES: &[(&str, &str)] = &[
+    ("model.embed_tokens_per_layer", "per_layer_token_embd"),
+    ("model.per_layer_model_projection", "per_layer_model_proj"),
+    ("model.per_layer_projection_norm", "per_layer_proj_norm"),
+];
+
+/// A Gemma 4 tensor's name as llama.cpp's converter gives it before mapping
+/// (`Gemma4Model.filter_tensors`): `layer_scalar`, `per_dim_scale` and the
+/// stacked experts (`experts.gate_up_proj`, `experts.down_proj`) get
+/// `.weight`.
+pub fn gemma4_name(name: &str) -> String {
+    if name.ends_with("per_dim_scale") || name.ends_with("layer_scalar") {
+        return format!("{name}.weight");
+    }
+    let weighted = [
+        ".weight",
+        ".weight_scale",
+        ".weight_scale_2",
+        ".input_scale",
+    ];
+    if name.contains(".experts.") && !weighted.iter().any(|w| name.ends_with(w)) {
+        return format!("{name}.weight");
+    }
+    name.to_owned()
+}
 
 /// Prefixes of multimodal checkpoints' tensors that the text model's
 /// conversion drops (llama.cpp's `TextModel.filter_tensors`): name starts…
@@ -200,6 +249,7 @@ pub const ARCHS: &[Arch] = &[
         permute_qk: true,
         experts: None,
         hybrid: false,
+        gemma: false,
     },
     Arch {
         hf_classes: &["MixtralForCausalLM"],
@@ -208,6 +258,7 @@ pub const ARCHS: &[Arch] = &[
         permute_qk: true,
         experts: Some(&MIXTRAL_EXPERTS),
         hybrid: false,
+        gemma: false,
     },
     Arch {
         hf_classes: &["Qwen2ForCausalLM"],
@@ -216,6 +267,7 @@ pub const ARCHS: &[Arch] = &[
         permute_qk: false,
         experts: None,
         hybrid: false,
+        gemma: false,
     },
     Arch {
         hf_classes: &["Qwen3ForCausalLM"],
@@ -224,6 +276,7 @@ pub const ARCHS: &[Arch] = &[
         permute_qk: false,
         experts: None,
         hybrid: false,
+        gemma: false,
     },
     Arch {
         hf_classes: &["Qwen3MoeForCausalLM"],
@@ -232,6 +285,7 @@ pub const ARCHS: &[Arch] = &[
         permute_qk: false,
         experts: Some(&QWEN_EXPERTS),
         hybrid: false,
+        gemma: false,
     },
     Arch {
         hf_classes: &["CohereForCausalLM"],
@@ -240,6 +294,7 @@ pub const ARCHS: &[Arch] = &[
         permute_qk: false,
         experts: None,
         hybrid: false,
+        gemma: false,
     },
     Arch {
         hf_classes: &["Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"],
@@ -248,6 +303,7 @@ pub const ARCHS: &[Arch] = &[
         permute_qk: false,
         experts: None,
         hybrid: true,
+        gemma: false,
     },
     Arch {
         hf_classes: &[
@@ -259,6 +315,16 @@ pub const ARCHS: &[Arch] = &[
         permute_qk: false,
         experts: Some(&QWEN_EXPERTS),
         hybrid: true,
+        gemma: false,
+    },
+    Arch {
+        hf_classes: &["Gemma4ForConditionalGeneration", "Gemma4ForCausalLM"],
+        gguf: "gemma4",
+        model_type: "gemma4_text",
+        permute_qk: false,
+        experts: None,
+        hybrid: false,
+        gemma: true,
     },
 ];
 
@@ -310,6 +376,18 @@ pub fn gguf_name(name: &str) -> Option<String> {
 /// `linear_attn.A_log` (→ `ssm_a`, no suffix) and `linear_attn.dt_bias` (→
 /// `ssm_dt.bias`).
 pub fn gguf_name_for(arch: &Arch, name: &str) -> Option<String> {
+    if arch.gemma {
+        // The router's per-expert scale goes with the experts' down projection.
+        if let Some(module) = name.strip_suffix(".router.per_expert_scale") {
+            let n: usize = module.strip_prefix("model.layers.")?.parse().ok()?;
+            return Some(format!("blk.{n}.ffn_down_exps.scale"));
+        }
+        let (module, suffix) = name.rsplit_once('.')?;
+        if let Some((_, g)) = GEMMA4_GLOBAL_NAMES.iter().find(|(h, _)| *h == module) {
+            return Some(format!("{g}.{suffix}"));
+        }
+        return gguf_name_in(name, GEMMA4_BLOCK_NAMES);
+    }
     if !arch.hybrid {
         return gguf_name(name);
     }

@@ -393,15 +393,27 @@ fn f32_decimal(v: f64) -> f64 {
     format!("{}", v as f32).parse().unwrap_or(v)
 }
 
+/// Whether export can undo what the converter did to `arch`'s tensors:
+/// not yet for Qwen3.5's hybrid stacks (norms stored +1, `ssm_a`, value heads
+/// reordered) or Gemma 4 (its per-layer heads, rope factors and fused experts).
+fn exported(arch: &Arch) -> bool {
+    !arch.hybrid && !arch.gemma
+}
+
 /// The architecture table entry for a GGUF architecture (MoE or not).
 fn target(hp: &HyperParams) -> Result<&'static Arch, ModelError> {
     let name = hp.architecture.as_str();
     let moe = hp.expert_count.unwrap_or(0) > 0;
     ARCHS
         .iter()
+        .filter(|a| exported(a))
         .find(|a| a.gguf == name && a.experts.is_some() == moe)
         .ok_or_else(|| {
-            let mut known: Vec<&str> = ARCHS.iter().map(|a| a.gguf).collect();
+            let mut known: Vec<&str> = ARCHS
+                .iter()
+                .filter(|a| exported(a))
+                .map(|a| a.gguf)
+                .collect();
             known.dedup();
             ModelError::Architecture {
                 arch: name.to_owned(),

@@ -141,6 +141,10 @@ pub fn with_defaults(config: &mut Value) {
         return;
     };
     let model_type = c.get("model_type").and_then(Value::as_str).unwrap_or("");
+    if model_type == "gemma4_text" {
+        gemma4_defaults(c);
+        return;
+    }
     let qwen35 = model_type.starts_with("qwen3_5");
     let Some((_, defaults)) = DEFAULTS.iter().find(|(t, _)| *t == model_type) else {
         if let Some(text) = c.get_mut("text_config") {
@@ -220,6 +224,145 @@ fn qwen35_defaults(c: &mut Map<String, Value>) {
     } else {
         c.entry("num_key_value_heads").or_insert(Value::from(4));
     }
+}
+
+/// What `Gemma4TextConfig` makes of a config (its `__post_init__` and
+/// defaults), for the keys the converter reads: `layer_types` (every sixth
+/// layer global by default, and the last always), the two rope parameter
+/// sets, and the global layers' head size and KV heads resolved from
+/// `global_head_dim` / `num_global_key_value_heads` (the latter only with
+/// `attention_k_eq_v`) or from a saved `per_layer_config`, left as
+/// `global_head_dim` and, when it applies, `num_global_key_value_heads`.
+fn gemma4_defaults(c: &mut Map<String, Value>) {
+    for (key, default) in [
+        ("hidden_size", Value::from(2304)),
+        ("intermediate_size", Value::from(9216)),
+        ("num_hidden_layers", Value::from(30)),
+        ("num_attention_heads", Value::from(8)),
+        ("num_key_value_heads", Value::from(4)),
+        ("head_dim", Value::from(256)),
+        ("max_position_embeddings", Value::from(131_072)),
+        ("rms_norm_eps", Value::from(1e-6)),
+        ("sliding_window", Value::from(512)),
+        ("vocab_size", Value::from(262_144)),
+        ("hidden_size_per_layer_input", Value::from(256)),
+        ("num_kv_shared_layers", Value::from(0)),
+        ("attention_k_eq_v", Value::from(false)),
+        ("use_double_wide_mlp", Value::from(false)),
+        ("tie_word_embeddings", Value::from(true)),
+    ] {
+        if c.get(key).is_none_or(Value::is_null) {
+            c.insert(key.to_owned(), default);
+        }
+    }
+    let n = c
+        .get("num_hidden_layers")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    if c.get("layer_types").is_none_or(Value::is_null) {
+        let types = (1..=n)
+            .map(|i| {
+                Value::from(if i % 6 == 0 {
+                    "full_attention"
+                } else {
+                    "sliding_attention"
+                })
+            })
+            .collect();
+        c.insert("layer_types".into(), Value::Array(types));
+    }
+    if let Some(Value::Array(types)) = c.get_mut("layer_types")
+        && let Some(last) = types.last_mut()
+    {
+        *last = Value::from("full_attention");
+    }
+    if c.get("rope_parameters").is_none_or(Value::is_null) {
+        c.insert(
+            "rope_parameters".into(),
+            serde_json::json!({
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                   "rope_theta": 1000000.0},
+            }),
+        );
+    }
+    // The global layers' overrides: a saved per_layer_config, else the
+    // published keys.
+    let full: Vec<usize> = c
+        .get("layer_types")
+        .and_then(Value::as_array)
+        .map(|t| {
+            t.iter()
+                .enumerate()
+                .filter(|(_, v)| v.as_str() == Some("full_attention"))
+                .map(|(i, _)| i)
+                .collect()
+        })
+        .unwrap_or_default();
+    let overrides = c
+        .get("per_layer_config")
+        .and_then(Value::as_object)
+        .map(|m| {
+            let find = |key: &str| {
+                m.iter()
+                    .filter_map(|(k, v)| Some((k.parse::<usize>().ok()?, v.get(key)?.clone())))
+                    .find(|(l, _)| full.contains(l))
+                    .map(|(_, v)| v)
+            };
+            (find("head_dim"), find("num_key_value_heads"))
+        });
+    let (head, kv) = match overrides {
+        Some(o) => o,
+        None => {
+            let k_eq_v = c
+                .get("attention_k_eq_v")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            (
+                Some(
+                    c.get("global_head_dim")
+                        .cloned()
+                        .unwrap_or(Value::from(512)),
+                ),
+                c.get("num_global_key_value_heads")
+                    .filter(|v| !v.is_null() && k_eq_v)
+                    .cloned(),
+            )
+        }
+    };
+    match head {
+        Some(h) => c.insert("global_head_dim".into(), h),
+        None => c.remove("global_head_dim"),
+    };
+    match kv {
+        Some(k) => c.insert("num_global_key_value_heads".into(), k),
+        None => c.remove("num_global_key_value_heads"),
+    };
+}
+
+/// Gemma 4's layer kinds and global heads from a config (after
+/// [`with_defaults`]), for the tensor table; `None` for other models.
+pub fn gemma_dims(c: &Value) -> Option<memwall_format::arch::GemmaDims> {
+    if c.get("model_type").and_then(Value::as_str) != Some("gemma4_text") {
+        return None;
+    }
+    let num = |k: &str| c.get(k).and_then(Value::as_u64);
+    let sliding = c
+        .get("layer_types")?
+        .as_array()?
+        .iter()
+        .map(|t| t.as_str() == Some("sliding_attention"))
+        .collect();
+    let k_eq_v = c
+        .get("attention_k_eq_v")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    Some(memwall_format::arch::GemmaDims {
+        global_head_dim: num("global_head_dim").or(num("head_dim"))?,
+        global_kv_heads: num("num_global_key_value_heads").or(num("num_key_value_heads"))?,
+        k_eq_v,
+        sliding,
+    })
 }
 
 /// A multimodal config (Qwen3.5's `…ForConditionalGeneration`) as llama.cpp's

@@ -17,7 +17,10 @@ use crate::tensors::{
     nextn_blocks, plan_with, rows,
 };
 use crate::validate::MismatchError;
-use crate::vocab::{VocabError, detect_pre, load_bpe, load_sentencepiece, write_vocab};
+use crate::vocab::{
+    VocabError, detect_pre, load_bpe, load_gemma4, load_sentencepiece, write_gemma4_vocab,
+    write_vocab,
+};
 
 /// Why a conversion failed.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +75,10 @@ pub enum ModelError {
     /// The thread writing the output panicked.
     #[error("the writer thread panicked")]
     WriterPanicked,
+    /// A variant of a supported architecture whose extra parts are not
+    /// converted yet.
+    #[error("{0}")]
+    Variant(String),
 }
 
 /// A `generation_config.json` sampling value of the wrong type.
@@ -125,6 +132,29 @@ pub struct Conversion {
     pub tensors: Vec<Planned>,
 }
 
+/// Gemma 4's E2B and E4B add per-layer token embeddings and layers that
+/// read another layer's KV cache: refused by name until they are converted.
+fn gemma4_variant(config: &serde_json::Value) -> Result<(), ModelError> {
+    let num = |key: &str| {
+        config
+            .get(key)
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0)
+    };
+    let (ple, shared) = (
+        num("hidden_size_per_layer_input"),
+        num("num_kv_shared_layers"),
+    );
+    if ple > 0 || shared > 0 {
+        return Err(ModelError::Variant(format!(
+            "Gemma 4 with per-layer token embeddings (hidden_size_per_layer_input = {ple}) or \
+             layers sharing a KV cache (num_kv_shared_layers = {shared}) — the E2B and E4B \
+             models — is not converted yet; the 31B and the 26B-A4B are"
+        )));
+    }
+    Ok(())
+}
+
 /// Plans the conversion of the checkpoint in `dir`.
 pub fn prepare(ckpt: &Checkpoint, options: &Options) -> Result<Conversion, ConvertError> {
     let model_err = |problem: ModelError| ConvertError::Model {
@@ -135,6 +165,9 @@ pub fn prepare(ckpt: &Checkpoint, options: &Options) -> Result<Conversion, Conve
         .as_str()
         .ok_or_else(|| model_err(ModelError::NoArchitectures))?;
     let arch: &Arch = Arch::for_class(class).map_err(|e| model_err(e.into()))?;
+    if arch.gemma {
+        gemma4_variant(ckpt.config()).map_err(model_err)?;
+    }
     let tensors =
         plan_with(ckpt, arch, options.outtype, !options.no_mtp).map_err(|e| model_err(e.into()))?;
     crate::validate::validate(ckpt, arch, &tensors).map_err(|e| model_err(e.into()))?;
@@ -164,6 +197,14 @@ pub fn prepare(ckpt: &Checkpoint, options: &Options) -> Result<Conversion, Conve
     let sentencepiece = matches!(arch.gguf, "llama" | "qwen2" | "qwen3")
         && ckpt.dir().join("tokenizer.model").is_file();
     let vocab_err = |e: VocabError| model_err(e.into());
+    if arch.gemma {
+        let v = load_gemma4(ckpt.dir(), ckpt.config()).map_err(vocab_err)?;
+        write_gemma4_vocab(&mut meta, &v);
+        return Ok(Conversion {
+            metadata: meta,
+            tensors,
+        });
+    }
     let (vocab, pre) = if sentencepiece {
         let v = load_sentencepiece(ckpt.dir(), ckpt.config(), arch.gguf).map_err(vocab_err)?;
         (v, "default".to_owned())

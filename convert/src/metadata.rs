@@ -182,6 +182,84 @@ fn hybrid_keys(
     Ok(())
 }
 
+/// Gemma 4's keys after the file type, in llama.cpp's order
+/// (`Gemma3Model`, then `Gemma4Model.set_gguf_parameters`): keys written
+/// again keep their place and take the later value, as gguf-py's writer
+/// does (`key_length`, `value_length`, `head_count_kv`).
+fn gemma4_keys(
+    meta: &mut Metadata,
+    config: &serde_json::Value,
+    key: &dyn Fn(&str) -> String,
+) -> Result<(), ConfigValueError> {
+    let h = Hparams(config);
+    let need = |k: &'static str| h.uint(&[k])?.ok_or(ConfigValueError::Missing(k));
+    if let Some(cap) = h.float(&["final_logit_softcapping"])?.filter(|&c| c != 0.0) {
+        meta.set(key("final_logit_softcapping"), Value::F32(cap));
+    }
+    meta.set(
+        key("attention.sliding_window"),
+        Value::U32(need("sliding_window")?),
+    );
+    meta.set(
+        key("attention.head_count_kv"),
+        Value::U32(need("num_key_value_heads")?),
+    );
+    meta.set(
+        key("attention.shared_kv_layers"),
+        Value::U32(need("num_kv_shared_layers")?),
+    );
+    meta.set(
+        key("embedding_length_per_layer_input"),
+        Value::U32(h.uint(&["hidden_size_per_layer_input"])?.unwrap_or(0)),
+    );
+    let types = config
+        .get("layer_types")
+        .and_then(|t| t.as_array())
+        .ok_or(ConfigValueError::NotLayerTypes)?;
+    let swa: Vec<bool> = types
+        .iter()
+        .map(|t| t.as_str() == Some("sliding_attention"))
+        .collect();
+    meta.set(
+        key("attention.sliding_window_pattern"),
+        Value::Array(Array::Bool(swa.clone())),
+    );
+    let head_full = need("global_head_dim")?;
+    let head_swa = need("head_dim")?;
+    meta.set(key("attention.key_length"), Value::U32(head_full));
+    meta.set(key("attention.value_length"), Value::U32(head_full));
+    meta.set(key("attention.key_length_swa"), Value::U32(head_swa));
+    meta.set(key("attention.value_length_swa"), Value::U32(head_swa));
+    if let Some(f) = h.uint(&["expert_intermediate_size", "moe_intermediate_size"])? {
+        meta.set(key("expert_feed_forward_length"), Value::U32(f));
+    }
+    if config.get("use_double_wide_mlp").and_then(|v| v.as_bool()) == Some(true) {
+        let n_ff = need("intermediate_size")?;
+        let layers = need("num_hidden_layers")?;
+        let first_shared = layers.saturating_sub(need("num_kv_shared_layers")?);
+        let widths = (0..layers)
+            .map(|l| if l < first_shared { n_ff } else { 2 * n_ff } as i32)
+            .collect();
+        meta.set(key("feed_forward_length"), Value::Array(Array::I32(widths)));
+    }
+    if let Some(kv_full) = h.uint(&["num_global_key_value_heads"])? {
+        let kv_swa = need("num_key_value_heads")?;
+        let heads = swa
+            .iter()
+            .map(|&s| if s { kv_swa } else { kv_full } as i32)
+            .collect();
+        meta.set(
+            key("attention.head_count_kv"),
+            Value::Array(Array::I32(heads)),
+        );
+    }
+    // The sliding layers rotate their whole head (the full layers' partial
+    // rotation is the rope_freqs tensor).
+    meta.set(key("rope.dimension_count"), Value::U32(head_full));
+    meta.set(key("rope.dimension_count_swa"), Value::U32(head_swa));
+    Ok(())
+}
+
 /// Reads `config.json` values as llama.cpp's `find_hparam` does: the first
 /// key present wins.
 struct Hparams<'a>(&'a serde_json::Value);
@@ -331,6 +409,9 @@ pub fn hparams_with(
         .get("rope_parameters")
         .or_else(|| config.get("rope_scaling"))
         .filter(|v| v.is_object());
+    // Models with rope parameters per layer kind (Gemma 4): the full attention
+    // layers' set, as llama.cpp reads it.
+    let rope = rope.map(|r| r.get("full_attention").unwrap_or(r));
     let rope_get = |k: &str| rope.and_then(|r| r.get(k));
     let rope_type = rope_get("rope_type")
         .or_else(|| rope_get("type"))
@@ -339,7 +420,8 @@ pub fn hparams_with(
     match rope_type {
         // llama3 is written as the rope_freqs tensor (tensors::llama3_rope_factors) for
         // llama; llama.cpp writes nothing for it elsewhere, nor for dynamic scaling.
-        None | Some("default") | Some("dynamic") => {}
+        // Gemma 4's proportional rope is written as the rope_freqs tensor.
+        None | Some("default") | Some("dynamic") | Some("proportional") => {}
         Some(t) if t.eq_ignore_ascii_case("llama3") => {}
         Some("linear") => {
             if let Some(f) = rope_f32("factor")? {
@@ -410,6 +492,13 @@ pub fn hparams_with(
     if let Some(t) = theta {
         meta.set(key("rope.freq_base"), Value::F32(t));
     }
+    let swa_theta = config
+        .get("rope_parameters")
+        .and_then(|r| r.get("sliding_attention"))
+        .and_then(|r| r.get("rope_theta"));
+    if let Some(t) = swa_theta.map_or(Ok(None), |v| float32("rope_theta", v))? {
+        meta.set(key("rope.freq_base_swa"), Value::F32(t));
+    }
     if let Some(eps) = h.float(&["rms_norm_eps", "norm_eps"])? {
         meta.set(key("attention.layer_norm_rms_epsilon"), Value::F32(eps));
     }
@@ -466,6 +555,7 @@ pub fn hparams_with(
             );
         }
         "qwen35" | "qwen35moe" => hybrid_keys(meta, config, &key, nextn)?,
+        "gemma4" => gemma4_keys(meta, config, &key)?,
         "command-r" => {
             let scale = h
                 .float(&["logit_scale"])?

@@ -10,7 +10,9 @@ use memwall_format::GgmlType;
 use memwall_format::blocks::{bf16_to_f32, f16_to_f32, f32_to_bf16};
 use memwall_format::ggml_type::ShapeError;
 
-use crate::arch::{Arch, SKIPPED_SUFFIXES, block_of, gguf_name_for, mtp_name, text_model_name};
+use crate::arch::{
+    Arch, SKIPPED_SUFFIXES, block_of, gemma4_name, gguf_name_for, mtp_name, text_model_name,
+};
 use crate::checkpoint::{Checkpoint, SourceTensor, SourceType};
 
 /// Why the tensors of a checkpoint could not be planned.
@@ -64,9 +66,15 @@ pub enum PlanError {
     },
 }
 
-/// Why Llama 3's rope frequency factors cannot be computed.
+/// Why Llama 3's (or Gemma 4's) rope frequency factors cannot be computed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RopeFactorsError {
+    /// Gemma 4 without its global layers' head size.
+    #[error("config.json has no global_head_dim (nor a per_layer_config giving it)")]
+    NoGlobalHeadDim,
+    /// Gemma 4 without the full attention layers' partial rotation.
+    #[error("config.json: rope_parameters.full_attention has no partial_rotary_factor")]
+    NoPartialRotary,
     /// No `head_dim`, and no `hidden_size` to derive it from.
     #[error("config.json has no hidden_size")]
     NoHiddenSize,
@@ -354,9 +362,12 @@ pub fn plan_with(
     // dropped, `mtp.*` renamed as the blocks after the model's own.
     let mut names: Vec<(String, usize)> = Vec::with_capacity(ckpt.tensors().len());
     for (i, t) in ckpt.tensors().iter().enumerate() {
-        let Some(name) = text_model_name(&t.name) else {
+        let Some(mut name) = text_model_name(&t.name) else {
             continue;
         };
+        if arch.gemma {
+            name = gemma4_name(&name);
+        }
         if arch.hybrid && (name.starts_with("mtp.") || name.starts_with("model.mtp.")) {
             if !nextn {
                 continue;
@@ -373,19 +384,24 @@ pub fn plan_with(
     let index: BTreeMap<&str, usize> = names.iter().map(|(n, i)| (n.as_str(), *i)).collect();
     // llama.cpp emits generated tensors before the checkpoint's.
     let mut out = Vec::new();
-    if arch.gguf == "llama" {
-        if let Some(factors) = llama3_rope_factors(ckpt.config())? {
-            out.push(Planned {
-                name: "rope_freqs.weight".into(),
-                dims: vec![factors.len() as u64],
-                ty: GgmlType::F32,
-                parts: Vec::new(),
-                permute_heads: None,
-                generated: Some(factors),
-                heads: None,
-                values: Values::AsRead,
-            });
-        }
+    let factors = if arch.gemma {
+        Some(gemma4_rope_factors(ckpt.config())?)
+    } else if arch.gguf == "llama" {
+        llama3_rope_factors(ckpt.config())?
+    } else {
+        None
+    };
+    if let Some(factors) = factors {
+        out.push(Planned {
+            name: "rope_freqs.weight".into(),
+            dims: vec![factors.len() as u64],
+            ty: GgmlType::F32,
+            parts: Vec::new(),
+            permute_heads: None,
+            generated: Some(factors),
+            heads: None,
+            values: Values::AsRead,
+        });
     }
     let mut pending: BTreeMap<usize, usize> = BTreeMap::new();
     let mut unknown = Vec::new();
@@ -557,6 +573,28 @@ impl LinearHeads {
             None
         }
     }
+}
+
+/// Gemma 4's `rope_freqs.weight` (`Gemma4Model.generate_extra_tensors`): its
+/// global layers rotate only `partial_rotary_factor` of each head's pairs
+/// ("proportional" rope), which ggml's NEOX layout expresses as frequency
+/// divisors: 1 for the rotated pairs, 1e30 (no rotation) for the others.
+pub fn gemma4_rope_factors(config: &serde_json::Value) -> Result<Vec<f32>, RopeFactorsError> {
+    let head = config
+        .get("global_head_dim")
+        .and_then(|v| v.as_u64())
+        .ok_or(RopeFactorsError::NoGlobalHeadDim)?;
+    let p = config
+        .get("rope_parameters")
+        .and_then(|r| r.get("full_attention"))
+        .and_then(|r| r.get("partial_rotary_factor"))
+        .and_then(|v| v.as_f64())
+        .ok_or(RopeFactorsError::NoPartialRotary)?;
+    let rotated = (head as f64 * p / 2.0) as usize;
+    let pairs = (head / 2) as usize;
+    let mut factors = vec![1.0f32; rotated.min(pairs)];
+    factors.resize(pairs, 1e30);
+    Ok(factors)
 }
 
 /// Llama 3's per-dimension rope frequency factors (`rope_freqs.weight`), when

@@ -44,13 +44,17 @@ pub fn validate(ckpt: &Checkpoint, arch: &Arch, planned: &[Planned]) -> Result<(
     let heads = need(&["num_attention_heads", "n_head", "n_heads"]);
     let vocab = need(&["vocab_size"]);
     // A mixture without dense layers may state no dense FFN width.
-    let ffn = match arch.experts {
+    let ffn = match arch.experts.filter(|_| !arch.gemma) {
         Some(_) => get(c, &["intermediate_size"]).unwrap_or(0),
         None => need(&["intermediate_size"]),
     };
     let kv_heads = get(c, &["num_key_value_heads", "n_kv_heads"]).unwrap_or(heads);
     let head_dim = get(c, &["head_dim"]).unwrap_or(hidden.checked_div(heads).unwrap_or(0));
-    let experts = arch.experts.and_then(|e| get(c, e.count_keys)).unwrap_or(0);
+    let experts = if arch.gemma {
+        get(c, &["num_experts"]).unwrap_or(0)
+    } else {
+        arch.experts.and_then(|e| get(c, e.count_keys)).unwrap_or(0)
+    };
     let moe_ffn = get(c, &["moe_intermediate_size"]).unwrap_or(ffn);
     let tied = c
         .get("tie_word_embeddings")
@@ -110,6 +114,7 @@ pub fn validate(ckpt: &Checkpoint, arch: &Arch, planned: &[Planned]) -> Result<(
         linear,
         recurrent,
         n_nextn: nextn,
+        gemma: crate::hf_config::gemma_dims(c),
     });
     let mut problems = Vec::new();
     for Slot { name, dims } in &expected {

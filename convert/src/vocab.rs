@@ -432,17 +432,39 @@ pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<Vocab, Voc
         v.types.push(ty);
     }
 
-    // Merges: strings, or pairs (spaces inside a pair encoded as U+0120).
-    // Both parts and their join must be tokens of model.vocab, as the
-    // tokenizers library (and so llama.cpp's converter) requires: a merge into
-    // a missing token would make the runtime drop the bytes of that piece.
+    v.merges = read_merges(model, vocab, &tokenizer_path)?;
+
+    // gguf-py reads BPE special ids without a vocabulary size and writes an id
+    // past the vocabulary, which llama.cpp ignores when loading (memwall's
+    // runtime refuses it); skip such ids here, as for SentencePiece.
+    let n_vocab = v.tokens.len();
+    let sv = special_vocab(dir, config, Some(&tokenizer), tc, n_vocab)?;
+    v.special = sv.special;
+    v.add = sv.add;
+    v.chat_template = sv.chat_template;
+    v.named_templates = sv.named_templates;
+    Ok(v)
+}
+
+/// `tokenizer.json`'s merges as gguf-py writes them: strings, or pairs
+/// (spaces inside a pair encoded as U+0120). Both parts and their join must
+/// be tokens of `model.vocab`, as the tokenizers library (and so llama.cpp's
+/// converter) requires: a merge into a missing token would make the runtime
+/// drop the bytes of that piece.
+fn read_merges(
+    model: &Json,
+    vocab: &serde_json::Map<String, Json>,
+    tokenizer_path: &Path,
+) -> Result<Vec<String>, VocabError> {
+    let tokenizer_path = tokenizer_path.to_owned();
+    let mut out = Vec::new();
     if let Some(merges) = model["merges"].as_array() {
         for (i, m) in merges.iter().enumerate() {
             // The tokenizers library skips a "#version" header line; gguf-py copies it.
             if let Json::String(s) = m
                 && s.starts_with("#version")
             {
-                v.merges.push(s.clone());
+                out.push(s.clone());
                 continue;
             }
             let (left, right) = match m {
@@ -491,20 +513,177 @@ pub fn load_bpe(dir: &Path, config: &Json, gguf_arch: &str) -> Result<Vocab, Voc
                     .map(|c| if c == ' ' { '\u{120}' } else { c })
                     .collect()
             };
-            v.merges.push(format!("{} {}", part(left), part(right)));
+            out.push(format!("{} {}", part(left), part(right)));
         }
     }
 
-    // gguf-py reads BPE special ids without a vocabulary size and writes an id
-    // past the vocabulary, which llama.cpp ignores when loading (memwall's
-    // runtime refuses it); skip such ids here, as for SentencePiece.
-    let n_vocab = v.tokens.len();
+    Ok(out)
+}
+
+/// The tokens Gemma 4's converter makes user-defined whatever their type
+/// (`Gemma4Model.set_vocab`), so that llama.cpp renders them.
+const GEMMA4_VISIBLE: [&str; 7] = [
+    "<|channel>",
+    "<channel|>",
+    "<|tool_call>",
+    "<tool_call|>",
+    "<|tool_response>",
+    "<tool_response|>",
+    "<|\"|>",
+];
+
+/// Reads Gemma 4's vocabulary as llama.cpp's `Gemma4Model.set_vocab` does
+/// (gguf-py's `LlamaHfVocab` over `tokenizer.json`, a byte-fallback BPE):
+/// the model's tokens by id, then added tokens past them; every score
+/// -1000; `<0xXX>` tokens `BYTE`, transformers' special tokens `CONTROL`
+/// (the named ones, every `*_token` of `tokenizer_config.json` and its
+/// `extra_special_tokens`), seven chat-format tokens `USER_DEFINED`, the rest
+/// `NORMAL`; merges, special ids and the chat template as for BPE.
+pub fn load_gemma4(dir: &Path, config: &Json) -> Result<Vocab, VocabError> {
+    let tokenizer_path = dir.join("tokenizer.json");
+    let tokenizer = read_json(&tokenizer_path)?.ok_or_else(|| VocabError::NoTokenizerJson {
+        path: tokenizer_path.clone(),
+    })?;
+    let model = &tokenizer["model"];
+    if model["type"].as_str() != Some("BPE") || model["byte_fallback"].as_bool() != Some(true) {
+        return Err(VocabError::NotBpe {
+            path: tokenizer_path,
+            found: model["type"].clone(),
+        });
+    }
+    let vocab = model["vocab"]
+        .as_object()
+        .ok_or_else(|| VocabError::VocabNotObject {
+            path: tokenizer_path.clone(),
+        })?;
+    if vocab.len() > 1 << 24 {
+        return Err(VocabError::ImplausibleVocabSize(vocab.len() as u64));
+    }
+    let mut by_id: Vec<Option<&str>> = vec![None; vocab.len()];
+    let mut ids: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for (token, id) in vocab {
+        let n = id.as_u64().ok_or_else(|| VocabError::TokenWithoutId {
+            path: tokenizer_path.clone(),
+            token: token.clone(),
+        })?;
+        match by_id.get_mut(n as usize) {
+            Some(slot) => *slot = Some(token.as_str()),
+            None => {
+                return Err(VocabError::IdPastVocabSize {
+                    id: n,
+                    vocab_size: vocab.len() as u64,
+                });
+            }
+        }
+        ids.insert(token.as_str(), n);
+    }
+    let mut tokens: Vec<String> = Vec::with_capacity(by_id.len());
+    for (i, t) in by_id.iter().enumerate() {
+        let t = t.ok_or(VocabError::IdPastVocabSize {
+            id: i as u64,
+            vocab_size: vocab.len() as u64,
+        })?;
+        tokens.push(t.to_owned());
+    }
+    // Added tokens past the model's vocabulary, in id order.
+    let mut added: Vec<(u64, String)> = tokenizer["added_tokens"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|t| Some((t["id"].as_u64()?, t["content"].as_str()?.to_owned())))
+                .filter(|(id, _)| *id >= vocab.len() as u64)
+                .collect()
+        })
+        .unwrap_or_default();
+    added.sort();
+    for (id, content) in &added {
+        if *id != tokens.len() as u64 {
+            return Err(VocabError::IdPastVocabSize {
+                id: *id,
+                vocab_size: tokens.len() as u64,
+            });
+        }
+        tokens.push(content.clone());
+    }
+    let added_ids: std::collections::HashMap<&str, u64> =
+        added.iter().map(|(id, c)| (c.as_str(), *id)).collect();
+    // transformers' special tokens.
+    let tc_path = dir.join("tokenizer_config.json");
+    let tc = read_json(&tc_path)?.filter(|t| t.as_object().is_some_and(|o| !o.is_empty()));
+    let mut special_ids = std::collections::HashSet::new();
+    if let Some(map) = tc.as_ref().and_then(Json::as_object) {
+        let content = |v: &Json| -> Option<String> {
+            v.as_str()
+                .map(str::to_owned)
+                .or_else(|| v.get("content")?.as_str().map(str::to_owned))
+        };
+        let mut texts: Vec<String> = map
+            .iter()
+            .filter(|(k, _)| k.ends_with("_token"))
+            .filter_map(|(_, v)| content(v))
+            .collect();
+        for list in ["extra_special_tokens", "additional_special_tokens"] {
+            if let Some(a) = map.get(list).and_then(Json::as_array) {
+                texts.extend(a.iter().filter_map(content));
+            }
+        }
+        for t in texts {
+            if let Some(&id) = ids.get(t.as_str()).or(added_ids.get(t.as_str())) {
+                special_ids.insert(id);
+            }
+        }
+    }
+    let is_byte = |t: &str| {
+        let b = t.as_bytes();
+        b.len() == 6
+            && t.starts_with("<0x")
+            && t.ends_with('>')
+            && b[3].is_ascii_hexdigit()
+            && b[4].is_ascii_hexdigit()
+    };
+    let types = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            if GEMMA4_VISIBLE.contains(&t.as_str()) {
+                token_type::USER_DEFINED
+            } else if is_byte(t) {
+                token_type::BYTE
+            } else if special_ids.contains(&(i as u64)) {
+                token_type::CONTROL
+            } else if i >= vocab.len() {
+                token_type::USER_DEFINED
+            } else {
+                token_type::NORMAL
+            }
+        })
+        .collect();
+    let n_vocab = tokens.len();
+    let merges = read_merges(model, vocab, &tokenizer_path)?;
     let sv = special_vocab(dir, config, Some(&tokenizer), tc, n_vocab)?;
-    v.special = sv.special;
-    v.add = sv.add;
-    v.chat_template = sv.chat_template;
-    v.named_templates = sv.named_templates;
-    Ok(v)
+    Ok(Vocab {
+        model: "gemma4",
+        scores: Some(vec![-1000.0; n_vocab]),
+        tokens,
+        types,
+        merges,
+        special: sv.special,
+        add: sv.add,
+        chat_template: sv.chat_template,
+        named_templates: sv.named_templates,
+        add_space_prefix: Some(false),
+    })
+}
+
+/// Writes a Gemma 4 vocabulary in `Gemma4Model.set_vocab`'s order: the model,
+/// tokens, scores and types, then what gguf-py's `SpecialVocab` adds (merges,
+/// special ids, flags, chat templates), then `add_space_prefix` false and
+/// `add_bos_token` true. No `tokenizer.ggml.pre`: llama.cpp names it itself.
+pub fn write_gemma4_vocab(meta: &mut Metadata, v: &Vocab) {
+    meta.set("tokenizer.ggml.model", v.model);
+    write_tokens(meta, v);
+    meta.set("tokenizer.ggml.add_space_prefix", Value::Bool(false));
+    meta.set("tokenizer.ggml.add_bos_token", Value::Bool(true));
 }
 
 /// Reads the SentencePiece vocabulary of the llama-family checkpoint in `dir`
@@ -908,6 +1087,11 @@ pub fn write_vocab(meta: &mut Metadata, v: &Vocab, pre: &str) {
     }
     meta.set("tokenizer.ggml.model", v.model);
     meta.set("tokenizer.ggml.pre", pre);
+    write_tokens(meta, v);
+}
+
+/// The tokens, their scores and types, then the special-token keys.
+fn write_tokens(meta: &mut Metadata, v: &Vocab) {
     meta.set(
         "tokenizer.ggml.tokens",
         Value::Array(Array::String(v.tokens.clone())),
@@ -922,6 +1106,12 @@ pub fn write_vocab(meta: &mut Metadata, v: &Vocab, pre: &str) {
         "tokenizer.ggml.token_type",
         Value::Array(Array::I32(v.types.clone())),
     );
+    write_special(meta, v);
+}
+
+/// What gguf-py's `SpecialVocab.add_to_gguf` writes: merges, special ids,
+/// `add_*_token` flags, named and default chat templates.
+fn write_special(meta: &mut Metadata, v: &Vocab) {
     if !v.merges.is_empty() {
         meta.set(
             "tokenizer.ggml.merges",

@@ -11,28 +11,17 @@
 
 mod common;
 
-use common::{fixtures, quantize, sha};
+use common::{fixtures, options, sha};
 
 use std::path::Path;
 
 use memwall_convert::export::{ExportDtype, ExportOptions, export, partial_dir};
-use memwall_convert::job::{Options as Convert, convert};
+use memwall_convert::job::convert;
 use memwall_convert::tensors::OutType;
 use memwall_fixtures::synth::{Options, preset, write_checkpoint};
 use memwall_format::gguf::GgufFile;
 use memwall_format::progress::Silent;
 use serde_json::Value;
-
-fn options(outtype: OutType, pre: Option<&str>) -> Convert<'static> {
-    Convert {
-        outtype,
-        pre: pre.map(str::to_owned),
-        encode: &quantize,
-        allow_nonfinite: false,
-        split_max_size: None,
-        no_mtp: false,
-    }
-}
 
 fn exported(input: &Path, out: &Path, dtype: ExportDtype) {
     let o = ExportOptions {

@@ -7,7 +7,8 @@
 mod common;
 
 use common::{
-    fixtures, model_keys, quantize, recorded_keys, recorded_tokenizer_keys, sha, tokenizer_keys,
+    fixtures, model_keys, options, quantize, recorded_keys, recorded_tokenizer_keys, sha,
+    tokenizer_keys,
 };
 
 use std::path::{Path, PathBuf};
@@ -216,19 +217,12 @@ fn tokenizer_keys_equal_llama_cpp() {
 
 #[test]
 fn whole_files_equal_llama_cpp() {
-    use memwall_convert::job::{Options as Convert, convert};
+    use memwall_convert::job::convert;
     use memwall_format::progress::Silent;
     let out_dir = tempfile::tempdir().unwrap();
     // tiny-zh: the committed conversion, byte for byte.
     let out = out_dir.path().join("tiny-zh.gguf");
-    let gpt2 = Convert {
-        outtype: OutType::F16,
-        pre: Some("gpt-2".into()),
-        encode: &quantize,
-        allow_nonfinite: false,
-        split_max_size: None,
-        no_mtp: false,
-    };
+    let gpt2 = options(OutType::F16, Some("gpt-2"));
     convert(&fixtures().join("tiny-zh"), &out, &gpt2, &Silent).unwrap();
     assert_eq!(
         sha(&std::fs::read(&out).unwrap()),
@@ -240,27 +234,8 @@ fn whole_files_equal_llama_cpp() {
     for (arch, expected) in reference["archs"].as_object().unwrap() {
         let ckpt = synth_checkpoint(dir.path(), arch, expected);
         for (outtype, want) in expected["outtypes"].as_object().unwrap() {
-            let o = Convert {
-                outtype: OutType::parse(outtype).unwrap(),
-                // Recognised from the tokenizer, as llama.cpp does.
-                pre: None,
-                encode: &quantize,
-                allow_nonfinite: false,
-                split_max_size: None,
-                no_mtp: false,
-            };
-            convert(&ckpt, &out, &o, &Silent).unwrap();
-            let bytes = std::fs::read(&out).unwrap();
-            assert_eq!(
-                bytes.len() as u64,
-                want["bytes"].as_u64().unwrap(),
-                "{arch} {outtype}"
-            );
-            assert_eq!(
-                sha(&bytes),
-                want["sha256"].as_str().unwrap(),
-                "{arch} {outtype}"
-            );
+            // The pre-tokenizer recognised from the tokenizer, as llama.cpp does.
+            common::assert_converts_to(&ckpt, &out, (outtype, None, false), want, arch);
         }
     }
 }
@@ -274,12 +249,8 @@ fn split_output_equals_llama_cpps_parts() {
     let reference: Value = serde_json::from_str(&text).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let options = Convert {
-        outtype: OutType::F16,
-        pre: Some("gpt-2".into()),
-        encode: &quantize,
-        allow_nonfinite: false,
         split_max_size: Some(parse_split_size("4M").unwrap()),
-        no_mtp: false,
+        ..options(OutType::F16, Some("gpt-2"))
     };
     let written = convert(
         &fixtures().join("tiny-zh"),
@@ -308,7 +279,7 @@ fn split_output_equals_llama_cpps_parts() {
 
 #[test]
 fn llama3_rope_factors_equal_pytorchs_and_the_file_llama_cpps() {
-    use memwall_convert::job::{Options as Convert, convert};
+    use memwall_convert::job::convert;
     use memwall_convert::tensors::llama3_rope_factors;
     use memwall_format::progress::Silent;
     // The factors, bit for bit, for Llama 3.1's and 3.2's rope parameters (recorded from torch).
@@ -359,14 +330,7 @@ fn llama3_rope_factors_equal_pytorchs_and_the_file_llama_cpps() {
     });
     std::fs::write(&config_path, config.to_string()).unwrap();
     let out = dir.path().join("out.gguf");
-    let options = Convert {
-        outtype: OutType::F16,
-        pre: None,
-        encode: &quantize,
-        allow_nonfinite: false,
-        split_max_size: None,
-        no_mtp: false,
-    };
+    let options = options(OutType::F16, None);
     convert(&renamed, &out, &options, &Silent).unwrap();
     let bytes = std::fs::read(&out).unwrap();
     assert_eq!(bytes.len() as u64, want["bytes"].as_u64().unwrap());
@@ -379,7 +343,7 @@ fn recorded_llama() -> Value {
 
 #[test]
 fn post_processor_templates_with_bos_equal_llama_cpp() {
-    use memwall_convert::job::{Options as Convert, convert};
+    use memwall_convert::job::convert;
     use memwall_format::progress::Silent;
     let want: Value = serde_json::from_str(
         &std::fs::read_to_string(fixtures().join("synth/template-bos.json")).unwrap(),
@@ -401,14 +365,7 @@ fn post_processor_templates_with_bos_equal_llama_cpp() {
     ]});
     std::fs::write(&path, t.to_string()).unwrap();
     let out = dir.path().join("out.gguf");
-    let options = Convert {
-        outtype: OutType::F16,
-        pre: Some("smollm".into()),
-        encode: &quantize,
-        allow_nonfinite: false,
-        split_max_size: None,
-        no_mtp: false,
-    };
+    let options = options(OutType::F16, Some("smollm"));
     convert(&ckpt, &out, &options, &Silent).unwrap();
     let file = GgufFile::open(&out).unwrap();
     assert_eq!(
@@ -487,16 +444,9 @@ fn missing_config_keys_take_transformers_defaults_like_llama_cpp() {
 
 /// The metadata `memwall convert --outtype f16` plans for the checkpoint in `dir`.
 fn prepared_f16(dir: &Path) -> memwall_format::gguf::Metadata {
-    use memwall_convert::job::{Options as Convert, prepare};
+    use memwall_convert::job::prepare;
     let ckpt = Checkpoint::open(dir).unwrap();
-    let o = Convert {
-        outtype: OutType::F16,
-        pre: None,
-        encode: &quantize,
-        allow_nonfinite: false,
-        split_max_size: None,
-        no_mtp: false,
-    };
+    let o = options(OutType::F16, None);
     prepare(&ckpt, &o).unwrap().metadata
 }
 

@@ -1,25 +1,24 @@
 //! Qwen3.5 against llama.cpp's converter: memwall-synth's tiny dense and MoE
 //! checkpoints, as text models and inside their multimodal checkpoints, with
 //! and without the multi-token-prediction block, at four output types
-//! (expectations recorded by fixtures/synth/qwen35_convert_reference.sh).
+//! (expectations recorded by fixtures/synth/family_convert_reference.sh qwen35).
 
 mod common;
 
 use common::{
-    fixtures, model_keys, quantize, recorded_keys, recorded_tokenizer_keys, sha, tokenizer_keys,
+    assert_converts_to, assert_tensors, fixtures, model_keys, planned_tensors, recorded_keys,
+    recorded_tensors, recorded_tokenizer_keys, sha, tokenizer_keys,
 };
 
 use std::path::{Path, PathBuf};
 
 use memwall_convert::arch::Arch;
 use memwall_convert::checkpoint::Checkpoint;
-use memwall_convert::job::{Options as Convert, convert};
 use memwall_convert::metadata::hparams_with;
 use memwall_convert::naming::{naming, parameter_counts};
-use memwall_convert::tensors::{Axis, HeadOrder, OutType, encode, nextn_blocks, plan_with, rows};
+use memwall_convert::tensors::{Axis, HeadOrder, OutType, nextn_blocks, plan_with};
 use memwall_fixtures::synth::{Options, preset, write_checkpoint};
 use memwall_format::gguf::Metadata;
-use memwall_format::progress::Silent;
 use serde_json::Value;
 
 fn recorded() -> Value {
@@ -77,37 +76,11 @@ fn every_qwen35_checkpoint_converts_tensor_for_tensor_as_llama_cpp() {
         for (outtype, want) in entry["outtypes"].as_object().unwrap() {
             let planned =
                 plan_with(&ckpt, arch, OutType::parse(outtype).unwrap(), nextn(entry)).unwrap();
-            let ours: Vec<(String, String, Vec<u64>, String)> = planned
-                .iter()
-                .map(|p| {
-                    let x = rows(&ckpt, p, 0, p.rows()).unwrap();
-                    let bytes = encode(p, &x, &quantize).unwrap();
-                    (
-                        p.name.clone(),
-                        p.ty.name().to_uppercase(),
-                        p.dims.clone(),
-                        sha(&bytes),
-                    )
-                })
-                .collect();
-            let theirs: Vec<(String, String, Vec<u64>, String)> = want["tensors"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| {
-                    let dims = t[2].as_array().unwrap();
-                    (
-                        t[0].as_str().unwrap().to_owned(),
-                        t[1].as_str().unwrap().to_owned(),
-                        dims.iter().map(|d| d.as_u64().unwrap()).collect(),
-                        t[3].as_str().unwrap().to_owned(),
-                    )
-                })
-                .collect();
-            assert_eq!(ours.len(), theirs.len(), "{name} {outtype}: tensor count");
-            for (a, b) in ours.iter().zip(&theirs) {
-                assert_eq!(a, b, "{name} {outtype}");
-            }
+            assert_tensors(
+                &planned_tensors(&ckpt, &planned),
+                &recorded_tensors(want),
+                &format!("{name} {outtype}"),
+            );
         }
     }
 }
@@ -170,26 +143,8 @@ fn whole_qwen35_files_equal_llama_cpps() {
     for (name, entry) in reference["variants"].as_object().unwrap() {
         let path = checkpoint(dir.path(), name, entry);
         for (outtype, want) in entry["outtypes"].as_object().unwrap() {
-            let options = Convert {
-                outtype: OutType::parse(outtype).unwrap(),
-                pre: Some("smollm".into()),
-                encode: &quantize,
-                allow_nonfinite: false,
-                split_max_size: None,
-                no_mtp: !nextn(entry),
-            };
-            convert(&path, &out, &options, &Silent).unwrap();
-            let bytes = std::fs::read(&out).unwrap();
-            assert_eq!(
-                bytes.len() as u64,
-                want["bytes"].as_u64().unwrap(),
-                "{name} {outtype}"
-            );
-            assert_eq!(
-                sha(&bytes),
-                want["sha256"].as_str().unwrap(),
-                "{name} {outtype}"
-            );
+            let flags = (outtype.as_str(), Some("smollm"), !nextn(entry));
+            assert_converts_to(&path, &out, flags, want, name);
         }
     }
 }

@@ -6,11 +6,11 @@
 
 mod common;
 
-use common::{fixtures, quantize, sha};
+use common::{fixtures, options, sha};
 
 use std::path::{Path, PathBuf};
 
-use memwall_convert::job::{Options as Convert, convert};
+use memwall_convert::job::convert;
 use memwall_convert::tensors::OutType;
 use memwall_fixtures::synth::{Options, preset, write_checkpoint};
 use memwall_format::gguf::{Array, GgufFile, Value};
@@ -34,24 +34,13 @@ fn checkpoint(dir: &Path, arch: &str) -> PathBuf {
     out
 }
 
-fn options(outtype: OutType) -> Convert<'static> {
-    Convert {
-        outtype,
-        pre: None,
-        encode: &quantize,
-        allow_nonfinite: false,
-        split_max_size: None,
-        no_mtp: false,
-    }
-}
-
 #[test]
 fn vocabulary_equals_llama_cpps() {
     let reference = recorded();
     let dir = tempfile::tempdir().unwrap();
     let ckpt = checkpoint(dir.path(), "llama");
     let out = dir.path().join("l.gguf");
-    convert(&ckpt, &out, &options(OutType::F16), &Silent).unwrap();
+    convert(&ckpt, &out, &options(OutType::F16, None), &Silent).unwrap();
     let f = GgufFile::open(&out).unwrap();
     let m = f.metadata();
     let want = &reference["vocab"];
@@ -104,7 +93,7 @@ fn whole_files_equal_llama_cpps() {
             convert(
                 &ckpt,
                 &out,
-                &options(OutType::parse(outtype).unwrap()),
+                &options(OutType::parse(outtype).unwrap(), None),
                 &Silent,
             )
             .unwrap();
@@ -126,7 +115,7 @@ fn damaged_tokenizer_model_is_named() {
     let bytes = std::fs::read(&model).unwrap();
     std::fs::write(&model, &bytes[..bytes.len() - 3]).unwrap();
     let out = dir.path().join("x.gguf");
-    let err = convert(&ckpt, &out, &options(OutType::F16), &Silent)
+    let err = convert(&ckpt, &out, &options(OutType::F16, None), &Silent)
         .unwrap_err()
         .to_string();
     assert!(err.contains("tokenizer.model"), "{err}");
@@ -136,7 +125,7 @@ fn damaged_tokenizer_model_is_named() {
         b"not a protobuf at all \xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff",
     )
     .unwrap();
-    let err = convert(&ckpt, &out, &options(OutType::F16), &Silent)
+    let err = convert(&ckpt, &out, &options(OutType::F16, None), &Silent)
         .unwrap_err()
         .to_string();
     assert!(err.contains("tokenizer.model"), "{err}");

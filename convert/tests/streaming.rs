@@ -8,9 +8,9 @@
 
 mod common;
 
-use common::{fixtures, quantize};
+use common::{fixtures, options};
 
-use memwall_convert::job::{Options as Convert, convert};
+use memwall_convert::job::convert;
 use memwall_convert::tensors::OutType;
 use memwall_fixtures::synth::{Arch, Options, tiny, write_checkpoint};
 use memwall_format::gguf::GgufModel;
@@ -39,23 +39,16 @@ fn gguf_of(dir: &std::path::Path, arch: Arch) -> std::path::PathBuf {
         shape.experts = 16;
         shape.experts_used = 4;
     }
-    let options = Options {
+    let synth = Options {
         tokenizer_dir: Some(fixtures().join("smollm2")),
         weight_scale: 8.0,
         router_skew: 0.5,
         ..Options::default()
     };
     let hf = dir.join(arch.model_type());
-    write_checkpoint(&hf, arch, &shape, &options, &mut |_| {}).unwrap();
+    write_checkpoint(&hf, arch, &shape, &synth, &mut |_| {}).unwrap();
     let out = dir.join(format!("{}.gguf", arch.model_type()));
-    let convert_options = Convert {
-        outtype: OutType::Q8_0,
-        pre: Some("smollm".into()),
-        encode: &quantize,
-        allow_nonfinite: false,
-        split_max_size: None,
-        no_mtp: false,
-    };
+    let convert_options = options(OutType::Q8_0, Some("smollm"));
     convert(&hf, &out, &convert_options, &Silent).unwrap();
     out
 }

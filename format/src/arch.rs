@@ -27,11 +27,15 @@ pub enum Arch {
     Qwen35,
     /// `qwen35moe`: Qwen3.5 with routed and shared experts.
     Qwen35Moe,
+    /// `gemma4`: Gemma 4, sliding-window layers and global ones with wider
+    /// heads, sandwich norms, GELU, a final logit softcap; optionally experts
+    /// beside the dense MLP.
+    Gemma4,
 }
 
 impl Arch {
     /// Every architecture, for messages.
-    pub const ALL: [Arch; 7] = [
+    pub const ALL: [Arch; 8] = [
         Arch::Llama,
         Arch::Qwen2,
         Arch::Qwen3,
@@ -39,6 +43,7 @@ impl Arch {
         Arch::CommandR,
         Arch::Qwen35,
         Arch::Qwen35Moe,
+        Arch::Gemma4,
     ];
 
     /// The `general.architecture` value.
@@ -51,6 +56,7 @@ impl Arch {
             Arch::CommandR => "command-r",
             Arch::Qwen35 => "qwen35",
             Arch::Qwen35Moe => "qwen35moe",
+            Arch::Gemma4 => "gemma4",
         }
     }
 
@@ -64,7 +70,12 @@ impl Arch {
     pub fn rope_neox(self) -> bool {
         matches!(
             self,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe
+            Arch::Qwen2
+                | Arch::Qwen3
+                | Arch::Qwen3Moe
+                | Arch::Qwen35
+                | Arch::Qwen35Moe
+                | Arch::Gemma4
         )
     }
 
@@ -88,7 +99,7 @@ impl Arch {
     pub fn qk_norm(self) -> bool {
         matches!(
             self,
-            Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe
+            Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe | Arch::Gemma4
         )
     }
 
@@ -115,6 +126,9 @@ impl Arch {
     /// counts. (The loader also reads the optional ones a file may add:
     /// biases, `rope_freqs`, Command-R's per-head norms.)
     pub fn tensors(self, d: &Dims) -> Vec<Slot> {
+        if let Some(g) = d.gemma.as_ref().filter(|_| self == Arch::Gemma4) {
+            return gemma4_tensors(d, g);
+        }
         let e = d.n_embd;
         let mut out = Vec::new();
         let mut put = |name: String, dims: Vec<u64>| out.push(Slot { name, dims });
@@ -198,6 +212,81 @@ impl Arch {
     }
 }
 
+/// Gemma 4's tensors, as llama.cpp's converter writes them: `rope_freqs`
+/// first, per layer the sandwich norms, the attention (a global layer's
+/// heads wider, without `attn_v` when its values are its keys), the GELU MLP
+/// with its `layer_output_scale`, and for the mixture the router with its
+/// scales and the fused `gate_up` experts.
+fn gemma4_tensors(d: &Dims, g: &GemmaDims) -> Vec<Slot> {
+    let e = d.n_embd;
+    let mut out = Vec::new();
+    let mut put = |name: String, dims: Vec<u64>| out.push(Slot { name, dims });
+    put(ROPE_FREQS.into(), vec![g.global_head_dim / 2]);
+    put(TOKEN_EMBD.into(), vec![e, d.n_vocab]);
+    put(OUTPUT_NORM.into(), vec![e]);
+    if !d.tied_embeddings {
+        put(OUTPUT.into(), vec![e, d.n_vocab]);
+    }
+    for l in 0..d.n_layer {
+        let b = |t: BlockTensor| t.name(l);
+        let global = !g.sliding.get(l as usize).copied().unwrap_or(true);
+        let (hd, kv) = if global {
+            (
+                g.global_head_dim,
+                if g.k_eq_v {
+                    g.global_kv_heads
+                } else {
+                    d.n_head_kv
+                },
+            )
+        } else {
+            (d.head_dim, d.n_head_kv)
+        };
+        let q = d.n_head * hd;
+        put(b(BlockTensor::AttnNorm), vec![e]);
+        put(b(BlockTensor::LayerOutputScale), vec![1]);
+        put(b(BlockTensor::AttnQ), vec![e, q]);
+        put(b(BlockTensor::AttnK), vec![e, kv * hd]);
+        if !(global && g.k_eq_v) {
+            put(b(BlockTensor::AttnV), vec![e, kv * hd]);
+        }
+        put(b(BlockTensor::AttnOutput), vec![q, e]);
+        put(b(BlockTensor::AttnQNorm), vec![hd]);
+        put(b(BlockTensor::AttnKNorm), vec![hd]);
+        put(b(BlockTensor::AttnPostNorm), vec![e]);
+        put(b(BlockTensor::FfnNorm), vec![e]);
+        put(b(BlockTensor::PostFfwNorm), vec![e]);
+        put(b(BlockTensor::FfnGate), vec![e, d.n_ff]);
+        put(b(BlockTensor::FfnUp), vec![e, d.n_ff]);
+        put(b(BlockTensor::FfnDown), vec![d.n_ff, e]);
+        if d.n_expert > 0 {
+            let (x, f) = (d.n_expert, d.n_ff_expert);
+            put(b(BlockTensor::FfnGateInp), vec![e, x]);
+            put(b(BlockTensor::FfnGateInpScale), vec![e]);
+            put(b(BlockTensor::FfnDownExpsScale), vec![x]);
+            put(b(BlockTensor::FfnGateUpExps), vec![e, 2 * f, x]);
+            put(b(BlockTensor::FfnDownExps), vec![f, e, x]);
+            put(b(BlockTensor::PreFfwNorm2), vec![e]);
+            put(b(BlockTensor::PostFfwNorm1), vec![e]);
+            put(b(BlockTensor::PostFfwNorm2), vec![e]);
+        }
+    }
+    out
+}
+
+/// What Gemma 4 adds to the dimensions.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GemmaDims {
+    /// Head size of the global (full attention) layers.
+    pub global_head_dim: u64,
+    /// KV heads of the global layers when their values are their keys.
+    pub global_kv_heads: u64,
+    /// The global layers have no `attn_v` (values are the raw keys).
+    pub k_eq_v: bool,
+    /// Which layers are sliding-window layers.
+    pub sliding: Vec<bool>,
+}
+
 /// The dimensions a file's tensor shapes follow.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Dims {
@@ -230,6 +319,8 @@ pub struct Dims {
     pub recurrent: Vec<bool>,
     /// Multi-token-prediction blocks after the `n_layer` blocks.
     pub n_nextn: u64,
+    /// Gemma 4's layer kinds and global heads.
+    pub gemma: Option<GemmaDims>,
 }
 
 impl Dims {
@@ -325,6 +416,14 @@ pub enum BlockTensor {
     NextnEnorm,
     NextnHnorm,
     NextnSharedHeadNorm,
+    LayerOutputScale,
+    PostFfwNorm,
+    FfnGateInpScale,
+    FfnDownExpsScale,
+    FfnGateUpExps,
+    PreFfwNorm2,
+    PostFfwNorm1,
+    PostFfwNorm2,
 }
 
 impl BlockTensor {
@@ -371,6 +470,14 @@ impl BlockTensor {
             T::NextnEnorm => "nextn.enorm.weight",
             T::NextnHnorm => "nextn.hnorm.weight",
             T::NextnSharedHeadNorm => "nextn.shared_head_norm.weight",
+            T::LayerOutputScale => "layer_output_scale.weight",
+            T::PostFfwNorm => "post_ffw_norm.weight",
+            T::FfnGateInpScale => "ffn_gate_inp.scale",
+            T::FfnDownExpsScale => "ffn_down_exps.scale",
+            T::FfnGateUpExps => "ffn_gate_up_exps.weight",
+            T::PreFfwNorm2 => "pre_ffw_norm_2.weight",
+            T::PostFfwNorm1 => "post_ffw_norm_1.weight",
+            T::PostFfwNorm2 => "post_ffw_norm_2.weight",
         }
     }
 

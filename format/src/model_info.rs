@@ -85,6 +85,25 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// A count stated once or per layer (an array of integers): the first
+    /// value, and the whole list when it is one.
+    fn u64_or_ints(&mut self, key: &str) -> Option<(u64, Option<Vec<u64>>)> {
+        if !matches!(self.m.get(key), Some(crate::gguf::Value::Array(_))) {
+            return self.u64(key).map(|n| (n, None));
+        }
+        let v = self.ints(key)?;
+        if v.iter().any(|&n| n < 0) || v.is_empty() {
+            self.problems.push(MetadataError::WrongType {
+                key: key.to_owned(),
+                expected: "non-negative integers",
+                found: "a negative value or an empty array".to_owned(),
+            });
+            return None;
+        }
+        let v: Vec<u64> = v.into_iter().map(|n| n as u64).collect();
+        Some((v[0], Some(v)))
+    }
+
     /// An array of integers of any width.
     fn ints(&mut self, key: &str) -> Option<Vec<i64>> {
         let r = self.m.get_array(key);
@@ -124,8 +143,12 @@ pub struct HyperParams {
     pub feed_forward_length: Option<u64>,
     /// Query heads.
     pub head_count: u64,
-    /// Key/value heads; equals `head_count` when the key is absent.
+    /// Key/value heads; equals `head_count` when the key is absent (the
+    /// first layer's when the file states them per layer).
     pub head_count_kv: u64,
+    /// Key/value heads per layer, when the file states them so (Gemma 4:
+    /// `attention.head_count_kv` as an array).
+    pub head_count_kv_layers: Option<Vec<u64>>,
     /// Key head size, when stored (else `embedding_length / head_count`).
     pub key_length: Option<u64>,
     /// Value head size, when stored.
@@ -191,6 +214,24 @@ pub struct HyperParams {
     pub full_attention_interval: Option<u64>,
     /// Multi-axis rotary sections (`rope.dimension_sections`).
     pub rope_dimension_sections: Option<Vec<i64>>,
+    /// Which layers are sliding-window layers (`attention.sliding_window_pattern`).
+    pub sliding_window_pattern: Option<Vec<bool>>,
+    /// Tokens a sliding-window layer sees (`attention.sliding_window`).
+    pub sliding_window: Option<u64>,
+    /// Key head size of the sliding-window layers (`attention.key_length_swa`).
+    pub key_length_swa: Option<u64>,
+    /// Value head size of the sliding-window layers (`attention.value_length_swa`).
+    pub value_length_swa: Option<u64>,
+    /// RoPE base of the sliding-window layers (`rope.freq_base_swa`).
+    pub rope_freq_base_swa: Option<f64>,
+    /// Rotary dimensions of the sliding-window layers (`rope.dimension_count_swa`).
+    pub rope_dimension_count_swa: Option<u64>,
+    /// `tanh` cap of the final logits (`final_logit_softcapping`).
+    pub final_logit_softcapping: Option<f64>,
+    /// Layers that reuse an earlier layer's KV cache (`attention.shared_kv_layers`).
+    pub shared_kv_layers: Option<u64>,
+    /// Width of the per-layer token embeddings (`embedding_length_per_layer_input`).
+    pub embedding_length_per_layer_input: Option<u64>,
 }
 
 impl HyperParams {
@@ -244,17 +285,19 @@ impl TryFrom<&Metadata> for HyperParams {
         let embedding_length = r.req_u64(&k("embedding_length"));
         let block_count = r.req_u64(&k("block_count"));
         let head_count = r.req_u64(&k("attention.head_count"));
+        let kv_heads = r.u64_or_ints(&k("attention.head_count_kv"));
         let hp = HyperParams {
             architecture: arch.to_owned(),
             context_length: context_length.unwrap_or(0),
             embedding_length: embedding_length.unwrap_or(0),
             block_count: block_count.unwrap_or(0),
-            feed_forward_length: r.u64(&k("feed_forward_length")),
+            feed_forward_length: r.u64_or_ints(&k("feed_forward_length")).map(|v| v.0),
             head_count: head_count.unwrap_or(0),
-            head_count_kv: r
-                .u64(&k("attention.head_count_kv"))
-                .or(head_count)
-                .unwrap_or(0),
+            head_count_kv: match &kv_heads {
+                Some((n, _)) => *n,
+                None => head_count.unwrap_or(0),
+            },
+            head_count_kv_layers: kv_heads.and_then(|v| v.1),
             key_length: r.u64(&k("attention.key_length")),
             value_length: r.u64(&k("attention.value_length")),
             rope_dimension_count: r.u64(&k("rope.dimension_count")),
@@ -289,6 +332,15 @@ impl TryFrom<&Metadata> for HyperParams {
             recurrent_layers: r.bools(&k("attention.recurrent_layers")),
             full_attention_interval: r.u64(&k("full_attention_interval")),
             rope_dimension_sections: r.ints(&k("rope.dimension_sections")),
+            sliding_window_pattern: r.bools(&k("attention.sliding_window_pattern")),
+            sliding_window: r.u64(&k("attention.sliding_window")),
+            key_length_swa: r.u64(&k("attention.key_length_swa")),
+            value_length_swa: r.u64(&k("attention.value_length_swa")),
+            rope_freq_base_swa: r.f64(&k("rope.freq_base_swa")),
+            rope_dimension_count_swa: r.u64(&k("rope.dimension_count_swa")),
+            final_logit_softcapping: r.f64(&k("final_logit_softcapping")),
+            shared_kv_layers: r.u64(&k("attention.shared_kv_layers")),
+            embedding_length_per_layer_input: r.u64(&k("embedding_length_per_layer_input")),
         };
         if r.problems.is_empty() {
             Ok(hp)

@@ -93,4 +93,6 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = shape.dispatches_per_token();
     let _ = shape.kv_bytes_per_token(KvType::F32);
+    let _ = shape.kv_bytes(KvType::F32, 1 << 20);
+    let _ = shape.attention_ops(1 << 20);
 });

@@ -1,6 +1,8 @@
 //! Running the `memwall` binary from the integration tests.
 #![allow(dead_code)]
 
+pub mod family;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -128,4 +130,19 @@ pub fn moe_f16(dir: &Path) -> PathBuf {
         "smollm",
     ]);
     out
+}
+
+/// Mean KL divergence of `model` from the logits `memwall perplexity
+/// --save-logits` saved in `base`.
+pub fn kld_mean(model: &Path, base: &Path) -> f64 {
+    let out = stdout_of(&[
+        "perplexity",
+        "-m",
+        model.to_str().unwrap(),
+        "--kl-divergence",
+        base.to_str().unwrap(),
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["kld"]["mean"].as_f64().unwrap()
 }

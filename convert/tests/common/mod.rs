@@ -26,6 +26,23 @@ pub fn quantize(
     Ok(memwall_quantize::quantize_row(ty, x, y)?)
 }
 
+/// The converter's options as the CLI sets them by default: `outtype`, the
+/// pre-tokenizer `pre` (or recognised), the quantizer's encoder, no split,
+/// multi-token-prediction blocks kept.
+pub fn options(
+    outtype: memwall_convert::tensors::OutType,
+    pre: Option<&str>,
+) -> memwall_convert::job::Options<'static> {
+    memwall_convert::job::Options {
+        outtype,
+        pre: pre.map(str::to_owned),
+        encode: &quantize,
+        allow_nonfinite: false,
+        split_max_size: None,
+        no_mtp: false,
+    }
+}
+
 /// Keys the converter derives from config.json (not naming, not tokenizer).
 pub fn is_model_key(k: &str) -> bool {
     !k.starts_with("tokenizer.")
@@ -139,4 +156,89 @@ pub fn recorded_tokenizer_keys(metadata: &Value) -> Vec<(String, String)> {
             (k.clone(), text)
         })
         .collect()
+}
+
+/// A tensor as a record lists it: name, type, GGUF dims, SHA-256 of its bytes.
+pub type TensorRecord = (String, String, Vec<u64>, String);
+
+/// The planned tensors of a checkpoint, each encoded as the converter
+/// writes it.
+pub fn planned_tensors(
+    ckpt: &memwall_convert::checkpoint::Checkpoint,
+    planned: &[memwall_convert::tensors::Planned],
+) -> Vec<TensorRecord> {
+    use memwall_convert::tensors::{encode, rows};
+    planned
+        .iter()
+        .map(|p| {
+            let x = rows(ckpt, p, 0, p.rows()).unwrap();
+            let bytes = encode(p, &x, &quantize).unwrap();
+            (
+                p.name.clone(),
+                p.ty.name().to_uppercase(),
+                p.dims.clone(),
+                sha(&bytes),
+            )
+        })
+        .collect()
+}
+
+/// The tensors of a record (`fixtures/gguf_record.py`'s `tensors` list).
+pub fn recorded_tensors(want: &Value) -> Vec<TensorRecord> {
+    want["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t[0].as_str().unwrap().to_owned(),
+                t[1].as_str().unwrap().to_owned(),
+                t[2].as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.as_u64().unwrap())
+                    .collect(),
+                t[3].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Our tensors equal the record's, one by one (a failure names the first
+/// that differs).
+pub fn assert_tensors(ours: &[TensorRecord], theirs: &[TensorRecord], what: &str) {
+    assert_eq!(ours.len(), theirs.len(), "{what}: tensor count");
+    for (a, b) in ours.iter().zip(theirs) {
+        assert_eq!(a, b, "{what}");
+    }
+}
+
+/// Converts the checkpoint `dir` to `out` (`outtype`, the pre-tokenizer
+/// `pre` or recognised, multi-token-prediction blocks unless `no_mtp`) and
+/// checks the file's size and SHA-256 against the record `want`.
+pub fn assert_converts_to(
+    dir: &Path,
+    out: &Path,
+    (outtype, pre, no_mtp): (&str, Option<&str>, bool),
+    want: &Value,
+    what: &str,
+) {
+    use memwall_convert::job::{Options, convert};
+    use memwall_convert::tensors::OutType;
+    let options = Options {
+        no_mtp,
+        ..options(OutType::parse(outtype).unwrap(), pre)
+    };
+    convert(dir, out, &options, &memwall_format::progress::Silent).unwrap();
+    let bytes = std::fs::read(out).unwrap();
+    assert_eq!(
+        bytes.len() as u64,
+        want["bytes"].as_u64().unwrap(),
+        "{what} {outtype}"
+    );
+    assert_eq!(
+        sha(&bytes),
+        want["sha256"].as_str().unwrap(),
+        "{what} {outtype}"
+    );
 }

@@ -125,7 +125,7 @@ const LLAMA_BASE: u64 = 24 << 20;
 /// The footprint of `shape` loaded from a file as described by `load`.
 pub fn footprint(runtime: Runtime, shape: &Shape, load: &Load) -> Footprint {
     let ctx = load.ctx.max(1);
-    let kv = shape.kv_bytes_per_token(load.kv) * ctx;
+    let kv = shape.kv_bytes(load.kv, ctx);
     let e = shape.n_embd;
     let q = u64::from(shape.n_head) * shape.head_dim;
     let kvd = u64::from(shape.n_head_kv) * shape.head_dim;
@@ -220,16 +220,11 @@ pub fn decode_speed(
     let token = Token {
         weight_bytes: weights.bytes_per_token(n_exp, used),
         // A linear layer reads and writes its whole state once per token.
-        kv_bytes: shape.kv_bytes_per_token(kv) * kv_tokens + 2 * shape.recurrent_state_bytes(),
+        kv_bytes: shape.kv_bytes(kv, kv_tokens) + 2 * shape.recurrent_state_bytes(),
         products: weights.products_per_token(n_exp, used),
         // q·k and p·v over the cache: two multiply-adds per cached value;
         // the delta rule: three per value of a linear layer's state.
-        attention: 2
-            * u64::from(shape.attention_layers())
-            * u64::from(shape.n_head)
-            * shape.head_dim
-            * kv_tokens
-            + 3 * shape.recurrent_state_bytes() / 4,
+        attention: shape.attention_ops(kv_tokens) + 3 * shape.recurrent_state_bytes() / 4,
         streamed_share: match weights.bytes_per_token(n_exp, used) {
             0 => 0.0,
             b => weights.streamed_bytes_per_token(n_exp, used, resident) as f64 / b as f64,

@@ -28,7 +28,7 @@ pub use estimate::{
 };
 
 use memwall_format::GgmlType;
-use memwall_format::arch::{Arch, Dims, LinearDims, Slot, recurrent_every};
+use memwall_format::arch::{Arch, Dims, GemmaDims, LinearDims, Slot, recurrent_every};
 use memwall_format::ggml_type::{FileTypeInfo, ShapeError, file_type_by_name};
 use memwall_format::model_info::MetadataProblems;
 use memwall_format::suggest::did_you_mean;
@@ -37,7 +37,7 @@ use crate::recipe::Recipe;
 use crate::rules::{Category, MixError, MixOptions, Mixer, ModelFacts, llama_order};
 
 /// The `config.json` architectures [`Shape::from_hf_config`] reads.
-const PLANNED: [&str; 11] = [
+const PLANNED: [&str; 13] = [
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "MixtralForCausalLM",
@@ -49,6 +49,8 @@ const PLANNED: [&str; 11] = [
     "Qwen3_5ForConditionalGeneration",
     "Qwen3_5MoeForCausalLM",
     "Qwen3_5MoeForConditionalGeneration",
+    "Gemma4ForCausalLM",
+    "Gemma4ForConditionalGeneration",
 ];
 
 /// Why a model's hyper-parameters cannot be planned: read from GGUF metadata
@@ -75,7 +77,7 @@ pub enum ModelShapeError {
     /// A `config.json` of an architecture memwall does not plan.
     #[error(
         "architecture {class} is not one memwall plans{} (Llama, Mistral, Mixtral, \
-         Qwen2, Qwen3, Qwen3-MoE, Command-R, Qwen3.5); give the numbers instead",
+         Qwen2, Qwen3, Qwen3-MoE, Command-R, Qwen3.5, Gemma 4); give the numbers instead",
         did_you_mean(class, PLANNED)
     )]
     UnplannedArchitecture {
@@ -128,6 +130,14 @@ pub enum ModelShapeError {
     /// A dense shape without an FFN.
     #[error("the FFN width is 0")]
     NoFfn,
+    /// A Gemma 4 variant with parts the tensor table does not hold.
+    #[error(
+        "{what} (Gemma 4 E2B/E4B) are not planned yet; the dense 31B and the 26B-A4B mixture are"
+    )]
+    UnplannedGemma4 {
+        /// What the config has (`per-layer token embeddings`).
+        what: &'static str,
+    },
     /// More weights than [`MAX_WEIGHTS`].
     #[error(
         "the shape has {weights} weights; expected at most {} (2^44)",
@@ -217,6 +227,27 @@ pub struct Shape {
     pub linear: Option<LinearDims>,
     /// Which of the `n_layer` blocks are linear-attention layers (empty: none).
     pub recurrent: Vec<bool>,
+    /// Gemma 4's layer kinds and global heads (`head_dim` and `n_head_kv`
+    /// are then the sliding-window layers').
+    pub gemma: Option<GemmaDims>,
+    /// Tokens a sliding-window layer sees (0: no such layers).
+    pub window: u64,
+}
+
+/// Positions a sliding-window layer's cache holds beyond its window: one
+/// micro-batch (memwall's ring; llama.cpp's default `n_ubatch`, its SWA
+/// cache padded to 256 more).
+pub const SWA_UBATCH: u64 = 512;
+
+/// One attention layer's cache: KV heads, head size, and the window it sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionLayer {
+    /// Key/value heads.
+    pub n_head_kv: u64,
+    /// Head size.
+    pub head_dim: u64,
+    /// Tokens it sees (`None`: all).
+    pub window: Option<u64>,
 }
 
 impl Shape {
@@ -251,6 +282,8 @@ impl Shape {
             n_nextn: 0,
             linear: None,
             recurrent: Vec::new(),
+            gemma: None,
+            window: 0,
         }
     }
 
@@ -299,7 +332,36 @@ impl Shape {
             Some(_) => (0..n_layer).map(|l| hp.is_recurrent(l)).collect(),
             None => Vec::new(),
         };
+        // Gemma 4: the sliding-window layers' heads are the shape's, the
+        // global ones' (wider, and with values that are their keys when they
+        // have no attn_v) its gemma part.
+        let sliding = hp
+            .sliding_window_pattern
+            .clone()
+            .filter(|_| arch == "gemma4");
+        let (head_dim, n_head_kv, gemma) = match sliding {
+            Some(sliding) => {
+                let kv_of = |l: usize| {
+                    hp.head_count_kv_layers
+                        .as_ref()
+                        .and_then(|v| v.get(l).copied())
+                        .unwrap_or(hp.head_count_kv)
+                };
+                let first = |want: bool| sliding.iter().position(|&s| s == want).unwrap_or(0);
+                let (global, swa_kv) = (first(false), kv_of(first(true)));
+                let g = GemmaDims {
+                    global_head_dim: hp.head_dim(),
+                    global_kv_heads: kv_of(global),
+                    k_eq_v: !has(&format!("blk.{global}.attn_v.weight")),
+                    sliding,
+                };
+                (hp.key_length_swa.unwrap_or(hp.head_dim()), swa_kv, Some(g))
+            }
+            None => (hp.head_dim(), hp.head_count_kv, None),
+        };
         Ok(Shape {
+            window: hp.sliding_window.filter(|_| gemma.is_some()).unwrap_or(0),
+            gemma,
             n_layer: small(n_layer, "block_count")?,
             n_nextn: small(hp.block_count - n_layer, "nextn_predict_layers")?,
             n_ff_shared: hp.expert_shared_feed_forward_length.unwrap_or(0),
@@ -308,8 +370,8 @@ impl Shape {
             n_embd: hp.embedding_length,
             n_ff: hp.feed_forward_length.unwrap_or(0),
             n_head: small(hp.head_count, "head_count")?,
-            n_head_kv: small(hp.head_count_kv, "head_count_kv")?,
-            head_dim: hp.head_dim(),
+            n_head_kv: small(n_head_kv, "head_count_kv")?,
+            head_dim,
             n_vocab,
             n_expert: small(hp.expert_count.unwrap_or(0), "expert_count")?,
             n_expert_used: small(hp.expert_used_count.unwrap_or(0), "expert_used_count")?,
@@ -335,6 +397,7 @@ impl Shape {
             "Qwen3ForCausalLM" => ("qwen3", false),
             "Qwen3MoeForCausalLM" => ("qwen3moe", true),
             "CohereForCausalLM" => ("command-r", false),
+            "Gemma4ForCausalLM" | "Gemma4ForConditionalGeneration" => ("gemma4", false),
             other => {
                 return Err(ModelShapeError::UnplannedArchitecture {
                     class: other.to_owned(),
@@ -361,6 +424,14 @@ impl Shape {
             None if arch.starts_with("qwen35") => 256,
             None => n_embd / n_head.max(1),
         };
+        let gemma = arch == "gemma4";
+        // Gemma 4's experts come beside its dense MLP (enable_moe_block).
+        let moe = moe
+            || (gemma
+                && text
+                    .get("enable_moe_block")
+                    .and_then(serde_json::Value::as_bool)
+                    .unwrap_or(false));
         let n_expert = if moe {
             num("num_local_experts")?
                 .or(num("num_experts")?)
@@ -417,7 +488,41 @@ impl Shape {
         let small = |value: u64, key: &'static str| {
             u32::try_from(value).map_err(|_| ModelShapeError::ConfigTooLarge { key, value })
         };
+        let (gemma, window) = if gemma {
+            if num("hidden_size_per_layer_input")?.unwrap_or(0) > 0 {
+                return Err(ModelShapeError::UnplannedGemma4 {
+                    what: "per-layer token embeddings",
+                });
+            }
+            if num("num_kv_shared_layers")?.unwrap_or(0) > 0 {
+                return Err(ModelShapeError::UnplannedGemma4 {
+                    what: "layers sharing another layer's KV cache",
+                });
+            }
+            let sliding: Vec<bool> = match text.get("layer_types").and_then(|t| t.as_array()) {
+                Some(types) => types
+                    .iter()
+                    .map(|t| t.as_str() == Some("sliding_attention"))
+                    .collect(),
+                None => return Err(ModelShapeError::ConfigMissing { key: "layer_types" }),
+            };
+            let k_eq_v = text
+                .get("attention_k_eq_v")
+                .and_then(serde_json::Value::as_bool)
+                .unwrap_or(false);
+            let g = GemmaDims {
+                global_head_dim: num("global_head_dim")?.unwrap_or(head_dim),
+                global_kv_heads: num("num_global_key_value_heads")?.unwrap_or(n_head_kv),
+                k_eq_v,
+                sliding,
+            };
+            (Some(g), need("sliding_window")?)
+        } else {
+            (None, 0)
+        };
         let shape = Shape {
+            gemma,
+            window,
             arch: arch.to_owned(),
             n_layer: small(n_layer, "num_hidden_layers")?,
             n_nextn: small(n_nextn, "mtp_num_hidden_layers")?,
@@ -433,7 +538,9 @@ impl Shape {
             n_expert: small(n_expert, "num_experts")?,
             n_expert_used: small(
                 if moe {
-                    num("num_experts_per_tok")?.unwrap_or(if arch == "qwen35moe" { 8 } else { 2 })
+                    num("num_experts_per_tok")?
+                        .or(num("top_k_experts")?)
+                        .unwrap_or(if arch == "qwen35moe" { 8 } else { 2 })
                 } else {
                     0
                 },
@@ -488,6 +595,30 @@ impl Shape {
         if self.n_expert == 0 && self.n_ff == 0 {
             return Err(ModelShapeError::NoFfn);
         }
+        if let Some(g) = &self.gemma {
+            let kinds = g.sliding.len() as u64;
+            if kinds != u64::from(self.n_layer) {
+                return Err(ModelShapeError::OutOfRange {
+                    what: "layer kinds (layer_types)",
+                    value: kinds,
+                    lo: u64::from(self.n_layer),
+                    hi: u64::from(self.n_layer),
+                });
+            }
+            for (what, value) in [
+                ("global head size", g.global_head_dim),
+                ("global KV heads", g.global_kv_heads),
+            ] {
+                if !(1..=1 << 16).contains(&value) {
+                    return Err(ModelShapeError::OutOfRange {
+                        what,
+                        value,
+                        lo: 1,
+                        hi: 1 << 16,
+                    });
+                }
+            }
+        }
         // Each bound above keeps one tensor's size within u64, but not the sums
         // over all of them (4096 layers of 4096 experts of 2^20 × 2^22 weights
         // is about 2^67); the largest published models have about 2^41 weights.
@@ -501,14 +632,25 @@ impl Shape {
     /// Weights of [`Shape::tensors`] (no overflow: u128 over bounded fields).
     fn weight_count(&self) -> u128 {
         let e = u128::from(self.n_embd);
-        let head = u128::from(self.head_dim);
+        // Gemma 4's global layers: heads possibly wider, and more of them.
+        let (head, kv_heads) = match &self.gemma {
+            Some(g) => (
+                self.head_dim.max(g.global_head_dim),
+                u64::from(self.n_head_kv).max(g.global_kv_heads),
+            ),
+            None => (self.head_dim, u64::from(self.n_head_kv)),
+        };
+        let head = u128::from(head);
         let q = u128::from(self.n_head) * head;
-        let kv = u128::from(self.n_head_kv) * head;
+        let kv = u128::from(kv_heads) * head;
+        let dense = 3 * e * u128::from(self.n_ff);
         let ffn = if self.n_expert > 0 {
             let x = u128::from(self.n_expert);
-            e * x + 3 * e * u128::from(self.n_ff_expert) * x
+            // Gemma 4 runs its dense MLP beside the experts.
+            let beside = if self.gemma.is_some() { dense } else { 0 };
+            e * x + 3 * e * u128::from(self.n_ff_expert) * x + beside
         } else {
-            3 * e * u128::from(self.n_ff)
+            dense
         };
         // Attention matrices, norms, biases and q/k norms (an upper bound for
         // the architectures that have fewer), then the FFN.
@@ -535,10 +677,70 @@ impl Shape {
         self.n_layer.saturating_sub(linear)
     }
 
-    /// KV cache bytes per token of context with `bytes_per_value` per element.
+    /// The layers with a KV cache, in order.
+    pub fn attention_caches(&self) -> Vec<AttentionLayer> {
+        let plain = AttentionLayer {
+            n_head_kv: u64::from(self.n_head_kv),
+            head_dim: self.head_dim,
+            window: None,
+        };
+        if let Some(g) = &self.gemma {
+            return (g.sliding.iter())
+                .map(|&sliding| {
+                    if sliding {
+                        AttentionLayer {
+                            window: Some(self.window),
+                            ..plain
+                        }
+                    } else {
+                        AttentionLayer {
+                            n_head_kv: if g.k_eq_v {
+                                g.global_kv_heads
+                            } else {
+                                plain.n_head_kv
+                            },
+                            head_dim: g.global_head_dim,
+                            window: None,
+                        }
+                    }
+                })
+                .collect();
+        }
+        vec![plain; self.attention_layers() as usize]
+    }
+
+    /// KV cache bytes per token of context, of the layers that keep every
+    /// token (a sliding-window layer's cache stops growing: [`Shape::kv_bytes`]).
     pub fn kv_bytes_per_token(&self, kv: KvType) -> u64 {
-        let per_layer = 2 * u64::from(self.n_head_kv) * self.head_dim;
-        kv.bytes(u64::from(self.attention_layers()) * per_layer)
+        let per_token: u64 = (self.attention_caches().iter())
+            .filter(|l| l.window.is_none())
+            .map(|l| 2 * l.n_head_kv * l.head_dim)
+            .sum();
+        kv.bytes(per_token)
+    }
+
+    /// KV cache bytes with `ctx` tokens in the context: each attention
+    /// layer's keys and values per token, a sliding-window layer's for at
+    /// most its window and one micro-batch ([`SWA_UBATCH`]).
+    pub fn kv_bytes(&self, kv: KvType, ctx: u64) -> u64 {
+        let values: u64 = (self.attention_caches().iter())
+            .map(|l| {
+                let held = l.window.map_or(ctx, |w| ctx.min(w + SWA_UBATCH));
+                2 * l.n_head_kv * l.head_dim * held
+            })
+            .sum();
+        kv.bytes(values)
+    }
+
+    /// Multiply-adds of one decoded token's attention with `kv_tokens` in the
+    /// cache (`q·k` and `p·v`: two per head dimension and key seen).
+    pub fn attention_ops(&self, kv_tokens: u64) -> u64 {
+        (self.attention_caches().iter())
+            .map(|l| {
+                let seen = l.window.map_or(kv_tokens, |w| kv_tokens.min(w));
+                2 * u64::from(self.n_head) * l.head_dim * seen
+            })
+            .sum()
     }
 
     /// Bytes of the linear-attention layers' state, whatever the context
@@ -568,6 +770,10 @@ impl Shape {
         if self.n_ff_shared > 0 {
             ffn += 4;
         }
+        if self.gemma.is_some() && self.n_expert > 0 {
+            // The dense MLP beside the experts.
+            ffn += 3;
+        }
         // A linear-attention layer has five products and one task per value head.
         let attention = u64::from(self.attention_layers()) * (4 + ffn + u64::from(self.n_head));
         let linear = u64::from(self.n_layer - self.attention_layers())
@@ -596,6 +802,7 @@ impl Shape {
             linear: self.linear,
             recurrent: self.recurrent.clone(),
             n_nextn: u64::from(self.n_nextn),
+            gemma: self.gemma.clone(),
         };
         let mut out: Vec<TensorShape> = arch
             .tensors(&dims)

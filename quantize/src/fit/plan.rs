@@ -197,9 +197,8 @@ pub fn rows(
         });
     };
     let kv_tokens = run.ctx / 2;
-    let attention =
-        2 * u64::from(shape.n_layer) * u64::from(shape.n_head) * shape.head_dim * kv_tokens;
-    let kv_bytes = shape.kv_bytes_per_token(run.kv) * kv_tokens;
+    let attention = shape.attention_ops(kv_tokens);
+    let kv_bytes = shape.kv_bytes(run.kv, kv_tokens);
     if let Some(stored) = &subject.as_stored {
         let w = Weights::as_stored(&subject.tensors)?;
         let token = token_of(&w, shape, kv_bytes, attention);

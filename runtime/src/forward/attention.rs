@@ -19,22 +19,25 @@ pub(super) fn softmax_numerators(kernels: &Kernels, scores: &mut [f32]) -> f32 {
 }
 
 impl<'a> Model<'a> {
-    /// Per-head norm of `t_n` rows of `heads` heads.
-    pub(super) fn head_norm(&self, x: &mut [f32], weight: &[f32], heads: usize) {
+    /// Per-head norm of rows of `heads` heads of `hd` values each: times
+    /// `weight` (one `hd` vector shared by all heads, or one per head), or
+    /// none (Gemma 4's values).
+    pub(super) fn head_norm(&self, x: &mut [f32], weight: Option<&[f32]>, hd: usize, heads: usize) {
         let c = &self.config;
-        let hd = c.head_dim;
         let mut tmp = vec![0f32; hd];
         for (i, head) in x.chunks_exact_mut(hd).enumerate() {
             let h = i % heads;
-            let w = if weight.len() == hd {
-                weight
-            } else {
-                &weight[h * hd..(h + 1) * hd]
-            };
-            if c.arch.layer_norm() {
-                layer_norm(head, w, None, c.eps, &mut tmp);
-            } else {
-                rms_norm(head, w, c.eps, &mut tmp);
+            let w = weight.map(|w| {
+                if w.len() == hd {
+                    w
+                } else {
+                    &w[h * hd..(h + 1) * hd]
+                }
+            });
+            match w {
+                Some(w) if c.arch.layer_norm() => layer_norm(head, w, None, c.eps, &mut tmp),
+                Some(w) => rms_norm(head, w, c.eps, &mut tmp),
+                None => rms_norm_plain(head, hd, c.eps, &mut tmp),
             }
             head.copy_from_slice(&tmp);
         }
@@ -46,13 +49,14 @@ impl<'a> Model<'a> {
         &self,
         layer: &Attention,
         h: &[f32],
-        tables: &[Vec<(f32, f32)>],
+        tables: &Tables,
         session: &mut Session,
         l: usize,
     ) -> Result<Vec<f32>, ForwardError> {
         let c = &self.config;
         let t_n = tables.len();
-        let (qd, kvd, hd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.head_dim);
+        let heads = layer.heads;
+        let (qd, kvd, hd) = (heads.q_dim(), heads.kv_dim(), heads.head_dim);
         let mut shared = None;
         let mut q = self.matmul_sharing(&layer.wq, h, t_n, &mut shared)?;
         // Each head's queries are followed by its gate: split them apart.
@@ -71,27 +75,49 @@ impl<'a> Model<'a> {
             gate
         });
         let mut k = self.matmul_sharing(&layer.wk, h, t_n, &mut shared)?;
-        let mut v = self.matmul_sharing(&layer.wv, h, t_n, &mut shared)?;
+        // Without a value projection (Gemma 4's global layers) the values
+        // are the keys as projected, before their norm and rotation.
+        let mut v = match &layer.wv {
+            Some(wv) => self.matmul_sharing(wv, h, t_n, &mut shared)?,
+            None => {
+                let mut v = self.spare.take_dirty(k.len());
+                v.copy_from_slice(&k);
+                v
+            }
+        };
         add_bias(&mut q, layer.bq.as_deref());
         add_bias(&mut k, layer.bk.as_deref());
         add_bias(&mut v, layer.bv.as_deref());
         if let Some(w) = &layer.q_norm {
-            self.head_norm(&mut q, w, c.n_head);
+            self.head_norm(&mut q, Some(w), hd, heads.n_head);
         }
         if let Some(w) = &layer.k_norm {
-            self.head_norm(&mut k, w, c.n_head_kv);
+            self.head_norm(&mut k, Some(w), hd, heads.n_head_kv);
         }
+        if layer.v_norm {
+            self.head_norm(&mut v, None, hd, heads.n_head_kv);
+        }
+        let (rope, tables) = match (&c.swa, layer.swa) {
+            (Some(swa), true) => (&swa.rope, &tables.swa),
+            _ => (&c.rope, &tables.full),
+        };
         for (t, table) in tables.iter().enumerate() {
             for head in q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
-                c.rope.apply(head, table);
+                rope.apply(head, table);
             }
             for head in k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
-                c.rope.apply(head, table);
+                rope.apply(head, table);
             }
         }
-        session.k[l].extend(&self.kernels, &k);
-        session.v[l].extend(&self.kernels, &v);
-        let mut attn = self.attention(&q, &session.k[l], &session.v[l], session.n_past, t_n);
+        session.k[l].extend(&self.kernels, session.n_past, &k);
+        session.v[l].extend(&self.kernels, session.n_past, &v);
+        let window = c.swa.as_ref().filter(|_| layer.swa).map(|s| s.window);
+        let span = Span {
+            heads,
+            window,
+            n_past: session.n_past,
+        };
+        let mut attn = self.attention(&q, &session.k[l], &session.v[l], span, t_n);
         for b in [q, k, v] {
             self.spare.give(b);
         }
@@ -114,11 +140,12 @@ impl<'a> Model<'a> {
         q: &[f32],
         k: &Cache,
         v: &Cache,
-        n_past: usize,
+        span: Span,
         t_n: usize,
     ) -> Vec<f32> {
         let c = &self.config;
-        let (qd, kvd, hd) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.head_dim);
+        let heads = span.heads;
+        let (qd, kvd, hd) = (heads.q_dim(), heads.kv_dim(), heads.head_dim);
         // An f16 cache: the queries rounded to f16 as well, as ggml converts
         // them for its f16 products (once here, not per work item).
         let rounded = (c.kv_type == KvType::F16).then(|| {
@@ -136,18 +163,29 @@ impl<'a> Model<'a> {
         // Every value is written by one work item below.
         let mut out = self.spare.take_dirty(t_n * qd);
         // For a batch, decode the cache to f32 once, by KV head, instead of
-        // once per query (same values, so the same result).
-        let n_kv = n_past + t_n;
+        // once per query (same values, so the same result): the positions
+        // the first query sees and every later one.
+        let n_kv = span.n_past + t_n;
+        let first = span
+            .window
+            .map_or(0, |w| (span.n_past + 1).saturating_sub(w));
+        let n = n_kv - first;
         let dense = (t_n > 1).then(|| {
             (
                 by_head_transposed(
                     &self.kernels,
                     k,
-                    n_kv,
-                    c,
-                    self.spare.take(kvd * n_kv.next_multiple_of(KEY_TILE)),
+                    (first, n),
+                    heads,
+                    self.spare.take(kvd * n.next_multiple_of(KEY_TILE)),
                 ),
-                by_head(&self.kernels, v, n_kv, c, self.spare.take_dirty(kvd * n_kv)),
+                by_head(
+                    &self.kernels,
+                    v,
+                    (first, n),
+                    heads,
+                    self.spare.take_dirty(kvd * n),
+                ),
             )
         });
         let view = match &dense {
@@ -155,6 +193,7 @@ impl<'a> Model<'a> {
                 kt,
                 stride: *stride,
                 v,
+                from: first,
             },
             None => Kv::Cache(k, v),
         };
@@ -164,22 +203,23 @@ impl<'a> Model<'a> {
         // not depend on threads. Each sums into its own small buffer first
         // (when `out` was fresh zero pages, reading before writing faulted
         // them in twice, the second time with a TLB flush on every core).
-        let group = c.n_head / c.n_head_kv;
-        let heads = if dense.is_some() { group } else { 1 };
-        let per = c.n_head / heads;
+        let group = heads.group();
+        let together = if dense.is_some() { group } else { 1 };
+        let per = heads.n_head / together;
         let work = |i: usize, oh: &mut [f32]| {
-            let (t, first) = (i / per, i % per * heads);
-            let mut acc = vec![0f32; heads * hd];
+            let (t, first) = (i / per, i % per * together);
+            let mut acc = vec![0f32; together * hd];
             self.attend(
-                &q[t * qd + first * hd..][..heads * hd],
+                &q[t * qd + first * hd..][..together * hd],
                 first,
                 &view,
-                n_past + t + 1,
+                span,
+                span.n_past + t + 1,
                 &mut acc,
             );
             oh.copy_from_slice(&acc);
         };
-        for_each_chunk(self.pool.as_deref(), &mut out, heads * hd, work);
+        for_each_chunk(self.pool.as_deref(), &mut out, together * hd, work);
         if let Some(((kt, _), v)) = dense {
             self.spare.give(kt);
             self.spare.give(v);
@@ -191,61 +231,88 @@ impl<'a> Model<'a> {
     }
 
     /// The query heads `first..` (`q.len() / head_dim` of them, all reading
-    /// one KV head) over the first `n_kv` cached positions, into `out` (`q`
-    /// already rounded to f16 for an f16 cache).
+    /// one KV head) over the cached positions a query at position `n_kv − 1`
+    /// sees (all before it, or the last `window` with itself), into `out`
+    /// (`q` already rounded to f16 for an f16 cache).
     ///
     /// Each score is the sequential sum `((q0·k0 + q1·k1) + q2·k2) + …` (from
     /// `-0.0`, as `Iterator::sum`), and the output the sequential sum over
     /// positions of `(s_j / Σs) · v_j`, whichever layout the cache is read from
     /// and however many heads are taken together, so a batch and
     /// token-by-token decoding give the same bits.
-    pub(super) fn attend(&self, q: &[f32], first: usize, kv: &Kv, n_kv: usize, out: &mut [f32]) {
+    pub(super) fn attend(
+        &self,
+        q: &[f32],
+        first: usize,
+        kv: &Kv,
+        span: Span,
+        n_kv: usize,
+        out: &mut [f32],
+    ) {
         let c = &self.config;
-        let (kvd, hd) = (c.n_head_kv * c.head_dim, c.head_dim);
-        let kv_head = first / (c.n_head / c.n_head_kv);
-        let scale = 1.0 / (hd as f32).sqrt();
+        let heads = span.heads;
+        let hd = heads.head_dim;
+        let kv_head = first / heads.group();
+        let scale = c.attn_scale.unwrap_or_else(|| 1.0 / (hd as f32).sqrt());
+        let start = span.window.map_or(0, |w| n_kv.saturating_sub(w));
+        let seen = n_kv - start;
         let kernels = &self.kernels;
         match kv {
             Kv::Cache(k, v) => {
                 let mut buf = vec![0f32; hd];
-                let mut scores = Vec::with_capacity(n_kv);
+                let mut scores = Vec::with_capacity(seen);
                 for (qh, out) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
                     scores.clear();
-                    for j in 0..n_kv {
-                        k.read(kernels, j * kvd + kv_head * hd, &mut buf);
+                    for j in start..n_kv {
+                        k.read(kernels, j, kv_head * hd, &mut buf);
                         let dot: f32 = qh.iter().zip(&buf).map(|(a, b)| a * b).sum();
                         scores.push(dot * scale);
                     }
                     let sum = softmax_numerators(kernels, &mut scores);
-                    for (j, s) in scores.iter().enumerate() {
-                        v.read(kernels, j * kvd + kv_head * hd, &mut buf);
+                    for (j, s) in (start..n_kv).zip(&scores) {
+                        v.read(kernels, j, kv_head * hd, &mut buf);
                         kernels.axpy(out, s / sum, &buf);
                     }
                 }
             }
-            Kv::Dense { kt, stride, v } => {
+            Kv::Dense {
+                kt,
+                stride,
+                v,
+                from,
+            } => {
+                // Positions from here on count from the first one decoded.
+                let (start, n_kv) = (start - from, n_kv - from);
                 let kt = &kt[kv_head * hd * stride..][..hd * stride];
-                let v = &v[kv_head * v.len() / c.n_head_kv..];
+                let v = &v[kv_head * v.len() / heads.n_head_kv..];
+                let v = &v[start * hd..n_kv * hd];
                 let mut tiles = [[0f32; KEY_TILE]; attn::HEADS];
                 let mut scores = Vec::new();
+                // Tiles start at multiples of the tile (the padding covers
+                // the last one); keys before the window are not kept.
+                let tile0 = start / KEY_TILE * KEY_TILE;
                 for (qh, out) in q
                     .chunks(attn::HEADS * hd)
                     .zip(out.chunks_mut(attn::HEADS * hd))
                 {
                     let heads = qh.len() / hd;
                     scores.clear();
-                    scores.resize(heads * n_kv, 0.0);
-                    for j0 in (0..n_kv).step_by(KEY_TILE) {
+                    scores.resize(heads * seen, 0.0);
+                    for j0 in (tile0..n_kv).step_by(KEY_TILE) {
                         kernels.key_tiles(qh, hd, &kt[j0..], *stride, &mut tiles[..heads]);
-                        let m = KEY_TILE.min(n_kv - j0);
-                        for (row, tile) in scores.chunks_exact_mut(n_kv).zip(&tiles) {
-                            for (s, &dot) in row[j0..j0 + m].iter_mut().zip(tile) {
+                        let from = start.max(j0);
+                        let to = n_kv.min(j0 + KEY_TILE);
+                        for (row, tile) in scores.chunks_exact_mut(seen).zip(&tiles) {
+                            for (s, &dot) in row[from - start..to - start]
+                                .iter_mut()
+                                .zip(&tile[from - j0..])
+                            {
                                 *s = dot * scale;
                             }
                         }
                     }
                     let mut sums = [0f32; attn::HEADS];
-                    for (sum, row) in sums.iter_mut().zip(scores.chunks_exact_mut(n_kv)) {
+                    for (sum, row) in sums.iter_mut().zip(scores.chunks_exact_mut(seen)) {
                         *sum = softmax_numerators(kernels, row);
                     }
                     kernels.weighted_rows(out, &mut scores, &sums[..heads], v);
@@ -253,4 +320,14 @@ impl<'a> Model<'a> {
             }
         }
     }
+}
+
+/// What one layer's attention reads: its heads, how far back a query sees,
+/// and the tokens already in the cache.
+#[derive(Clone, Copy)]
+pub(super) struct Span {
+    pub(super) heads: Heads,
+    /// Positions a query sees, itself included (sliding-window layers).
+    pub(super) window: Option<usize>,
+    pub(super) n_past: usize,
 }

@@ -25,6 +25,9 @@ impl<'a> Model<'a> {
             }
             decode(&self.embd, id as usize, &mut x[t * e..(t + 1) * e])?;
         }
+        if let Some(s) = self.config.embd_scale {
+            x.iter_mut().for_each(|v| *v *= s);
+        }
         Ok(x)
     }
 
@@ -46,16 +49,18 @@ impl<'a> Model<'a> {
         if t_n > c.n_ctx {
             return Err(ForwardError::ContextFull(c.n_ctx));
         }
-        let tables: Vec<Vec<(f32, f32)>> = (0..t_n)
-            .map(|t| {
-                let mut table = Vec::new();
-                c.rope.table(t, &mut table);
-                table
-            })
-            .collect();
         let mut session = self.session();
         let mut h = vec![0f32; x.len()];
-        self.layer_step(l, x, &mut h, &tables, &mut session, 0)
+        // In micro-batches when sliding-window layers hold rings.
+        let piece = if c.swa.is_some() { UBATCH } else { t_n.max(1) };
+        let e = c.n_embd;
+        for (x, h) in x.chunks_mut(piece * e).zip(h.chunks_mut(piece * e)) {
+            let n = x.len() / e;
+            let tables = Tables::new(c, session.n_past, n);
+            self.layer_step(l, x, h, &tables, &mut session, 0)?;
+            session.n_past += n;
+        }
+        Ok(())
     }
 
     /// Like [`Model::forward_layer`] without changing `x`, but stops as soon
@@ -139,6 +144,10 @@ impl<'a> Model<'a> {
                     let layer = self.layers.get_mut(l.parse::<usize>().ok()?)?;
                     match kind {
                         "attn_norm" => Some(&mut layer.attn_norm),
+                        // Gemma's sandwich norm; Qwen3.5 names its FFN norm so.
+                        "post_attention_norm" if layer.post_attn_norm.is_some() => {
+                            layer.post_attn_norm.as_mut()
+                        }
                         "ffn_norm" | "post_attention_norm" => layer.ffn_norm.as_mut(),
                         _ => None,
                     }

@@ -39,6 +39,70 @@ pub struct Config {
     pub kv_type: KvType,
     /// The gated delta-net layers' dimensions (hybrid architectures).
     pub linear: Option<Linear>,
+    /// The sliding-window layers' window and rotation (Gemma 4).
+    pub swa: Option<Swa>,
+    /// Factor on the attention scores (default `1/√head_dim`; Gemma 4's
+    /// normalised queries and keys take 1).
+    pub attn_scale: Option<f32>,
+    /// Factor on the token embeddings (Gemma: `√n_embd`).
+    pub embd_scale: Option<f32>,
+    /// `c·tanh(logit/c)` on the final logits (Gemma 4: 30).
+    pub final_softcap: Option<f32>,
+    /// The gated feed-forward activation.
+    pub act: Act,
+}
+
+/// The attention heads of a layer (Gemma 4's global layers have wider heads,
+/// and fewer of them for keys and values, than its sliding-window layers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Heads {
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads (`n_head` is a multiple).
+    pub n_head_kv: usize,
+    /// Values per head.
+    pub head_dim: usize,
+}
+
+impl Heads {
+    /// Width of the queries.
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// Width of the keys, and of the values.
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+
+    /// Query heads per key/value head.
+    pub fn group(&self) -> usize {
+        self.n_head / self.n_head_kv
+    }
+}
+
+/// The sliding-window attention of some layers: each token sees itself and
+/// the `window − 1` tokens before it, rotated with a rotation of its own.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Swa {
+    /// Tokens a query sees.
+    pub window: usize,
+    /// The rotation of the sliding-window layers.
+    pub rope: Rope,
+    /// Keep every position in their caches (llama.cpp's `--swa-full`)
+    /// instead of a ring of the window and one micro-batch: memory grows
+    /// with the context, and a session can step back anywhere.
+    pub full_cache: bool,
+}
+
+/// The activation of a gated feed-forward part: `act(gate) ⊙ up`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Act {
+    /// SiLU (SwiGLU).
+    Silu,
+    /// GELU, tanh approximation (GeGLU), through ggml's `f16` table as
+    /// llama.cpp's CPU backend computes it (exact in exact mode).
+    GeluTanh,
 }
 
 /// The dimensions of a gated delta-net layer.

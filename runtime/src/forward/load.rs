@@ -33,15 +33,74 @@ pub(super) enum Ffn<'a> {
         up: Matrix<'a>,
         down: Matrix<'a>,
     },
-    /// Experts stacked in 3-D tensors; expert `e` is a slice of each.
+    /// Experts picked by a router.
     Moe {
         router: Matrix<'a>,
-        gate: Matrix<'a>,
-        up: Matrix<'a>,
-        down: Matrix<'a>,
+        experts: Experts<'a>,
         /// A shared expert every token runs, when the model has one.
         shared: Option<Box<Shared<'a>>>,
     },
+    /// Gemma 4's mixture: a dense MLP and routed experts side by side.
+    DenseAndMoe(Box<DenseAndMoe<'a>>),
+}
+
+/// Experts stacked in 3-D tensors; expert `x` is a slice of each.
+pub(super) struct Experts<'a> {
+    /// Each expert's `ff` gate rows, followed in the same tensor by its `ff`
+    /// up rows when `up` is `None` (Gemma 4's `ffn_gate_up_exps`).
+    pub(super) gate: Matrix<'a>,
+    pub(super) up: Option<Matrix<'a>>,
+    pub(super) down: Matrix<'a>,
+    /// Rows of one expert's gate (and of its up) projection.
+    pub(super) ff: usize,
+    /// A factor on each expert's output (Gemma 4's `ffn_down_exps.scale`).
+    pub(super) scale: Option<Vec<f32>>,
+}
+
+impl<'a> Experts<'a> {
+    /// The stacked tensors, in the order an expert's product reads them.
+    pub(super) fn matrices(&self) -> Vec<&Matrix<'a>> {
+        let mut v = vec![&self.gate];
+        v.extend(&self.up);
+        v.push(&self.down);
+        v
+    }
+
+    /// Expert `x`'s slices of [`Experts::matrices`], in that order.
+    pub(super) fn expert(&self, x: usize) -> Vec<Matrix<'a>> {
+        let gate_rows = if self.up.is_some() {
+            self.ff
+        } else {
+            2 * self.ff
+        };
+        let mut v = vec![self.gate.expert(x, gate_rows)];
+        v.extend(self.up.map(|u| u.expert(x, self.ff)));
+        v.push(
+            self.down
+                .expert(x, self.down.rows / (self.gate.rows / gate_rows)),
+        );
+        v
+    }
+}
+
+/// Gemma 4's feed-forward part of a mixture-of-experts block: the dense
+/// GeGLU reads the FFN norm of the residual and is normed again; the router
+/// reads the residual (RMS-normed without weights, times `router_scale`),
+/// the experts its second pre-norm; their sum is normed; the two add.
+pub(super) struct DenseAndMoe<'a> {
+    pub(super) gate: Matrix<'a>,
+    pub(super) up: Matrix<'a>,
+    pub(super) down: Matrix<'a>,
+    /// After the dense MLP (`post_ffw_norm_1`).
+    pub(super) post_norm_1: Norm,
+    pub(super) router: Matrix<'a>,
+    /// `ffn_gate_inp.scale`, applied after the router input's `1/√n_embd`.
+    pub(super) router_scale: Vec<f32>,
+    /// Before the experts (`pre_ffw_norm_2`).
+    pub(super) pre_norm_2: Norm,
+    pub(super) experts: Experts<'a>,
+    /// After the experts' sum (`post_ffw_norm_2`).
+    pub(super) post_norm_2: Norm,
 }
 
 /// The shared expert of a mixture (Qwen3.5): a SwiGLU every token runs,
@@ -85,9 +144,14 @@ pub(super) struct DeltaNet<'a> {
 
 /// Attention weights of a block.
 pub(super) struct Attention<'a> {
+    /// This layer's heads.
+    pub(super) heads: Heads,
+    /// A sliding-window layer (the model's [`Config::swa`]).
+    pub(super) swa: bool,
     pub(super) wq: Matrix<'a>,
     pub(super) wk: Matrix<'a>,
-    pub(super) wv: Matrix<'a>,
+    /// `None`: the values are the keys as projected (Gemma 4's global layers).
+    pub(super) wv: Option<Matrix<'a>>,
     pub(super) bq: Option<Vec<f32>>,
     pub(super) bk: Option<Vec<f32>>,
     pub(super) bv: Option<Vec<f32>>,
@@ -100,36 +164,61 @@ pub(super) struct Attention<'a> {
     /// The query projection also gives a sigmoid gate on the output (Qwen3.5:
     /// each head's queries followed by its gate).
     pub(super) gated: bool,
+    /// Values RMS-normed per head without weights (Gemma 4).
+    pub(super) v_norm: bool,
 }
 
 pub(super) struct Layer<'a> {
     pub(super) attn_norm: Norm,
     pub(super) mixer: Mixer<'a>,
+    /// On the attention's output before the residual add (Gemma's sandwich).
+    pub(super) post_attn_norm: Option<Norm>,
     /// `None` for parallel blocks (Command-R), whose FFN reads the attention norm.
     pub(super) ffn_norm: Option<Norm>,
     pub(super) ffn: Ffn<'a>,
+    /// On the FFN's output before the residual add (Gemma's sandwich).
+    pub(super) post_ffn_norm: Option<Norm>,
+    /// A factor on the block's output (Gemma 4's `layer_output_scale`).
+    pub(super) out_scale: Option<f32>,
 }
 
 impl<'a> Layer<'a> {
+    /// The layer's routed experts, when it has them.
+    pub(super) fn experts(&self) -> Option<&Experts<'a>> {
+        match &self.ffn {
+            Ffn::Moe { experts, .. } => Some(experts),
+            Ffn::DenseAndMoe(m) => Some(&m.experts),
+            Ffn::Dense { .. } => None,
+        }
+    }
+
     /// Every matrix of the layer, in the order the forward pass reads them.
     pub(super) fn matrices(&self) -> Vec<&Matrix<'a>> {
         let mut v = match &self.mixer {
-            Mixer::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
+            Mixer::Attention(a) => {
+                let mut v = vec![&a.wq, &a.wk];
+                v.extend(&a.wv);
+                v.push(&a.wo);
+                v
+            }
             Mixer::Linear(d) => vec![&d.qkv, &d.z, &d.beta, &d.alpha, &d.out],
         };
         match &self.ffn {
             Ffn::Dense { gate, up, down } => v.extend([gate, up, down]),
             Ffn::Moe {
                 router,
-                gate,
-                up,
-                down,
+                experts,
                 shared,
             } => {
-                v.extend([router, gate, up, down]);
+                v.push(router);
+                v.extend(experts.matrices());
                 if let Some(s) = shared {
                     v.extend([&s.gate_inp, &s.gate, &s.up, &s.down]);
                 }
+            }
+            Ffn::DenseAndMoe(m) => {
+                v.extend([&m.gate, &m.up, &m.down, &m.router]);
+                v.extend(m.experts.matrices());
             }
         }
         v
@@ -343,6 +432,10 @@ impl<'a> Model<'a> {
             ))
         })?;
         let a = arch.name();
+        let gemma = arch == Arch::Gemma4;
+        if gemma {
+            refuse_unrun_gemma4(&hp)?;
+        }
         let load = Loader { gguf };
         let head_dim = hp.head_dim() as usize;
         let n_embd = hp.embedding_length as usize;
@@ -445,7 +538,7 @@ impl<'a> Model<'a> {
                 hp.block_count
             )));
         }
-        let config = Config {
+        let mut config = Config {
             arch,
             n_embd,
             // Multi-token-prediction blocks are stored after the model's own
@@ -473,20 +566,14 @@ impl<'a> Model<'a> {
             logit_scale: f32_of(hp.logit_scale).unwrap_or(1.0),
             kv_type: KvType::F16,
             linear,
+            swa: None,
+            attn_scale: gemma.then_some(1.0),
+            embd_scale: gemma.then(|| (n_embd as f32).sqrt()),
+            final_softcap: f32_of(hp.final_logit_softcapping).filter(|&c| c > 0.0),
+            act: if gemma { Act::GeluTanh } else { Act::Silu },
         };
+        config.swa = sliding_window(&hp, &config.rope)?;
         let c = &config;
-        if c.n_head == 0
-            || c.n_head_kv == 0
-            || c.n_head % c.n_head_kv != 0
-            || n_rot > head_dim
-            || n_rot % 2 != 0
-            || head_dim == 0
-        {
-            return Err(ForwardError::Metadata(format!(
-                "{} heads, {} KV heads, head size {head_dim}, {n_rot} rotated dims do not fit together",
-                c.n_head, c.n_head_kv
-            )));
-        }
         if c.n_expert > 0 && (c.n_expert_used == 0 || c.n_expert_used > c.n_expert) {
             return Err(ForwardError::Metadata(format!(
                 "{a}.expert_used_count is {}, expected 1..={}",
@@ -506,7 +593,10 @@ impl<'a> Model<'a> {
         };
         let output_norm = load.norm(arch::OUTPUT_NORM, arch::OUTPUT_NORM_BIAS, n_embd)?;
         let layers = (0..c.n_layer)
-            .map(|l| Self::layer(&load, c, l, hp.is_recurrent(l as u64)))
+            .map(|l| {
+                let heads = layer_heads(&hp, c, l)?;
+                Self::layer(&load, c, l, hp.is_recurrent(l as u64), heads)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let kernels = Kernels::from_env()?;
@@ -536,6 +626,7 @@ impl<'a> Model<'a> {
         c: &Config,
         l: usize,
         recurrent: bool,
+        heads: LayerHeads,
     ) -> Result<Layer<'a>, ForwardError> {
         use BlockTensor as T;
         let n = |t: T| t.name(l as u64);
@@ -545,7 +636,22 @@ impl<'a> Model<'a> {
         } else {
             Some(load.norm(&n(c.arch.ffn_norm()), &n(T::FfnNormBias), e)?)
         };
-        let ffn = if c.n_expert > 0 {
+        let sandwich = c.arch == Arch::Gemma4;
+        let plain = |t: T| -> Result<Option<Norm>, ForwardError> {
+            if !sandwich {
+                return Ok(None);
+            }
+            Ok(Some(Norm {
+                weight: load.vector(&n(t), e)?,
+                bias: None,
+            }))
+        };
+        let out_scale = load
+            .optional_vector(&n(T::LayerOutputScale), 1)?
+            .map(|v| v[0]);
+        let ffn = if sandwich && c.n_expert > 0 {
+            Ffn::DenseAndMoe(Box::new(Self::load_dense_and_moe(load, c, l)?))
+        } else if c.n_expert > 0 {
             let router = load.shaped(&n(T::FfnGateInp), c.n_expert, e)?;
             let gate = load.matrix(&n(T::FfnGateExps))?;
             let ff = gate.rows / c.n_expert;
@@ -562,9 +668,13 @@ impl<'a> Model<'a> {
             };
             Ffn::Moe {
                 router,
-                gate: load.experts(&n(T::FfnGateExps), c.n_expert, ff, e)?,
-                up: load.experts(&n(T::FfnUpExps), c.n_expert, ff, e)?,
-                down: load.experts(&n(T::FfnDownExps), c.n_expert, e, ff)?,
+                experts: Experts {
+                    gate: load.experts(&n(T::FfnGateExps), c.n_expert, ff, e)?,
+                    up: Some(load.experts(&n(T::FfnUpExps), c.n_expert, ff, e)?),
+                    down: load.experts(&n(T::FfnDownExps), c.n_expert, e, ff)?,
+                    ff,
+                    scale: None,
+                },
                 shared,
             }
         } else {
@@ -577,13 +687,62 @@ impl<'a> Model<'a> {
         };
         let mixer = match c.linear.filter(|_| recurrent) {
             Some(lin) => Mixer::Linear(Self::delta_net(load, c, l, lin)?),
-            None => Mixer::Attention(Self::attention_weights(load, c, l)?),
+            None => Mixer::Attention(Self::attention_weights(load, c, l, heads)?),
         };
         Ok(Layer {
             attn_norm: load.norm(&n(T::AttnNorm), &n(T::AttnNormBias), e)?,
             mixer,
+            post_attn_norm: plain(T::AttnPostNorm)?,
             ffn_norm,
             ffn,
+            post_ffn_norm: plain(T::PostFfwNorm)?,
+            out_scale,
+        })
+    }
+
+    /// Gemma 4's dense MLP and experts of layer `l`.
+    fn load_dense_and_moe(
+        load: &Loader<'a>,
+        c: &Config,
+        l: usize,
+    ) -> Result<DenseAndMoe<'a>, ForwardError> {
+        use BlockTensor as T;
+        let n = |t: T| t.name(l as u64);
+        let (e, x) = (c.n_embd, c.n_expert);
+        let norm = |t: T| -> Result<Norm, ForwardError> {
+            Ok(Norm {
+                weight: load.vector(&n(t), e)?,
+                bias: None,
+            })
+        };
+        let gate = load.matrix(&n(T::FfnGate))?;
+        let gate_up = load.matrix(&n(T::FfnGateUpExps))?;
+        if gate_up.rows % (2 * x) != 0 {
+            return Err(tensor_err(
+                &n(T::FfnGateUpExps),
+                format!(
+                    "{} rows do not split into {x} experts' gate and up rows",
+                    gate_up.rows
+                ),
+            ));
+        }
+        let ff = gate_up.rows / (2 * x);
+        Ok(DenseAndMoe {
+            gate: load.shaped(&n(T::FfnGate), gate.rows, e)?,
+            up: load.shaped(&n(T::FfnUp), gate.rows, e)?,
+            down: load.shaped(&n(T::FfnDown), e, gate.rows)?,
+            post_norm_1: norm(T::PostFfwNorm1)?,
+            router: load.shaped(&n(T::FfnGateInp), x, e)?,
+            router_scale: load.vector(&n(T::FfnGateInpScale), e)?,
+            pre_norm_2: norm(T::PreFfwNorm2)?,
+            experts: Experts {
+                gate: load.experts(&n(T::FfnGateUpExps), x, 2 * ff, e)?,
+                up: None,
+                down: load.experts(&n(T::FfnDownExps), x, e, ff)?,
+                ff,
+                scale: load.optional_vector(&n(T::FfnDownExpsScale), x)?,
+            },
+            post_norm_2: norm(T::PostFfwNorm2)?,
         })
     }
 
@@ -591,24 +750,35 @@ impl<'a> Model<'a> {
         load: &Loader<'a>,
         c: &Config,
         l: usize,
+        LayerHeads { heads, swa }: LayerHeads,
     ) -> Result<Attention<'a>, ForwardError> {
         use BlockTensor as T;
         let n = |t: T| t.name(l as u64);
-        let (q, kv) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
+        let (q, kv, hd) = (heads.q_dim(), heads.kv_dim(), heads.head_dim);
         let e = c.n_embd;
         let gated = c.arch.hybrid();
+        let gemma = c.arch == Arch::Gemma4;
+        // Gemma 4's layers without `attn_v` take their keys as values.
+        let wv = if gemma && !load.has(&n(T::AttnV)) {
+            None
+        } else {
+            Some(load.shaped(&n(T::AttnV), kv, e)?)
+        };
         Ok(Attention {
+            heads,
+            swa,
             wq: load.shaped(&n(T::AttnQ), if gated { 2 * q } else { q }, e)?,
             wk: load.shaped(&n(T::AttnK), kv, e)?,
-            wv: load.shaped(&n(T::AttnV), kv, e)?,
+            wv,
             bq: load.optional_vector(&n(T::AttnQBias), q)?,
             bk: load.optional_vector(&n(T::AttnKBias), kv)?,
             bv: load.optional_vector(&n(T::AttnVBias), kv)?,
-            q_norm: load.head_norm(&n(T::AttnQNorm), c.head_dim, c.n_head)?,
-            k_norm: load.head_norm(&n(T::AttnKNorm), c.head_dim, c.n_head_kv)?,
+            q_norm: load.head_norm(&n(T::AttnQNorm), hd, heads.n_head)?,
+            k_norm: load.head_norm(&n(T::AttnKNorm), hd, heads.n_head_kv)?,
             wo: load.shaped(&n(T::AttnOutput), e, q)?,
             bo: load.optional_vector(&n(T::AttnOutputBias), e)?,
             gated,
+            v_norm: gemma,
         })
     }
 
@@ -635,4 +805,120 @@ impl<'a> Model<'a> {
             out: load.shaped(&n(T::SsmOut), e, lin.value_dim())?,
         })
     }
+}
+
+/// A layer's attention heads, and whether it is a sliding-window layer.
+#[derive(Clone, Copy)]
+pub(super) struct LayerHeads {
+    heads: Heads,
+    swa: bool,
+}
+
+/// Layer `l`'s heads: the model's, or (Gemma 4) per layer, the
+/// sliding-window layers' head size their own.
+fn layer_heads(hp: &HyperParams, c: &Config, l: usize) -> Result<LayerHeads, ForwardError> {
+    let a = c.arch.name();
+    let swa = c.swa.is_some()
+        && (hp.sliding_window_pattern.as_ref()).is_some_and(|p| p.get(l).copied().unwrap_or(false));
+    let n_head_kv = match &hp.head_count_kv_layers {
+        Some(v) => *v.get(l).ok_or_else(|| {
+            ForwardError::Metadata(format!(
+                "{a}.attention.head_count_kv has {} entries for {} blocks",
+                v.len(),
+                c.n_layer
+            ))
+        })? as usize,
+        None => c.n_head_kv,
+    };
+    let (head_dim, n_rot) = match (&c.swa, swa) {
+        (Some(s), true) => {
+            let k = hp.key_length_swa.map_or(c.head_dim, |d| d as usize);
+            if hp.value_length_swa.is_some_and(|v| v as usize != k) {
+                return Err(ForwardError::Metadata(format!(
+                    "{a}.attention.value_length_swa differs from key_length_swa ({k}); \
+                     llama.cpp runs equal sizes only"
+                )));
+            }
+            (k, s.rope.n_rot)
+        }
+        _ => (c.head_dim, c.rope.n_rot),
+    };
+    let heads = Heads {
+        n_head: c.n_head,
+        n_head_kv,
+        head_dim,
+    };
+    if heads.n_head == 0
+        || n_head_kv == 0
+        || heads.n_head % n_head_kv != 0
+        || n_rot > head_dim
+        || n_rot % 2 != 0
+        || head_dim == 0
+    {
+        return Err(ForwardError::Metadata(format!(
+            "block {l}: {} heads, {n_head_kv} KV heads, head size {head_dim}, {n_rot} rotated dims \
+             do not fit together",
+            heads.n_head
+        )));
+    }
+    Ok(LayerHeads { heads, swa })
+}
+
+/// The sliding-window layers' window and rotation, for a file that marks
+/// such layers (`attention.sliding_window_pattern`).
+fn sliding_window(hp: &HyperParams, rope: &Rope) -> Result<Option<Swa>, ForwardError> {
+    let Some(pattern) = &hp.sliding_window_pattern else {
+        return Ok(None);
+    };
+    if !pattern.iter().any(|&s| s) {
+        return Ok(None);
+    }
+    let a = &hp.architecture;
+    if (pattern.len() as u64) < hp.n_layer() {
+        return Err(ForwardError::Metadata(format!(
+            "{a}.attention.sliding_window_pattern has {} entries for {} blocks",
+            pattern.len(),
+            hp.n_layer()
+        )));
+    }
+    let window = hp.sliding_window.filter(|&w| w > 0).ok_or_else(|| {
+        ForwardError::Metadata(format!(
+            "{a}.attention.sliding_window is missing or zero, and the file has sliding-window layers"
+        ))
+    })?;
+    let head = hp.key_length_swa.or(hp.key_length);
+    let n_rot = hp
+        .rope_dimension_count_swa
+        .or(head)
+        .map_or(rope.n_rot, |d| d as usize);
+    Ok(Some(Swa {
+        window: usize::try_from(window).unwrap_or(usize::MAX),
+        rope: Rope {
+            n_rot,
+            base: hp.rope_freq_base_swa.map_or(rope.base, |b| b as f32),
+            // The global layers' frequency factors (Gemma 4's partial
+            // rotation) are theirs alone.
+            freq_factors: None,
+            ..rope.clone()
+        },
+        full_cache: false,
+    }))
+}
+
+/// Gemma 4 variants whose extra parts are not run yet, refused by name.
+fn refuse_unrun_gemma4(hp: &HyperParams) -> Result<(), ForwardError> {
+    let a = &hp.architecture;
+    if let Some(n) = hp.embedding_length_per_layer_input.filter(|&n| n > 0) {
+        return Err(ForwardError::Metadata(format!(
+            "{a}.embedding_length_per_layer_input is {n}: per-layer token embeddings (Gemma 4 E2B, \
+             E4B) are not run yet; the dense 31B and the 26B-A4B mixture are"
+        )));
+    }
+    if let Some(n) = hp.shared_kv_layers.filter(|&n| n > 0) {
+        return Err(ForwardError::Metadata(format!(
+            "{a}.attention.shared_kv_layers is {n}: layers that reuse another layer's KV cache \
+             (Gemma 4 E2B, E4B) are not run yet"
+        )));
+    }
+    Ok(())
 }

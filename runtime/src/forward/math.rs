@@ -28,7 +28,7 @@ fn exp64(x: f64) -> f64 {
     // Taylor series of e^r for |r| ≤ 0.35: the 15th term is below 1e-19.
     let mut p = 1.0 / 87_178_291_200.0; // 1/14!
     for n in (1..14).rev() {
-        p = p * r + 1.0 / factorial(n);
+        p = p * r + INV_FACTORIAL[n];
     }
     let e = p * r + 1.0;
     // Scale by 2^k in two steps so that subnormal results stay exact.
@@ -37,9 +37,18 @@ fn exp64(x: f64) -> f64 {
     e * pow2(half) * pow2(k - half)
 }
 
-pub(crate) fn factorial(n: u32) -> f64 {
-    (1..=n).map(f64::from).product()
-}
+/// `1/n!` for `n` < 20: `1 / (1·2·…·n)`, the product in `f64` steps.
+const INV_FACTORIAL: [f64; 20] = {
+    let mut t = [1.0; 20];
+    let mut f = 1.0;
+    let mut n = 1;
+    while n < 20 {
+        f *= n as f64;
+        t[n] = 1.0 / f;
+        n += 1;
+    }
+    t
+};
 
 /// `2^k` for |k| ≤ 1022.
 fn pow2(k: i64) -> f64 {
@@ -159,6 +168,58 @@ pub fn powf(base: f32, e: f32) -> f32 {
     exp64(e as f64 * ln64(base as f64)) as f32
 }
 
+/// `tanh x` for `f64` arguments: `e/(e + 2)` with `e = e^{2|x|} − 1`, the
+/// series below 1e-4 (where that difference would cancel), ±1 past 22.
+fn tanh64(x: f64) -> f64 {
+    let a = x.abs();
+    let t = if a.is_nan() {
+        return x;
+    } else if a > 22.0 {
+        1.0
+    } else if a < 1e-4 {
+        let a2 = a * a;
+        a - a * a2 * (1.0 / 3.0 - a2 * (2.0 / 15.0))
+    } else {
+        let e = exp64(2.0 * a) - 1.0;
+        e / (e + 2.0)
+    };
+    t.copysign(x)
+}
+
+/// `tanh x`, the same bits on every CPU.
+pub fn tanh(x: f32) -> f32 {
+    tanh64(x as f64) as f32
+}
+
+/// `√(2/π)` and the cubic coefficient of the tanh approximation of GELU.
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+const GELU_COEF_A: f32 = 0.044_715;
+
+/// GELU, tanh approximation, in `f32` steps as ggml writes it:
+/// `0.5·x·(1 + tanh(√(2/π)·x·(1 + 0.044715·x²)))`.
+pub fn gelu(x: f32) -> f32 {
+    0.5 * x * (1.0 + tanh(SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)))
+}
+
+/// ggml's GELU on the CPU: [`gelu`] of the input rounded to `f16`, rounded to
+/// `f16` (its 65536-entry table), 0 at or below −10 and `x` at or above 10.
+pub fn gelu_f16(x: f32) -> f32 {
+    use memwall_format::blocks::{f16_to_f32, f32_to_f16};
+    static TABLE: std::sync::OnceLock<Vec<u16>> = std::sync::OnceLock::new();
+    if x <= -10.0 {
+        return 0.0;
+    }
+    if x >= 10.0 {
+        return x;
+    }
+    let table = TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|h| f32_to_f16(gelu(f16_to_f32(h))))
+            .collect()
+    });
+    f16_to_f32(table[f32_to_f16(x) as usize])
+}
+
 /// `(sin x, cos x)`, the same bits on every CPU (|x| up to ~1e9 radians).
 pub fn sin_cos(x: f32) -> (f32, f32) {
     // π/2 in three parts with trailing zeros, so q·part is exact for |q| < 2^20
@@ -177,13 +238,13 @@ pub fn sin_cos(x: f32) -> (f32, f32) {
     let mut s = 0.0;
     for n in (0..10).rev() {
         let sign = if n % 2 == 0 { 1.0 } else { -1.0 };
-        s = s * r2 + sign / factorial(2 * n + 1);
+        s = s * r2 + sign * INV_FACTORIAL[2 * n + 1];
     }
     let s = s * r;
     let mut c = 0.0;
     for n in (0..10).rev() {
         let sign = if n % 2 == 0 { 1.0 } else { -1.0 };
-        c = c * r2 + sign / factorial(2 * n);
+        c = c * r2 + sign * INV_FACTORIAL[2 * n];
     }
     let (sin, cos) = match (q as i64).rem_euclid(4) {
         0 => (s, c),

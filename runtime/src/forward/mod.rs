@@ -32,14 +32,16 @@ mod spare;
 mod stream;
 
 pub use calibration::Observer;
-pub use config::{Config, Linear};
+pub use config::{Act, Config, Heads, Linear, Swa};
 pub use experts::ExpertStats;
 pub use rope::{Rope, Yarn};
 pub use session::{KvType, Session};
 pub use stream::{ExpertCacheReport, Streaming, StreamingReport};
 
-use load::{Attention, DeltaNet, Ffn, Layer, Matrix, Mixer, Norm, Shared, decode};
-use session::Cache;
+use load::{
+    Attention, DeltaNet, DenseAndMoe, Experts, Ffn, Layer, Matrix, Mixer, Norm, Shared, decode,
+};
+use session::{Cache, UBATCH};
 use spare::Spare;
 use stream::Stream;
 
@@ -282,19 +284,33 @@ impl<'a> Model<'a> {
         first: usize,
     ) -> Result<Vec<f32>, ForwardError> {
         let c = &self.config;
-        let t_n = tokens.len();
-        if session.n_past + t_n > c.n_ctx {
+        if session.n_past + tokens.len() > c.n_ctx {
             return Err(ForwardError::ContextFull(c.n_ctx));
         }
+        // Sliding-window layers' rings hold one micro-batch beyond the window.
+        if c.swa.is_none() || tokens.len() <= UBATCH {
+            return self.forward_batch(session, tokens, first);
+        }
+        let mut logits = Vec::new();
+        for (i, piece) in tokens.chunks(UBATCH).enumerate() {
+            let skip = first.saturating_sub(i * UBATCH).min(piece.len());
+            logits.extend(self.forward_batch(session, piece, skip)?);
+        }
+        Ok(logits)
+    }
+
+    /// [`Model::forward_from`] of one batch.
+    fn forward_batch(
+        &self,
+        session: &mut Session,
+        tokens: &[u32],
+        first: usize,
+    ) -> Result<Vec<f32>, ForwardError> {
+        let c = &self.config;
+        let t_n = tokens.len();
         let e = c.n_embd;
         let mut x = self.embed(tokens)?;
-        let tables: Vec<Vec<(f32, f32)>> = (0..t_n)
-            .map(|t| {
-                let mut table = Vec::new();
-                c.rope.table(session.n_past + t, &mut table);
-                table
-            })
-            .collect();
+        let tables = Tables::new(c, session.n_past, t_n);
         let mut h = vec![0f32; t_n * e];
         let first = first.min(t_n);
         // After the last layer's attention only the returned rows are read
@@ -321,6 +337,9 @@ impl<'a> Model<'a> {
         if c.logit_scale != 1.0 {
             logits.iter_mut().for_each(|v| *v *= c.logit_scale);
         }
+        if let Some(cap) = c.final_softcap {
+            self.softcap(&mut logits, cap);
+        }
         Ok(logits)
     }
 
@@ -333,36 +352,69 @@ impl<'a> Model<'a> {
         l: usize,
         x: &mut [f32],
         h: &mut [f32],
-        tables: &[Vec<(f32, f32)>],
+        tables: &Tables,
         session: &mut Session,
         keep: usize,
     ) -> Result<(), ForwardError> {
         let layer = &self.layers[l];
         self.norm(x, &layer.attn_norm, h);
-        let attn = match &layer.mixer {
+        let mut attn = match &layer.mixer {
             Mixer::Attention(a) => self.attention_block(a, h, tables, session, l)?,
             Mixer::Linear(d) => self.delta_net_block(d, h, tables.len(), &mut session.state[l])?,
         };
         let (e, t_n) = (self.config.n_embd, tables.len() - keep);
+        if let Some(post) = &layer.post_attn_norm {
+            self.norm_in_place(&mut attn[keep * e..], post, &mut h[keep * e..]);
+        }
         let (x, h, a) = (&mut x[keep * e..], &mut h[keep * e..], &attn[keep * e..]);
         if t_n > 0 {
             let ffn = if let Some(ffn_norm) = &layer.ffn_norm {
                 self.add(x, a);
                 self.norm(x, ffn_norm, h);
-                let ffn = self.ffn(l, &layer.ffn, h, t_n)?;
+                let mut ffn = self.ffn(l, &layer.ffn, h, x, t_n)?;
+                if let Some(post) = &layer.post_ffn_norm {
+                    self.norm_in_place(&mut ffn, post, h);
+                }
                 self.add(x, &ffn);
                 ffn
             } else {
                 // Parallel block: attention and FFN both read the attention norm.
-                let ffn = self.ffn(l, &layer.ffn, h, t_n)?;
+                let ffn = self.ffn(l, &layer.ffn, h, x, t_n)?;
                 self.add(x, a);
                 self.add(x, &ffn);
                 ffn
             };
+            if let Some(s) = layer.out_scale {
+                self.scale(x, s);
+            }
             self.spare.give(ffn);
         }
         self.spare.give(attn);
         Ok(())
+    }
+
+    /// `x ← norm(x)`, with `scratch` (as long as `x`) as scratch.
+    fn norm_in_place(&self, x: &mut [f32], norm: &Norm, scratch: &mut [f32]) {
+        let scratch = &mut scratch[..x.len()];
+        self.norm(x, norm, scratch);
+        x.copy_from_slice(scratch);
+    }
+
+    /// `x ← c·tanh(x/c)` as ggml writes it (scale by 1/c, tanh, scale by
+    /// c), element by element over the pool: a vocabulary of 262 144 logits
+    /// per token.
+    fn softcap(&self, x: &mut [f32], cap: f32) {
+        let inv = 1.0 / cap;
+        for_each_chunk(self.pool.as_deref(), x, NORM_VALUES, |_, x| {
+            x.iter_mut().for_each(|v| *v = math::tanh(*v * inv) * cap);
+        });
+    }
+
+    /// `x ← s·x`, element by element over the pool.
+    fn scale(&self, x: &mut [f32], s: f32) {
+        for_each_chunk(self.pool.as_deref(), x, NORM_VALUES, |_, x| {
+            x.iter_mut().for_each(|v| *v *= s);
+        });
     }
 
     fn norm(&self, x: &[f32], norm: &Norm, out: &mut [f32]) {
@@ -415,6 +467,49 @@ fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
         for ((o, v), w) in or.iter_mut().zip(xr).zip(weight) {
             *o = v * scale * w;
         }
+    }
+}
+
+/// RMSNorm of each `n`-wide row of `x`, without weights.
+fn rms_norm_plain(x: &[f32], n: usize, eps: f32, out: &mut [f32]) {
+    for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let sum: f64 = xr.iter().map(|&v| v as f64 * v as f64).sum();
+        let scale = 1.0 / ((sum / n as f64) as f32 + eps).sqrt();
+        for (o, v) in or.iter_mut().zip(xr) {
+            *o = v * scale;
+        }
+    }
+}
+
+/// The rotation tables of a batch: per token, `(cos, sin)` of every pair,
+/// for the model's rotation and for its sliding-window layers' (empty when it
+/// has none).
+pub(super) struct Tables {
+    pub(super) full: Vec<Vec<(f32, f32)>>,
+    pub(super) swa: Vec<Vec<(f32, f32)>>,
+}
+
+impl Tables {
+    /// The tables of `t_n` tokens from position `first`.
+    pub(super) fn new(c: &Config, first: usize, t_n: usize) -> Tables {
+        let of = |rope: &Rope| -> Vec<Vec<(f32, f32)>> {
+            (0..t_n)
+                .map(|t| {
+                    let mut table = Vec::new();
+                    rope.table(first + t, &mut table);
+                    table
+                })
+                .collect()
+        };
+        Tables {
+            full: of(&c.rope),
+            swa: c.swa.as_ref().map_or_else(Vec::new, |s| of(&s.rope)),
+        }
+    }
+
+    /// Tokens of the batch.
+    pub(super) fn len(&self) -> usize {
+        self.full.len()
     }
 }
 

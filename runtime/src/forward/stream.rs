@@ -15,7 +15,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use super::experts::{ExpertCache, ExpertStats};
-use super::{Ffn, ForwardError, Layer, Matrix, Model, tensor_err};
+use super::{ForwardError, Layer, Matrix, Model, tensor_err};
 use memwall_format::GgmlType;
 use memwall_format::gguf::GgufModel;
 
@@ -560,9 +560,9 @@ impl<'a> Model<'a> {
             ));
         }
         let n_expert = self.config.n_expert;
-        let experts_of = |layer: &Layer<'a>| match &layer.ffn {
-            Ffn::Moe { gate, up, down, .. } if n_expert > 0 => Some([*gate, *up, *down]),
-            _ => None,
+        let experts_of = |layer: &Layer<'a>| {
+            let x = layer.experts().filter(|_| n_expert > 0)?;
+            Some(x.matrices().into_iter().copied().collect::<Vec<_>>())
         };
         let expert_bytes: u64 = (self.layers.iter())
             .filter_map(experts_of)
@@ -688,22 +688,19 @@ impl<'a> Model<'a> {
             let mut layers = HashMap::new();
             let mut parts = Vec::with_capacity(bundles);
             for (l, layer) in self.layers.iter().enumerate() {
-                let Some([gate, up, down]) = experts_of(layer) else {
+                let Some(experts) = layer.experts() else {
                     continue;
                 };
                 layers.insert(l, layers.len());
-                let ff = gate.rows / n_expert;
                 for x in 0..n_expert {
-                    let [g, u, d] = [
-                        gate.expert(x, ff),
-                        up.expert(x, ff),
-                        down.expert(x, gate.cols),
-                    ];
-                    parts.push([
-                        self.extent(g.name, g.data)?,
-                        self.extent(u.name, u.data)?,
-                        self.extent(d.name, d.data)?,
-                    ]);
+                    // Fused gate and up rows: the third part is empty.
+                    let ms = experts.expert(x);
+                    let last = ms[ms.len() - 1];
+                    let mut bundle = [self.extent(last.name, &last.data[..0])?; 3];
+                    for (slot, m) in bundle.iter_mut().zip(&ms) {
+                        *slot = self.extent(m.name, m.data)?;
+                    }
+                    parts.push(bundle);
                 }
                 report.streamed_bytes += self.config.n_expert_used as u64 * bundle_bytes;
             }
@@ -760,11 +757,10 @@ impl<'a> Model<'a> {
         let mut weights = vec![0.0; layers.len() * n_expert];
         let mut found = 0;
         for (l, layer) in self.layers.iter().enumerate() {
-            let (Some(&moe_layer), Ffn::Moe { gate, up, down, .. }) = (layers.get(&l), &layer.ffn)
-            else {
+            let (Some(&moe_layer), Some(experts)) = (layers.get(&l), layer.experts()) else {
                 continue;
             };
-            let Some((name, info, data)) = [gate, up, down].iter().find_map(|m| {
+            let Some((name, info, data)) = experts.matrices().iter().find_map(|m| {
                 let name = format!("{}.counts", m.name);
                 let (info, data) = imatrix.tensor(&name)?;
                 Some((name, info, data))

@@ -443,6 +443,8 @@ fn numbers_subject(args: &Args) -> Result<Subject> {
         n_nextn: 0,
         linear: None,
         recurrent: Vec::new(),
+        gemma: None,
+        window: 0,
     };
     shape.check()?;
     Ok(Subject {
@@ -766,12 +768,34 @@ fn print_plan(
             count_label(subject.model.active_params)
         );
     }
+    let held = if s.window > 0 {
+        "positions held"
+    } else {
+        "context"
+    };
     println!(
-        "KV cache at -c {} ({}): {}  [layers × KV heads × head size × context × 2 × bytes]",
+        "KV cache at -c {} ({}): {}  [layers × KV heads × head size × {held} × 2 × bytes]",
         args.ctx(),
         kv.name(),
-        human_bytes(s.kv_bytes_per_token(kv) * args.ctx())
+        human_bytes(s.kv_bytes(kv, args.ctx()))
     );
+    if let Some(g) = &s.gemma {
+        let sliding = g.sliding.iter().filter(|&&x| x).count();
+        println!(
+            "          {sliding} of the {} layers see {} tokens: their caches stop at {} positions \
+             (window + one micro-batch); the {} global layers have {} KV heads × {}",
+            s.n_layer,
+            s.window,
+            s.window + memwall_quantize::fit::SWA_UBATCH,
+            s.n_layer as usize - sliding,
+            if g.k_eq_v {
+                g.global_kv_heads
+            } else {
+                u64::from(s.n_head_kv)
+            },
+            g.global_head_dim
+        );
+    }
     if s.linear.is_some() {
         let linear = s.n_layer - s.attention_layers();
         println!(
@@ -977,7 +1001,8 @@ fn to_json(
         },
         "ctx": args.ctx(),
         "kv_type": kv.name(),
-        "kv_bytes": s.kv_bytes_per_token(kv) * args.ctx(),
+        "kv_bytes": s.kv_bytes(kv, args.ctx()),
+        "sliding_window": s.window,
         "recurrent_state_bytes": s.recurrent_state_bytes(),
         "attention_layers": s.attention_layers(),
         "batch": args.batch(),
