@@ -496,3 +496,108 @@ fn the_recommended_commands_run_as_pasted() {
     paste(&work, &lines[1], "");
     paste(&work, &lines[2], "你好\n");
 }
+
+/// The seed's two phone cases (a 35B dense model on a 16 GB phone, a 30B-A3B
+/// MoE on a 12 GB one) fit in RAM only at Q2_K: the plan says what that
+/// costs (llama-quantize's own perplexity number), and offers a calibrated
+/// file of the same size, a better type streamed from flash, and a
+/// measurement; a longer context that a shorter one would let a better type
+/// fit is offered too. A recommendation that is not risky carries none of it.
+#[test]
+fn a_risky_recommendation_says_its_cost_and_offers_alternatives() {
+    let dense: &[&str] = &[
+        "--params",
+        "35e9",
+        "--layers",
+        "40",
+        "--kv-heads",
+        "8",
+        "--head-dim",
+        "128",
+        "--vocab",
+        "256000",
+        "--device",
+        "phone-16gb",
+    ];
+    let moe: &[&str] = &[
+        "--params",
+        "30.5e9",
+        "--layers",
+        "48",
+        "--kv-heads",
+        "4",
+        "--head-dim",
+        "128",
+        "--vocab",
+        "151936",
+        "--experts",
+        "128",
+        "--active-experts",
+        "8",
+        "--active-params",
+        "3.3e9",
+        "--device",
+        "phone-12gb",
+    ];
+    for case in [dense, moe] {
+        let v = plan_json(case);
+        assert_eq!(v["recommended"], "Q2_K (≈)", "{case:?}");
+        let q = &v["quality"];
+        assert_eq!(q["risky"], true);
+        assert_eq!(q["llama3_8b_ppl_increase"], 3.5199);
+        assert!(q["warning"].as_str().unwrap().contains("3.52"), "{q}");
+        let alt = &q["alternatives"];
+        let calibrate = alt["calibrate"].as_str().unwrap();
+        assert!(
+            calibrate.starts_with("memwall calibrate quantize -m MODEL-f16.gguf")
+                && calibrate.contains("--type Q2_K"),
+            "{calibrate}"
+        );
+        // Streaming: a type with a smaller published loss, larger than Q2_K.
+        let streamed = alt["streaming"]["choice"].as_str().unwrap();
+        let rows = v["rows"].as_array().unwrap();
+        let row = |label: &str| rows.iter().find(|r| r["choice"] == label).unwrap();
+        assert_eq!(row(streamed)["fits"], "streaming", "{streamed}");
+        assert!(
+            row(streamed)["weights_bytes"].as_u64() > row("Q2_K (≈)")["weights_bytes"].as_u64()
+        );
+        assert!(
+            ["Q3_K_M (≈)", "IQ4_XS (≈)", "Q4_K_M (≈)"].contains(&streamed),
+            "{streamed}"
+        );
+        // Even 256 tokens of context leave no room for a better type.
+        assert!(alt["shorter_context"].is_null(), "{alt}");
+        let mut args = vec!["plan"];
+        args.extend_from_slice(case);
+        let text = stdout_of(&args);
+        assert!(text.contains("Quality: Q2_K adds 3.52"), "{text}");
+        assert!(text.contains("memwall compare MODEL-f16.gguf"), "{text}");
+        assert!(text.contains("a shorter context does not help"), "{text}");
+    }
+    // A 14B model at 32768 tokens: halving the context lets IQ4_XS fit.
+    let long = plan_json(&[
+        "--params",
+        "14e9",
+        "--layers",
+        "48",
+        "--kv-heads",
+        "8",
+        "--head-dim",
+        "128",
+        "--vocab",
+        "152064",
+        "-c",
+        "32768",
+    ]);
+    assert_eq!(long["recommended"], "Q2_K (≈)");
+    let shorter = &long["quality"]["alternatives"]["shorter_context"];
+    assert_eq!(shorter["ctx"], 16384, "{shorter}");
+    assert_eq!(shorter["choice"], "IQ4_XS (≈)");
+    let usable = long["device"]["usable_bytes"].as_u64().unwrap();
+    assert!(shorter["total_bytes"].as_u64().unwrap() <= usable);
+    // tiny-zh as it is: nothing risky, no alternatives.
+    let tiny = plan_json(&[TINY]);
+    assert_eq!(tiny["quality"]["risky"], false, "{}", tiny["quality"]);
+    assert!(tiny["quality"]["alternatives"].is_null());
+    assert!(!stdout_of(&["plan", TINY]).contains("Quality:"));
+}

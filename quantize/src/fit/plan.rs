@@ -349,6 +349,122 @@ pub fn recommend(rows: &[Row], ok: &[bool], usable: u64) -> Option<usize> {
         })
 }
 
+/// The perplexity a llama.cpp file type adds to Llama-3-8B, as llama-quantize's
+/// help lists it (tools/quantize/quantize.cpp of the recorded tree): the
+/// prior on quality where nothing has been measured. Larger models lose less
+/// at the same bits and smaller ones more, so it ranks the types rather than
+/// predicting a loss; the i-quants and ternary types have no number there.
+pub fn ppl_increase_llama3_8b(ftype: &str) -> Option<f64> {
+    Some(match ftype {
+        "F32" | "F16" | "BF16" => 0.0,
+        "Q8_0" => 0.0026,
+        "Q6_K" => 0.0217,
+        "Q5_K_M" => 0.0569,
+        "Q5_K_S" => 0.1049,
+        "Q5_1" => 0.1062,
+        "Q5_0" => 0.1316,
+        "Q4_K_M" => 0.1754,
+        "Q4_K_S" => 0.2689,
+        "Q4_1" => 0.4511,
+        "Q4_0" => 0.4685,
+        "Q3_K_L" => 0.5562,
+        "Q3_K_M" => 0.6569,
+        "Q3_K_S" => 1.6321,
+        "Q2_K_S" => 3.1836,
+        "Q2_K" => 3.5199,
+        _ => return None,
+    })
+}
+
+/// Perplexity added to Llama-3-8B above which a recommendation comes with a
+/// warning: Q3_K_S and Q2_K lie above it, Q3_K_M (0.66) below.
+const RISKY_PPL: f64 = 1.0;
+/// Bits per weight below which a choice without a published number is
+/// treated as risky: the 2- and 1-bit i-quants, the ternary types (IQ3_XXS,
+/// 3.06, is not).
+const RISKY_BITS: f64 = 3.0;
+
+/// Whether `row` risks a visible loss of quality: its type adds more than
+/// [`RISKY_PPL`] to Llama-3-8B's perplexity, or, without a number, its base
+/// type (a recipe: the whole file) has fewer than [`RISKY_BITS`] bits per
+/// weight. A file as it is never is (it exists; measure it).
+pub fn risky(row: &Row) -> bool {
+    let Some(choice) = &row.choice else {
+        return false;
+    };
+    if choice.recipe.is_some() {
+        return row.bits_per_weight < RISKY_BITS;
+    }
+    match ppl_increase_llama3_8b(choice.ftype.name) {
+        Some(ppl) => ppl > RISKY_PPL,
+        None => nominal_bits(choice) < RISKY_BITS,
+    }
+}
+
+/// Share of a risky recommendation's decode speed a streaming alternative
+/// keeps, at least, to be offered for its quality rather than its speed.
+const STREAMING_SPEED_KEPT: f64 = 0.8;
+
+/// What to weigh before taking a risky recommendation.
+#[derive(Clone, Debug)]
+pub struct Alternatives {
+    /// The longest shorter context (halving `-c`, down to 256) at which a
+    /// choice that is not risky fits in RAM, and that choice's row there.
+    pub shorter_context: Option<(u64, Row)>,
+    /// A choice that is not risky and streams from flash at the plan's
+    /// context: the largest with [`STREAMING_SPEED_KEPT`] of the
+    /// recommendation's speed, else the fastest.
+    pub streaming: Option<Row>,
+}
+
+/// The alternatives to the recommended row `rows[recommended]` when it is
+/// [`risky`]; `None` when it is not.
+pub fn alternatives(
+    subject: &Subject,
+    choices: &[Choice],
+    device: &Device,
+    run: Run,
+    rows: &[Row],
+    recommended: usize,
+) -> Result<Option<Alternatives>, PlanError> {
+    if !risky(&rows[recommended]) {
+        return Ok(None);
+    }
+    let ok = eligible(subject, rows);
+    let safe: Vec<&Row> = (rows.iter().enumerate())
+        .filter(|&(i, r)| ok[i] && r.fits == Fit::Streaming && !risky(r))
+        .map(|(_, r)| r)
+        .collect();
+    // The largest that keeps most of the recommendation's speed, else the
+    // fastest.
+    let floor = STREAMING_SPEED_KEPT * rows[recommended].speed.tokens_per_s;
+    let streaming = (safe.iter())
+        .filter(|r| r.speed.tokens_per_s >= floor)
+        .max_by_key(|r| r.weight_bytes)
+        .or_else(|| {
+            (safe.iter()).max_by(|a, b| a.speed.tokens_per_s.total_cmp(&b.speed.tokens_per_s))
+        })
+        .map(|&r| r.clone());
+    let mut shorter_context = None;
+    let mut ctx = run.ctx / 2;
+    while ctx >= 256 {
+        let shorter = self::rows(subject, choices, device, Run { ctx, ..run })?;
+        let ok = eligible(subject, &shorter);
+        let safe = recommend(&shorter, &ok, device.usable_bytes())
+            .map(|i| &shorter[i])
+            .filter(|r| r.fits == Fit::Ram && !risky(r));
+        if let Some(r) = safe {
+            shorter_context = Some((ctx, r.clone()));
+            break;
+        }
+        ctx /= 2;
+    }
+    Ok(Some(Alternatives {
+        shorter_context,
+        streaming,
+    }))
+}
+
 /// Bytes of the model's GGUF headers (metadata, vocabulary, tensor infos).
 pub fn header_bytes(model: &GgufModel) -> u64 {
     model.files().iter().map(|f| f.header().data_offset).sum()
@@ -425,6 +541,36 @@ mod tests {
             batch: 512,
             kv: KvType::F16,
         }
+    }
+
+    #[test]
+    fn types_above_one_unit_of_llama3_8b_perplexity_or_under_3_2_bits_are_risky() {
+        let names = ["Q3_K_M", "Q3_K_S", "Q2_K", "IQ3_XXS", "IQ2_M", "IQ4_XS"];
+        let choices: Vec<Choice> = names.map(|n| Choice::by_name(n).unwrap()).to_vec();
+        let s = subject();
+        let rows = rows(&s, &choices, &device(16), run()).unwrap();
+        let risky: Vec<(&str, bool)> = rows.iter().map(|r| (r.label.as_str(), risky(r))).collect();
+        // Without a published number the base type decides, not the file's
+        // bits (at SmolLM2's 576 widths every one of these falls back to 5).
+        assert!(rows.iter().all(|r| r.bits_per_weight > 3.0));
+        assert_eq!(
+            risky,
+            [
+                ("Q3_K_M", false),
+                ("Q3_K_S", true),
+                ("Q2_K", true),
+                ("IQ3_XXS", false),
+                ("IQ2_M", true),
+                ("IQ4_XS", false)
+            ]
+        );
+        // Nothing risky is recommended on 16 GiB: no alternatives to weigh.
+        let best = recommend(&rows, &eligible(&s, &rows), 16 << 30).unwrap();
+        assert!(
+            alternatives(&s, &choices, &device(16), run(), &rows, best)
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[test]

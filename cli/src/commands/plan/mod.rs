@@ -203,8 +203,15 @@ pub fn run(args: Args) -> Result<()> {
         write_recipe(&rows[i], path)?;
     }
     let recommended = budget_pick.or_else(|| plan::recommend(&rows, &ok, device.usable_bytes()));
+    // A budget is the user's own choice of size: no second-guessing it.
+    let alternatives = match recommended {
+        Some(i) if budget_pick.is_none() => {
+            plan::alternatives(&subject.model, &choices, &device, run, &rows, i)?
+        }
+        _ => None,
+    };
     if args.json {
-        let value = to_json(
+        let mut value = to_json(
             &subject,
             &device,
             &args,
@@ -213,6 +220,9 @@ pub fn run(args: Args) -> Result<()> {
             recommended,
             budget_pick,
         );
+        if let Some(i) = recommended {
+            value["quality"] = quality_json(&subject, &rows[i], alternatives.as_ref());
+        }
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         print_plan(
@@ -224,8 +234,115 @@ pub fn run(args: Args) -> Result<()> {
             recommended,
             budget_pick,
         );
+        if let (Some(i), Some(alt)) = (recommended, &alternatives) {
+            print_quality(&subject, &rows[i], alt);
+        }
     }
     Ok(())
+}
+
+/// How a row's type ranks on quality: llama-quantize's number, or its bits.
+fn quality_text(row: &Row) -> String {
+    let name = row
+        .choice
+        .as_ref()
+        .map_or(row.label.as_str(), |c| c.ftype.name);
+    match plan::ppl_increase_llama3_8b(name) {
+        Some(ppl) => format!(
+            "{name} adds {ppl:.2} to Llama-3-8B's perplexity in llama-quantize's own table \
+             (Q4_K_M: 0.18, Q3_K_M: 0.66)"
+        ),
+        None => format!(
+            "{} has {:.2} bits per weight and no published loss: expect a visible one",
+            row.label, row.bits_per_weight
+        ),
+    }
+}
+
+/// The F16 model a calibrated file of `subject` is made from.
+fn f16_input(subject: &Subject) -> String {
+    match &subject.source {
+        Source::Gguf { path, .. } => crate::render::shell_word(&path.display().to_string()),
+        Source::Checkpoint { dir, .. } => format!("{}-f16.gguf", stem(dir)),
+        Source::Numbers => "MODEL-f16.gguf".to_owned(),
+    }
+}
+
+/// `memwall calibrate quantize` making `row`'s type from `subject`'s F16 model.
+fn calibrate_line(subject: &Subject, row: &Row) -> String {
+    let ty = row.choice.as_ref().map_or("Q4_K_M", |c| c.ftype.name);
+    let input = f16_input(subject);
+    let out = format!(
+        "{}-{ty}-calibrated.gguf",
+        input.trim_end_matches(".gguf").trim_end_matches("-f16")
+    );
+    format!("memwall calibrate quantize -m {input} --dataset calib.jsonl --type {ty} -o {out}")
+}
+
+/// The warning under a risky recommendation and what to weigh instead.
+fn print_quality(subject: &Subject, row: &Row, alt: &plan::Alternatives) {
+    println!(
+        "Quality: {}; a smaller model loses more, a larger one less. Before settling on it:",
+        quality_text(row)
+    );
+    println!(
+        "  - calibrate it on your own text (the same size, less loss; docs/CALIBRATE.md):\n      {}",
+        calibrate_line(subject, row)
+    );
+    match &alt.shorter_context {
+        Some((ctx, r)) => println!(
+            "  - a shorter context: at -c {ctx}, {} fits in RAM ({} in memory, ~{:.1} tokens/s)",
+            r.label,
+            human_bytes(r.memwall.total()),
+            r.speed.tokens_per_s
+        ),
+        None => println!(
+            "  - a shorter context does not help: even at -c 256 nothing with less loss fits in RAM"
+        ),
+    }
+    if let Some(r) = &alt.streaming {
+        println!(
+            "  - stream a better type from flash: {} at ~{:.1} tokens/s ({} in memory)",
+            r.label,
+            r.speed.tokens_per_s,
+            human_bytes(r.memwall.total())
+        );
+    }
+    println!(
+        "  - measure the loss on your text before choosing: memwall compare {} -f YOUR_TEXT.txt",
+        f16_input(subject)
+    );
+}
+
+fn quality_json(
+    subject: &Subject,
+    row: &Row,
+    alt: Option<&plan::Alternatives>,
+) -> serde_json::Value {
+    let name = row
+        .choice
+        .as_ref()
+        .map_or(row.label.as_str(), |c| c.ftype.name);
+    json!({
+        "choice": row.label,
+        "llama3_8b_ppl_increase": plan::ppl_increase_llama3_8b(name),
+        "risky": alt.is_some(),
+        "warning": alt.map(|_| quality_text(row)),
+        "alternatives": alt.map(|a| json!({
+            "calibrate": calibrate_line(subject, row),
+            "shorter_context": a.shorter_context.as_ref().map(|(ctx, r)| json!({
+                "ctx": ctx,
+                "choice": r.label,
+                "total_bytes": r.memwall.total(),
+                "tokens_per_s": r.speed.tokens_per_s,
+            })),
+            "streaming": a.streaming.as_ref().map(|r| json!({
+                "choice": r.label,
+                "total_bytes": r.memwall.total(),
+                "tokens_per_s": r.speed.tokens_per_s,
+            })),
+        })),
+    })
 }
 
 fn list_devices(json: bool) -> Result<()> {
