@@ -11,6 +11,27 @@ use serde_json::Value;
 const TINY: &str = "fixtures/tiny-zh/reference/tiny-zh-f16.gguf";
 const SMOL: &str = "fixtures/cache/SmolLM2-135M-Instruct.Q4_1.gguf";
 
+/// Qwen3-30B-A3B as bare numbers: 30.5B parameters, 3.3B of them active
+/// (8 of 128 experts).
+const QWEN3_30B_A3B: &[&str] = &[
+    "--params",
+    "30.5e9",
+    "--layers",
+    "48",
+    "--kv-heads",
+    "4",
+    "--head-dim",
+    "128",
+    "--vocab",
+    "151936",
+    "--experts",
+    "128",
+    "--active-experts",
+    "8",
+    "--active-params",
+    "3.3e9",
+];
+
 fn plan_json(args: &[&str]) -> Value {
     let mut all = vec!["plan"];
     all.extend_from_slice(args);
@@ -129,24 +150,7 @@ fn bare_numbers_reproduce_the_seed_arithmetic_for_35b_dense() {
 
 #[test]
 fn a_30b_a3b_moe_reads_only_its_active_experts() {
-    let moe = plan_json(&[
-        "--params",
-        "30.5e9",
-        "--layers",
-        "48",
-        "--kv-heads",
-        "4",
-        "--head-dim",
-        "128",
-        "--vocab",
-        "151936",
-        "--experts",
-        "128",
-        "--active-experts",
-        "8",
-        "--active-params",
-        "3.3e9",
-    ]);
+    let moe = plan_json(QWEN3_30B_A3B);
     assert_eq!(moe["model"]["nominal_bytes"]["fp16"], 61_000_000_000u64);
     let rows = moe["rows"].as_array().unwrap();
     let int4 = rows
@@ -519,27 +523,8 @@ fn a_risky_recommendation_says_its_cost_and_offers_alternatives() {
         "--device",
         "phone-16gb",
     ];
-    let moe: &[&str] = &[
-        "--params",
-        "30.5e9",
-        "--layers",
-        "48",
-        "--kv-heads",
-        "4",
-        "--head-dim",
-        "128",
-        "--vocab",
-        "151936",
-        "--experts",
-        "128",
-        "--active-experts",
-        "8",
-        "--active-params",
-        "3.3e9",
-        "--device",
-        "phone-12gb",
-    ];
-    for case in [dense, moe] {
+    let moe = [QWEN3_30B_A3B, &["--device", "phone-12gb"]].concat();
+    for case in [dense, &moe] {
         let v = plan_json(case);
         assert_eq!(v["recommended"], "Q2_K (≈)", "{case:?}");
         let q = &v["quality"];
