@@ -282,20 +282,15 @@ impl HeadOrder {
         self.start + (g * self.per_k + v) * self.head_dim + d
     }
 
-    /// The output index of source index `i` (the inverse of [`HeadOrder::source`]).
+    /// The output index of source index `i` (the inverse of [`HeadOrder::source`]):
+    /// the same move with the roles of key and value heads exchanged.
     pub fn target(&self, i: usize) -> usize {
-        if i < self.start {
-            return i;
+        HeadOrder {
+            k_heads: self.per_k,
+            per_k: self.k_heads,
+            ..*self
         }
-        let (head, d) = (
-            (i - self.start) / self.head_dim,
-            (i - self.start) % self.head_dim,
-        );
-        if head >= self.k_heads * self.per_k {
-            return i;
-        }
-        let (g, v) = (head / self.per_k, head % self.per_k);
-        self.start + (v * self.k_heads + g) * self.head_dim + d
+        .source(i)
     }
 }
 

@@ -58,23 +58,7 @@ fn every_architecture_runs_like_transformers() {
         let mut model = Model::new(&gguf, 64).unwrap_or_else(|e| panic!("{name}: {e}"));
         model.set_exact(true);
         let logits = model.forward(&mut model.session(), &ids).unwrap();
-        let n = model.config.n_vocab;
-        let mut worst = 0f32;
-        for (pos, top) in v["top_k"].as_array().unwrap().iter().enumerate() {
-            let row = &logits[pos * n..(pos + 1) * n];
-            let argmax = (0..n).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap();
-            let top = top.as_array().unwrap();
-            assert_eq!(
-                argmax as u64,
-                top[0][0].as_u64().unwrap(),
-                "{name} position {pos}: top-1"
-            );
-            for entry in top {
-                let id = entry[0].as_u64().unwrap() as usize;
-                let value = entry[1].as_f64().unwrap() as f32;
-                worst = worst.max((row[id] - value).abs());
-            }
-        }
+        let worst = top_k_difference(name, &logits, model.config.n_vocab, &v["top_k"]);
         // Measured 2026-11-29: 4.2e-7 (cohere, logits scaled by 1/16) to 3.3e-5 (mixtral).
         assert!(worst < 2e-4, "{name}: largest logit difference {worst}");
         std::fs::remove_dir_all(&hf).unwrap();
@@ -171,23 +155,7 @@ fn runs_like_transformers(
         for &t in &ids[prompt..] {
             logits.extend(model.forward(&mut session, &[t]).unwrap());
         }
-        let n = model.config.n_vocab;
-        let mut worst = 0f32;
-        for (pos, top) in v["top_k"].as_array().unwrap().iter().enumerate() {
-            let row = &logits[pos * n..(pos + 1) * n];
-            let argmax = (0..n).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap();
-            let top = top.as_array().unwrap();
-            assert_eq!(
-                argmax as u64,
-                top[0][0].as_u64().unwrap(),
-                "{name} position {pos}: top-1"
-            );
-            for entry in top {
-                let id = entry[0].as_u64().unwrap() as usize;
-                let value = entry[1].as_f64().unwrap() as f32;
-                worst = worst.max((row[id] - value).abs());
-            }
-        }
+        let worst = top_k_difference(name, &logits, model.config.n_vocab, &v["top_k"]);
         assert!(worst < 2e-4, "{name}: largest logit difference {worst}");
     }
 }
@@ -319,4 +287,27 @@ fn gemma4_rings_give_the_bits_of_a_full_cache() {
     // Back 1000: the ring no longer holds it, so the session starts over.
     s.truncate(300);
     assert_eq!(s.len(), 0);
+}
+
+/// Checks every position's top-1 of `logits` (rows of `n`) against
+/// transformers' recorded `top_k` (`[[id, logit], …]` per position, best
+/// first) and returns the largest difference over the recorded logits.
+fn top_k_difference(name: &str, logits: &[f32], n: usize, top_k: &Value) -> f32 {
+    let mut worst = 0f32;
+    for (pos, top) in top_k.as_array().unwrap().iter().enumerate() {
+        let row = &logits[pos * n..(pos + 1) * n];
+        let argmax = (0..n).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap();
+        let top = top.as_array().unwrap();
+        assert_eq!(
+            argmax as u64,
+            top[0][0].as_u64().unwrap(),
+            "{name} position {pos}: top-1"
+        );
+        for entry in top {
+            let id = entry[0].as_u64().unwrap() as usize;
+            let value = entry[1].as_f64().unwrap() as f32;
+            worst = worst.max((row[id] - value).abs());
+        }
+    }
+    worst
 }
