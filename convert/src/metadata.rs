@@ -113,18 +113,13 @@ fn hybrid_keys(
         meta.set(key("nextn_predict_layers"), Value::U32(nextn));
     }
     let v_heads = need("linear_num_value_heads")?;
-    meta.set(
-        key("ssm.conv_kernel"),
-        Value::U32(need("linear_conv_kernel_dim")?),
-    );
-    meta.set(
-        key("ssm.state_size"),
-        Value::U32(need("linear_key_head_dim")?),
-    );
-    meta.set(
-        key("ssm.group_count"),
-        Value::U32(need("linear_num_key_heads")?),
-    );
+    for (gguf, hf) in [
+        ("ssm.conv_kernel", "linear_conv_kernel_dim"),
+        ("ssm.state_size", "linear_key_head_dim"),
+        ("ssm.group_count", "linear_num_key_heads"),
+    ] {
+        meta.set(key(gguf), Value::U32(need(hf)?));
+    }
     meta.set(key("ssm.time_step_rank"), Value::U32(v_heads));
     let inner = need("linear_value_head_dim")?.checked_mul(v_heads).ok_or(
         ConfigValueError::NotUnsigned {
@@ -196,18 +191,13 @@ fn gemma4_keys(
     if let Some(cap) = h.float(&["final_logit_softcapping"])?.filter(|&c| c != 0.0) {
         meta.set(key("final_logit_softcapping"), Value::F32(cap));
     }
-    meta.set(
-        key("attention.sliding_window"),
-        Value::U32(need("sliding_window")?),
-    );
-    meta.set(
-        key("attention.head_count_kv"),
-        Value::U32(need("num_key_value_heads")?),
-    );
-    meta.set(
-        key("attention.shared_kv_layers"),
-        Value::U32(need("num_kv_shared_layers")?),
-    );
+    for (gguf, hf) in [
+        ("attention.sliding_window", "sliding_window"),
+        ("attention.head_count_kv", "num_key_value_heads"),
+        ("attention.shared_kv_layers", "num_kv_shared_layers"),
+    ] {
+        meta.set(key(gguf), Value::U32(need(hf)?));
+    }
     meta.set(
         key("embedding_length_per_layer_input"),
         Value::U32(h.uint(&["hidden_size_per_layer_input"])?.unwrap_or(0)),

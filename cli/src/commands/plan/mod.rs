@@ -543,25 +543,20 @@ fn numbers_subject(args: &Args) -> Result<Subject> {
         bail!("--active-params ({active}) is more than --params ({params})");
     }
     let shape = Shape {
-        arch: "llama".into(),
-        n_layer: layers,
-        n_embd: embd,
-        n_ff: embd * 3,
-        n_head: n_head.max(kv_heads),
-        n_head_kv: kv_heads,
-        head_dim,
-        n_vocab: vocab,
         n_expert: experts,
         n_expert_used: args.active_experts.unwrap_or(0),
         n_ff_expert: if experts > 0 { embd / 2 } else { 0 },
-        tied_embeddings: false,
-        ctx_train: 0,
-        n_ff_shared: 0,
-        n_nextn: 0,
-        linear: None,
-        recurrent: Vec::new(),
-        gemma: None,
-        window: 0,
+        ..Shape::dense(
+            "llama",
+            layers,
+            embd,
+            embd * 3,
+            n_head.max(kv_heads),
+            kv_heads,
+            head_dim,
+            vocab,
+            false,
+        )
     };
     shape.check()?;
     Ok(Subject {
