@@ -15,6 +15,7 @@
 #     WIDE="llama-3.1-8b"                presets to run at LAYERS=2 (empty: SmolLM2 only)
 #     METHODS="awq gptq awq+gptq"        memwall methods on SmolLM2 (wide models: awq+gptq)
 #     MEMWALL=path/to/memwall            another build to measure (default: this tree's release)
+#     LLAMA_BUILD=build512               llama.cpp's cmake build directory (default `build`)
 set -euo pipefail
 : "${LLAMA_CPP:?set LLAMA_CPP to a built llama.cpp tree}"
 SAMPLES="${SAMPLES:-32}"
@@ -25,7 +26,7 @@ WIDE="${WIDE-llama-3.1-8b}"
 METHODS="${METHODS:-awq gptq awq+gptq}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
-bin="$LLAMA_CPP/build/bin"
+bin="$LLAMA_CPP/${LLAMA_BUILD:-build}/bin"
 work="${WORK:-$(mktemp -d)}"
 mkdir -p "$work"
 cargo build -q --release --manifest-path "$root/Cargo.toml" -p memwall -p memwall-fixtures
@@ -75,9 +76,11 @@ phases() {
 import json, sys
 d = json.load(open(sys.argv[1]))
 m = d["memory"]["total"] / 2**20
+kept = d["memory"].get("kept", 0) / 2**20
 fwd = d["forward_seconds"] - d["hessian_seconds"]
 print(f"layers {fwd:.1f} s, Hessians {d['hessian_seconds']:.1f} s, AWQ {d['awq_seconds']:.1f} s, "
-      f"GPTQ/encoding {d['quantize_seconds']:.1f} s; estimated peak {m:.0f} MiB")
+      f"GPTQ/encoding {d['quantize_seconds']:.1f} s; estimated peak {m:.0f} MiB "
+      f"(of which {kept:.0f} MiB results kept between passes)")
 PY
 }
 
@@ -134,9 +137,12 @@ print(f"  per layer: passes {fwd:.1f} s, Hessians {hess:.1f} s, AWQ {awq:.1f} s,
 print(f"  estimate, {full} layers, 128 × 512 tokens, 16 cores: {layer * full / 3600:.1f} h "
       f"(passes and Hessians scale with the tokens, AWQ and GPTQ do not; every phase 8× faster on "
       f"16 cores than on {threads}, which is optimistic)")
-hidden = target * d["memory"]["hidden"] / max(1, tokens)
-print(f"  memory with 128 × 512 tokens: about {(d['memory']['total'] - d['memory']['hidden'] + hidden) / 2**30:.1f} GiB "
-      f"(hidden states {hidden / 2**30:.1f} GiB)")
+mem = d["memory"]
+grow = lambda k: mem.get(k, 0) * target / max(1, tokens)
+other = mem["total"] - mem["hidden"] - mem.get("kept", 0)
+print(f"  memory with 128 × 512 tokens: about {(other + grow('hidden')) / 2**30:.1f} GiB "
+      f"(hidden states {grow('hidden') / 2**30:.1f} GiB), {grow('kept') / 2**30:.1f} GiB more for the results "
+      f"kept between passes (left out, and recomputed, when over the limit)")
 PY
 done
 echo "(files in $work)"

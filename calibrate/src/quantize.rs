@@ -18,9 +18,13 @@
 //!    importance-weighted encoder with the pass's statistics;
 //! 4. a last pass through the quantized layer gives the next layer's input.
 //!
+//! The passes after the quantized attention start from its output, kept per
+//! sample by the first pass that computes it, and the last pass from a dense
+//! FFN's kept middle ([`Kept`]: the same bits as recomputing them).
+//!
 //! Memory: the hidden states of all samples (samples × length × n_embd
 //! floats), one layer's weights in `f32`, the Hessians of one layer
-//! (inputs² × 8 bytes each); quantized tensors go to a work folder next to
+//! (inputs² × 8 bytes each), the kept results when they fit; quantized tensors go to a work folder next to
 //! the output as they are made (committed layer by layer, so a stopped run
 //! resumes: `work.rs`), and the output is written from it at the end.
 
@@ -39,7 +43,7 @@ use memwall_format::progress::{Progress, Unit};
 use memwall_quantize::imatrix::Imatrix;
 use memwall_quantize::job::{self, ImatrixInput, Options};
 use memwall_quantize::{IMATRIX_ENCODABLE, quantize_row_imatrix};
-use memwall_runtime::forward::{Model, Observer};
+use memwall_runtime::forward::{Kept, Model, Observer};
 use memwall_runtime::kernels::Kernels;
 use rayon::prelude::*;
 
@@ -309,10 +313,12 @@ fn encode_rows(
 /// to a collector; returns the Hessians. With `advance`, the samples' hidden
 /// states become the layer's outputs; with `until`, each pass stops once that
 /// matrix's input has been seen (the rest of the layer is not needed).
+#[allow(clippy::too_many_arguments)]
 fn pass(
     model: &mut Model,
     l: usize,
     xs: &mut [Vec<f32>],
+    kept: &mut [Kept],
     wanted: HashSet<String>,
     advance: bool,
     until: Option<&str>,
@@ -331,13 +337,15 @@ fn pass(
         model.set_observer(Some(collect.clone()));
     }
     let mut result = Ok(());
-    for x in xs.iter_mut() {
+    let mut none = Kept::default();
+    for (i, x) in xs.iter_mut().enumerate() {
+        let kept = kept.get_mut(i).unwrap_or(&mut none);
         let r = match (advance, until) {
-            (true, _) => model.forward_layer(l, x),
-            (false, Some(t)) => model.forward_layer_until(l, x, t),
+            (true, _) => model.forward_layer(l, x, kept),
+            (false, Some(t)) => model.forward_layer_until(l, x, t, kept),
             (false, None) => {
                 let mut tmp = x.clone();
-                model.forward_layer(l, &mut tmp)
+                model.forward_layer(l, &mut tmp, kept)
             }
         };
         if let Err(e) = r {
@@ -352,6 +360,14 @@ fn pass(
         collect.nanos.load(std::sync::atomic::Ordering::Relaxed) as f64 * 1e-9;
     let found = std::mem::take(&mut *collect.found.lock().unwrap_or_else(|e| e.into_inner()));
     Ok(found)
+}
+
+/// The first matrix of `targets` that reads input `group` (the one whose
+/// input the forward pass shows for the group).
+fn first_reader(targets: &[Target], group: &str, arch: Arch) -> Option<String> {
+    (targets.iter())
+        .find(|t| input_group(t.suffix(), arch) == Some((group, true)))
+        .map(|t| t.name.clone())
 }
 
 /// `H / (s sᵀ)` and `|x| / s`: the statistics of the input divided by `s`.
@@ -383,6 +399,11 @@ pub struct Memory {
     /// GPTQ's factorisation of the widest input (two `f64` matrices), or
     /// AWQ's `f32` copy of its Hessian.
     pub factor: u64,
+    /// With GPTQ, the results a layer's later passes take from the earlier
+    /// ones instead of running its final parts again (`f32`: the attention
+    /// output and a dense FFN's middle of every sample); 0 when they would
+    /// not fit under the limit (the passes then recompute them).
+    pub kept: u64,
     /// The sum, with the buffers of the forward pass.
     pub total: u64,
 }
@@ -396,6 +417,7 @@ fn estimate_memory(
     let mut weights = 0u64;
     let mut hessians = 0u64;
     let mut widest = 0u64;
+    let mut middle = 0u64;
     for l in 0..c.n_layer {
         let prefix = format!("blk.{l}.");
         let (mut w, mut h) = (0u64, 0u64);
@@ -410,6 +432,9 @@ fn estimate_memory(
             let cols = t.dims[0];
             let experts = t.dims.get(2).copied().unwrap_or(1);
             widest = widest.max(cols);
+            if group == "ffn_mid" && experts == 1 {
+                middle = middle.max(cols);
+            }
             if records && keys.insert((group, experts > 1)) {
                 h += experts * cols * cols * 8;
             }
@@ -426,12 +451,24 @@ fn estimate_memory(
     // A sample's activations through the widest product, and slack.
     let longest = c.n_ctx as u64;
     let buffers = 8 * longest * (c.n_embd as u64).max(widest) * 4 + (64 << 20);
+    let total = hidden + weights + hessians + factor + buffers;
+    let kept = if settings.method.gptq() {
+        tokens * (c.n_embd as u64 + middle) * 4
+    } else {
+        0
+    };
+    // Kept results save time, not memory: left out when they would not fit.
+    let kept = match settings.memory_limit {
+        Some(limit) if total + kept > limit => 0,
+        _ => kept,
+    };
     Memory {
         hidden,
         weights,
         hessians,
         factor,
-        total: hidden + weights + hessians + factor + buffers,
+        kept,
+        total: total + kept,
     }
 }
 
@@ -604,7 +641,29 @@ pub fn run(
             wanted.insert(key("ffn_in", Some(x)));
             wanted.insert(key("ffn_mid", Some(x)));
         }
-        let mut stats = pass(model, l, &mut xs, wanted, false, None, &mut report)?;
+        // GPTQ alone needs only the statistics of the attention input from
+        // this pass (the stage passes collect the others, on the quantized
+        // inputs); experts keep theirs, for those the stage passes miss.
+        let stats_until = (settings.method == Method::Gptq && c.n_expert == 0)
+            .then(|| first_reader(&targets, STAGES[0], c.arch))
+            .flatten();
+        if stats_until.is_some() {
+            wanted = HashSet::from([STAGES[0].to_owned()]);
+        }
+        let mut kept: Vec<Kept> = Vec::new();
+        if report.memory.kept > 0 {
+            kept.resize_with(xs.len(), Kept::default);
+        }
+        let mut stats = pass(
+            model,
+            l,
+            &mut xs,
+            &mut [],
+            wanted,
+            false,
+            stats_until.as_deref(),
+            &mut report,
+        )?;
         let mut alphas: HashMap<&'static str, (Option<f32>, Option<f64>)> = HashMap::new();
         // 2. AWQ.
         if settings.method.awq() {
@@ -774,15 +833,18 @@ pub fn run(
                 // The pass can stop at the group's first matrix when all are
                 // dense (experts need the whole routed FFN).
                 let dense = members.iter().all(|&i| targets[i].experts == 1);
-                let stop = (members.iter())
-                    .map(|&i| &targets[i])
-                    .find(|t| input_group(t.suffix(), c.arch).is_some_and(|g| g.1))
-                    .filter(|_| dense)
-                    .map(|t| t.name.clone());
+                let stop = first_reader(&targets, group, c.arch).filter(|_| dense);
+                // The stages before this one are quantized: what only they
+                // compute is final from here on.
+                for k in &mut kept {
+                    k.attention_final = stage > 1;
+                    k.ffn_middle_final = stage > 2;
+                }
                 for (k, h) in pass(
                     model,
                     l,
                     &mut xs,
+                    &mut kept,
                     wanted,
                     false,
                     stop.as_deref(),
@@ -865,7 +927,21 @@ pub fn run(
         drop(targets);
         // 4. The quantized layer's output is the next layer's input.
         progress.item(&format!("layer {l}: output"));
-        pass(model, l, &mut xs, HashSet::new(), true, None, &mut report)?;
+        for k in &mut kept {
+            k.attention_final = true;
+            k.ffn_middle_final = true;
+        }
+        pass(
+            model,
+            l,
+            &mut xs,
+            &mut kept,
+            HashSet::new(),
+            true,
+            None,
+            &mut report,
+        )?;
+        drop(kept);
         report.layer_seconds.push(started.elapsed().as_secs_f64());
         // No pass reads this layer again: its replaced matrices go.
         model.drop_replacements(&prefix);

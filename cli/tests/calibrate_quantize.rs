@@ -216,6 +216,55 @@ fn output_does_not_depend_on_the_thread_count() {
     assert!(digests.windows(2).all(|w| w[0] == w[1]), "{digests:?}");
 }
 
+/// A memory limit that leaves no room for the results kept between a
+/// layer's passes makes the passes recompute them: the same bytes, and the
+/// estimate says nothing is kept.
+#[test]
+fn results_kept_between_passes_are_dropped_under_a_tight_limit_without_changing_a_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = repo().join(TINY);
+    let text = repo().join("fixtures/perplexity/heldout-24k.txt");
+    let run = |name: &str, limit: Option<u64>| {
+        let out = dir.path().join(name);
+        let mut args = vec![
+            "calibrate".to_owned(),
+            "quantize".into(),
+            "-m".into(),
+            s(&tiny).into(),
+            "-f".into(),
+            s(&text).into(),
+            "--samples".into(),
+            "8".into(),
+            "--seq-len".into(),
+            "128".into(),
+            "--type".into(),
+            "Q4_K_M".into(),
+            "--json".into(),
+            "-o".into(),
+            s(&out).into(),
+        ];
+        if let Some(mib) = limit {
+            args.extend(["--memory-limit".into(), mib.to_string()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let report: Json = serde_json::from_str(&stdout_of(&args)).unwrap();
+        let tokens = report["tokens"].as_u64().unwrap();
+        (sha(&out), report["memory"].clone(), tokens)
+    };
+    let (kept_sha, memory, tokens) = run("kept.gguf", None);
+    let (total, kept) = (
+        memory["total"].as_u64().unwrap(),
+        memory["kept"].as_u64().unwrap(),
+    );
+    // tiny-zh: every token's attention output (width 256) and FFN middle (768), f32.
+    assert_eq!(kept, tokens * (256 + 768) * 4, "{memory}");
+    let limit = (total - kept).div_ceil(1 << 20);
+    assert!(limit << 20 < total, "{memory}");
+    let (recomputed_sha, memory, _) = run("recomputed.gguf", Some(limit));
+    assert_eq!(memory["kept"], 0, "{memory}");
+    assert_eq!(recomputed_sha, kept_sha);
+}
+
 #[test]
 fn moe_experts_are_calibrated_one_by_one() {
     let dir = tempfile::tempdir().unwrap();

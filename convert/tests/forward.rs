@@ -289,6 +289,76 @@ fn gemma4_rings_give_the_bits_of_a_full_cache() {
     assert_eq!(s.len(), 0);
 }
 
+/// Calibration's later passes over a layer take what is final from the
+/// earlier ones (the attention output; a dense FFN's middle) instead of
+/// computing it again, and get the bits of the whole layer: for a plain,
+/// a parallel-block, a mixture-of-experts, both Qwen3.5 and both Gemma 4
+/// models (past one micro-batch, where sliding-window layers run in
+/// pieces). The kept results are what the second pass reads: with the
+/// matrices behind them zeroed, the layer's output does not move.
+#[test]
+fn calibration_passes_with_kept_results_give_the_bits_of_whole_layers() {
+    use memwall_format::GgmlType;
+    use memwall_runtime::forward::Kept;
+    let dir = tempfile::tempdir().unwrap();
+    for (preset_name, tokenizer) in [
+        ("tiny-llama", Tokenizer::Smollm2),
+        ("tiny-cohere", Tokenizer::Smollm2),
+        ("tiny-qwen3-moe", Tokenizer::Smollm2),
+        ("tiny-qwen3.5", Tokenizer::Smollm2),
+        ("tiny-qwen3.5-moe", Tokenizer::Smollm2),
+        ("tiny-gemma4", Tokenizer::Gemma4),
+        ("tiny-gemma4-moe", Tokenizer::Gemma4),
+    ] {
+        let out = family_model(dir.path(), preset_name, OutType::F16, tokenizer);
+        let gguf = GgufModel::open(&out).unwrap();
+        let mut model = Model::new(&gguf, 1024).unwrap();
+        let (e, vocab) = (model.config.n_embd, model.config.n_vocab as u32);
+        let ids: Vec<u32> = (0..600).map(|i| (i * 7919 + 13) % vocab).collect();
+        let mut x = model.embed(&ids).unwrap();
+        for l in 0..model.config.n_layer {
+            let what = format!("{preset_name}, layer {l}");
+            let mut want = x.clone();
+            model
+                .forward_layer(l, &mut want, &mut Kept::default())
+                .unwrap();
+            let mut kept = Kept::default();
+            kept.attention_final = true;
+            kept.ffn_middle_final = true;
+            let mut first = x.clone();
+            model.forward_layer(l, &mut first, &mut kept).unwrap();
+            assert!(first == want, "{what}: the pass that keeps");
+            let dense_middle = (gguf.tensor(&format!("blk.{l}.ffn_gate_inp.weight")))
+                .is_none()
+                .then(|| gguf.tensor(&format!("blk.{l}.ffn_down.weight")))
+                .flatten()
+                .map_or(0, |(info, _)| info.dims[0] as usize);
+            assert_eq!(kept.bytes(), ids.len() * (e + dense_middle) * 4, "{what}");
+            // Zero what the kept results came from.
+            let mut zeroed = vec!["attn_q.weight", "attn_qkv.weight", "attn_output.weight"];
+            if dense_middle > 0 {
+                zeroed.extend(["ffn_gate.weight", "ffn_up.weight"]);
+            }
+            for name in zeroed.iter().map(|s| format!("blk.{l}.{s}")) {
+                if let Some((info, _)) = gguf.tensor(&name) {
+                    let bytes = vec![0u8; info.elements as usize * 4];
+                    model
+                        .replace_matrix(&name, GgmlType::F32, bytes.into())
+                        .unwrap();
+                }
+            }
+            let mut second = x.clone();
+            model.forward_layer(l, &mut second, &mut kept).unwrap();
+            assert!(
+                second == want,
+                "{what}: the pass that reads the kept results"
+            );
+            model.drop_replacements(&format!("blk.{l}."));
+            x = want;
+        }
+    }
+}
+
 /// Checks every position's top-1 of `logits` (rows of `n`) against
 /// transformers' recorded `top_k` (`[[id, logit], …]` per position, best
 /// first) and returns the largest difference over the recorded logits.

@@ -13,7 +13,127 @@ pub trait Observer: Send + Sync {
     fn matmul_input(&self, tensor: &str, expert: Option<usize>, x: &[f32], tokens: usize);
 }
 
+/// Intermediate results of one layer over one sample, kept by one
+/// calibration pass for the next passes over the same sample, so that the
+/// parts of the layer whose weights are final run once (with the same bits
+/// as running them again). Each is kept by the first pass that computes it
+/// after its flag is set, and read by the passes after that; a new layer
+/// starts from a new `Kept`.
+#[derive(Debug, Default)]
+pub struct Kept {
+    /// The attention block's matrices are final: keep its output (after
+    /// the block's post-norm), `tokens × n_embd` values.
+    pub attention_final: bool,
+    /// A dense FFN's gate and up are final: keep `act(gate·h) ⊙ up·h`,
+    /// `tokens × n_ff` values (mixtures of experts are always computed).
+    pub ffn_middle_final: bool,
+    attention: KeptRows,
+    ffn_middle: KeptRows,
+}
+
+impl Kept {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        (self.attention.values.len() + self.ffn_middle.values.len()) * 4
+    }
+}
+
+/// The rows of one result, filled micro-batch by micro-batch in order.
+#[derive(Debug, Default)]
+struct KeptRows {
+    values: Vec<f32>,
+    rows: usize,
+    complete: bool,
+}
+
+impl KeptRows {
+    /// Rows `first..first + n` when every row of the sample is held.
+    fn get(&self, first: usize, n: usize) -> Option<&[f32]> {
+        if !self.complete || self.rows == 0 {
+            return None;
+        }
+        let width = self.values.len() / self.rows;
+        self.values.get(first * width..(first + n) * width)
+    }
+
+    /// Appends the `n` rows from row `first` of a `total`-row sample (a pass
+    /// starting again at row 0 starts over).
+    fn put(&mut self, first: usize, n: usize, total: usize, values: &[f32]) {
+        if first == 0 {
+            self.values.clear();
+            self.rows = 0;
+            self.complete = false;
+        }
+        if self.rows == first && !self.complete {
+            self.values.extend_from_slice(values);
+            self.rows += n;
+            self.complete = self.rows == total;
+        }
+    }
+}
+
+/// A [`Kept`] and the rows a micro-batch of [`Model::forward_layer`] covers.
+pub(super) struct Keeping<'k> {
+    kept: &'k mut Kept,
+    first: usize,
+    n: usize,
+    total: usize,
+}
+
+impl Keeping<'_> {
+    /// The kept attention output of this micro-batch.
+    pub(super) fn attention(&self) -> Option<&[f32]> {
+        (self.kept.attention_final)
+            .then(|| self.kept.attention.get(self.first, self.n))
+            .flatten()
+    }
+
+    /// Keeps the attention output of this micro-batch, if final.
+    pub(super) fn keep_attention(&mut self, attn: &[f32]) {
+        if self.kept.attention_final {
+            let k = &mut self.kept;
+            k.attention.put(self.first, self.n, self.total, attn);
+        }
+    }
+}
+
 impl<'a> Model<'a> {
+    /// A spare buffer holding a copy of `v`.
+    pub(super) fn spare_copy(&self, v: &[f32]) -> Vec<f32> {
+        let mut out = self.spare.take_dirty(v.len());
+        out.copy_from_slice(v);
+        out
+    }
+
+    /// [`Model::ffn`], with a dense FFN's middle kept or taken from `kept`.
+    pub(super) fn ffn_kept(
+        &self,
+        l: usize,
+        ffn: &Ffn,
+        h: &[f32],
+        x: &[f32],
+        t_n: usize,
+        kept: Option<&mut Keeping>,
+    ) -> Result<Vec<f32>, ForwardError> {
+        let (Some(k), Ffn::Dense { gate, up, down }) = (kept, ffn) else {
+            return self.ffn(l, ffn, h, x, t_n);
+        };
+        if !k.kept.ffn_middle_final {
+            return self.ffn(l, ffn, h, x, t_n);
+        }
+        let middle = match k.kept.ffn_middle.get(k.first, k.n) {
+            Some(m) => self.spare_copy(m),
+            None => {
+                let m = self.glu_middle(gate, up, h, t_n)?;
+                k.kept.ffn_middle.put(k.first, k.n, k.total, &m);
+                m
+            }
+        };
+        let y = self.matmul(down, &middle, t_n);
+        self.spare.give(middle);
+        y
+    }
+
     /// The embeddings of `tokens`, one row of `n_embd` per token: the input
     /// of layer 0 for [`Model::forward_layer`].
     pub fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>, ForwardError> {
@@ -34,8 +154,14 @@ impl<'a> Model<'a> {
     /// Runs layer `l` alone over one sequence whose hidden states (one row of
     /// `n_embd` per token, positions from 0) are `x`, replacing them with the
     /// layer's output. Calibration runs a model this way, one layer at a time
-    /// over all its samples.
-    pub fn forward_layer(&self, l: usize, x: &mut [f32]) -> Result<(), ForwardError> {
+    /// over all its samples; what `kept` holds of this sample and layer is
+    /// used, and what its flags ask for is kept.
+    pub fn forward_layer(
+        &self,
+        l: usize,
+        x: &mut [f32],
+        kept: &mut Kept,
+    ) -> Result<(), ForwardError> {
         let c = &self.config;
         let t_n = x.len() / c.n_embd;
         if l >= c.n_layer || x.len() != t_n * c.n_embd {
@@ -57,7 +183,13 @@ impl<'a> Model<'a> {
         for (x, h) in x.chunks_mut(piece * e).zip(h.chunks_mut(piece * e)) {
             let n = x.len() / e;
             let tables = Tables::new(c, session.n_past, n);
-            self.layer_step(l, x, h, &tables, &mut session, 0)?;
+            let mut keeping = Keeping {
+                kept: &mut *kept,
+                first: session.n_past,
+                n,
+                total: t_n,
+            };
+            self.layer_step(l, x, h, &tables, &mut session, Rows::Kept(&mut keeping))?;
             session.n_past += n;
         }
         Ok(())
@@ -72,10 +204,11 @@ impl<'a> Model<'a> {
         l: usize,
         x: &[f32],
         tensor: &str,
+        kept: &mut Kept,
     ) -> Result<(), ForwardError> {
         let mut tmp = x.to_vec();
         self.stop_at = Some(tensor.to_owned());
-        let result = self.forward_layer(l, &mut tmp);
+        let result = self.forward_layer(l, &mut tmp, kept);
         self.stop_at = None;
         match result {
             Ok(()) | Err(ForwardError::Stopped(_)) => Ok(()),

@@ -13,14 +13,26 @@ impl<'a> Model<'a> {
         h: &[f32],
         t_n: usize,
     ) -> Result<Vec<f32>, ForwardError> {
+        let g = self.glu_middle(gate, up, h, t_n)?;
+        let y = self.matmul(down, &g, t_n);
+        self.spare.give(g);
+        y
+    }
+
+    /// `act(gate · h) ⊙ (up · h)`: the input of a gated MLP's `down`.
+    pub(super) fn glu_middle(
+        &self,
+        gate: &Matrix,
+        up: &Matrix,
+        h: &[f32],
+        t_n: usize,
+    ) -> Result<Vec<f32>, ForwardError> {
         let mut shared = None;
         let mut g = self.matmul_sharing(gate, h, t_n, &mut shared)?;
         let u = self.matmul_sharing(up, h, t_n, &mut shared)?;
         self.gate_in_place(&mut g, &u);
-        let y = self.matmul(down, &g, t_n);
-        self.spare.give(g);
         self.spare.give(u);
-        y
+        Ok(g)
     }
 
     /// `g ← act(g) ⊙ u`, element by element, so any split over threads

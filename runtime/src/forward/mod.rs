@@ -31,7 +31,8 @@ mod session;
 mod spare;
 mod stream;
 
-pub use calibration::Observer;
+use calibration::Keeping;
+pub use calibration::{Kept, Observer};
 pub use config::{Act, Config, Heads, Linear, Swa};
 pub use experts::ExpertStats;
 pub use rope::{Rope, Yarn};
@@ -324,7 +325,7 @@ impl<'a> Model<'a> {
             } else {
                 0
             };
-            self.layer_step(l, &mut x, &mut h, &tables, session, keep)?;
+            self.layer_step(l, &mut x, &mut h, &tables, session, Rows::From(keep))?;
         }
         session.n_past += t_n;
         // The layers shared the spare buffers; the next call (one decoded
@@ -354,24 +355,39 @@ impl<'a> Model<'a> {
         h: &mut [f32],
         tables: &Tables,
         session: &mut Session,
-        keep: usize,
+        rows: Rows,
     ) -> Result<(), ForwardError> {
-        let layer = &self.layers[l];
-        self.norm(x, &layer.attn_norm, h);
-        let mut attn = match &layer.mixer {
-            Mixer::Attention(a) => self.attention_block(a, h, tables, session, l)?,
-            Mixer::Linear(d) => self.delta_net_block(d, h, tables.len(), &mut session.state[l])?,
+        let (keep, mut kept) = match rows {
+            Rows::From(keep) => (keep, None),
+            Rows::Kept(k) => (0, Some(k)),
         };
+        let layer = &self.layers[l];
         let (e, t_n) = (self.config.n_embd, tables.len() - keep);
-        if let Some(post) = &layer.post_attn_norm {
-            self.norm_in_place(&mut attn[keep * e..], post, &mut h[keep * e..]);
-        }
+        self.norm(x, &layer.attn_norm, h);
+        let attn = match kept.as_deref().and_then(Keeping::attention) {
+            Some(a) => self.spare_copy(a),
+            None => {
+                let mut attn = match &layer.mixer {
+                    Mixer::Attention(a) => self.attention_block(a, h, tables, session, l)?,
+                    Mixer::Linear(d) => {
+                        self.delta_net_block(d, h, tables.len(), &mut session.state[l])?
+                    }
+                };
+                if let Some(post) = &layer.post_attn_norm {
+                    self.norm_in_place(&mut attn[keep * e..], post, &mut h[keep * e..]);
+                }
+                if let Some(k) = kept.as_deref_mut() {
+                    k.keep_attention(&attn);
+                }
+                attn
+            }
+        };
         let (x, h, a) = (&mut x[keep * e..], &mut h[keep * e..], &attn[keep * e..]);
         if t_n > 0 {
             let ffn = if let Some(ffn_norm) = &layer.ffn_norm {
                 self.add(x, a);
                 self.norm(x, ffn_norm, h);
-                let mut ffn = self.ffn(l, &layer.ffn, h, x, t_n)?;
+                let mut ffn = self.ffn_kept(l, &layer.ffn, h, x, t_n, kept)?;
                 if let Some(post) = &layer.post_ffn_norm {
                     self.norm_in_place(&mut ffn, post, h);
                 }
@@ -379,7 +395,7 @@ impl<'a> Model<'a> {
                 ffn
             } else {
                 // Parallel block: attention and FFN both read the attention norm.
-                let ffn = self.ffn(l, &layer.ffn, h, x, t_n)?;
+                let ffn = self.ffn_kept(l, &layer.ffn, h, x, t_n, kept)?;
                 self.add(x, a);
                 self.add(x, &ffn);
                 ffn
@@ -437,6 +453,15 @@ impl<'a> Model<'a> {
             add(x, &y[c * NORM_VALUES..]);
         });
     }
+}
+
+/// How a layer step runs its rows.
+enum Rows<'k, 'r> {
+    /// Every row, but those before this one only up to the attention's
+    /// output (their keys and values go to the cache; nothing reads the rest).
+    From(usize),
+    /// Every row, with the results an earlier calibration pass kept.
+    Kept(&'k mut Keeping<'r>),
 }
 
 /// Values per task of the element-wise loops over a batch (norms, residual

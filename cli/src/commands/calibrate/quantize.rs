@@ -212,7 +212,7 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
             "resumed_layers": report.resumed_layers,
             "memory": {"total": report.memory.total, "hidden": report.memory.hidden,
                        "weights": report.memory.weights, "hessians": report.memory.hessians,
-                       "factor": report.memory.factor},
+                       "factor": report.memory.factor, "kept": report.memory.kept},
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
