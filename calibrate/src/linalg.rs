@@ -134,6 +134,13 @@ fn dot64_portable(a: &[f64], b: &[f64]) -> f64 {
             acc[k] += x[k] * y[k];
         }
     }
+    dot64_finish(&acc, ra, rb)
+}
+
+/// [`dot64`]'s end: the sixteen partial sums added in its tree, then the
+/// products of the remainders `ra`, `rb` in order.
+#[inline(always)]
+fn dot64_finish(acc: &[f64; 16], ra: &[f64], rb: &[f64]) -> f64 {
     let mut half = [0f64; 8];
     for k in 0..8 {
         half[k] = acc[k] + acc[k + 8];
@@ -149,6 +156,55 @@ fn dot64_portable(a: &[f64], b: &[f64]) -> f64 {
         s += x * y;
     }
     s
+}
+
+/// [`dot64`] of each of `a` with `b` (each as long as `b`), with the bits
+/// of [`dot64`] of each pair; with AVX-512, each chunk of `b` is loaded once
+/// for all `M`.
+fn dot64_many<const M: usize>(a: [&[f64]; M], b: &[f64]) -> [f64; M] {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F is present (checked above).
+        return unsafe { dot64_many_avx512(a, b) };
+    }
+    a.map(|a| dot64(a, b))
+}
+
+/// [`dot64_many`] with the sixteen partial sums of each pair in two
+/// registers: the same multiplies and adds, lane by lane.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn dot64_many_avx512<const M: usize>(a: [&[f64]; M], b: &[f64]) -> [f64; M] {
+    use std::arch::x86_64::*;
+    let n = b.len();
+    assert!(a.iter().all(|a| a.len() == n));
+    let full = n / 16 * 16;
+    let mut lo = [_mm512_setzero_pd(); M];
+    let mut hi = [_mm512_setzero_pd(); M];
+    for c in (0..full).step_by(16) {
+        // SAFETY: c + 16 <= n, the length of every slice (asserted).
+        unsafe {
+            let y0 = _mm512_loadu_pd(b.as_ptr().add(c));
+            let y1 = _mm512_loadu_pd(b.as_ptr().add(c + 8));
+            for m in 0..M {
+                let x0 = _mm512_loadu_pd(a[m].as_ptr().add(c));
+                let x1 = _mm512_loadu_pd(a[m].as_ptr().add(c + 8));
+                lo[m] = _mm512_add_pd(lo[m], _mm512_mul_pd(x0, y0));
+                hi[m] = _mm512_add_pd(hi[m], _mm512_mul_pd(x1, y1));
+            }
+        }
+    }
+    let mut out = [0f64; M];
+    for m in 0..M {
+        let mut acc = [0f64; 16];
+        // SAFETY: `acc` holds sixteen values.
+        unsafe {
+            _mm512_storeu_pd(acc.as_mut_ptr(), lo[m]);
+            _mm512_storeu_pd(acc.as_mut_ptr().add(8), hi[m]);
+        }
+        out[m] = dot64_finish(&acc, &a[m][full..], &b[full..]);
+    }
+    out
 }
 
 /// Lower Cholesky factor `L` of the symmetric positive definite `a`
@@ -216,11 +272,19 @@ fn cholesky_in_place(a: &mut [f64], n: usize) -> Result<(), usize> {
             .for_each(|(g, rows)| {
                 let i0 = g * GROUP;
                 let nr = rows.len() / n;
+                let pi = |r: usize| &panel[(i0 + r) * w..(i0 + r + 1) * w];
                 for j in 0..i0 + nr {
                     let pj = &panel[j * w..(j + 1) * w];
-                    for r in j.saturating_sub(i0)..nr {
-                        let pi = &panel[(i0 + r) * w..(i0 + r + 1) * w];
-                        rows[r * n + k1 + j] -= dot64(pi, pj);
+                    let mut r = j.saturating_sub(i0);
+                    while r + 4 <= nr {
+                        let s = dot64_many([pi(r), pi(r + 1), pi(r + 2), pi(r + 3)], pj);
+                        for (m, s) in s.into_iter().enumerate() {
+                            rows[(r + m) * n + k1 + j] -= s;
+                        }
+                        r += 4;
+                    }
+                    for r in r..nr {
+                        rows[r * n + k1 + j] -= dot64(pi(r), pj);
                     }
                 }
             });
@@ -230,29 +294,50 @@ fn cholesky_in_place(a: &mut [f64], n: usize) -> Result<(), usize> {
 
 /// The transpose of the inverse of the lower triangular `L` (stored in the
 /// lower triangle of `l`): row `j` is the solution of `L·x = e_j`, by
-/// forward substitution. Solutions are made in groups of columns that read
-/// each row of `L` once.
+/// forward substitution, `x[i] = −dot64(L[i][j..i], x[j..i]) / L[i][i]`.
+/// Solutions are made in groups of columns that read each row of `L` once.
+///
+/// Columns `j`, `j + 16`, `j + 32` and `j + 48` make their dots together
+/// over `j..i`: a later column's entries before its own start are zeros,
+/// whose products add +0 to partial sums that are +0 there, and its chunks
+/// of sixteen start on the same boundaries (sixteen apart), so each keeps
+/// the bits of its own dot.
 fn inverse_lower_transposed(l: &[f64], n: usize) -> Vec<f64> {
-    const GROUP: usize = 16;
+    const GROUP: usize = 64;
+    const STRIDE: usize = 16;
     let mut out = vec![0f64; n * n];
     out.par_chunks_mut(n * GROUP)
         .enumerate()
         .for_each(|(g, xs)| {
             let j0 = g * GROUP;
             let nc = xs.len() / n;
-            for (c, x) in xs.chunks_exact_mut(n).enumerate() {
+            for c in 0..nc {
                 let j = j0 + c;
-                x[j] = 1.0 / l[j * n + j];
+                xs[c * n + j] = 1.0 / l[j * n + j];
             }
             for i in j0 + 1..n {
                 let li = &l[i * n..i * n + i + 1];
-                for (c, x) in xs.chunks_exact_mut(n).enumerate().take(nc) {
+                for c in 0..STRIDE.min(nc) {
                     let j = j0 + c;
                     if i <= j {
                         continue;
                     }
-                    let s = dot64(&li[j..i], &x[j..i]);
-                    x[i] = -s / li[i];
+                    let set = [c, c + STRIDE, c + 2 * STRIDE, c + 3 * STRIDE];
+                    if set[3] < nc {
+                        let x = |m: usize| &xs[set[m] * n + j..set[m] * n + i];
+                        let s = dot64_many([x(0), x(1), x(2), x(3)], &li[j..i]);
+                        for (&c, s) in set.iter().zip(s) {
+                            if i > j0 + c {
+                                xs[c * n + i] = -s / li[i];
+                            }
+                        }
+                    } else {
+                        for c in set.into_iter().filter(|&c| c < nc && i > j0 + c) {
+                            let j = j0 + c;
+                            let s = dot64(&li[j..i], &xs[c * n + j..c * n + i]);
+                            xs[c * n + i] = -s / li[i];
+                        }
+                    }
                 }
             }
         });
@@ -364,6 +449,44 @@ mod tests {
                 let v: f64 = (0..n).map(|k| l[i * n + k] * lt[j * n + k]).sum();
                 let want = if i == j { 1.0 } else { 0.0 };
                 assert!((v - want).abs() < 1e-9, "{i},{j}: {v}");
+            }
+        }
+    }
+
+    #[test]
+    fn several_dots_at_once_have_the_bits_of_each_dot_alone() {
+        for n in (0..=70).chain([96, 200]) {
+            let v: Vec<f64> = crate::test_values(5 * n, n as u32 + 3)
+                .into_iter()
+                .map(f64::from)
+                .collect();
+            let (a, b) = v.split_at(4 * n);
+            let a: [&[f64]; 4] = std::array::from_fn(|m| &a[m * n..(m + 1) * n]);
+            let many = dot64_many(a, b);
+            for m in 0..4 {
+                assert_eq!(many[m].to_bits(), dot64(a[m], b).to_bits(), "n {n}, {m}");
+            }
+        }
+    }
+
+    #[test]
+    fn inverse_columns_made_together_have_the_bits_of_each_column_alone() {
+        for n in [1, 15, 16, 17, 63, 64, 65, 130, 211] {
+            let l = cholesky(&spd(n), n).unwrap();
+            let lt = inverse_lower_transposed(&l, n);
+            for j in 0..n {
+                // Forward substitution of column j by itself.
+                let mut x = vec![0f64; n];
+                x[j] = 1.0 / l[j * n + j];
+                for i in j + 1..n {
+                    let li = &l[i * n..i * n + i + 1];
+                    x[i] = -dot64(&li[j..i], &x[j..i]) / li[i];
+                }
+                let got = &lt[j * n..(j + 1) * n];
+                assert!(
+                    got.iter().zip(&x).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "n {n}, column {j}"
+                );
             }
         }
     }
