@@ -24,9 +24,10 @@
 //!
 //! Memory: the hidden states of all samples (samples × length × n_embd
 //! floats), one layer's weights in `f32`, the Hessians of one layer
-//! (inputs² × 8 bytes each), the kept results when they fit; quantized tensors go to a work folder next to
-//! the output as they are made (committed layer by layer, so a stopped run
-//! resumes: `work.rs`), and the output is written from it at the end.
+//! (inputs² × 8 bytes each), the kept results when they fit; quantized
+//! tensors go to a work folder next to the output as they are made
+//! (committed layer by layer, so a stopped run resumes: `work.rs`), and the
+//! output is written from it at the end.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
@@ -650,10 +651,6 @@ pub fn run(
         if stats_until.is_some() {
             wanted = HashSet::from([STAGES[0].to_owned()]);
         }
-        let mut kept: Vec<Kept> = Vec::new();
-        if report.memory.kept > 0 {
-            kept.resize_with(xs.len(), Kept::default);
-        }
         let mut stats = pass(
             model,
             l,
@@ -816,7 +813,11 @@ pub fn run(
                 model.replace_matrix(&t.name, GgmlType::F32, bytes.into())?;
             }
         }
-        // 3. Quantize group by group.
+        // 3. Quantize group by group (per sample, what the passes keep).
+        let mut kept: Vec<Kept> = Vec::new();
+        if report.memory.kept > 0 {
+            kept.resize_with(xs.len(), Kept::default);
+        }
         for (stage, group) in STAGES.into_iter().enumerate() {
             let members: Vec<usize> = (0..targets.len())
                 .filter(|&i| input_group(targets[i].suffix(), c.arch).map(|g| g.0) == Some(group))

@@ -544,7 +544,7 @@ mod tests {
     }
 
     #[test]
-    fn types_above_one_unit_of_llama3_8b_perplexity_or_under_3_2_bits_are_risky() {
+    fn types_above_one_unit_of_llama3_8b_perplexity_or_under_3_bits_are_risky() {
         let names = ["Q3_K_M", "Q3_K_S", "Q2_K", "IQ3_XXS", "IQ2_M", "IQ4_XS"];
         let choices: Vec<Choice> = names.map(|n| Choice::by_name(n).unwrap()).to_vec();
         let s = subject();

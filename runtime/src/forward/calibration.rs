@@ -64,7 +64,7 @@ impl KeptRows {
             self.rows = 0;
             self.complete = false;
         }
-        if self.rows == first && !self.complete {
+        if self.rows == first {
             self.values.extend_from_slice(values);
             self.rows += n;
             self.complete = self.rows == total;
@@ -91,8 +91,7 @@ impl Keeping<'_> {
     /// Keeps the attention output of this micro-batch, if final.
     pub(super) fn keep_attention(&mut self, attn: &[f32]) {
         if self.kept.attention_final {
-            let k = &mut self.kept;
-            k.attention.put(self.first, self.n, self.total, attn);
+            (self.kept.attention).put(self.first, self.n, self.total, attn);
         }
     }
 }
@@ -115,12 +114,10 @@ impl<'a> Model<'a> {
         t_n: usize,
         kept: Option<&mut Keeping>,
     ) -> Result<Vec<f32>, ForwardError> {
+        let kept = kept.filter(|k| k.kept.ffn_middle_final);
         let (Some(k), Ffn::Dense { gate, up, down }) = (kept, ffn) else {
             return self.ffn(l, ffn, h, x, t_n);
         };
-        if !k.kept.ffn_middle_final {
-            return self.ffn(l, ffn, h, x, t_n);
-        }
         let middle = match k.kept.ffn_middle.get(k.first, k.n) {
             Some(m) => self.spare_copy(m),
             None => {

@@ -241,12 +241,16 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// The file type of a row (its label when it is a file as it is).
+fn type_name(row: &Row) -> &str {
+    row.choice
+        .as_ref()
+        .map_or(row.label.as_str(), |c| c.ftype.name)
+}
+
 /// How a row's type ranks on quality: llama-quantize's number, or its bits.
 fn quality_text(row: &Row) -> String {
-    let name = row
-        .choice
-        .as_ref()
-        .map_or(row.label.as_str(), |c| c.ftype.name);
+    let name = type_name(row);
     match plan::ppl_increase_llama3_8b(name) {
         Some(ppl) => format!(
             "{name} adds {ppl:.2} to Llama-3-8B's perplexity in llama-quantize's own table \
@@ -319,13 +323,9 @@ fn quality_json(
     row: &Row,
     alt: Option<&plan::Alternatives>,
 ) -> serde_json::Value {
-    let name = row
-        .choice
-        .as_ref()
-        .map_or(row.label.as_str(), |c| c.ftype.name);
     json!({
         "choice": row.label,
-        "llama3_8b_ppl_increase": plan::ppl_increase_llama3_8b(name),
+        "llama3_8b_ppl_increase": plan::ppl_increase_llama3_8b(type_name(row)),
         "risky": alt.is_some(),
         "warning": alt.map(|_| quality_text(row)),
         "alternatives": alt.map(|a| json!({
