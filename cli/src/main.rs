@@ -106,12 +106,15 @@ the memwall.recipe metadata key.")]
   memwall perplexity -m model-f16.gguf -f text.txt -c 256 --chunks 20 -t 8
   memwall perplexity -m model-f16.gguf -f text.txt --save-logits f16.kld
   memwall perplexity -m model-Q4_K_M.gguf --kl-divergence f16.kld       KLD, top-1 agreement, Δp
+  memwall perplexity -m model-f16.gguf -f text.txt --save-logits f16.topk --top-k 64
   memwall perplexity -m model.gguf -f text.txt --json
 
 Each window of -c tokens starts with BOS (when the vocabulary adds one) and
 only its second half is scored, as llama-perplexity does; the numbers agree
 with it (see docs/RUNTIME.md). The --save-logits file is llama.cpp's
---kl-divergence-base format, so either tool reads the other's.")]
+--kl-divergence-base format, so either tool reads the other's; with --top-k it
+is memwall's compact reference (about 16·K bytes a position instead of 2 per
+vocabulary entry), which only memwall reads.")]
     Perplexity(commands::perplexity::Args),
     /// Check that a model file is fit to ship: structure, finite numbers, a
     /// forward pass, and quality against a reference; non-zero exit on failure.

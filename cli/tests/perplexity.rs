@@ -214,6 +214,92 @@ fn log_probability_files_are_llama_cpp_s_format() {
 }
 
 #[test]
+fn a_top_k_reference_is_small_and_gives_the_full_reference_s_statistics() {
+    let dir = tempfile::tempdir().unwrap();
+    let f16 = f16_model("tiny-zh", dir.path());
+    let q4 = dir.path().join("q4.gguf");
+    stdout_of(&["quantize", s(&f16), s(&q4), "Q4_K_M"]);
+    let (full, top) = (dir.path().join("full.kld"), dir.path().join("top.kld"));
+    let chunks = 24;
+    perplexity(&f16, chunks, &["-f", TEXT, "--save-logits", s(&full)]);
+    let saved = perplexity(
+        &f16,
+        chunks,
+        &["-f", TEXT, "--save-logits", s(&top), "--top-k", "16"],
+    );
+    assert_eq!(saved["saved_layout"]["layout"], "top-k");
+    // Header with k, the tokens, then per scored position 8 + 16·k bytes.
+    let scored = 128 - 1 - 64;
+    let size = 24 + 4 * 128 * chunks + chunks * scored * (8 + 16 * 16);
+    assert_eq!(std::fs::metadata(&top).unwrap().len() as usize, size);
+    assert!(std::fs::metadata(&full).unwrap().len() as usize > 20 * size);
+    let a = perplexity(&q4, chunks, &["--kl-divergence", s(&full)]);
+    let b = perplexity(&q4, chunks, &["--kl-divergence", s(&top)]);
+    assert_eq!(a["reference"]["layout"], "full");
+    assert_eq!(b["reference"]["layout"], "top-k");
+    assert_eq!(b["reference"]["k"], 16);
+    let value = |v: &Value, key: &[&str]| key.iter().fold(v, |v, k| &v[k]).as_f64().unwrap();
+    let (ka, kb) = (value(&a, &["kld", "mean"]), value(&b, &["kld", "mean"]));
+    assert!((kb / ka - 1.0).abs() < 0.01, "KLD full {ka}, top-k {kb}");
+    assert_eq!(a["same_top"], b["same_top"]);
+    assert_eq!(a["ppl"], b["ppl"]);
+    // The base's perplexity is exact in the top-k file (the full one rounds to 16 bits).
+    let (base, printed) = (value(&b, &["ppl_base", "value"]), value(&saved, &["ppl"]));
+    assert!((base / printed - 1.0).abs() < 1e-6, "{base} vs {printed}");
+    // The model against its own top-k reference: no divergence.
+    let own = perplexity(&f16, chunks, &["--kl-divergence", s(&top)]);
+    assert!(value(&own, &["kld", "mean"]) < 1e-5, "{own}");
+}
+
+#[test]
+fn bad_top_k_references_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let f16 = "fixtures/tiny-zh/reference/tiny-zh-f16.gguf";
+    let top = dir.path().join("top.kld");
+    perplexity(
+        Path::new(f16),
+        2,
+        &["-f", TEXT, "--save-logits", s(&top), "--top-k", "4"],
+    );
+    let refused = |file: &Path, wanted: &[&str]| {
+        let out = memwall(&["perplexity", "-m", f16, "--kl-divergence", s(file)]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(wanted.iter().all(|w| err.contains(w)), "{err}");
+    };
+    let bytes = std::fs::read(&top).unwrap();
+    let cut = dir.path().join("cut.kld");
+    std::fs::write(&cut, &bytes[..bytes.len() - 4]).unwrap();
+    refused(&cut, &["cut.kld", "truncated"]);
+    // k larger than the vocabulary.
+    let mut wide = bytes.clone();
+    wide[20..24].copy_from_slice(&100_000u32.to_le_bytes());
+    let wide_path = dir.path().join("wide.kld");
+    std::fs::write(&wide_path, &wide).unwrap();
+    refused(&wide_path, &["wide.kld", "top 100000"]);
+    // A token id past the vocabulary in the second position of the first chunk.
+    let mut bad = bytes.clone();
+    let record = 8 + 16 * 4;
+    let at = 24 + 4 * 128 * 2 + record + 8;
+    bad[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    let bad_path = dir.path().join("bad.kld");
+    std::fs::write(&bad_path, &bad).unwrap();
+    refused(&bad_path, &["bad.kld", "chunk 0, position 1", "4294967295"]);
+    // --top-k only shapes a reference being saved.
+    let out = memwall(&[
+        "perplexity",
+        "-m",
+        f16,
+        "--kl-divergence",
+        s(&top),
+        "--top-k",
+        "8",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--save-logits"));
+}
+
+#[test]
 fn bad_inputs_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let short = dir.path().join("short.txt");

@@ -81,14 +81,9 @@ impl Sampler {
         self.recent.clear();
     }
 
-    /// A uniform draw in [0, 1) (SplitMix64).
+    /// A uniform draw in [0, 1).
     fn uniform(&mut self) -> f64 {
-        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
+        uniform(&mut self.state)
     }
 
     /// Chooses the next token from one row of logits (which must not be empty).
@@ -165,6 +160,16 @@ fn softmax(cand: &[(u32, f32)], temperature: f32) -> Vec<f32> {
     let sum: f32 = p.iter().sum();
     p.iter_mut().for_each(|v| *v /= sum);
     p
+}
+
+/// The next uniform draw in [0, 1) of the SplitMix64 sequence at `state`.
+pub(crate) fn uniform(state: &mut u64) -> f64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use memwall_runtime::eval::{
-    self, KldStats, LogitsReader, LogitsWriter, Options, Perplexity, Summary,
+    self, KldStats, Layout, LogitsReader, LogitsWriter, Options, Perplexity, Summary,
 };
 use memwall_runtime::forward::Model;
 use memwall_runtime::kernels::Kernels;
@@ -47,6 +47,12 @@ pub struct Args {
     /// --kl-divergence-base FILE): KL divergence, top-token agreement and Δp statistics.
     #[arg(long, value_name = "FILE", num_args = 0..=1)]
     pub kl_divergence: Option<Option<PathBuf>>,
+    /// With --save-logits: keep only the K most likely tokens of each position
+    /// and the mass of the rest (memwall's compact reference: 8 + 8·K bytes a
+    /// position instead of 2 per vocabulary entry; llama.cpp cannot read it).
+    /// KL divergence against it counts the rest as one token, a slight underestimate.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    pub top_k: Option<u32>,
     #[command(flatten)]
     pub load: super::LoadArgs,
     /// Print JSON instead of text (and no progress bar).
@@ -103,6 +109,10 @@ pub fn run(args: Args) -> Result<()> {
     let logits = logits(&args)?;
     if let Logits::Save(out) = &logits {
         super::check_output_file(out, "the log-probabilities")?;
+    } else if let Some(k) = args.top_k {
+        bail!(
+            "--top-k {k} shapes the reference --save-logits writes; a top-k reference is read as it was saved"
+        );
     }
     let gguf = args.load.open(&path)?;
     let tokenizer = Tokenizer::from_gguf(gguf.metadata())
@@ -141,11 +151,18 @@ pub fn run(args: Args) -> Result<()> {
         let seconds = started.elapsed().as_secs_f64();
         if args.json {
             let mut report = kld_json(&stats);
+            report["reference"] = layout_json(base.layout(), base.n_vocab());
             report["setup"] = setup;
             report["seconds"] = json!(seconds);
             println!("{}", serde_json::to_string_pretty(&report)?);
         } else {
             print_kld(&stats);
+            if let Layout::TopK(k) = base.layout() {
+                println!(
+                    "\nthe reference keeps the {k} most likely of {} tokens per position: KLD counts the rest as one token (a lower bound)",
+                    base.n_vocab()
+                );
+            }
             println!(
                 "\n{} positions in {seconds:.1} s ({} threads, {} kernels)",
                 stats.count,
@@ -165,7 +182,12 @@ pub fn run(args: Args) -> Result<()> {
         Logits::Save(p) => Some(p.clone()),
         _ => None,
     };
-    let mut writer = save.as_deref().map(LogitsWriter::new);
+    let layout = args
+        .top_k
+        .map_or(Layout::Full, |k| Layout::TopK(k as usize));
+    let mut writer = save
+        .as_deref()
+        .map(|p| LogitsWriter::with_layout(p, layout));
     let result = eval::perplexity(&model, &tokens, &options, writer.as_mut(), &bar)?;
     let seconds = started.elapsed().as_secs_f64();
     let evaluated = result.chunks * n_ctx;
@@ -176,6 +198,7 @@ pub fn run(args: Args) -> Result<()> {
             "chunk_ppl": result.chunk_ppl, "seconds": seconds,
             "tokens_per_second": evaluated as f64 / seconds,
             "saved_logits": save,
+            "saved_layout": save.as_ref().map(|_| layout_json(layout, model.config.n_vocab)),
         });
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -191,6 +214,13 @@ pub fn run(args: Args) -> Result<()> {
             kernels.backend().name()
         );
         if let Some(path) = &save {
+            if let Layout::TopK(k) = layout {
+                println!(
+                    "kept the {} most likely of {} tokens per position",
+                    k.min(model.config.n_vocab),
+                    model.config.n_vocab
+                );
+            }
             println!(
                 "saved log-probabilities to {}; next: memwall perplexity -m QUANTIZED.gguf --kl-divergence {}",
                 path.display(),
@@ -199,6 +229,13 @@ pub fn run(args: Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn layout_json(layout: Layout, n_vocab: usize) -> Value {
+    match layout {
+        Layout::Full => json!({ "layout": "full", "n_vocab": n_vocab }),
+        Layout::TopK(k) => json!({ "layout": "top-k", "k": k.min(n_vocab), "n_vocab": n_vocab }),
+    }
 }
 
 fn print_ppl(r: &Perplexity) {

@@ -14,7 +14,7 @@
 mod logits_file;
 mod stats;
 
-pub use logits_file::{LogitsReader, LogitsWriter};
+pub use logits_file::{Layout, LogitsReader, LogitsWriter};
 pub use stats::{KldStats, Summary};
 
 use crate::forward::{ForwardError, Model};
@@ -279,7 +279,7 @@ pub fn kl_divergence(
         for r in 0..n_ctx - 1 - first {
             let row = &logits[r * n_vocab..(r + 1) * n_vocab];
             let next = window[first + r + 1] as usize;
-            acc.add(row, base.record(i, r), next);
+            acc.add(row, base.record(i, r)?, next);
         }
         progress.advance(1);
     }

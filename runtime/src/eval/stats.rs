@@ -1,6 +1,7 @@
 //! Log-softmax and the KL-divergence statistics, with llama-perplexity's
 //! arithmetic (f32 logits, f64 sums) so that the numbers agree with it.
 
+use super::logits_file::Record;
 use crate::forward::math::exp;
 
 /// `log p(tok)` of a row of logits: `f32` maximum, `f64` sum of `expf`.
@@ -73,6 +74,15 @@ fn median(values: &[f32]) -> f32 {
     }
 }
 
+/// `(id, log-probability)` pairs of a top-k record's little-endian u32 and f32 fields.
+fn pairs<'a>(ids: &'a [u8], log_p: &'a [u8]) -> impl Iterator<Item = (usize, f32)> + 'a {
+    let (ids, log_p) = (ids.chunks_exact(4), log_p.chunks_exact(4));
+    ids.zip(log_p).map(|(id, lp)| {
+        let i = u32::from_le_bytes([id[0], id[1], id[2], id[3]]) as usize;
+        (i, f32::from_le_bytes([lp[0], lp[1], lp[2], lp[3]]))
+    })
+}
+
 /// Running sums over scored positions.
 #[derive(Default)]
 pub(super) struct KldAccumulator {
@@ -94,10 +104,7 @@ pub(super) struct KldAccumulator {
 
 impl KldAccumulator {
     /// Adds one position: the model's logits, the reference record, the next token.
-    pub(super) fn add(&mut self, logits: &[f32], base: (f32, f32, &[u8]), tok: usize) {
-        let (scale, min_log_prob, q) = base;
-        let base_lp =
-            |i: usize| scale * u16::from_le_bytes([q[2 * i], q[2 * i + 1]]) as f32 + min_log_prob;
+    pub(super) fn add(&mut self, logits: &[f32], base: Record<'_>, tok: usize) {
         let mut imax = 0;
         let mut max = logits[0];
         for (i, &l) in logits.iter().enumerate().skip(1) {
@@ -109,27 +116,72 @@ impl KldAccumulator {
         let sum_exp: f64 = logits.iter().map(|&l| exp(l - max) as f64).sum();
         let log_sum_exp = sum_exp.ln() as f32;
         let nll = max + log_sum_exp - logits[tok];
+        let log_norm = max + log_sum_exp;
+        let (nll_base, kld, imax_base) = match base {
+            Record::Full {
+                scale,
+                min_log_prob,
+                q,
+            } => {
+                let base_lp = |i: usize| {
+                    scale * u16::from_le_bytes([q[2 * i], q[2 * i + 1]]) as f32 + min_log_prob
+                };
+                let mut sum = 0f64;
+                let (mut imax_base, mut base_max) = (0, 0f32);
+                for (i, &l) in logits.iter().enumerate() {
+                    let lp = base_lp(i);
+                    if i == 0 || lp > base_max {
+                        base_max = lp;
+                        imax_base = i;
+                    }
+                    if lp > -16.0 {
+                        sum += (exp(lp) * (lp - l + log_norm)) as f64;
+                    }
+                }
+                (-base_lp(tok), sum, imax_base)
+            }
+            Record::TopK {
+                log_p_next,
+                log_p_rest,
+                ids,
+                log_p,
+                drawn_ids,
+                drawn_log_p,
+            } => {
+                // The k tokens term by term; the rest as one outcome, plus the
+                // divergence within the rest estimated from the draws as the
+                // mean of r − 1 − ln r, r = q/p within the rest (unbiased, and
+                // never negative).
+                let mut sum = 0f64;
+                let mut kept = 0f64;
+                for (i, lp) in pairs(ids, log_p) {
+                    sum += (exp(lp) * (lp - logits[i] + log_norm)) as f64;
+                    kept += exp(logits[i] - max) as f64;
+                }
+                if log_p_rest > f32::NEG_INFINITY {
+                    let rest = (sum_exp - kept).max(f64::MIN_POSITIVE);
+                    let log_q_rest = rest.ln() - sum_exp.ln();
+                    let lp_rest = log_p_rest as f64;
+                    let (mut within, mut draws) = (0f64, 0usize);
+                    for (i, lp) in pairs(drawn_ids, drawn_log_p) {
+                        let log_r = (logits[i] as f64 - log_norm as f64 - log_q_rest)
+                            - (lp as f64 - lp_rest);
+                        within += log_r.exp() - 1.0 - log_r;
+                        draws += 1;
+                    }
+                    sum += lp_rest.exp() * (lp_rest - log_q_rest + within / draws as f64);
+                }
+                let top = u32::from_le_bytes([ids[0], ids[1], ids[2], ids[3]]) as usize;
+                (-log_p_next, sum, top)
+            }
+        };
         self.sum_nll += nll as f64;
         self.sum_nll2 += (nll * nll) as f64;
-        let nll_base = -base_lp(tok);
         self.sum_nll_base += nll_base as f64;
         self.sum_nll_base2 += (nll_base * nll_base) as f64;
         self.sum_nll_nll_base += (nll * nll_base) as f64;
-        let log_norm = max + log_sum_exp;
-        let mut sum = 0f64;
-        let (mut imax_base, mut base_max) = (0, 0f32);
-        for (i, &l) in logits.iter().enumerate() {
-            let lp = base_lp(i);
-            if i == 0 || lp > base_max {
-                base_max = lp;
-                imax_base = i;
-            }
-            if lp > -16.0 {
-                sum += (exp(lp) * (lp - l + log_norm)) as f64;
-            }
-        }
-        self.sum_kld += sum;
-        self.sum_kld2 += sum * sum;
+        self.sum_kld += kld;
+        self.sum_kld2 += kld * kld;
         if imax == imax_base {
             self.same_top += 1;
         }
@@ -139,7 +191,7 @@ impl KldAccumulator {
         self.sum_p_diff2 += d2;
         self.sum_p_diff4 += d2 * d2;
         self.max_p_diff = self.max_p_diff.max(p_diff.abs());
-        self.kld.push(sum as f32);
+        self.kld.push(kld as f32);
         self.p_diff.push(p_diff);
     }
 
