@@ -20,6 +20,7 @@
 
 pub mod awq;
 pub mod dataset;
+pub mod fit;
 pub mod gptq;
 pub mod grid;
 pub mod imatrix;

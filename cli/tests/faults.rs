@@ -859,12 +859,52 @@ fn ctrl_c_and_sigterm_remove_unfinished_outputs() {
     interrupted(&PERPLEXITY, libc::SIGINT);
 }
 
+/// Runs `args` with `TMPDIR` in a fresh folder, signals it once one of its own
+/// scratch files (`own(pid)` names them) exists: after Ctrl-C nothing is left,
+/// after SIGKILL the next run cleans up; a run to the end leaves nothing.
+fn scratch_files_are_cleaned(what: &str, args: &[String], own: fn(u32) -> Vec<String>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = || {
+        let mut c = command(args, Setup::Nothing);
+        c.env("TMPDIR", tmp.path());
+        c
+    };
+    let scratch = || names(&tree(tmp.path())).len();
+    for sig in [libc::SIGKILL, libc::SIGINT] {
+        let mut landed = false;
+        for _attempt in 0..12 {
+            let mut child = run().spawn().unwrap();
+            // Its own files: the ones a SIGKILL left may still be there.
+            let own: Vec<PathBuf> = own(child.id()).iter().map(|n| tmp.path().join(n)).collect();
+            if wait_until(&mut child, || own.iter().any(|p| p.exists())) {
+                signal(&child, sig);
+            }
+            let e = finish(child);
+            if e.status.success() {
+                continue;
+            }
+            if sig == libc::SIGKILL {
+                assert_eq!(e.status.signal(), Some(libc::SIGKILL), "{}", e.describe());
+                assert!(scratch() > 0, "{what}: SIGKILL left nothing to clean up");
+            } else {
+                assert_eq!(e.status.code(), Some(130), "{}", e.describe());
+                assert!(e.stderr.contains("memwall: interrupted"), "{}", e.stderr);
+                assert_eq!(scratch(), 0, "{what}: {:?}", names(&tree(tmp.path())));
+            }
+            landed = true;
+            break;
+        }
+        assert!(landed, "{what}: signal {sig} never landed");
+    }
+    let e = finish(run().spawn().unwrap());
+    assert!(e.status.success(), "{}", e.describe());
+    assert_eq!(scratch(), 0, "{what}: {:?}", names(&tree(tmp.path())));
+}
+
 /// `memwall validate --reference` keeps the reference's log-probabilities in
-/// `$TMPDIR/memwall-validate-PID.kld` while it compares: Ctrl-C removes it;
-/// after SIGKILL the next validate does.
+/// `$TMPDIR/memwall-validate-PID.kld` while it compares.
 #[test]
 fn an_interrupted_validate_leaves_no_reference_logits() {
-    let tmp = tempfile::tempdir().unwrap();
     let args = strings(&[
         "validate",
         TINY,
@@ -875,44 +915,42 @@ fn an_interrupted_validate_leaves_no_reference_logits() {
         "-c",
         "128",
     ]);
-    let validate = || {
-        let mut c = command(&args, Setup::Nothing);
-        c.env("TMPDIR", tmp.path());
-        c
-    };
-    let scratch = || names(&tree(tmp.path())).len();
-    for sig in [libc::SIGKILL, libc::SIGINT] {
-        let mut landed = false;
-        for _attempt in 0..12 {
-            let mut child = validate().spawn().unwrap();
-            // Its own file: the one a SIGKILL left may still be there.
-            let own = tmp
-                .path()
-                .join(format!("memwall-validate-{}.kld", child.id()));
-            if wait_until(&mut child, || own.exists()) {
-                signal(&child, sig);
-            }
-            let e = finish(child);
-            if e.status.success() {
-                continue;
-            }
-            if sig == libc::SIGKILL {
-                assert_eq!(e.status.signal(), Some(libc::SIGKILL), "{}", e.describe());
-                assert!(scratch() > 0, "SIGKILL left nothing to clean up");
-            } else {
-                assert_eq!(e.status.code(), Some(130), "{}", e.describe());
-                assert!(e.stderr.contains("memwall: interrupted"), "{}", e.stderr);
-                assert_eq!(scratch(), 0, "{:?}", names(&tree(tmp.path())));
-            }
-            landed = true;
-            break;
-        }
-        assert!(landed, "validate: signal {sig} never landed");
-    }
-    // A validate that runs to the end passes and leaves nothing behind.
-    let e = finish(validate().spawn().unwrap());
-    assert!(e.status.success(), "{}", e.describe());
-    assert_eq!(scratch(), 0, "{:?}", names(&tree(tmp.path())));
+    scratch_files_are_cleaned("validate", &args, |pid| {
+        vec![format!("memwall-validate-{pid}.kld")]
+    });
+}
+
+/// `memwall calibrate fit` keeps the base's log-probabilities and each probe
+/// file in `$TMPDIR/memwall-fit-PID.{kld,gguf}` while it measures; the recipe
+/// is written to an output folder outside that one, and only at the end.
+#[test]
+fn an_interrupted_fit_leaves_no_probe_files() {
+    let out = tempfile::tempdir().unwrap();
+    let recipe = out.path().join("fit.toml");
+    let args = strings(&[
+        "calibrate",
+        "fit",
+        "-m",
+        TINY,
+        "-f",
+        TEXT,
+        "--probe-ctx",
+        "64",
+        "--chunks",
+        "4",
+        "--budget",
+        "4MiB",
+        "-o",
+        recipe.to_str().unwrap(),
+    ]);
+    scratch_files_are_cleaned("calibrate fit", &args, |pid| {
+        vec![
+            format!("memwall-fit-{pid}.kld"),
+            format!("memwall-fit-{pid}.gguf"),
+            format!("memwall-fit-{pid}.gguf.partial"),
+        ]
+    });
+    assert!(recipe.exists());
 }
 
 /// `memwall push` stages each chunk in `$TMPDIR/memwall-push-PID.chunk` (the

@@ -25,6 +25,7 @@
 // and tests may unwrap (clippy.toml).
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod budget;
 pub mod fit;
 pub mod imatrix;
 mod iq1;

@@ -415,7 +415,7 @@ pub struct Mixer {
 
 /// The fallback for a row length the type's block does not divide
 /// (`tensor_type_fallback`); `None` when there is none.
-fn fallback_for(ty: GgmlType) -> Option<GgmlType> {
+pub(crate) fn fallback_for(ty: GgmlType) -> Option<GgmlType> {
     use GgmlType::*;
     Some(match ty {
         IQ1_S | IQ1_M | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ4_XS => IQ4_NL,

@@ -488,6 +488,19 @@ pub fn memwall_footprint(
     Ok(footprint(Runtime::Memwall, &shape, &load))
 }
 
+/// The largest file of `model`'s shape that `memwall run --no-mmap -c CTX`
+/// can hold in `device`'s usable RAM, beside the KV cache, the batch's
+/// buffers and the process (0 when those alone do not fit), with that footprint.
+pub fn file_budget(
+    device: &Device,
+    model: &GgufModel,
+    ctx: u64,
+) -> Result<(u64, Footprint), ModelShapeError> {
+    let mut rest = memwall_footprint(model, ctx, 512)?;
+    rest.weights = 0;
+    Ok((device.usable_bytes().saturating_sub(rest.total()), rest))
+}
+
 /// RAM `memwall run --no-mmap -c CTX` needs for `model` (`memwall push`
 /// checks a phone against it): [`memwall_footprint`] at the default batch; for
 /// a file the planner cannot describe, the file, an f16 KV cache sized from its

@@ -2,6 +2,7 @@
 //! calibrated quantization.
 
 pub mod dataset;
+pub mod fit;
 pub mod imatrix;
 pub mod quantize;
 
@@ -34,14 +35,34 @@ Then: memwall quantize model-f16.gguf Q4_K_M --imatrix imatrix.gguf")]
       --type Q5_K_M -o out.gguf
   memwall calibrate quantize -m model-f16.gguf -f text.txt --samples 64 --seq-len 512 \\
       --method awq --recipe attn-f16-ffn-q4 -o out.gguf
+  memwall calibrate quantize -m model-f16.gguf --dataset calib.jsonl --budget 10.5GiB -o fit.gguf
 
 Layer by layer: statistics of every matrix input on the calibration samples
 (inputs of layer i+1 come from the already quantized layers up to i), AWQ's
 scales folded into the norms and preceding matrices, GPTQ's error-feedback
 rounding onto the target type's own block grid. The output has the same
 tensor names and types as `memwall quantize` (and llama-quantize) would
-write, plus memwall.calibration.* metadata. See docs/CALIBRATE.md.")]
+write, plus memwall.calibration.* metadata. With --budget (or --device) the
+types are fitted first, as memwall calibrate fit does, from the samples'
+importance matrix and their first windows. See docs/CALIBRATE.md.")]
     Quantize(quantize::Args),
+    /// Choose a type for every weight matrix so that the file fits a byte
+    /// budget with the least predicted KL divergence; writes a recipe.
+    #[command(after_help = "Examples:
+  memwall calibrate fit -m model-f16.gguf --imatrix imatrix.gguf -f probe.txt --budget 3.5GiB
+  memwall calibrate fit -m model-f16.gguf --imatrix imatrix.gguf -f probe.txt --budget 800MiB \\
+      --types Q3_K,Q4_K,Q5_K,Q6_K -o small.toml --json
+  memwall calibrate fit -m model-f16.gguf --imatrix imatrix.gguf -f probe.txt -d phone-16gb -c 4096 \\
+      -o phone.toml
+
+Every matrix is quantized at every candidate type and its error measured,
+weighted by the importance matrix; probe files (one per role: attn_q, ffn_down,
+output, ...) measure how much KL divergence a unit of each role's error makes
+on the probe text; the recipe is the choice with the least predicted KL
+divergence whose file fits the budget. See docs/RECIPES.md.
+Then: memwall quantize model-f16.gguf out.gguf --recipe fit.toml --imatrix imatrix.gguf
+  (or memwall calibrate quantize ... --recipe fit.toml for a calibrated file)")]
+    Fit(fit::Args),
 }
 
 /// Runs a `calibrate` subcommand.
@@ -50,5 +71,6 @@ pub fn run(command: Command) -> anyhow::Result<()> {
         Command::Imatrix(args) => imatrix::run(args),
         Command::Dataset(args) => dataset::run(args),
         Command::Quantize(args) => quantize::run(args),
+        Command::Fit(args) => fit::run(args),
     }
 }

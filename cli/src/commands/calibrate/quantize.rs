@@ -4,9 +4,13 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use memwall_calibrate::dataset::Dataset;
+use memwall_calibrate::fit::{self, Fitted, Probing, Target};
 use memwall_calibrate::gptq;
 use memwall_calibrate::quantize::{self, Method, Settings};
+use memwall_format::gguf::GgufModel;
 use memwall_quantize::job::Options;
+use memwall_quantize::recipe::Recipe;
+use memwall_runtime::eval;
 use memwall_runtime::forward::Model;
 use memwall_runtime::kernels::Kernels;
 use memwall_runtime::tokenizer::Tokenizer;
@@ -56,6 +60,11 @@ pub struct Args {
     /// A recipe (built-in name or TOML file) instead of --type.
     #[arg(long, value_name = "RECIPE", conflicts_with = "ty")]
     pub recipe: Option<String>,
+    /// Instead of --type or --recipe: fit a mix of types to this size (or to
+    /// --device's RAM) as `memwall calibrate fit` does, with an importance
+    /// matrix and probes from the calibration samples, then calibrate onto it.
+    #[command(flatten)]
+    pub fit: super::fit::BudgetArgs,
     /// Where to write the calibrated GGUF.
     #[arg(short = 'o', long = "output", value_name = "OUT.gguf")]
     pub output: PathBuf,
@@ -82,6 +91,74 @@ pub struct Args {
     pub json: bool,
 }
 
+/// The calibration samples a budget is fitted on.
+struct Probe<'a, 'm> {
+    model: &'a mut Model<'m>,
+    tokenizer: &'a Tokenizer,
+    samples: &'a [Vec<u32>],
+    seq_len: usize,
+}
+
+/// Fits `budget` as `memwall calibrate fit` does, with the samples' importance
+/// matrix and their first windows as the probe text; the fit and its recipe.
+fn fit_samples(
+    args: &Args,
+    gguf: &GgufModel,
+    probe: Probe<'_, '_>,
+    budget: u64,
+    bar: &Bar,
+) -> Result<(Fitted, Recipe)> {
+    let stats = memwall_calibrate::imatrix::from_samples(
+        probe.model,
+        probe.samples,
+        probe.seq_len,
+        false,
+        "calibration samples",
+        bar,
+    )
+    .with_context(|| format!("{}: importance matrix", args.model.display()))?;
+    let imatrix = stats.to_imatrix()?;
+    let tokens: Vec<u32> = probe.samples.iter().flatten().copied().collect();
+    let n_ctx = probe.seq_len.max(4);
+    let options = eval::Options {
+        n_ctx,
+        n_batch: n_ctx,
+        max_chunks: Some(PROBE_WINDOWS),
+        bos: probe
+            .tokenizer
+            .add_bos()
+            .then(|| probe.tokenizer.bos())
+            .flatten(),
+        all_outputs: false,
+    };
+    let probing = Probing {
+        tokens: &tokens,
+        options: &options,
+        compute: probe.model.compute(),
+        scratch: &std::env::temp_dir(),
+    };
+    let target = Target {
+        candidates: fit::DEFAULT_CANDIDATES.to_vec(),
+        probe: fit::DEFAULT_PROBE,
+        budget,
+    };
+    let fitted = fit::fit(gguf, &args.model, Some(&imatrix), &probing, &target, bar)
+        .with_context(|| format!("{}: fitting {budget} bytes", args.model.display()))?;
+    let name = args
+        .output
+        .file_stem()
+        .map_or("fit".into(), |s| s.to_string_lossy().into_owned());
+    let description = format!(
+        "fitted to {budget} bytes by memwall calibrate quantize (predicted KLD {:.5})",
+        fitted.assignment.predicted
+    );
+    let recipe = fitted.recipe(&name, &description);
+    Ok((fitted, recipe))
+}
+
+/// Probe windows of a fit made from the calibration samples.
+const PROBE_WINDOWS: usize = 8;
+
 /// Runs the command.
 pub fn run(args: Args) -> Result<()> {
     let threads = args.threads.count();
@@ -94,17 +171,27 @@ pub fn run(args: Args) -> Result<()> {
 
 fn calibrate(args: &Args, threads: usize) -> Result<()> {
     let recipe = args.recipe.as_deref().map(load_recipe).transpose()?;
-    let ftype = match (&args.ty, &recipe) {
-        (Some(t), _) => ftype_or_error(t)?,
-        (None, Some(r)) => r.base,
-        (None, None) => bail!("give the target with --type TYPE (e.g. Q4_K_M) or --recipe RECIPE"),
+    let fitting = args.fit.given();
+    let ftype = match (&args.ty, &recipe, fitting) {
+        (Some(_), _, true) | (_, Some(_), true) => bail!(
+            "--budget and --device fit a mix of types themselves; leave out --type and --recipe"
+        ),
+        (Some(t), _, false) => Some(ftype_or_error(t)?),
+        (None, Some(r), false) => Some(r.base),
+        (None, None, true) => None,
+        (None, None, false) => bail!(
+            "give the target with --type TYPE (e.g. Q4_K_M), --recipe RECIPE or --budget SIZE"
+        ),
     };
     // Before any work: what memwall cannot write, and where it cannot write.
-    memwall_quantize::names::check_writable(ftype)?;
+    if let Some(ftype) = ftype {
+        memwall_quantize::names::check_writable(ftype)?;
+    }
     crate::commands::check_output_file(&args.output, "the calibrated model")?;
-    let mut options = Options::new(ftype);
-    options.recipe = recipe;
     let gguf = crate::commands::open_model(&args.model)?;
+    let budget = fitting
+        .then(|| args.fit.bytes(&gguf, &args.model))
+        .transpose()?;
     let tokenizer = Tokenizer::from_gguf(gguf.metadata())
         .with_context(|| format!("{}: tokenizer", args.model.display()))?;
     let (samples, label, sha, seq_len) = match (&args.dataset, &args.file) {
@@ -157,6 +244,33 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
     )
     .with_context(|| format!("{}: cannot run this model", args.model.display()))?;
     model.set_compute(Kernels::from_env()?, threads);
+    let bar = Bar::new(!args.json);
+    let fitted = match budget {
+        Some(bytes) => {
+            let probe = Probe {
+                model: &mut model,
+                tokenizer: &tokenizer,
+                samples: &samples,
+                seq_len,
+            };
+            Some(fit_samples(args, &gguf, probe, bytes, &bar)?)
+        }
+        None => None,
+    };
+    let options = match (&fitted, ftype) {
+        (Some((_, recipe)), _) => {
+            let mut o = Options::new(recipe.base);
+            o.recipe = Some(recipe.clone());
+            o
+        }
+        (None, Some(ftype)) => {
+            let mut o = Options::new(ftype);
+            o.recipe = recipe;
+            o
+        }
+        (None, None) => bail!("give the target with --type, --recipe or --budget"),
+    };
+    let ftype = options.ftype;
     let settings = Settings {
         method: match args.method {
             MethodArg::Awq => Method::Awq,
@@ -173,7 +287,6 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
             .map(|m| m << 20)
             .or_else(memwall_runtime::residency::available_memory),
     };
-    let bar = Bar::new(!args.json);
     let report = quantize::run(
         &gguf,
         &args.model,
@@ -213,6 +326,10 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
             "memory": {"total": report.memory.total, "hidden": report.memory.hidden,
                        "weights": report.memory.weights, "hessians": report.memory.hessians,
                        "factor": report.memory.factor, "kept": report.memory.kept},
+            "fit": fitted.as_ref().map(|(f, recipe)| json!({
+                "budget": budget, "predicted_kld": f.assignment.predicted,
+                "recipe": recipe.to_toml(), "seconds": f.measure_seconds,
+            })),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
@@ -226,6 +343,15 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
                 .damp
                 .map_or(String::new(), |d| format!("GPTQ damp {d:.2}"));
             println!("{:<22} {:>8} tokens  {awq}  {damp}", g.input, g.tokens);
+        }
+        if let (Some((f, recipe)), Some(budget)) = (&fitted, budget) {
+            println!(
+                "fitted to {:.2} MiB: {} rules over {} matrices, predicted KLD {:.6} before calibration (the recipe is in the output's memwall.recipe)",
+                budget as f64 / (1 << 20) as f64,
+                recipe.rules.len(),
+                f.sensitivity.matrices.len(),
+                f.assignment.predicted
+            );
         }
         if report.unreached_experts > 0 {
             println!(

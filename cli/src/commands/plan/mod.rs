@@ -283,6 +283,15 @@ fn calibrate_line(subject: &Subject, row: &Row) -> String {
     format!("memwall calibrate quantize -m {input} --dataset calib.jsonl --type {ty} -o {out}")
 }
 
+/// `memwall calibrate fit` making a mix of types the size of `row`'s file.
+fn fit_line(subject: &Subject, row: &Row) -> String {
+    format!(
+        "memwall calibrate fit -m {} --imatrix imatrix.gguf -f calib.txt --budget {}MiB -o fit.toml",
+        f16_input(subject),
+        row.file_bytes >> 20
+    )
+}
+
 /// The warning under a risky recommendation and what to weigh instead.
 fn print_quality(subject: &Subject, row: &Row, alt: &plan::Alternatives) {
     println!(
@@ -292,6 +301,10 @@ fn print_quality(subject: &Subject, row: &Row, alt: &plan::Alternatives) {
     println!(
         "  - calibrate it on your own text (the same size, less loss; docs/CALIBRATE.md):\n      {}",
         calibrate_line(subject, row)
+    );
+    println!(
+        "  - or fit a mix of types to the same size, then calibrate with --recipe fit.toml (docs/RECIPES.md):\n      {}",
+        fit_line(subject, row)
     );
     match &alt.shorter_context {
         Some((ctx, r)) => println!(
@@ -330,6 +343,7 @@ fn quality_json(
         "warning": alt.map(|_| quality_text(row)),
         "alternatives": alt.map(|a| json!({
             "calibrate": calibrate_line(subject, row),
+            "fit": fit_line(subject, row),
             "shorter_context": a.shorter_context.as_ref().map(|(ctx, r)| json!({
                 "ctx": ctx,
                 "choice": r.label,
