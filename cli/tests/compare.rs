@@ -356,6 +356,54 @@ fn given_files_are_compared_as_they_are_and_a_dataset_gives_the_windows() {
 }
 
 #[test]
+fn a_top_k_reference_gives_the_full_reference_s_divergence_and_a_fitted_recipe_is_a_type() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    // A fitted recipe is compared as any recipe file is.
+    let recipe = dir.path().join("fit.toml");
+    ok(&memwall(&[
+        "calibrate",
+        "fit",
+        "-m",
+        BASE,
+        "-f",
+        TEXT,
+        "--probe-ctx",
+        "64",
+        "--chunks",
+        "4",
+        "--budget",
+        "3.5MiB",
+        "-o",
+        s(&recipe),
+    ]));
+    let base = repo().join(BASE);
+    let types = format!("Q3_K_M,{}", s(&recipe));
+    let report = |out: &str, extra: &[&str]| {
+        let out = dir.path().join(out);
+        let args = [&["--types", types.as_str(), "--json"][..], extra].concat();
+        let v: Value =
+            serde_json::from_str(&ok(&compare(&base, &out, &cache, "16", &args))).unwrap();
+        v
+    };
+    let full = report("full", &[]);
+    let top = report("top", &["--kld-top-k", "32"]);
+    assert_eq!(full["evaluation"]["kld_top_k"], Value::Null);
+    assert_eq!(top["evaluation"]["kld_top_k"], 32);
+    for ty in ["Q3_K_M", "fit"] {
+        let (a, b) = (
+            f(&row(&full, ty)["kld"]["mean"]),
+            f(&row(&top, ty)["kld"]["mean"]),
+        );
+        assert!((b / a - 1.0).abs() < 0.02, "{ty}: full {a}, top-32 {b}");
+    }
+    // The fitted recipe (3.5 MiB) is smaller than Q3_K_M (3.54 MiB) and closer to the base.
+    let (q3, fit) = (row(&full, "Q3_K_M"), row(&full, "fit"));
+    assert!(f(&fit["bytes"]) <= f(&q3["bytes"]));
+    assert!(f(&fit["kld"]["mean"]) < f(&q3["kld"]["mean"]), "{fit} {q3}");
+}
+
+#[test]
 fn unknown_types_and_unusable_fonts_fail_before_any_work() {
     let dir = tempfile::tempdir().unwrap();
     let (out, cache) = (dir.path().join("out"), dir.path().join("cache"));

@@ -213,7 +213,7 @@ pub struct Baseline {
 
 impl Baseline {
     /// Evaluates `reference` on `tokens`, saving its log-probabilities to
-    /// `scratch`.
+    /// `scratch` (every token's: llama.cpp's layout).
     pub fn new(
         reference: &Model,
         tokens: &[u32],
@@ -221,7 +221,20 @@ impl Baseline {
         scratch: ScratchFile,
         progress: &dyn Progress,
     ) -> Result<Baseline, EvalError> {
-        let mut writer = LogitsWriter::new(scratch.path());
+        Self::with_layout(reference, tokens, options, scratch, Layout::Full, progress)
+    }
+
+    /// Like [`Baseline::new`], keeping what `layout` keeps of each position
+    /// (a top-k reference is a few KiB a position whatever the vocabulary).
+    pub fn with_layout(
+        reference: &Model,
+        tokens: &[u32],
+        options: &Options,
+        scratch: ScratchFile,
+        layout: Layout,
+        progress: &dyn Progress,
+    ) -> Result<Baseline, EvalError> {
+        let mut writer = LogitsWriter::with_layout(scratch.path(), layout);
         let perplexity = perplexity(reference, tokens, options, Some(&mut writer), progress)?;
         let logits = LogitsReader::open(scratch.path())?;
         Ok(Baseline {

@@ -12,7 +12,7 @@ use memwall_format::cleanup::ScratchFile;
 use memwall_format::gguf::GgufModel;
 use memwall_format::progress::{Progress, Unit};
 use memwall_quantize::fit::{Device, KvType, Shape, Weights, decode_speed, gguf_tensors};
-use memwall_runtime::eval::{self, Baseline, KldStats};
+use memwall_runtime::eval::{self, Baseline, KldStats, Layout};
 use memwall_runtime::forward::Model;
 use memwall_runtime::kernels::Kernels;
 use memwall_runtime::tokenizer::Tokenizer;
@@ -159,11 +159,12 @@ impl Eval {
         path: &Path,
         tokens: &[u32],
         scratch: ScratchFile,
+        layout: Layout,
         progress: &dyn Progress,
     ) -> Result<Baseline> {
         let model = self.model(gguf, path)?;
         let tagged = Tagged::new(progress, path);
-        Baseline::new(&model, tokens, &self.options, scratch, &tagged)
+        Baseline::with_layout(&model, tokens, &self.options, scratch, layout, &tagged)
             .with_context(|| format!("{}: evaluating", path.display()))
     }
 

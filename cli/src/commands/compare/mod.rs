@@ -28,6 +28,7 @@ use memwall_format::gguf::GgufModel;
 use memwall_format::progress::Progress;
 use memwall_quantize::fit::{Choice, Device};
 use memwall_quantize::recipe::PRESETS;
+use memwall_runtime::eval::Layout;
 
 pub use cache::Made;
 pub use report::{Outputs, render_table, write_outputs};
@@ -76,6 +77,11 @@ pub struct Args {
     /// Evaluate at most this many windows.
     #[arg(long, value_name = "N")]
     pub chunks: Option<usize>,
+    /// Keep only the base's K most likely tokens per position (and K draws
+    /// from the rest) for the KL divergence: a few KiB a position instead of
+    /// two bytes per vocabulary entry (docs/RUNTIME.md).
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    pub kld_top_k: Option<u32>,
     #[command(flatten)]
     pub threads: crate::args::Threads,
     #[command(flatten)]
@@ -122,6 +128,8 @@ pub struct Options {
     pub ctx: usize,
     /// At most this many windows.
     pub chunks: Option<usize>,
+    /// The base's reference keeps its top K tokens per position (None: all).
+    pub kld_top_k: Option<usize>,
     /// Threads (default: every core).
     pub threads: Option<usize>,
     /// Device profile name or TOML file.
@@ -142,6 +150,7 @@ impl Options {
             input,
             ctx: DEFAULT_CTX,
             chunks: None,
+            kld_top_k: None,
             threads: None,
             device: DEFAULT_DEVICE.into(),
             cache: None,
@@ -254,6 +263,8 @@ pub struct Report {
     pub n_ctx: usize,
     /// Positions scored per file.
     pub scored: usize,
+    /// The base's reference keeps its top K tokens per position (None: all).
+    pub kld_top_k: Option<usize>,
     /// The device profile of the decode estimate.
     pub device: Device,
     /// Tokens in the (F16) KV cache of the decode estimate: half a window.
@@ -421,7 +432,15 @@ pub fn compare(opts: &Options, progress: &dyn Progress) -> Result<Report> {
     // The base once: its perplexity and the log-probabilities every file is compared with.
     let scratch = ScratchFile::new(&cache_dir, &format!(".{base_stem}-base-"), ".logits");
     let started = std::time::Instant::now();
-    let reference = eval.base(&base, &opts.base, &windows.tokens, scratch, progress)?;
+    let layout = opts.kld_top_k.map_or(Layout::Full, Layout::TopK);
+    let reference = eval.base(
+        &base,
+        &opts.base,
+        &windows.tokens,
+        scratch,
+        layout,
+        progress,
+    )?;
     let base_seconds = started.elapsed().as_secs_f64();
     let ppl = reference.perplexity.clone();
     let kv_tokens = (windows.n_ctx / 2) as u64;
@@ -489,6 +508,7 @@ pub fn compare(opts: &Options, progress: &dyn Progress) -> Result<Report> {
         windows: ppl.chunks,
         n_ctx: windows.n_ctx,
         scored: ppl.scored,
+        kld_top_k: opts.kld_top_k,
         device,
         kv_tokens,
         cache: cache_dir,
@@ -533,6 +553,7 @@ pub fn run(args: Args) -> Result<()> {
         types: args.types.clone(),
         ctx: args.ctx.ctx,
         chunks: args.chunks,
+        kld_top_k: args.kld_top_k.map(|k| k as usize),
         threads: args.threads.given(),
         device: args.device.device.clone(),
         cache: args.cache.clone(),

@@ -107,9 +107,13 @@ fn measured_line(report: &Report) -> String {
     } else {
         report.source.clone()
     };
+    let reference = match report.kld_top_k {
+        Some(k) => format!("{base}'s top {k} tokens and draws from the rest"),
+        None => base,
+    };
     format!(
         "Measured on {what}: {} windows of {} tokens ({} positions scored per file, of {} tokens); \
-         KLD and top-1 against {base}. Decode speed estimated for {} ({}), F16 KV cache of {} tokens.",
+         KLD and top-1 against {reference}. Decode speed estimated for {} ({}), F16 KV cache of {} tokens.",
         report.windows,
         report.n_ctx,
         report.scored,
@@ -238,6 +242,7 @@ pub fn json(report: &Report) -> Value {
             "windows": report.windows,
             "n_ctx": report.n_ctx,
             "scored_per_file": report.scored,
+            "kld_top_k": report.kld_top_k,
             "threads": report.threads,
             "kernels": report.kernels,
         },
