@@ -100,6 +100,11 @@ pub struct Fitted {
 }
 
 impl Fitted {
+    /// The predicted KL divergence of the chosen file.
+    pub fn predicted_kld(&self) -> f64 {
+        self.gains.predict(self.assignment.predicted)
+    }
+
     /// The choice as a recipe.
     pub fn recipe(&self, name: &str, description: &str) -> Recipe {
         budget::recipe(
@@ -207,9 +212,24 @@ pub struct Gains {
     pub reference_kld: f64,
     /// The groups, in the order their first matrix appears.
     pub probes: Vec<Probe>,
+    /// Mean KL divergence of the probe with every group at the probe type at once.
+    pub all_kld: f64,
+    /// What the groups' gains predict for that probe (`Σ gain · error`).
+    pub all_additive: f64,
+    /// How much faster than additively the divergence grows: `β` of
+    /// `KLD ≈ A · (1 + β·A)` for an additive prediction `A`, from the
+    /// all-groups probe (0 when it added no more than the sum).
+    pub interaction: f64,
 }
 
 impl Gains {
+    /// The KL divergence predicted for an additive prediction `a`
+    /// (`Σ gain · error` of a file): `a · (1 + β·a)`. Monotone in `a`, so the
+    /// allocation that minimises `a` minimises it too.
+    pub fn predict(&self, additive: f64) -> f64 {
+        additive * (1.0 + self.interaction * additive)
+    }
+
     /// The gain of each matrix, by its group.
     pub fn of(&self, matrices: &[Matrix]) -> Vec<f64> {
         matrices
@@ -293,9 +313,29 @@ fn gains(
     for p in probes.iter_mut().filter(|p| !p.measured) {
         p.gain = floor;
     }
+    // Every group at the probe type at once: how the groups' errors combine.
+    let all_kld = kld(setup, matrices, |_, m| low(m), progress)?;
+    let gain_of = |m: &Matrix| {
+        probes
+            .iter()
+            .find(|p| p.group == m.group)
+            .map_or(0.0, |p| p.gain)
+    };
+    let all_additive: f64 = matrices
+        .iter()
+        .map(|m| gain_of(m) * m.options[low(m)].error)
+        .sum();
+    let interaction = if all_additive > 0.0 && all_kld > all_additive {
+        (all_kld / all_additive - 1.0) / all_additive
+    } else {
+        0.0
+    };
     Ok(Gains {
         reference_kld,
         probes,
+        all_kld,
+        all_additive,
+        interaction,
     })
 }
 

@@ -228,7 +228,10 @@ fn bits(ty: GgmlType) -> u64 {
     ty.type_size() * 8 * 1024 / ty.block_size()
 }
 
-/// The weighted squared error of `data` (tensor `t`) at each of `types`.
+/// The weighted squared error of `data` (tensor `t`) at each of `types`,
+/// relative to the matrix's weighted signal `Σ a_j w_ij²` (the expected
+/// squared output per token): a noise-to-signal ratio, comparable between
+/// layers whose activations differ by orders of magnitude.
 fn errors(
     t: &job::TensorPlan,
     data: &[u8],
@@ -262,6 +265,12 @@ fn errors(
                     let e = r / rows_per_expert;
                     &m[e * ne0..(e + 1) * ne0]
                 });
+                let weight = |j: usize| a.map_or(1.0, |a| a[j] as f64);
+                let signal: f64 = x
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &w)| weight(j) * (w as f64) * (w as f64))
+                    .sum();
                 types
                     .iter()
                     .map(|&ty| {
@@ -275,19 +284,27 @@ fn errors(
                             .enumerate()
                             .map(|(j, (&w, &v))| {
                                 let d = (v - w) as f64;
-                                a.map_or(1.0, |a| a[j] as f64) * d * d
+                                weight(j) * d * d
                             })
                             .sum();
                         Ok(e)
                     })
+                    .chain(std::iter::once(Ok(signal)))
                     .collect()
             },
         )
         .collect::<Result<Vec<Vec<f64>>, BudgetError>>()?;
-    let mut total = vec![0f64; types.len()];
+    // Per type the error, then the signal `Σ a_j w_ij²` the error is relative to.
+    let mut total = vec![0f64; types.len() + 1];
     for row in per_row {
         for (t, e) in total.iter_mut().zip(row) {
             *t += e;
+        }
+    }
+    let signal = total.pop().unwrap_or(0.0);
+    if signal > 0.0 {
+        for e in &mut total {
+            *e /= signal;
         }
     }
     Ok(total)

@@ -224,7 +224,7 @@ pub fn run(args: Args) -> Result<()> {
     let description = format!(
         "fitted to {:.2} MiB by memwall calibrate fit (predicted KLD {:.5} on {})",
         mib(limit),
-        fitted.assignment.predicted,
+        fitted.predicted_kld(),
         args.file.display()
     );
     let recipe = fitted.recipe(&name, &description);
@@ -303,7 +303,9 @@ fn report(args: &Args, budget: u64, f: &Fitted, seconds: f64) -> Value {
         "budget": budget, "device": args.budget.device, "bytes": a.bytes + s.other_bytes, "matrix_bytes": a.bytes,
         "other_bytes": s.other_bytes,
         "matrix_bits_per_weight": a.bytes as f64 * 8.0 / elements.max(1) as f64,
-        "predicted_kld": a.predicted, "reference_kld": gains.reference_kld,
+        "predicted_kld": f.predicted_kld(), "additive_kld": a.predicted,
+        "reference_kld": gains.reference_kld, "all_probe_kld": gains.all_kld,
+        "all_probe_additive": gains.all_additive, "interaction": gains.interaction,
         "matrices": s.matrices.iter().zip(&a.chosen).map(|(m, &o)| json!({
             "name": m.name, "type": m.options[o].ty.name().to_ascii_uppercase(),
             "bytes": m.options[o].bytes,
@@ -320,7 +322,7 @@ fn print(args: &Args, budget: u64, f: &Fitted, seconds: f64) {
         "{} matrices measured at {} types in {measured:.1} s; {} probe files in {:.1} s (reference KLD {:.6})",
         s.matrices.len(),
         args.types.len(),
-        gains.probes.len() + 1,
+        gains.probes.len() + 2,
         seconds - measured,
         gains.reference_kld
     );
@@ -356,12 +358,16 @@ fn print(args: &Args, budget: u64, f: &Fitted, seconds: f64) {
     }
     println!();
     println!(
-        "budget {:.2} MiB: matrices {:.2} MiB ({:.2} bits per weight) + the rest {:.2} MiB; predicted KLD {:.6}",
+        "budget {:.2} MiB: matrices {:.2} MiB ({:.2} bits per weight) + the rest {:.2} MiB; predicted KLD {:.6} ({:.6} added up, ×{:.2} for how errors compound: every role at the probe type measured {:.6}, added up {:.6})",
         mib(budget),
         mib(a.bytes),
         a.bytes as f64 * 8.0 / elements.max(1) as f64,
         mib(s.other_bytes),
-        a.predicted
+        f.predicted_kld(),
+        a.predicted,
+        f.predicted_kld() / a.predicted.max(f64::MIN_POSITIVE),
+        gains.all_kld,
+        gains.all_additive
     );
     let imatrix = args
         .imatrix

@@ -150,7 +150,7 @@ fn fit_samples(
         .map_or("fit".into(), |s| s.to_string_lossy().into_owned());
     let description = format!(
         "fitted to {budget} bytes by memwall calibrate quantize (predicted KLD {:.5})",
-        fitted.assignment.predicted
+        fitted.predicted_kld()
     );
     let recipe = fitted.recipe(&name, &description);
     Ok((fitted, recipe))
@@ -327,7 +327,7 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
                        "weights": report.memory.weights, "hessians": report.memory.hessians,
                        "factor": report.memory.factor, "kept": report.memory.kept},
             "fit": fitted.as_ref().map(|(f, recipe)| json!({
-                "budget": budget, "predicted_kld": f.assignment.predicted,
+                "budget": budget, "predicted_kld": f.predicted_kld(),
                 "recipe": recipe.to_toml(), "seconds": f.measure_seconds,
             })),
         });
@@ -350,7 +350,7 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
                 budget as f64 / (1 << 20) as f64,
                 recipe.rules.len(),
                 f.sensitivity.matrices.len(),
-                f.assignment.predicted
+                f.predicted_kld()
             );
         }
         if report.unreached_experts > 0 {
