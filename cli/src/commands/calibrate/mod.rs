@@ -52,8 +52,8 @@ importance matrix and their first windows. See docs/CALIBRATE.md.")]
   memwall calibrate fit -m model-f16.gguf --imatrix imatrix.gguf -f probe.txt --budget 3.5GiB
   memwall calibrate fit -m model-f16.gguf --imatrix imatrix.gguf -f probe.txt --budget 800MiB \\
       --types Q3_K,Q4_K,Q5_K,Q6_K -o small.toml --json
-  memwall calibrate fit -m model-f16.gguf --imatrix imatrix.gguf -f probe.txt -d phone-16gb -c 4096 \\
-      -o phone.toml
+  memwall calibrate fit -m model-f16.gguf --imatrix imatrix.gguf -f probe.txt \\
+      -d phone-16gb -c 4096 -o phone.toml
 
 Every matrix is quantized at every candidate type and its error measured,
 weighted by the importance matrix; probe files (one per role: attn_q, ffn_down,
