@@ -13,14 +13,12 @@ use std::path::Path;
 
 use memwall_format::GgmlType;
 use memwall_format::cleanup::ScratchFile;
-use memwall_format::ggml_type::file_type_by_name;
 use memwall_format::gguf::GgufModel;
 use memwall_format::progress::{Progress, Silent};
 use memwall_quantize::budget::{self, Assignment, BudgetError, Matrix, Sensitivity};
 use memwall_quantize::imatrix::Imatrix;
-use memwall_quantize::job::{self, ImatrixInput, JobError, Options};
+use memwall_quantize::job::{self, JobError, Options};
 use memwall_quantize::recipe::Recipe;
-use memwall_quantize::recipe::make_override;
 use memwall_runtime::eval::{self, Baseline, EvalError};
 use memwall_runtime::forward::{ForwardError, Model};
 use memwall_runtime::kernels::Kernels;
@@ -119,6 +117,49 @@ impl Fitted {
     pub fn bytes(&self) -> u64 {
         self.assignment.bytes + self.sensitivity.other_bytes
     }
+
+    /// What each role got: its types with their counts, bytes and share of
+    /// the (added-up) predicted divergence, in the order the roles appear.
+    pub fn roles(&self) -> Vec<RoleShare> {
+        let (s, a) = (&self.sensitivity, &self.assignment);
+        let mut out: Vec<RoleShare> = Vec::new();
+        for (m, &o) in s.matrices.iter().zip(&a.chosen) {
+            let c = m.options[o];
+            let at = match out.iter().position(|r| r.group == m.group) {
+                Some(at) => at,
+                None => {
+                    out.push(RoleShare {
+                        group: m.group.clone(),
+                        types: Vec::new(),
+                        bytes: 0,
+                        predicted: 0.0,
+                    });
+                    out.len() - 1
+                }
+            };
+            let r = &mut out[at];
+            match r.types.iter_mut().find(|(t, _)| *t == c.ty) {
+                Some((_, n)) => *n += 1,
+                None => r.types.push((c.ty, 1)),
+            }
+            r.bytes += c.bytes;
+            r.predicted += self.gains.gain(&m.group) * c.error;
+        }
+        out
+    }
+}
+
+/// One role's share of a fit.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoleShare {
+    /// The role (`ffn_down.weight`).
+    pub group: String,
+    /// The types its matrices took, with how many took each.
+    pub types: Vec<(GgmlType, usize)>,
+    /// Its bytes.
+    pub bytes: u64,
+    /// Its part of the added-up predicted divergence.
+    pub predicted: f64,
 }
 
 /// The probe text and how to run it.
@@ -147,12 +188,7 @@ pub fn fit(
 ) -> Result<Fitted, FitError> {
     let started = std::time::Instant::now();
     let sensitivity = budget::measure(model, input, imatrix, &target.candidates, progress)?;
-    let smallest: u64 = sensitivity
-        .matrices
-        .iter()
-        .map(|m| m.options.iter().map(|o| o.bytes).min().unwrap_or(0))
-        .sum::<u64>()
-        + sensitivity.other_bytes;
+    let smallest = budget::smallest(&sensitivity.matrices) + sensitivity.other_bytes;
     if smallest > target.budget {
         return Err(FitError::TooSmall {
             budget: target.budget,
@@ -165,16 +201,16 @@ pub fn fit(
     let logits = ScratchFile::new(probing.scratch, "memwall-fit-", ".kld");
     let baseline = Baseline::new(&base, probing.tokens, probing.options, logits, progress)?;
     drop(base);
-    let setup = ProbeSetup {
+    let mut prober = Prober {
         input,
         model,
         baseline: &baseline,
-        options: probing.options,
+        probing,
         imatrix,
-        compute: probing.compute,
-        scratch: probing.scratch,
+        quantize: budget::q8_options(imatrix),
+        progress,
     };
-    let gains = gains(&setup, &sensitivity, target.probe, progress)?;
+    let gains = gains(&mut prober, &sensitivity, target.probe)?;
     let per_matrix = gains.of(&sensitivity.matrices);
     let assignment = budget::allocate(
         &sensitivity.matrices,
@@ -232,43 +268,74 @@ impl Gains {
 
     /// The gain of each matrix, by its group.
     pub fn of(&self, matrices: &[Matrix]) -> Vec<f64> {
-        matrices
+        matrices.iter().map(|m| self.gain(&m.group)).collect()
+    }
+
+    /// The gain of `group` (0 for a group no probe measured).
+    pub fn gain(&self, group: &str) -> f64 {
+        self.probes
             .iter()
-            .map(|m| {
-                self.probes
-                    .iter()
-                    .find(|p| p.group == m.group)
-                    .map_or(0.0, |p| p.gain)
-            })
-            .collect()
+            .find(|p| p.group == group)
+            .map_or(0.0, |p| p.gain)
     }
 }
 
-/// Where the probes are evaluated.
-struct ProbeSetup<'a> {
-    /// The base (F16) model file and its evaluation on the probe text.
+/// Writes and evaluates probe files.
+struct Prober<'a> {
+    /// The base (F16) model file.
     input: &'a Path,
     /// The base model, opened.
     model: &'a GgufModel,
     /// The base's log-probabilities on the probe text.
     baseline: &'a Baseline,
-    /// The windows the baseline was evaluated on.
-    options: &'a eval::Options,
+    /// The probe text's windows, compute and scratch folder.
+    probing: &'a Probing<'a>,
     /// The importance matrix the files are quantized with.
     imatrix: Option<&'a Imatrix>,
-    /// Kernels and threads for the probes' forward passes.
-    compute: (Kernels, usize),
-    /// Folder for the probe files (each removed when measured).
-    scratch: &'a Path,
+    /// Llama.cpp's Q8_0 rules with the importance matrix; each probe sets
+    /// every matrix's type with one rule per matrix.
+    quantize: Options,
+    progress: &'a dyn Progress,
+}
+
+impl Prober<'_> {
+    /// Writes the file that gives each matrix option `choose(m)`, and
+    /// measures its mean KL divergence from the base.
+    fn kld(
+        &mut self,
+        matrices: &[Matrix],
+        choose: impl Fn(&Matrix) -> usize,
+    ) -> Result<f64, FitError> {
+        self.quantize.tensor_types = matrices
+            .iter()
+            .map(|m| budget::exact_rule(&m.name, m.options[choose(m)].ty))
+            .collect();
+        let scratch = ScratchFile::new(self.probing.scratch, "memwall-fit-", ".gguf");
+        let plan = job::plan(self.model, self.input, &self.quantize)?;
+        job::run(
+            self.model,
+            &plan,
+            self.imatrix,
+            false,
+            scratch.path(),
+            &Silent,
+        )?;
+        let gguf = GgufModel::open(scratch.path())?;
+        let mut model = Model::new(&gguf, self.probing.options.n_ctx)?;
+        model.set_compute(self.probing.compute.0, self.probing.compute.1);
+        let stats = self
+            .baseline
+            .compare(&model, self.probing.options, self.progress)?;
+        Ok(stats.kld.mean)
+    }
 }
 
 /// Measures the gains of every group of `sensitivity`'s matrices with
 /// `probe` (or each matrix's smallest candidate where `probe` is not one).
 fn gains(
-    setup: &ProbeSetup<'_>,
+    prober: &mut Prober<'_>,
     sensitivity: &Sensitivity,
     probe: GgmlType,
-    progress: &dyn Progress,
 ) -> Result<Gains, FitError> {
     let matrices = &sensitivity.matrices;
     let mut groups: Vec<&str> = Vec::new();
@@ -279,16 +346,11 @@ fn gains(
     }
     let top = |m: &Matrix| m.options.len() - 1;
     let low = |m: &Matrix| m.options.iter().position(|o| o.ty == probe).unwrap_or(0);
-    let reference_kld = kld(setup, matrices, |_, m| top(m), progress)?;
+    let reference_kld = prober.kld(matrices, top)?;
     let mut probes = Vec::with_capacity(groups.len());
     for group in groups {
         let in_group = |m: &Matrix| m.group == group;
-        let value = kld(
-            setup,
-            matrices,
-            |_, m| if in_group(m) { low(m) } else { top(m) },
-            progress,
-        )?;
+        let value = prober.kld(matrices, |m| if in_group(m) { low(m) } else { top(m) })?;
         let error: f64 = matrices
             .iter()
             .filter(|m| in_group(m))
@@ -313,89 +375,21 @@ fn gains(
     for p in probes.iter_mut().filter(|p| !p.measured) {
         p.gain = floor;
     }
-    // Every group at the probe type at once: how the groups' errors combine.
-    let all_kld = kld(setup, matrices, |_, m| low(m), progress)?;
-    let gain_of = |m: &Matrix| {
-        probes
-            .iter()
-            .find(|p| p.group == m.group)
-            .map_or(0.0, |p| p.gain)
-    };
-    let all_additive: f64 = matrices
-        .iter()
-        .map(|m| gain_of(m) * m.options[low(m)].error)
-        .sum();
-    let interaction = if all_additive > 0.0 && all_kld > all_additive {
-        (all_kld / all_additive - 1.0) / all_additive
-    } else {
-        0.0
-    };
-    Ok(Gains {
+    let mut gains = Gains {
         reference_kld,
         probes,
-        all_kld,
-        all_additive,
-        interaction,
-    })
-}
-
-/// Writes the file that gives matrix `i` option `choose(i, m)`, and measures
-/// its mean KL divergence from the base.
-fn kld(
-    setup: &ProbeSetup<'_>,
-    matrices: &[Matrix],
-    choose: impl Fn(usize, &Matrix) -> usize,
-    progress: &dyn Progress,
-) -> Result<f64, FitError> {
-    let types: Vec<GgmlType> = matrices
+        all_kld: 0.0,
+        all_additive: 0.0,
+        interaction: 0.0,
+    };
+    // Every group at the probe type at once: how the groups' errors combine.
+    gains.all_kld = prober.kld(matrices, low)?;
+    gains.all_additive = matrices
         .iter()
-        .enumerate()
-        .map(|(i, m)| m.options[choose(i, m)].ty)
-        .collect();
-    let scratch = ScratchFile::new(setup.scratch, "memwall-fit-", ".gguf");
-    write(setup, matrices, &types, scratch.path())?;
-    let gguf = GgufModel::open(scratch.path())?;
-    let mut model = Model::new(&gguf, setup.options.n_ctx)?;
-    model.set_compute(setup.compute.0, setup.compute.1);
-    let stats = setup.baseline.compare(&model, setup.options, progress)?;
-    Ok(stats.kld.mean)
-}
-
-/// Quantizes the base with matrix `i` at `types[i]` (everything else as
-/// llama.cpp's Q8_0 rules leave it).
-fn write(
-    setup: &ProbeSetup<'_>,
-    matrices: &[Matrix],
-    types: &[GgmlType],
-    out: &Path,
-) -> Result<(), FitError> {
-    #[expect(clippy::expect_used, reason = "Q8_0 is in the file-type table")]
-    let mut options = Options::new(file_type_by_name("Q8_0").expect("Q8_0 is a file type"));
-    options.imatrix = setup.imatrix.map(|m| ImatrixInput {
-        label: String::new(),
-        data: m.clone(),
-    });
-    for (m, &ty) in matrices.iter().zip(types) {
-        let pattern = format!("^{}$", regex_escape(&m.name));
-        #[expect(clippy::expect_used, reason = "an escaped name in a fixed pattern")]
-        options.tensor_types.push(
-            make_override(&pattern, ty, Vec::new(), true)
-                .expect("escaped names are valid patterns"),
-        );
+        .map(|m| gains.gain(&m.group) * m.options[low(m)].error)
+        .sum();
+    if gains.all_additive > 0.0 && gains.all_kld > gains.all_additive {
+        gains.interaction = (gains.all_kld / gains.all_additive - 1.0) / gains.all_additive;
     }
-    let plan = job::plan(setup.model, setup.input, &options)?;
-    job::run(setup.model, &plan, setup.imatrix, false, out, &Silent)?;
-    Ok(())
-}
-
-/// `name` with the regular-expression metacharacters of tensor names escaped.
-fn regex_escape(name: &str) -> String {
-    let mut out = String::with_capacity(name.len() + 8);
-    for c in name.chars() {
-        if !c.is_ascii_alphanumeric() && c != '_' {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
+    Ok(gains)
 }

@@ -31,7 +31,7 @@ use rayon::prelude::*;
 use crate::imatrix::Imatrix;
 use crate::job::{self, ImatrixUse, JobError, Options};
 use crate::recipe::{Recipe, make_override};
-use crate::rules::fallback_for;
+use crate::rules::{Override, fallback_for};
 use crate::{IMATRIX_REQUIRED, quantize_row_imatrix};
 
 /// Why a budget cannot be fitted.
@@ -127,7 +127,7 @@ pub fn measure(
     candidates: &[GgmlType],
     progress: &dyn Progress,
 ) -> Result<Sensitivity, BudgetError> {
-    let plan = job::plan(model, input, &probe_options(imatrix))?;
+    let plan = job::plan(model, input, &q8_options(imatrix))?;
     let mut candidates = candidates.to_vec();
     candidates.sort_by_key(|t| bits(*t));
     candidates.dedup();
@@ -212,8 +212,10 @@ pub fn measure(
     })
 }
 
-/// The options that list the matrices: llama.cpp's Q8_0 rules.
-fn probe_options(imatrix: Option<&Imatrix>) -> Options {
+/// llama.cpp's Q8_0 rules with `imatrix`: the options that list the matrices
+/// to fit, and the base of every probe file (whose matrices get
+/// [`exact_rule`]s).
+pub fn q8_options(imatrix: Option<&Imatrix>) -> Options {
     #[expect(clippy::expect_used, reason = "Q8_0 is in the file-type table")]
     let mut options = Options::new(file_type_by_name("Q8_0").expect("Q8_0 is a file type"));
     options.imatrix = imatrix.map(|m| job::ImatrixInput {
@@ -221,6 +223,25 @@ fn probe_options(imatrix: Option<&Imatrix>) -> Options {
         data: m.clone(),
     });
     options
+}
+
+/// A rule giving exactly the tensor `name` the type `ty`.
+pub fn exact_rule(name: &str, ty: GgmlType) -> Override {
+    rule(&format!("^{}$", regex::escape(name)), ty, Vec::new())
+}
+
+/// A recipe rule on a pattern built from escaped names.
+fn rule(pattern: &str, ty: GgmlType, layers: Vec<(u32, u32)>) -> Override {
+    #[expect(clippy::expect_used, reason = "escaped names in a fixed pattern")]
+    make_override(pattern, ty, layers, true).expect("escaped names make valid patterns")
+}
+
+/// Bytes of `matrices` at their smallest options.
+pub fn smallest(matrices: &[Matrix]) -> u64 {
+    matrices
+        .iter()
+        .map(|m| m.options.iter().map(|o| o.bytes).min().unwrap_or(0))
+        .sum()
 }
 
 /// Bits per weight of a type, for ordering.
@@ -331,10 +352,7 @@ pub fn allocate(
     budget: u64,
 ) -> Result<Assignment, BudgetError> {
     let cost = |i: usize, o: usize| gains[i] * matrices[i].options[o].error;
-    let smallest: u64 = matrices
-        .iter()
-        .map(|m| m.options.iter().map(|o| o.bytes).min().unwrap_or(0))
-        .sum();
+    let smallest = smallest(matrices);
     if smallest > budget {
         return Err(BudgetError::TooSmall { budget, smallest });
     }
@@ -435,33 +453,30 @@ pub fn recipe(
     matrices: &[Matrix],
     assignment: &Assignment,
 ) -> Recipe {
-    let mut rules: BTreeMap<(String, &'static str), (GgmlType, Vec<u32>)> = BTreeMap::new();
-    let mut order: Vec<(String, &'static str)> = Vec::new();
+    // (role, type, layers), in the order the roles first appear.
+    let mut rules: Vec<(&str, GgmlType, Vec<u32>)> = Vec::new();
     for (m, &o) in matrices.iter().zip(&assignment.chosen) {
         let ty = m.options[o].ty;
-        let key = (m.group.clone(), ty.name());
-        let entry = rules.entry(key.clone()).or_insert_with(|| {
-            order.push(key);
-            (ty, Vec::new())
-        });
-        if let Some(l) = m.layer {
-            entry.1.push(l);
-        }
-    }
-    let mut overrides = Vec::new();
-    for key in order {
-        let (ty, layers) = &rules[&key];
-        let in_blocks = !layers.is_empty();
-        let pattern = if in_blocks {
-            format!(r"^blk\.\d+\.{}$", regex::escape(&key.0))
-        } else {
-            format!("^{}$", regex::escape(&key.0))
+        let at = match rules.iter().position(|r| r.0 == m.group && r.1 == ty) {
+            Some(at) => at,
+            None => {
+                rules.push((&m.group, ty, Vec::new()));
+                rules.len() - 1
+            }
         };
-        #[expect(clippy::expect_used, reason = "an escaped name in a fixed pattern")]
-        let rule = make_override(&pattern, *ty, ranges(layers), true)
-            .expect("escaped names make valid patterns");
-        overrides.push(rule);
+        rules[at].2.extend(m.layer);
     }
+    let overrides = rules
+        .into_iter()
+        .map(|(group, ty, layers)| {
+            if layers.is_empty() {
+                exact_rule(group, ty)
+            } else {
+                let pattern = format!(r"^blk\.\d+\.{}$", regex::escape(group));
+                rule(&pattern, ty, ranges(&layers))
+            }
+        })
+        .collect();
     Recipe {
         name: name.to_owned(),
         description: description.to_owned(),

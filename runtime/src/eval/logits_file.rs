@@ -223,15 +223,15 @@ impl LogitsWriter {
             f32::NEG_INFINITY
         };
         let log_p = |i: u32| logits[i as usize] - max - log_sum_exp;
-        let out = &mut self.chunk;
-        out.extend_from_slice(&log_p(next as u32).to_le_bytes());
-        out.extend_from_slice(&log_p_rest.to_le_bytes());
-        for &i in top.iter() {
-            out.extend_from_slice(&i.to_le_bytes());
-        }
-        for &i in top.iter() {
-            out.extend_from_slice(&log_p(i).to_le_bytes());
-        }
+        // k ids, then their k log-probabilities.
+        let entries = |out: &mut Vec<u8>, ids: &[u32], lp: &dyn Fn(u32) -> f32| {
+            out.extend(ids.iter().flat_map(|i| i.to_le_bytes()));
+            out.extend(ids.iter().flat_map(|&i| lp(i).to_le_bytes()));
+        };
+        self.chunk
+            .extend_from_slice(&log_p(next as u32).to_le_bytes());
+        self.chunk.extend_from_slice(&log_p_rest.to_le_bytes());
+        entries(&mut self.chunk, top, &log_p);
         // The draws from the rest, in id order along its cumulative mass.
         let u = crate::sampling::uniform(&mut self.draws);
         let mut draws = Vec::with_capacity(k);
@@ -255,13 +255,9 @@ impl LogitsWriter {
             }
             // Rounding can leave the last targets a hair past the sum.
             draws.resize(k, last);
-        }
-        for j in 0..k {
-            out.extend_from_slice(&draws.get(j).copied().unwrap_or(0).to_le_bytes());
-        }
-        for j in 0..k {
-            let lp = draws.get(j).map_or(f32::NEG_INFINITY, |&i| log_p(i));
-            out.extend_from_slice(&lp.to_le_bytes());
+            entries(&mut self.chunk, &draws, &log_p);
+        } else {
+            entries(&mut self.chunk, &vec![0; k], &|_| f32::NEG_INFINITY);
         }
     }
 

@@ -44,18 +44,14 @@ pub struct Args {
         value_name = "FILE"
     )]
     pub output: PathBuf,
-    /// The types a matrix may take (where a type's block does not divide a
-    /// matrix's rows, llama.cpp's fallback for it: Q4_K → Q5_0, Q6_K → Q8_0, …).
-    #[arg(
-        long,
-        value_name = "LIST",
-        value_delimiter = ',',
-        default_value = "Q2_K,Q3_K,Q4_K,Q5_K,Q6_K,Q8_0"
-    )]
+    /// The types a matrix may take (default: Q2_K to Q6_K and Q8_0; where a
+    /// type's block does not divide a matrix's rows, llama.cpp's fallback for
+    /// it: Q4_K → Q5_0, Q6_K → Q8_0, …).
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub types: Vec<String>,
-    /// The type each group's probe puts its matrices at.
-    #[arg(long, value_name = "TYPE", default_value = "Q3_K")]
-    pub probe_type: String,
+    /// The type each group's probe puts its matrices at (default: Q3_K).
+    #[arg(long, value_name = "TYPE")]
+    pub probe_type: Option<String>,
     /// Tokens per probe window (the second half of each is scored).
     #[arg(long, value_name = "N", default_value_t = 512)]
     pub probe_ctx: usize,
@@ -150,6 +146,18 @@ fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
+/// The name a fitted recipe takes: its output's file name without extension.
+pub fn recipe_name(output: &Path) -> String {
+    output
+        .file_stem()
+        .map_or("fit".into(), |s| s.to_string_lossy().into_owned())
+}
+
+/// A type as users write it (`Q4_K`).
+fn type_name(ty: GgmlType) -> String {
+    ty.name().to_ascii_uppercase()
+}
+
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
@@ -157,17 +165,22 @@ fn mib(bytes: u64) -> f64 {
 /// Runs the command.
 pub fn run(args: Args) -> Result<()> {
     crate::commands::check_output_file(&args.output, "the recipe")?;
-    let candidates: Vec<GgmlType> = args
+    let mut candidates: Vec<GgmlType> = args
         .types
         .iter()
         .map(|t| parse_tensor_type(t).map_err(|e| anyhow::anyhow!("--types: {e}")))
         .collect::<Result<_>>()?;
-    let probe =
-        parse_tensor_type(&args.probe_type).map_err(|e| anyhow::anyhow!("--probe-type: {e}"))?;
+    if candidates.is_empty() {
+        candidates = fit::DEFAULT_CANDIDATES.to_vec();
+    }
+    let probe = match &args.probe_type {
+        Some(t) => parse_tensor_type(t).map_err(|e| anyhow::anyhow!("--probe-type: {e}"))?,
+        None => fit::DEFAULT_PROBE,
+    };
     if !candidates.contains(&probe) {
         bail!(
             "--probe-type {} is not among --types; probe with one of them",
-            args.probe_type
+            type_name(probe)
         );
     }
     let imatrix = args
@@ -217,10 +230,7 @@ pub fn run(args: Args) -> Result<()> {
         &bar,
     )
     .with_context(|| format!("{}: fitting {:.2} MiB", args.model.display(), mib(limit)))?;
-    let name = args
-        .output
-        .file_stem()
-        .map_or("fit".into(), |s| s.to_string_lossy().into_owned());
+    let name = recipe_name(&args.output);
     let description = format!(
         "fitted to {:.2} MiB by memwall calibrate fit (predicted KLD {:.5} on {})",
         mib(limit),
@@ -239,58 +249,21 @@ pub fn run(args: Args) -> Result<()> {
         let report = report(&args, limit, &fitted, seconds);
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print(&args, limit, &fitted, seconds);
+        print(&args, limit, target.candidates.len(), &fitted, seconds);
     }
     Ok(())
 }
 
-/// One role's share of the fit: the chosen types with their counts, bytes and predicted KLD.
-struct GroupRow {
-    group: String,
-    types: Vec<(String, usize)>,
-    bytes: u64,
-    predicted: f64,
-}
-
-fn by_group(f: &Fitted) -> Vec<GroupRow> {
-    let (s, a) = (&f.sensitivity, &f.assignment);
-    let per = f.gains.of(&s.matrices);
-    let mut out: Vec<GroupRow> = Vec::new();
-    for (i, (m, &o)) in s.matrices.iter().zip(&a.chosen).enumerate() {
-        let c = m.options[o];
-        let row = match out.iter().position(|r| r.group == m.group) {
-            Some(r) => r,
-            None => {
-                out.push(GroupRow {
-                    group: m.group.clone(),
-                    types: Vec::new(),
-                    bytes: 0,
-                    predicted: 0.0,
-                });
-                out.len() - 1
-            }
-        };
-        let r = &mut out[row];
-        let name = c.ty.name().to_ascii_uppercase();
-        match r.types.iter_mut().find(|(t, _)| *t == name) {
-            Some((_, n)) => *n += 1,
-            None => r.types.push((name, 1)),
-        }
-        r.bytes += c.bytes;
-        r.predicted += per[i] * c.error;
-    }
-    out
-}
-
 fn report(args: &Args, budget: u64, f: &Fitted, seconds: f64) -> Value {
     let (s, gains, a) = (&f.sensitivity, &f.gains, &f.assignment);
-    let groups: Vec<Value> = by_group(f)
+    let groups: Vec<Value> = f
+        .roles()
         .into_iter()
         .map(|r| {
             let probe = gains.probes.iter().find(|p| p.group == r.group);
             json!({
                 "group": r.group,
-                "types": r.types.iter().map(|(t, n)| json!({ "type": t, "matrices": n })).collect::<Vec<_>>(),
+                "types": r.types.iter().map(|(t, n)| json!({ "type": type_name(*t), "matrices": n })).collect::<Vec<_>>(),
                 "bytes": r.bytes, "predicted_kld": r.predicted,
                 "probe_kld": probe.map(|p| p.kld), "gain": probe.map(|p| p.gain),
                 "gain_measured": probe.map(|p| p.measured),
@@ -300,28 +273,28 @@ fn report(args: &Args, budget: u64, f: &Fitted, seconds: f64) -> Value {
     let elements: u64 = s.matrices.iter().map(|m| m.elements).sum();
     json!({
         "model": args.model, "text": args.file, "imatrix": args.imatrix, "recipe": args.output,
-        "budget": budget, "device": args.budget.device, "bytes": a.bytes + s.other_bytes, "matrix_bytes": a.bytes,
+        "budget": budget, "device": args.budget.device, "bytes": f.bytes(), "matrix_bytes": a.bytes,
         "other_bytes": s.other_bytes,
         "matrix_bits_per_weight": a.bytes as f64 * 8.0 / elements.max(1) as f64,
         "predicted_kld": f.predicted_kld(), "additive_kld": a.predicted,
         "reference_kld": gains.reference_kld, "all_probe_kld": gains.all_kld,
         "all_probe_additive": gains.all_additive, "interaction": gains.interaction,
         "matrices": s.matrices.iter().zip(&a.chosen).map(|(m, &o)| json!({
-            "name": m.name, "type": m.options[o].ty.name().to_ascii_uppercase(),
+            "name": m.name, "type": type_name(m.options[o].ty),
             "bytes": m.options[o].bytes,
         })).collect::<Vec<_>>(),
         "groups": groups, "measure_seconds": f.measure_seconds, "seconds": seconds,
     })
 }
 
-fn print(args: &Args, budget: u64, f: &Fitted, seconds: f64) {
+fn print(args: &Args, budget: u64, types: usize, f: &Fitted, seconds: f64) {
     let (s, gains, a) = (&f.sensitivity, &f.gains, &f.assignment);
     let measured = f.measure_seconds;
     let elements: u64 = s.matrices.iter().map(|m| m.elements).sum();
     println!(
         "{} matrices measured at {} types in {measured:.1} s; {} probe files in {:.1} s (reference KLD {:.6})",
         s.matrices.len(),
-        args.types.len(),
+        types,
         gains.probes.len() + 2,
         seconds - measured,
         gains.reference_kld
@@ -331,11 +304,15 @@ fn print(args: &Args, budget: u64, f: &Fitted, seconds: f64) {
         "{:<22} {:>10} {:>11} {:>10} {:>11}  types",
         "group", "probe KLD", "KLD/error", "MiB", "pred. KLD"
     );
-    let mut rows = by_group(f);
+    let mut rows = f.roles();
     rows.sort_by(|x, y| y.predicted.total_cmp(&x.predicted));
     for r in rows {
         let probe = gains.probes.iter().find(|p| p.group == r.group);
-        let types: Vec<String> = r.types.iter().map(|(t, n)| format!("{t} ×{n}")).collect();
+        let types: Vec<String> = r
+            .types
+            .iter()
+            .map(|(t, n)| format!("{} ×{n}", type_name(*t)))
+            .collect();
         println!(
             "{:<22} {:>10.6} {:>11.3e}{} {:>9.3} {:>11.6}  {}",
             r.group,

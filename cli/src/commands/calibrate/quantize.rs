@@ -7,6 +7,7 @@ use memwall_calibrate::dataset::Dataset;
 use memwall_calibrate::fit::{self, Fitted, Probing, Target};
 use memwall_calibrate::gptq;
 use memwall_calibrate::quantize::{self, Method, Settings};
+use memwall_format::ggml_type::FileTypeInfo;
 use memwall_format::gguf::GgufModel;
 use memwall_quantize::job::Options;
 use memwall_quantize::recipe::Recipe;
@@ -144,16 +145,20 @@ fn fit_samples(
     };
     let fitted = fit::fit(gguf, &args.model, Some(&imatrix), &probing, &target, bar)
         .with_context(|| format!("{}: fitting {budget} bytes", args.model.display()))?;
-    let name = args
-        .output
-        .file_stem()
-        .map_or("fit".into(), |s| s.to_string_lossy().into_owned());
+    let name = super::fit::recipe_name(&args.output);
     let description = format!(
         "fitted to {budget} bytes by memwall calibrate quantize (predicted KLD {:.5})",
         fitted.predicted_kld()
     );
     let recipe = fitted.recipe(&name, &description);
     Ok((fitted, recipe))
+}
+
+/// Options for `ftype` with `recipe`.
+fn with_recipe(ftype: &'static FileTypeInfo, recipe: Option<Recipe>) -> Options {
+    let mut options = Options::new(ftype);
+    options.recipe = recipe;
+    options
 }
 
 /// Probe windows of a fit made from the calibration samples.
@@ -172,20 +177,21 @@ pub fn run(args: Args) -> Result<()> {
 fn calibrate(args: &Args, threads: usize) -> Result<()> {
     let recipe = args.recipe.as_deref().map(load_recipe).transpose()?;
     let fitting = args.fit.given();
-    let ftype = match (&args.ty, &recipe, fitting) {
+    // The target as given; None when a budget is fitted first.
+    let given = match (&args.ty, recipe, fitting) {
         (Some(_), _, true) | (_, Some(_), true) => bail!(
             "--budget and --device fit a mix of types themselves; leave out --type and --recipe"
         ),
-        (Some(t), _, false) => Some(ftype_or_error(t)?),
-        (None, Some(r), false) => Some(r.base),
+        (Some(t), recipe, false) => Some(with_recipe(ftype_or_error(t)?, recipe)),
+        (None, Some(r), false) => Some(with_recipe(r.base, Some(r))),
         (None, None, true) => None,
         (None, None, false) => bail!(
             "give the target with --type TYPE (e.g. Q4_K_M), --recipe RECIPE or --budget SIZE"
         ),
     };
     // Before any work: what memwall cannot write, and where it cannot write.
-    if let Some(ftype) = ftype {
-        memwall_quantize::names::check_writable(ftype)?;
+    if let Some(options) = &given {
+        memwall_quantize::names::check_writable(options.ftype)?;
     }
     crate::commands::check_output_file(&args.output, "the calibrated model")?;
     let gguf = crate::commands::open_model(&args.model)?;
@@ -245,28 +251,17 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
     .with_context(|| format!("{}: cannot run this model", args.model.display()))?;
     model.set_compute(Kernels::from_env()?, threads);
     let bar = Bar::new(!args.json);
-    let fitted = match budget {
-        Some(bytes) => {
+    let (options, fitted) = match (given, budget) {
+        (Some(options), _) => (options, None),
+        (None, Some(bytes)) => {
             let probe = Probe {
                 model: &mut model,
                 tokenizer: &tokenizer,
                 samples: &samples,
                 seq_len,
             };
-            Some(fit_samples(args, &gguf, probe, bytes, &bar)?)
-        }
-        None => None,
-    };
-    let options = match (&fitted, ftype) {
-        (Some((_, recipe)), _) => {
-            let mut o = Options::new(recipe.base);
-            o.recipe = Some(recipe.clone());
-            o
-        }
-        (None, Some(ftype)) => {
-            let mut o = Options::new(ftype);
-            o.recipe = recipe;
-            o
+            let (fitted, recipe) = fit_samples(args, &gguf, probe, bytes, &bar)?;
+            (with_recipe(recipe.base, Some(recipe)), Some(fitted))
         }
         (None, None) => bail!("give the target with --type, --recipe or --budget"),
     };
@@ -326,9 +321,10 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
             "memory": {"total": report.memory.total, "hidden": report.memory.hidden,
                        "weights": report.memory.weights, "hessians": report.memory.hessians,
                        "factor": report.memory.factor, "kept": report.memory.kept},
-            "fit": fitted.as_ref().map(|(f, recipe)| json!({
+            "fit": fitted.as_ref().map(|f| json!({
                 "budget": budget, "predicted_kld": f.predicted_kld(),
-                "recipe": recipe.to_toml(), "seconds": f.measure_seconds,
+                "recipe": options.recipe.as_ref().map(|r| r.to_toml()),
+                "seconds": f.measure_seconds,
             })),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -344,7 +340,7 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
                 .map_or(String::new(), |d| format!("GPTQ damp {d:.2}"));
             println!("{:<22} {:>8} tokens  {awq}  {damp}", g.input, g.tokens);
         }
-        if let (Some((f, recipe)), Some(budget)) = (&fitted, budget) {
+        if let (Some(f), Some(budget), Some(recipe)) = (&fitted, budget, &options.recipe) {
             println!(
                 "fitted to {:.2} MiB: {} rules over {} matrices, predicted KLD {:.6} before calibration (the recipe is in the output's memwall.recipe)",
                 budget as f64 / (1 << 20) as f64,
