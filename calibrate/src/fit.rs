@@ -10,6 +10,7 @@
 //! over the probe text per group, however many candidate types there are.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use memwall_format::GgmlType;
 use memwall_format::cleanup::ScratchFile;
@@ -22,6 +23,8 @@ use memwall_quantize::recipe::Recipe;
 use memwall_runtime::eval::{self, Baseline, EvalError};
 use memwall_runtime::forward::{ForwardError, Model};
 use memwall_runtime::kernels::Kernels;
+
+use crate::influence;
 
 /// Why a budget could not be fitted.
 #[derive(Debug, thiserror::Error)]
@@ -174,10 +177,11 @@ pub struct Probing<'a> {
     pub scratch: &'a Path,
 }
 
-/// Fits `target.budget` for `model` (opened from `input`): measures every
-/// matrix at every candidate, refuses a budget below the smallest file before
-/// anything runs, evaluates the base on the probe text, measures the gains and
-/// allocates.
+/// Fits `target.budget` for `model` (opened from `input`): refuses a budget
+/// below the smallest file before anything runs, evaluates the base on the
+/// probe text (collecting the output projections' [`influence`](crate::influence) on
+/// the way), measures every matrix at every candidate, measures the gains
+/// and allocates.
 pub fn fit(
     model: &GgufModel,
     input: &Path,
@@ -186,21 +190,31 @@ pub fn fit(
     target: &Target,
     progress: &dyn Progress,
 ) -> Result<Fitted, FitError> {
-    let started = std::time::Instant::now();
-    let sensitivity = budget::measure(model, input, imatrix, &target.candidates, progress)?;
-    let smallest = budget::smallest(&sensitivity.matrices) + sensitivity.other_bytes;
+    let smallest = budget::smallest_file(model, input, imatrix, &target.candidates)?;
     if smallest > target.budget {
         return Err(FitError::TooSmall {
             budget: target.budget,
             smallest,
         });
     }
-    let measure_seconds = started.elapsed().as_secs_f64();
     let mut base = Model::new(model, probing.options.n_ctx)?;
     base.set_compute(probing.compute.0, probing.compute.1);
+    let collector = Arc::new(influence::Collector::new());
+    base.set_observer(Some(collector.clone()));
     let logits = ScratchFile::new(probing.scratch, "memwall-fit-", ".kld");
     let baseline = Baseline::new(&base, probing.tokens, probing.options, logits, progress)?;
     drop(base);
+    let influence = collector.take();
+    let started = std::time::Instant::now();
+    let sensitivity = budget::measure(
+        model,
+        input,
+        imatrix,
+        Some(&influence),
+        &target.candidates,
+        progress,
+    )?;
+    let measure_seconds = started.elapsed().as_secs_f64();
     let mut prober = Prober {
         input,
         model,
@@ -331,7 +345,8 @@ impl Prober<'_> {
 }
 
 /// Measures the gains of every group of `sensitivity`'s matrices with
-/// `probe` (or each matrix's smallest candidate where `probe` is not one).
+/// `probe` (its llama.cpp fallback where its block does not divide a
+/// matrix's rows; the smallest candidate where neither is one).
 fn gains(
     prober: &mut Prober<'_>,
     sensitivity: &Sensitivity,
@@ -345,7 +360,7 @@ fn gains(
         }
     }
     let top = |m: &Matrix| m.options.len() - 1;
-    let low = |m: &Matrix| m.options.iter().position(|o| o.ty == probe).unwrap_or(0);
+    let low = |m: &Matrix| m.option_of(probe).unwrap_or(0);
     let reference_kld = prober.kld(matrices, top)?;
     let mut probes = Vec::with_capacity(groups.len());
     for group in groups {

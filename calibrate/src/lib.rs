@@ -10,6 +10,8 @@
 //! - [`awq`], [`gptq`]: activation-aware scales and error-feedback rounding
 //!   onto ggml's block grids; [`quantize`] runs them layer by layer into an
 //!   ordinary GGUF.
+//! - [`fit`], [`influence`]: a type per matrix that fits a byte budget, from
+//!   each matrix's measured error and how much it moves the residual stream.
 //! - [`grid`]: the quantization grid of an encoded ggml block, which GPTQ
 //!   rounds onto.
 
@@ -24,6 +26,7 @@ pub mod fit;
 pub mod gptq;
 pub mod grid;
 pub mod imatrix;
+pub mod influence;
 pub mod linalg;
 pub mod quantize;
 mod work;

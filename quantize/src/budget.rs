@@ -4,21 +4,28 @@
 //!
 //! The cost of a matrix `W` at type `t` is measured on its own weights: every
 //! row is encoded as `llama-quantize` would (with the importance matrix when
-//! there is one), decoded, and the error weighted by the columns' mean squared
-//! activations, `E = Σ_rows Σ_j a_j (ŵ_ij − w_ij)²` — the expected squared
-//! error the matrix adds to its output per token when the inputs' columns are
-//! uncorrelated (`a_j = 1` without an entry). Small independent perturbations
-//! add up in the KL divergence to second order, so the loss of a whole file is
-//! predicted as `Σ_m gain(group of m) · E_m(t_m)`; the gains (how much KL
-//! divergence a unit of error of one role — `attn_q`, `ffn_down`, `output`…
-//! — makes) come from measuring a few probe files (memwall-calibrate's `fit`).
+//! there is one), decoded, and the error `ΔW` weighted per input column. For
+//! a block's output projection with an [`Influence`] (collected on text by
+//! memwall-calibrate) the weights are `b_j = mean_t x_tj² / ms(r_t)` and
+//! `E = Σ_ij b_j ΔW_ij²` is the noise the matrix adds to the residual stream
+//! `r` per token, as a fraction of the stream's power — what later layers see
+//! through their normalisations, comparable between layers. Every other
+//! matrix (inside a block, stacked experts, the embeddings, the output head)
+//! is weighted by the importance matrix's mean squared activations `a_j`
+//! (1 without an entry) and its error taken relative to its own weighted
+//! output, `Σ_ij a_j ΔW_ij² / Σ_ij a_j W_ij²`. Small independent
+//! perturbations add up in the KL divergence to second order, so the loss of
+//! a whole file is predicted as `Σ_m gain(group of m) · E_m(t_m)`; the gains
+//! (how much KL divergence a unit of error of one role — `attn_q`,
+//! `ffn_down`, `output`… — makes) come from measuring a few probe files
+//! (memwall-calibrate's `fit`).
 //!
 //! [`allocate`] solves the multiple-choice knapsack greedily on each matrix's
 //! lower convex hull of (bytes, predicted loss): start every matrix at its
 //! smallest type and take the upgrades that buy the most loss per byte while
 //! they fit. The result is within one upgrade's loss of the optimum.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use memwall_format::GgmlType;
@@ -71,7 +78,8 @@ pub struct Candidate {
     pub ty: GgmlType,
     /// Bytes of the matrix at this type.
     pub bytes: u64,
-    /// Importance-weighted squared error (see the module's documentation).
+    /// Weighted squared error, by the matrix's influence or relative to its
+    /// output (see the module's documentation).
     pub error: f64,
 }
 
@@ -88,6 +96,15 @@ pub struct Matrix {
     pub elements: u64,
     /// Candidate types, by increasing size.
     pub options: Vec<Candidate>,
+}
+
+impl Matrix {
+    /// The option of type `ty`, or of the llama.cpp fallback that stands in
+    /// for it where its block does not divide the rows.
+    pub fn option_of(&self, ty: GgmlType) -> Option<usize> {
+        let at = |t: GgmlType| self.options.iter().position(|o| o.ty == t);
+        at(ty).or_else(|| fallback_for(ty).and_then(at))
+    }
 }
 
 /// The model's matrices with their candidates, and the bytes of everything
@@ -116,43 +133,45 @@ pub fn group_of(name: &str) -> (String, Option<u32>) {
     (name.to_owned(), None)
 }
 
-/// Measures every matrix of `model` at every candidate type (with `imatrix`
-/// weighting both the encoders and the error); where a candidate's block does
-/// not divide a matrix's rows, its llama.cpp fallback (Q4_K → Q5_0, …) stands
-/// in. The matrices are the tensors llama.cpp's Q8_0 rules would quantize.
-pub fn measure(
+/// Per output projection (by tensor name), the weight of each input column in
+/// its error: `Σ_ij b_j ΔW_ij²`. memwall-calibrate's `influence` collects
+/// `b_j = mean_t x_tj² / ms(r_t)`, the noise a column adds to the residual
+/// stream `r` relative to the stream's power.
+pub type Influence = HashMap<String, Vec<f32>>;
+
+/// The matrices llama.cpp's Q8_0 rules quantize, the types each can take,
+/// and the bytes of the rest of the file.
+struct Layout {
+    plan: job::Plan,
+    /// Index into the plan's tensors and the usable types, smallest first.
+    fitted: Vec<(usize, Vec<GgmlType>)>,
+    other_bytes: u64,
+}
+
+/// Plans the file and lists each matrix's usable candidates: where a
+/// candidate's block does not divide a matrix's rows, its llama.cpp fallback
+/// (Q4_K → Q5_0, …) stands in; the types that need an importance matrix
+/// only where the matrix has an entry.
+fn layout(
     model: &GgufModel,
     input: &Path,
     imatrix: Option<&Imatrix>,
     candidates: &[GgmlType],
-    progress: &dyn Progress,
-) -> Result<Sensitivity, BudgetError> {
+) -> Result<Layout, BudgetError> {
     let plan = job::plan(model, input, &q8_options(imatrix))?;
     let mut candidates = candidates.to_vec();
     candidates.sort_by_key(|t| bits(*t));
     candidates.dedup();
-    let fitted: Vec<_> = plan
-        .tensors
-        .iter()
-        .filter(|t| t.target.is_quantized())
-        .collect();
     let file: u64 = plan.file_sizes()?.iter().sum();
-    let fitted_bytes: u64 = fitted.iter().map(|t| t.target_bytes).sum();
-    let other_bytes = file - fitted_bytes + fitted.len() as u64 * plan.alignment + RECIPE_ROOM;
-    progress.start(
-        "measuring",
-        fitted.iter().map(|t| t.source_bytes).sum(),
-        Unit::Bytes,
-    );
-    let mut matrices = Vec::with_capacity(fitted.len());
-    for t in fitted {
-        progress.item(&t.name);
+    let mut fitted = Vec::new();
+    let mut fitted_bytes = 0;
+    for (i, t) in plan.tensors.iter().enumerate() {
+        if !t.target.is_quantized() {
+            continue;
+        }
+        fitted_bytes += t.target_bytes;
         let row = t.dims.first().copied().unwrap_or(1).max(1);
-        let weights = match (t.imatrix, imatrix) {
-            (ImatrixUse::Used, Some(m)) => m.entries.get(&t.source_name).map(Vec::as_slice),
-            _ => None,
-        };
-        // A type whose block does not divide the rows falls back as llama.cpp's does.
+        let weighted = column_weights(t, imatrix).is_some();
         let mut usable: Vec<GgmlType> = candidates
             .iter()
             .filter_map(|&ty| {
@@ -162,7 +181,7 @@ pub fn measure(
                     fallback_for(ty).filter(|f| row % f.block_size() == 0)
                 }
             })
-            .filter(|ty| weights.is_some() || !IMATRIX_REQUIRED.contains(ty))
+            .filter(|ty| weighted || !IMATRIX_REQUIRED.contains(ty))
             .collect();
         usable.sort_by_key(|t| bits(*t));
         usable.dedup();
@@ -177,6 +196,76 @@ pub fn measure(
                     .join(", "),
             });
         }
+        fitted.push((i, usable));
+    }
+    let other_bytes = file - fitted_bytes + fitted.len() as u64 * plan.alignment + RECIPE_ROOM;
+    Ok(Layout {
+        plan,
+        fitted,
+        other_bytes,
+    })
+}
+
+/// The importance-matrix entry the encoders of tensor `t` use.
+fn column_weights<'m>(t: &job::TensorPlan, imatrix: Option<&'m Imatrix>) -> Option<&'m [f32]> {
+    match (t.imatrix, imatrix) {
+        (ImatrixUse::Used, Some(m)) => m.entries.get(&t.source_name).map(Vec::as_slice),
+        _ => None,
+    }
+}
+
+/// The smallest file the candidate types make of `model`, without
+/// measuring anything (what a budget must hold at least).
+pub fn smallest_file(
+    model: &GgufModel,
+    input: &Path,
+    imatrix: Option<&Imatrix>,
+    candidates: &[GgmlType],
+) -> Result<u64, BudgetError> {
+    let layout = layout(model, input, imatrix, candidates)?;
+    let matrices: u64 = layout
+        .fitted
+        .iter()
+        .map(|(i, usable)| {
+            let dims = &layout.plan.tensors[*i].dims;
+            usable
+                .iter()
+                .map(|ty| ty.tensor_size(dims).map(|s| s.bytes).unwrap_or(u64::MAX))
+                .min()
+                .unwrap_or(0)
+        })
+        .sum();
+    Ok(matrices + layout.other_bytes)
+}
+
+/// Measures every matrix of `model` at every candidate type: the encoders
+/// use `imatrix` as llama-quantize would; the error is weighted by the
+/// matrix's `influence` where it has one, else taken relative to the
+/// matrix's own output (see [`Candidate::error`]). The matrices are the
+/// tensors llama.cpp's Q8_0 rules would quantize.
+pub fn measure(
+    model: &GgufModel,
+    input: &Path,
+    imatrix: Option<&Imatrix>,
+    influence: Option<&Influence>,
+    candidates: &[GgmlType],
+    progress: &dyn Progress,
+) -> Result<Sensitivity, BudgetError> {
+    let layout = layout(model, input, imatrix, candidates)?;
+    let tensors = &layout.plan.tensors;
+    progress.start(
+        "measuring",
+        layout
+            .fitted
+            .iter()
+            .map(|(i, _)| tensors[*i].source_bytes)
+            .sum(),
+        Unit::Bytes,
+    );
+    let mut matrices = Vec::with_capacity(layout.fitted.len());
+    for (i, usable) in &layout.fitted {
+        let t = &tensors[*i];
+        progress.item(&t.name);
         let Some((_, data)) = model.tensor(&t.source_name) else {
             return Err(JobError::Tensor {
                 tensor: t.name.clone(),
@@ -184,7 +273,13 @@ pub fn measure(
             }
             .into());
         };
-        let errors = errors(t, data, weights, &usable)?;
+        let weights = column_weights(t, imatrix);
+        let ne0 = t.dims.first().copied().unwrap_or(1).max(1) as usize;
+        let influence = influence
+            .and_then(|b| b.get(&t.name))
+            .filter(|b| b.len() == ne0)
+            .map(Vec::as_slice);
+        let errors = errors(t, data, weights, influence, usable)?;
         model.release(&t.source_name, 0..t.source_bytes);
         progress.advance(t.source_bytes);
         let (group, layer) = group_of(&t.name);
@@ -208,7 +303,7 @@ pub fn measure(
     progress.finish();
     Ok(Sensitivity {
         matrices,
-        other_bytes,
+        other_bytes: layout.other_bytes,
     })
 }
 
@@ -249,14 +344,15 @@ fn bits(ty: GgmlType) -> u64 {
     ty.type_size() * 8 * 1024 / ty.block_size()
 }
 
-/// The weighted squared error of `data` (tensor `t`) at each of `types`,
-/// relative to the matrix's weighted signal `Σ a_j w_ij²` (the expected
-/// squared output per token): a noise-to-signal ratio, comparable between
-/// layers whose activations differ by orders of magnitude.
+/// The squared error of `data` (tensor `t`) at each of `types` (encoded with
+/// the importance `weights`): weighted by `influence` when given
+/// (`Σ_ij b_j ΔW_ij²`), else by `weights` and relative to the matrix's
+/// weighted signal (`Σ a_j ΔW_ij² / Σ a_j W_ij²`, a noise-to-signal ratio).
 fn errors(
     t: &job::TensorPlan,
     data: &[u8],
     weights: Option<&[f32]>,
+    influence: Option<&[f32]>,
     types: &[GgmlType],
 ) -> Result<Vec<f64>, BudgetError> {
     let ne0 = t.dims.first().copied().unwrap_or(1).max(1) as usize;
@@ -286,7 +382,11 @@ fn errors(
                     let e = r / rows_per_expert;
                     &m[e * ne0..(e + 1) * ne0]
                 });
-                let weight = |j: usize| a.map_or(1.0, |a| a[j] as f64);
+                // The error's weights: the influence, else the importance.
+                let weight = |j: usize| match influence {
+                    Some(b) => b[j] as f64,
+                    None => a.map_or(1.0, |a| a[j] as f64),
+                };
                 let signal: f64 = x
                     .iter()
                     .enumerate()
@@ -323,7 +423,7 @@ fn errors(
         }
     }
     let signal = total.pop().unwrap_or(0.0);
-    if signal > 0.0 {
+    if influence.is_none() && signal > 0.0 {
         for e in &mut total {
             *e /= signal;
         }

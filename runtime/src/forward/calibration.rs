@@ -11,6 +11,14 @@ pub trait Observer: Send + Sync {
     /// stacks experts, expert `expert`'s share of the tokens), one row per
     /// token, as the product reads them (before any activation rounding).
     fn matmul_input(&self, tensor: &str, expert: Option<usize>, x: &[f32], tokens: usize);
+
+    /// `x` holds `tokens` rows of the residual stream of layer `layer` just
+    /// after a block (attention, then feed-forward; once for a parallel
+    /// block) added its output: the matrices whose inputs were shown since
+    /// the previous call belong to that block.
+    fn residual(&self, layer: usize, x: &[f32], tokens: usize) {
+        let _ = (layer, x, tokens);
+    }
 }
 
 /// Intermediate results of one layer over one sample, kept by one

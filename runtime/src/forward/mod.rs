@@ -386,6 +386,7 @@ impl<'a> Model<'a> {
         if t_n > 0 {
             let ffn = if let Some(ffn_norm) = &layer.ffn_norm {
                 self.add(x, a);
+                self.show_residual(l, x, t_n);
                 self.norm(x, ffn_norm, h);
                 let mut ffn = self.ffn_kept(l, &layer.ffn, h, x, t_n, kept)?;
                 if let Some(post) = &layer.post_ffn_norm {
@@ -403,10 +404,18 @@ impl<'a> Model<'a> {
             if let Some(s) = layer.out_scale {
                 self.scale(x, s);
             }
+            self.show_residual(l, x, t_n);
             self.spare.give(ffn);
         }
         self.spare.give(attn);
         Ok(())
+    }
+
+    /// Shows the residual stream after a block to the observer.
+    fn show_residual(&self, l: usize, x: &[f32], t_n: usize) {
+        if let Some(o) = &self.observer {
+            o.residual(l, x, t_n);
+        }
     }
 
     /// `x ← norm(x)`, with `scratch` (as long as `x`) as scratch.

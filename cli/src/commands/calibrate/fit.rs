@@ -281,7 +281,10 @@ fn report(args: &Args, budget: u64, f: &Fitted, seconds: f64) -> Value {
         "all_probe_additive": gains.all_additive, "interaction": gains.interaction,
         "matrices": s.matrices.iter().zip(&a.chosen).map(|(m, &o)| json!({
             "name": m.name, "type": type_name(m.options[o].ty),
-            "bytes": m.options[o].bytes,
+            "bytes": m.options[o].bytes, "error": m.options[o].error,
+            "options": m.options.iter().map(|c| json!({
+                "type": type_name(c.ty), "bytes": c.bytes, "error": c.error,
+            })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "groups": groups, "measure_seconds": f.measure_seconds, "seconds": seconds,
     })
