@@ -30,7 +30,7 @@ pub mod influence;
 pub mod linalg;
 pub mod quantize;
 mod work;
-pub use work::finished_layers;
+pub use work::{finished_layers, interrupted_recipe};
 
 /// Deterministic pseudo-random values for the unit tests.
 #[cfg(test)]

@@ -43,6 +43,7 @@ use memwall_format::gguf::{GgufModel, GgufWriter, TensorSpec, Value};
 use memwall_format::progress::{Progress, Unit};
 use memwall_quantize::imatrix::Imatrix;
 use memwall_quantize::job::{self, ImatrixInput, Options};
+use memwall_quantize::recipe::Recipe;
 use memwall_quantize::{IMATRIX_ENCODABLE, quantize_row_imatrix};
 use memwall_runtime::forward::{Kept, Model, Observer};
 use memwall_runtime::kernels::Kernels;
@@ -482,6 +483,7 @@ fn manifest(
     samples: &[Vec<u32>],
     settings: &Settings,
     plan: &job::Plan,
+    recipe: Option<&Recipe>,
 ) -> Result<Manifest, CalibrateError> {
     use sha2::{Digest, Sha256};
     let io = |error| CalibrateError::Io {
@@ -518,6 +520,10 @@ fn manifest(
     put("awq_grid", settings.awq_grid.into());
     put("gptq_damp", settings.gptq.damp.into());
     put("plan_sha256", hex(&types.finalize()).into());
+    // A fitted recipe is read back from here when its run is continued.
+    if let Some(r) = recipe {
+        put("recipe", r.to_toml().into());
+    }
     Ok(m)
 }
 
@@ -591,7 +597,7 @@ pub fn run(
             limit,
         });
     }
-    let manifest = manifest(input, samples, settings, &plan)?;
+    let manifest = manifest(input, samples, settings, &plan, options.recipe.as_ref())?;
     let sizes: Vec<usize> = samples.iter().map(|s| s.len() * c.n_embd).collect();
     let (mut spill, resumed) = Work::open(out, &manifest, settings.resume, &sizes)?;
     let (first, mut xs, mut norms, mut imatrix_entries, mut report) = match resumed {

@@ -8,7 +8,7 @@
 //! continuing: a folder of another run is then refused, not replaced).
 //!
 //! Layout: `manifest.json` (what the run is: model, calibration tokens,
-//! options, plan — compared field by field on resume), `tensors.bin`
+//! options, plan, the recipe's text — compared field by field on resume), `tensors.bin`
 //! (append-only blobs), `hidden-L.bin` (the samples' hidden states at the
 //! input of layer `L`, `f32` little-endian) and `state.json` (the layers
 //! done, where their blobs are, the report). A layer is committed by
@@ -165,8 +165,14 @@ impl Work {
         for (key, want) in manifest {
             let got = recorded.get(key).unwrap_or(&Value::Null);
             if got != want {
+                // A recipe's text is long: name it, do not print it.
+                let change = if key == "recipe" {
+                    "the recipe differs from the interrupted run's".to_owned()
+                } else {
+                    format!("{key} was {got} in the interrupted run, is {want} now")
+                };
                 return Err(CalibrateError::Input(format!(
-                    "{}: cannot resume: {key} was {got} in the interrupted run, is {want} now (run it with the same model, data and options, or delete the folder to start over)",
+                    "{}: cannot resume: {change} (run it with the same model, data and options, or delete the folder to start over)",
                     dir.display()
                 )));
             }
@@ -381,6 +387,16 @@ fn same_run(dir: &Path, manifest: &Manifest) -> bool {
         .ok()
         .and_then(|v| v.as_object().cloned())
         .is_some_and(|m| manifest.iter().all(|(k, v)| m.get(k) == Some(v)))
+}
+
+/// The recipe (TOML) an interrupted run of `out` that finished layers was
+/// quantizing to, as its work folder records it.
+pub fn interrupted_recipe(out: &Path) -> Option<String> {
+    if finished_layers(out) == 0 {
+        return None;
+    }
+    let manifest = read_json(&Work::folder(out).join(MANIFEST)).ok()?;
+    manifest.get("recipe")?.as_str().map(str::to_owned)
 }
 
 /// The layers an interrupted run of `out` finished, kept in its work folder.

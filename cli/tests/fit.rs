@@ -328,6 +328,7 @@ fn calibrate_quantize_fits_a_budget_and_calibrates_onto_the_mix() {
     ]))
     .unwrap();
     assert!(std::fs::metadata(&out).unwrap().len() <= budget);
+    assert_eq!(report["fit"]["reused"], false);
     let recipe = report["fit"]["recipe"].as_str().unwrap();
     let model = GgufModel::open(&out).unwrap();
     let recorded = model.metadata().get_str("memwall.recipe").unwrap().unwrap();
@@ -339,4 +340,64 @@ fn calibrate_quantize_fits_a_budget_and_calibrates_onto_the_mix() {
         ours < 0.7 * theirs,
         "fitted and calibrated {ours}, llama.cpp's Q3_K_M {theirs}"
     );
+
+    // Killed once a layer is finished, the same command continues with the
+    // recipe the interrupted run fitted (no second fit) to the same bytes.
+    // (The same file name: the recipe is named after it.)
+    std::fs::create_dir(d.join("again")).unwrap();
+    let again = d.join("again/fit-cal.gguf");
+    let work = d.join("again/fit-cal.gguf.calibrating");
+    let command = |json: bool| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "calibrate",
+            "quantize",
+            "-m",
+            F16,
+            "-f",
+            s(&calib),
+            "--samples",
+            "32",
+            "--seq-len",
+            "128",
+            "--budget",
+            &budget.to_string(),
+            "-o",
+            s(&again),
+        ]
+        .map(String::from)
+        .to_vec();
+        if json {
+            a.push("--json".into());
+        }
+        a
+    };
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_memwall"))
+        .current_dir(repo())
+        .args(command(false))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while memwall_calibrate::finished_layers(&again) == 0 {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+            panic!("finished ({status}) before it could be killed: {err}");
+        }
+        assert!(started.elapsed().as_secs() < 300, "no layer finished");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!again.exists());
+    let continued: Value = serde_json::from_str(&stdout_of(
+        &command(true).iter().map(String::as_str).collect::<Vec<_>>(),
+    ))
+    .unwrap();
+    assert_eq!(continued["fit"]["reused"], true, "{continued}");
+    assert!(continued["resumed_layers"].as_u64().unwrap() >= 1);
+    assert_eq!(continued["fit"]["recipe"].as_str(), Some(recipe));
+    assert_eq!(std::fs::read(&again).unwrap(), std::fs::read(&out).unwrap());
+    assert!(!work.exists());
 }

@@ -1,6 +1,6 @@
 //! `memwall calibrate quantize`: AWQ and/or GPTQ into ordinary GGUF blocks.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use memwall_calibrate::dataset::Dataset;
@@ -147,11 +147,30 @@ fn fit_samples(
         .with_context(|| format!("{}: fitting {budget} bytes", args.model.display()))?;
     let name = super::fit::recipe_name(&args.output);
     let description = format!(
-        "fitted to {budget} bytes by memwall calibrate quantize (predicted KLD {:.5})",
+        "{} (predicted KLD {:.5})",
+        fitted_to(budget),
         fitted.predicted_kld()
     );
     let recipe = fitted.recipe(&name, &description);
     Ok((fitted, recipe))
+}
+
+/// How a recipe fitted by this command to `budget` bytes describes itself.
+fn fitted_to(budget: u64) -> String {
+    format!("fitted to {budget} bytes by memwall calibrate quantize")
+}
+
+/// The recipe an interrupted run of this command fitted to `budget` bytes,
+/// if its work folder holds one: continuing uses it rather than fitting
+/// again (the fit is the slow part of a short run, and the folder's layers
+/// were calibrated onto exactly these types).
+fn interrupted_fit(output: &Path, budget: u64) -> Option<Recipe> {
+    let text = memwall_calibrate::interrupted_recipe(output)?;
+    let recipe = Recipe::parse(&text).ok()?;
+    recipe
+        .description
+        .starts_with(&format!("{} (", fitted_to(budget)))
+        .then_some(recipe)
 }
 
 /// Options for `ftype` with `recipe`.
@@ -253,6 +272,15 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
     let bar = Bar::new(!args.json);
     let (options, fitted) = match (given, budget) {
         (Some(options), _) => (options, None),
+        (None, Some(bytes)) if let Some(recipe) = interrupted_fit(&args.output, bytes) => {
+            if !args.json {
+                eprintln!(
+                    "continuing the interrupted run with the recipe it fitted ({})",
+                    recipe.description
+                );
+            }
+            (with_recipe(recipe.base, Some(recipe)), None)
+        }
         (None, Some(bytes)) => {
             let probe = Probe {
                 model: &mut model,
@@ -321,10 +349,12 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
             "memory": {"total": report.memory.total, "hidden": report.memory.hidden,
                        "weights": report.memory.weights, "hessians": report.memory.hessians,
                        "factor": report.memory.factor, "kept": report.memory.kept},
-            "fit": fitted.as_ref().map(|f| json!({
-                "budget": budget, "predicted_kld": f.predicted_kld(),
+            "fit": budget.map(|b| json!({
+                "budget": b, "predicted_kld": fitted.as_ref().map(Fitted::predicted_kld),
                 "recipe": options.recipe.as_ref().map(|r| r.to_toml()),
-                "seconds": f.measure_seconds,
+                "seconds": fitted.as_ref().map(|f| f.measure_seconds),
+                // Continued with the recipe the interrupted run fitted.
+                "reused": fitted.is_none(),
             })),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
