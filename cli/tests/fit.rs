@@ -308,25 +308,40 @@ fn calibrate_quantize_fits_a_budget_and_calibrates_onto_the_mix() {
     let llama = d.join("q3km.gguf");
     stdout_of(&["quantize", F16, s(&llama), "Q3_K_M"]);
     let budget = std::fs::metadata(&llama).unwrap().len();
+    let budget_text = budget.to_string();
+    let command = |out: &Path, json: bool| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "calibrate",
+            "quantize",
+            "-m",
+            F16,
+            "-f",
+            s(&calib),
+            "--samples",
+            "32",
+            "--seq-len",
+            "128",
+            "--budget",
+            &budget_text,
+            "-o",
+            s(out),
+        ]
+        .map(String::from)
+        .to_vec();
+        if json {
+            a.push("--json".into());
+        }
+        a
+    };
+    let json_of = |out: &Path| -> Value {
+        let args = command(out, true);
+        serde_json::from_str(&stdout_of(
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        ))
+        .unwrap()
+    };
     let out = d.join("fit-cal.gguf");
-    let report: Value = serde_json::from_str(&stdout_of(&[
-        "calibrate",
-        "quantize",
-        "-m",
-        F16,
-        "-f",
-        s(&calib),
-        "--samples",
-        "32",
-        "--seq-len",
-        "128",
-        "--budget",
-        &budget.to_string(),
-        "-o",
-        s(&out),
-        "--json",
-    ]))
-    .unwrap();
+    let report = json_of(&out);
     assert!(std::fs::metadata(&out).unwrap().len() <= budget);
     assert_eq!(report["fit"]["reused"], false);
     let recipe = report["fit"]["recipe"].as_str().unwrap();
@@ -347,42 +362,17 @@ fn calibrate_quantize_fits_a_budget_and_calibrates_onto_the_mix() {
     std::fs::create_dir(d.join("again")).unwrap();
     let again = d.join("again/fit-cal.gguf");
     let work = d.join("again/fit-cal.gguf.calibrating");
-    let command = |json: bool| -> Vec<String> {
-        let mut a: Vec<String> = [
-            "calibrate",
-            "quantize",
-            "-m",
-            F16,
-            "-f",
-            s(&calib),
-            "--samples",
-            "32",
-            "--seq-len",
-            "128",
-            "--budget",
-            &budget.to_string(),
-            "-o",
-            s(&again),
-        ]
-        .map(String::from)
-        .to_vec();
-        if json {
-            a.push("--json".into());
-        }
-        a
-    };
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_memwall"))
         .current_dir(repo())
-        .args(command(false))
+        .args(command(&again, false))
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(d.join("again.err")).unwrap())
         .spawn()
         .unwrap();
     let started = std::time::Instant::now();
     while memwall_calibrate::finished_layers(&again) == 0 {
         if let Some(status) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+            let err = std::fs::read_to_string(d.join("again.err")).unwrap();
             panic!("finished ({status}) before it could be killed: {err}");
         }
         assert!(started.elapsed().as_secs() < 300, "no layer finished");
@@ -391,10 +381,7 @@ fn calibrate_quantize_fits_a_budget_and_calibrates_onto_the_mix() {
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(!again.exists());
-    let continued: Value = serde_json::from_str(&stdout_of(
-        &command(true).iter().map(String::as_str).collect::<Vec<_>>(),
-    ))
-    .unwrap();
+    let continued = json_of(&again);
     assert_eq!(continued["fit"]["reused"], true, "{continued}");
     assert!(continued["resumed_layers"].as_u64().unwrap() >= 1);
     assert_eq!(continued["fit"]["recipe"].as_str(), Some(recipe));
