@@ -24,8 +24,8 @@
 //! output.
 //!
 //! [`Collector`] gathers `b` through the forward pass's [`Observer`] hook: it
-//! keeps the inputs of a block's matrices until the stream after the block is
-//! shown and adds up the last one's (the output projection's) weighted by
+//! keeps the input of the last matrix product until the stream after the
+//! block is shown, and adds it up (the output projection's) weighted by
 //! `1 / ms(r_t)`. Stacked experts see only their own tokens, which the stream
 //! does not identify, so they get no influence.
 
@@ -43,8 +43,12 @@ pub struct Collector {
 
 #[derive(Default)]
 struct State {
-    /// Inputs shown since the stream was last shown: tensor, values, tokens.
-    pending: Vec<(String, Vec<f32>, usize)>,
+    /// The last matrix product's input since the stream was last shown
+    /// (tensor, values, tokens); none when it was a stacked expert's or not
+    /// a block's.
+    last: Option<(String, Vec<f32>, usize)>,
+    /// A buffer for the next input.
+    spare: Vec<f32>,
     /// Per tensor, `Σ_t x_tj² / ms(r_t)` and the tokens added.
     sums: HashMap<String, (Vec<f64>, u64)>,
 }
@@ -63,7 +67,7 @@ impl Collector {
     /// mean over tokens of each column's `x_tj² / ms(r_t)`.
     pub fn take(&self) -> Influence {
         let mut state = self.lock();
-        state.pending.clear();
+        state.last = None;
         std::mem::take(&mut state.sums)
             .into_iter()
             .map(|(name, (sums, n))| {
@@ -76,57 +80,57 @@ impl Collector {
 
 impl Observer for Collector {
     fn matmul_input(&self, tensor: &str, expert: Option<usize>, x: &[f32], tokens: usize) {
-        if expert.is_some() || tokens == 0 || !tensor.starts_with("blk.") {
-            return;
+        let mut state = self.lock();
+        let state = &mut *state;
+        if let Some((_, values, _)) = state.last.take() {
+            state.spare = values;
         }
-        self.lock()
-            .pending
-            .push((tensor.to_owned(), x.to_vec(), tokens));
+        // Only the last product before the stream counts: an expert's or the
+        // output head's leaves nothing to attribute.
+        if expert.is_none() && tokens > 0 && tensor.starts_with("blk.") {
+            let mut values = std::mem::take(&mut state.spare);
+            values.clear();
+            values.extend_from_slice(x);
+            state.last = Some((tensor.to_owned(), values, tokens));
+        }
     }
 
     fn residual(&self, layer: usize, x: &[f32], tokens: usize) {
         let mut state = self.lock();
-        let pending = std::mem::take(&mut state.pending);
-        if tokens == 0 || x.len() % tokens != 0 {
+        let state = &mut *state;
+        let Some((tensor, values, n)) = state.last.take() else {
             return;
-        }
-        let width = x.len() / tokens;
-        // 1 / ms(r_t) per token; a token whose stream is zero carries no noise
-        // the later blocks could see relative to it, and is left out.
-        let scale: Vec<f64> = x
-            .chunks_exact(width)
-            .map(|r| {
-                let ms = r.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / width as f64;
-                if ms > 0.0 && ms.is_finite() {
-                    1.0 / ms
-                } else {
-                    0.0
-                }
-            })
-            .collect();
+        };
+        // The block's output projection when the last product was this
+        // layer's, over the same tokens as the stream.
         let prefix = format!("blk.{layer}.");
-        // The block's output projection: the last matrix before the stream.
-        for (tensor, values, n) in pending.into_iter().rev().take(1) {
-            // Only this layer's matrices, over the same tokens as the stream
-            // (the output head's input from the window before is dropped here).
-            if n != tokens || !tensor.starts_with(&prefix) || values.len() % n != 0 {
-                continue;
-            }
+        if n == tokens
+            && x.len() % tokens == 0
+            && values.len() % n == 0
+            && tensor.starts_with(&prefix)
+        {
+            let width = x.len() / tokens;
             let cols = values.len() / n;
             let (sums, count) = state
                 .sums
                 .entry(tensor)
                 .or_insert_with(|| (vec![0.0; cols], 0));
-            if sums.len() != cols {
-                continue;
-            }
-            for (row, &s) in values.chunks_exact(cols).zip(&scale) {
-                for (a, &v) in sums.iter_mut().zip(row) {
-                    *a += (v as f64) * (v as f64) * s;
+            if sums.len() == cols {
+                for (row, r) in values.chunks_exact(cols).zip(x.chunks_exact(width)) {
+                    // 1 / ms(r_t); a token whose stream is zero carries no noise
+                    // the later blocks could see relative to it, and is left out.
+                    let ms = r.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / width as f64;
+                    if !(ms > 0.0 && ms.is_finite()) {
+                        continue;
+                    }
+                    for (a, &v) in sums.iter_mut().zip(row) {
+                        *a += (v as f64) * (v as f64) / ms;
+                    }
                 }
+                *count += n as u64;
             }
-            *count += n as u64;
         }
+        state.spare = values;
     }
 }
 
@@ -156,7 +160,9 @@ mod tests {
         c.residual(0, &[1.0], 1);
         c.matmul_input("blk.0.attn_q.weight", None, &[2.0], 1);
         c.residual(0, &[2.0], 1);
-        // Experts are left out.
+        // Experts are left out, and a router's input before them is not
+        // the block's last product.
+        c.matmul_input("blk.0.ffn_gate_inp.weight", None, &[2.0], 1);
         c.matmul_input("blk.0.ffn_down_exps.weight", Some(3), &[2.0], 1);
         c.residual(0, &[2.0], 1);
         let b = c.take();

@@ -230,7 +230,7 @@ pub fn smallest_file(
             let dims = &layout.plan.tensors[*i].dims;
             usable
                 .iter()
-                .map(|ty| ty.tensor_size(dims).map(|s| s.bytes).unwrap_or(u64::MAX))
+                .map(|&ty| bytes_at(ty, dims))
                 .min()
                 .unwrap_or(0)
         })
@@ -288,7 +288,7 @@ pub fn measure(
             .zip(errors)
             .map(|(&ty, error)| Candidate {
                 ty,
-                bytes: ty.tensor_size(&t.dims).map(|s| s.bytes).unwrap_or(u64::MAX),
+                bytes: bytes_at(ty, &t.dims),
                 error,
             })
             .collect();
@@ -332,11 +332,17 @@ fn rule(pattern: &str, ty: GgmlType, layers: Vec<(u32, u32)>) -> Override {
 }
 
 /// Bytes of `matrices` at their smallest options.
-pub fn smallest(matrices: &[Matrix]) -> u64 {
+fn smallest(matrices: &[Matrix]) -> u64 {
     matrices
         .iter()
         .map(|m| m.options.iter().map(|o| o.bytes).min().unwrap_or(0))
         .sum()
+}
+
+/// Bytes of a tensor of shape `dims` at `ty` (the most there is when the
+/// shape cannot take it, so that it is never chosen).
+fn bytes_at(ty: GgmlType, dims: &[u64]) -> u64 {
+    ty.tensor_size(dims).map(|s| s.bytes).unwrap_or(u64::MAX)
 }
 
 /// Bits per weight of a type, for ordering.
