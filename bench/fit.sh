@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Budget-fitted files (`memwall calibrate fit`) against llama.cpp's mixes of the same size.
-# For each model and each of llama.cpp's Q2_K, Q3_K_M and Q4_K_M (quantized with an importance
-# matrix, as llama-quantize --imatrix writes them): a recipe fitted to that file's size, the
+# For each model and each of llama.cpp's Q2_K, Q3_K_M and Q4_K_M (as llama-quantize --imatrix
+# writes them with an importance matrix that has the output head's statistics too, as
+# llama-imatrix --process-output makes it): a recipe fitted to that file's size, the
 # file it makes (memwall quantize --recipe --imatrix), and with CALIBRATED=1 the awq+gptq
 # files of the uniform type and of the recipe. Each is scored by its KL divergence from the
 # F16 on held-out Chinese text (fixtures/perplexity/heldout-24k.txt), with the KLD the fit
@@ -12,6 +13,7 @@
 #   bench/fit.sh
 #   LLAMA_CPP=/path/to/llama.cpp LLAMA_BUILD=build512 CALIBRATED=1 bench/fit.sh
 #       also runs llama-perplexity on each fitted file (it loads; same perplexity).
+#   MODELS=tiny-zh bench/fit.sh      only the models named (tiny-zh, smollm2)
 set -euo pipefail
 THREADS="${THREADS:-2}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -41,7 +43,7 @@ kld() {
 one_model() {
   local name="$1" f16="$2" ctx="$3"
   echo "== $name (windows of $ctx)"
-  "$mw" calibrate imatrix -m "$f16" -f "$work/calib-zh.txt" -c "$ctx" -t "$THREADS" \
+  "$mw" calibrate imatrix -m "$f16" -f "$work/calib-zh.txt" -c "$ctx" -t "$THREADS" --process-output \
     -o "$work/$name-imatrix.gguf" > /dev/null 2>&1
   "$mw" perplexity -m "$f16" -f "$heldout" -c "$ctx" -t "$THREADS" --save-logits "$work/$name-base.kld" > /dev/null 2>&1
   printf '%-8s %10s %10s | %10s %10s %10s %7s %6s' size "llama B" "llama KLD" "fit B" "fit KLD" predicted "fit/ll" secs
@@ -85,13 +87,18 @@ one_model() {
   done
 }
 
-one_model tiny-zh "$root/fixtures/tiny-zh/reference/tiny-zh-f16.gguf" 128
+models=" ${MODELS:-tiny-zh smollm2} "
+if [[ $models == *" tiny-zh "* ]]; then
+  one_model tiny-zh "$root/fixtures/tiny-zh/reference/tiny-zh-f16.gguf" 128
+fi
 smol="$root/fixtures/cache/SmolLM2-135M-Instruct.Q4_1.gguf"
-if [ -f "$smol" ]; then
-  "$mw" export "$smol" "$work/smol" > /dev/null
-  "$mw" convert "$work/smol" -o "$work/smol-f16.gguf" --outtype f16 > /dev/null
-  one_model smollm2 "$work/smol-f16.gguf" 256
-else
-  echo "(SmolLM2 skipped: $smol is absent; fixtures/fetch.sh brings it)"
+if [[ $models == *" smollm2 "* ]]; then
+  if [ -f "$smol" ]; then
+    "$mw" export "$smol" "$work/smol" > /dev/null
+    "$mw" convert "$work/smol" -o "$work/smol-f16.gguf" --outtype f16 > /dev/null
+    one_model smollm2 "$work/smol-f16.gguf" 256
+  else
+    echo "(SmolLM2 skipped: $smol is absent; fixtures/fetch.sh brings it)"
+  fi
 fi
 echo "work files in $work"

@@ -267,28 +267,46 @@ fn decode_tensor(
     gguf: &GgufModel,
     name: &str,
 ) -> Result<(Vec<f32>, GgmlType, Vec<u64>), CalibrateError> {
+    let (info, _) = gguf
+        .tensor(name)
+        .ok_or_else(|| CalibrateError::Input(format!("tensor {name} is missing")))?;
+    let rows = (info.elements / info.dims[0].max(1)) as usize;
+    let w = decode_rows(gguf, name, 0..rows)?;
+    Ok((w, info.ty, info.dims.clone()))
+}
+
+/// Rows `rows` of the matrix `name` in `f32`; a value that is not finite is
+/// refused.
+fn decode_rows(
+    gguf: &GgufModel,
+    name: &str,
+    rows: std::ops::Range<usize>,
+) -> Result<Vec<f32>, CalibrateError> {
     let (info, data) = gguf
         .tensor(name)
         .ok_or_else(|| CalibrateError::Input(format!("tensor {name} is missing")))?;
-    let cols = info.dims[0] as usize;
-    let n = info.elements as usize;
+    let cols = (info.dims[0] as usize).max(1);
     let rb = info
         .ty
         .tensor_size(&[info.dims[0]])
         .map_err(|e| CalibrateError::Input(format!("{name}: {e}")))?
         .bytes as usize;
-    let mut out = vec![0f32; n];
-    out.par_chunks_mut(cols.max(1))
-        .enumerate()
-        .try_for_each(|(r, o)| dequantize_row(info.ty, &data[r * rb..(r + 1) * rb], o))
+    let bytes = data.get(rows.start * rb..rows.end * rb).ok_or_else(|| {
+        CalibrateError::Input(format!("tensor {name}: rows {rows:?} are outside it"))
+    })?;
+    let mut out = vec![0f32; rows.len() * cols];
+    out.par_chunks_mut(cols)
+        .zip(bytes.par_chunks(rb.max(1)))
+        .try_for_each(|(o, b)| dequantize_row(info.ty, b, o))
         .map_err(|e| CalibrateError::Input(format!("{name}: {e}")))?;
     if let Some(i) = out.iter().position(|v| !v.is_finite()) {
         return Err(CalibrateError::Input(format!(
-            "tensor {name}: value {i} is {} (the model is damaged)",
+            "tensor {name}: value {} is {} (the model is damaged)",
+            rows.start * cols + i,
             out[i]
         )));
     }
-    Ok((out, info.ty, info.dims.clone()))
+    Ok(out)
 }
 
 fn encode_rows(
@@ -309,6 +327,69 @@ fn encode_rows(
         .try_for_each(|(o, r)| quantize_row_imatrix(ty, r, o, weights))
         .map_err(|e| CalibrateError::Input(format!("{name}: {e}")))?;
     Ok(out)
+}
+
+/// Rows of the output head decoded and rounded at a time (a multiple of
+/// GPTQ's row group, so the bits do not depend on it).
+const HEAD_ROWS: usize = 4096;
+
+/// The output head `t` calibrated on the hidden states after the last layer
+/// `xs`: its input is their final norm; GPTQ rounds it slice by slice (its
+/// rows are independent given the factor), else llama.cpp's encoder weighs
+/// the columns by the input's mean squares. Returns the bytes and those mean
+/// squares (the head's importance-matrix entry).
+fn quantize_head(
+    gguf: &GgufModel,
+    model: &Model,
+    xs: &[Vec<f32>],
+    t: &job::TensorPlan,
+    settings: &Settings,
+    report: &mut Report,
+) -> Result<(Vec<u8>, Vec<f32>), CalibrateError> {
+    let cols = t.dims.first().copied().unwrap_or(0) as usize;
+    let rows = t.dims.get(1).copied().unwrap_or(1) as usize;
+    if cols != model.config.n_embd {
+        return Err(CalibrateError::Input(format!(
+            "tensor {}: rows of {cols} values, but the model's width is {}",
+            t.name, model.config.n_embd
+        )));
+    }
+    let started = Instant::now();
+    let mut h = Hessian::new(cols);
+    let kernels = model.kernels();
+    let mut hessian = 0f64;
+    for x in xs {
+        let input = model.head_input(x);
+        let at = Instant::now();
+        h.add(&kernels, &input, input.len() / cols);
+        hessian += at.elapsed().as_secs_f64();
+    }
+    report.forward_seconds += started.elapsed().as_secs_f64();
+    report.hessian_seconds += hessian;
+    let mean_square = h.mean_square();
+    let t_quant = Instant::now();
+    let prepared = if settings.method.gptq() {
+        Some(gptq::prepare(
+            &h,
+            settings.gptq,
+            &format!("{} (the final norm's output)", t.name),
+        )?)
+    } else {
+        None
+    };
+    drop(h);
+    let mut bytes = Vec::new();
+    for first in (0..rows).step_by(HEAD_ROWS) {
+        let n = HEAD_ROWS.min(rows - first);
+        let w = decode_rows(gguf, &t.name, first..first + n)?;
+        let part = match &prepared {
+            Some(p) => gptq::quantize(&w, n, cols, t.target, p, &mean_square)?,
+            None => encode_rows(&w, cols, t.target, Some(&mean_square), &t.name)?,
+        };
+        bytes.extend_from_slice(&part);
+    }
+    report.quantize_seconds += t_quant.elapsed().as_secs_f64();
+    Ok((bytes, mean_square))
 }
 
 /// Runs the layer over every sample, showing the matrix inputs of `wanted`
@@ -444,6 +525,8 @@ fn estimate_memory(
         weights = weights.max(2 * w);
         hessians = hessians.max(h);
     }
+    // The output head is rounded a slice of rows at a time.
+    weights = weights.max(HEAD_ROWS as u64 * c.n_embd as u64 * 4);
     let hidden = tokens * c.n_embd as u64 * 4;
     let factor = if settings.method.gptq() {
         2 * widest * widest * 8 + widest * widest * 4
@@ -557,7 +640,7 @@ pub fn run(
     // (The entries only need the right names and sizes here.)
     let mut placeholder = Imatrix::default();
     for (_, t) in gguf.tensors() {
-        if t.name.starts_with("blk.") && t.dims.len() >= 2 {
+        if (t.name.starts_with("blk.") || t.name == "output.weight") && t.dims.len() >= 2 {
             let experts = t.dims.get(2).copied().unwrap_or(1);
             placeholder
                 .entries
@@ -954,6 +1037,19 @@ pub fn run(
         model.drop_replacements(&prefix);
         spill.commit_layer(l, &xs, &norms, &imatrix_entries, &report)?;
         progress.advance(1);
+    }
+    // 5. An output head of its own (not the embeddings): calibrated on the
+    //    final norm of the last layer's output.
+    if let Some(t) = plan
+        .tensors
+        .iter()
+        .find(|t| t.name == "output.weight" && t.converts())
+    {
+        progress.item("output head");
+        let (bytes, mean_square) = quantize_head(gguf, model, &xs, t, settings, &mut report)?;
+        imatrix_entries.insert(t.name.clone(), mean_square);
+        spill.put(&t.name, &bytes)?;
+        report.calibrated += 1;
     }
     drop(xs);
     progress.finish();

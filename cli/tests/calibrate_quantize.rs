@@ -152,6 +152,9 @@ fn calibrated_files_keep_the_plain_layout_run_in_llama_cpp_and_lower_the_kld() {
         assert_eq!(meta["memwall.calibration.samples"], Value::U32(16));
         assert_eq!(meta["memwall.calibration.tokens"], Value::U64(16 * 128));
         assert!(meta.contains_key("quantize.imatrix.file"));
+        // The statistics of the 28 block matrices and of the output head
+        // (tiny-zh's is its own, not the embeddings), calibrated too.
+        assert_eq!(meta["quantize.imatrix.entries_count"], Value::U32(29));
         // The bytes llama-perplexity ran; its perplexity agrees with memwall's.
         let r = &recorded["calibrated"][method];
         assert_eq!(sha(&out), r["sha256"].as_str().unwrap(), "{method}");
@@ -293,9 +296,13 @@ fn moe_experts_are_calibrated_one_by_one() {
     ]))
     .unwrap();
     assert_eq!(layout(&out).0, layout(&plain).0);
-    // Every layer: Q, K, V, output, and the three stacked expert tensors.
+    // Every layer: Q, K, V, output, and the three stacked expert tensors;
+    // then the output head.
     let layers = report["layer_seconds"].as_array().unwrap().len();
-    assert_eq!(report["calibrated"].as_u64().unwrap() as usize, layers * 7);
+    assert_eq!(
+        report["calibrated"].as_u64().unwrap() as usize,
+        layers * 7 + 1
+    );
     // Each expert's FFN input saw only its own tokens: fewer than all.
     let groups = report["groups"].as_array().unwrap();
     assert!(

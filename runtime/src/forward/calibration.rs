@@ -156,6 +156,15 @@ impl<'a> Model<'a> {
         Ok(x)
     }
 
+    /// The output head's input for hidden states `x` after the last layer
+    /// (one row of `n_embd` per token): the final normalisation. Calibration
+    /// collects the head's statistics from it without computing the logits.
+    pub fn head_input(&self, x: &[f32]) -> Vec<f32> {
+        let mut out = vec![0f32; x.len()];
+        self.norm(x, &self.output_norm, &mut out);
+        out
+    }
+
     /// Runs layer `l` alone over one sequence whose hidden states (one row of
     /// `n_embd` per token, positions from 0) are `x`, replacing them with the
     /// layer's output. Calibration runs a model this way, one layer at a time

@@ -109,11 +109,13 @@ fn fit_samples(
     budget: u64,
     bar: &Bar,
 ) -> Result<(Fitted, Recipe)> {
+    // With the output head's statistics: the calibration rounds the head on
+    // its input too, so the fit weighs its errors by them.
     let stats = memwall_calibrate::imatrix::from_samples(
         probe.model,
         probe.samples,
         probe.seq_len,
-        false,
+        true,
         "calibration samples",
         bar,
     )
