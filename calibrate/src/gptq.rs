@@ -54,8 +54,14 @@ pub struct Prepared {
     pub retries: usize,
 }
 
-/// Prepares `h` for GPTQ; `what` names the input in errors.
-pub fn prepare(h: &Hessian, settings: Settings, what: &str) -> Result<Prepared, CalibrateError> {
+/// Prepares `h` for GPTQ; `what` names the input in errors. The factor is
+/// made inside `h`'s matrix, which holds the same Hessian afterwards (its
+/// strict upper triangle then mirrors the lower one).
+pub fn prepare(
+    h: &mut Hessian,
+    settings: Settings,
+    what: &str,
+) -> Result<Prepared, CalibrateError> {
     let n = h.n;
     let mut dead = vec![false; n];
     let mut diag_sum = 0f64;
@@ -67,7 +73,7 @@ pub fn prepare(h: &Hessian, settings: Settings, what: &str) -> Result<Prepared, 
     let mean = diag_sum / n.max(1) as f64;
     let mut damp = settings.damp;
     for retries in 0..=10 {
-        match inverse_cholesky_upper(&h.h, n, damp * mean, &dead) {
+        match inverse_cholesky_upper(&mut h.h, n, damp * mean, &dead) {
             Ok(u) => {
                 return Ok(Prepared {
                     u,
@@ -230,7 +236,7 @@ mod tests {
         let mut h = Hessian::new(cols);
         h.add(&memwall_runtime::kernels::Kernels::detect(), &x, tokens);
         let imatrix = h.mean_square();
-        let prepared = prepare(&h, Settings::default(), "test").unwrap();
+        let prepared = prepare(&mut h, Settings::default(), "test").unwrap();
         for ty in [
             GgmlType::Q4_K,
             GgmlType::Q6_K,
@@ -278,7 +284,7 @@ mod tests {
         }
         let mut h = Hessian::new(cols);
         h.add(&memwall_runtime::kernels::Kernels::detect(), &x, 64);
-        let p = prepare(&h, Settings::default(), "test").unwrap();
+        let p = prepare(&mut h, Settings::default(), "test").unwrap();
         assert!(p.dead[3]);
         let w = vec![1.0f32; cols];
         let q = quantize(&w, 1, cols, GgmlType::Q8_0, &p, &h.mean_square()).unwrap();

@@ -84,7 +84,7 @@ pub enum CalibrateError {
     Input(String),
     /// The estimated peak memory is more than the limit.
     #[error(
-        "calibration needs about {:.1} GiB at its peak (hidden states {:.1}, a layer's weights {:.1}, Hessians {:.1}, factorisation {:.1} GiB), more than the {:.1} GiB available; use fewer --samples or a shorter --seq-len (the hidden states scale with them), or pass --memory-limit to allow more",
+        "calibration needs about {:.1} GiB at its peak (hidden states {:.1}, a layer's weights {:.1}, Hessians {:.1}, GPTQ's factor or AWQ's copy of a Hessian {:.1} GiB), more than the {:.1} GiB available; use fewer --samples or a shorter --seq-len (the hidden states scale with them), or pass --memory-limit to allow more",
         gib(need.total), gib(need.hidden), gib(need.weights), gib(need.hessians), gib(need.factor), gib(*limit)
     )]
     Memory {

@@ -292,98 +292,189 @@ fn cholesky_in_place(a: &mut [f64], n: usize) -> Result<(), usize> {
     Ok(())
 }
 
-/// The transpose of the inverse of the lower triangular `L` (stored in the
-/// lower triangle of `l`): row `j` is the solution of `L·x = e_j`, by
-/// forward substitution, `x[i] = −dot64(L[i][j..i], x[j..i]) / L[i][i]`.
-/// Solutions are made in groups of columns that read each row of `L` once.
+/// Columns of `L⁻¹` made together (each row of `L` is read once per group).
+const INVERSE_GROUP: usize = 64;
+
+/// Groups made at once by [`inverse_cholesky_upper`] before they are copied
+/// into `U` (their buffers are `WAVE × INVERSE_GROUP × n` values).
+const WAVE: usize = 32;
+
+/// Columns `j0..j0 + xs.len() / n` of the inverse of the lower triangular
+/// `L` (stored in the lower triangle of `l`), each as a row of `xs`: the
+/// solution of `L·x = e_j`, by forward substitution,
+/// `x[i] = −dot64(L[i][j..i], x[j..i]) / L[i][i]`; entries before `j` are
+/// left as they are (zeros).
 ///
 /// Columns `j`, `j + 16`, `j + 32` and `j + 48` make their dots together
 /// over `j..i`: a later column's entries before its own start are zeros,
 /// whose products add +0 to partial sums that are +0 there, and its chunks
 /// of sixteen start on the same boundaries (sixteen apart), so each keeps
 /// the bits of its own dot.
-fn inverse_lower_transposed(l: &[f64], n: usize) -> Vec<f64> {
-    const GROUP: usize = 64;
+fn inverse_lower_columns(l: &[f64], n: usize, j0: usize, xs: &mut [f64]) {
     const STRIDE: usize = 16;
-    let mut out = vec![0f64; n * n];
-    out.par_chunks_mut(n * GROUP)
-        .enumerate()
-        .for_each(|(g, xs)| {
-            let j0 = g * GROUP;
-            let nc = xs.len() / n;
-            for c in 0..nc {
-                let j = j0 + c;
-                xs[c * n + j] = 1.0 / l[j * n + j];
+    let nc = xs.len() / n;
+    for c in 0..nc {
+        let j = j0 + c;
+        xs[c * n + j] = 1.0 / l[j * n + j];
+    }
+    for i in j0 + 1..n {
+        let li = &l[i * n..i * n + i + 1];
+        for c in 0..STRIDE.min(nc) {
+            let j = j0 + c;
+            if i <= j {
+                continue;
             }
-            for i in j0 + 1..n {
-                let li = &l[i * n..i * n + i + 1];
-                for c in 0..STRIDE.min(nc) {
-                    let j = j0 + c;
-                    if i <= j {
-                        continue;
-                    }
-                    let set = [c, c + STRIDE, c + 2 * STRIDE, c + 3 * STRIDE];
-                    if set[3] < nc {
-                        let x = |m: usize| &xs[set[m] * n + j..set[m] * n + i];
-                        let s = dot64_many([x(0), x(1), x(2), x(3)], &li[j..i]);
-                        for (&c, s) in set.iter().zip(s) {
-                            if i > j0 + c {
-                                xs[c * n + i] = -s / li[i];
-                            }
-                        }
-                    } else {
-                        for c in set.into_iter().filter(|&c| c < nc && i > j0 + c) {
-                            let j = j0 + c;
-                            let s = dot64(&li[j..i], &xs[c * n + j..c * n + i]);
-                            xs[c * n + i] = -s / li[i];
-                        }
+            let set = [c, c + STRIDE, c + 2 * STRIDE, c + 3 * STRIDE];
+            if set[3] < nc {
+                let x = |m: usize| &xs[set[m] * n + j..set[m] * n + i];
+                let s = dot64_many([x(0), x(1), x(2), x(3)], &li[j..i]);
+                for (&c, s) in set.iter().zip(s) {
+                    if i > j0 + c {
+                        xs[c * n + i] = -s / li[i];
                     }
                 }
+            } else {
+                for c in set.into_iter().filter(|&c| c < nc && i > j0 + c) {
+                    let j = j0 + c;
+                    let s = dot64(&li[j..i], &xs[c * n + j..c * n + i]);
+                    xs[c * n + i] = -s / li[i];
+                }
             }
-        });
+        }
+    }
+}
+
+/// The transpose of the inverse of the lower triangular `L` (stored in the
+/// lower triangle of `l`): row `j` is column `j` of `L⁻¹`.
+#[cfg(test)]
+fn inverse_lower_transposed(l: &[f64], n: usize) -> Vec<f64> {
+    let mut out = vec![0f64; n * n];
+    out.par_chunks_mut(n * INVERSE_GROUP)
+        .enumerate()
+        .for_each(|(g, xs)| inverse_lower_columns(l, n, g * INVERSE_GROUP, xs));
     out
 }
 
-/// What GPTQ needs from the Hessian `h` (`n × n`, symmetric; only its lower
-/// triangle is read, and the diagonal entries of the `dead` columns are
-/// taken as 1): the upper Cholesky factor `U` of `(h + damp·I)⁻¹`
+/// What GPTQ needs from the Hessian `h` (`n × n`, symmetric, its lower
+/// triangle filled; the diagonal entries of the `dead` columns are taken as
+/// 1): the upper Cholesky factor `U` of `(h + damp·I)⁻¹`
 /// (`(h + damp·I)⁻¹ = UᵀU`), in `f32`, row-major. Fails with the column
-/// where `h + damp·I` is not positive definite. Holds two `n × n` `f64`
-/// matrices besides `h` at its peak.
+/// where `h + damp·I` is not positive definite.
 ///
 /// One factorisation and one triangular inverse: with `J` the reversal of
 /// the indices, the lower factor `L` of `J(h + damp·I)J` gives
 /// `h + damp·I = Ũ·Ũᵀ` with `Ũ = JLJ` upper triangular, so
 /// `(h + damp·I)⁻¹ = Ũ⁻ᵀ·Ũ⁻¹` and `U = Ũ⁻¹ = J·L⁻¹·J` (the factor is
 /// unique, so this is the `U` of factorising the inverse).
+///
+/// Memory: `L` is made in `h`'s own lower triangle, while its strict upper
+/// triangle and a copy of its diagonal keep `h`; before returning (also on
+/// failure) the lower triangle is `h`'s again, bit for bit, and the strict
+/// upper triangle mirrors it. The columns of `L⁻¹` go into `U` a wave of
+/// groups at a time: besides `h` and `U`, at most `WAVE × 64 × n` values
+/// are held.
 pub fn inverse_cholesky_upper(
-    h: &[f64],
+    h: &mut [f64],
     n: usize,
     damp: f64,
     dead: &[bool],
 ) -> Result<Vec<f32>, usize> {
-    let mut l = vec![0f64; n * n];
-    l.par_chunks_mut(n.max(1)).enumerate().for_each(|(i, row)| {
-        // Entry (n−1−i, n−1−j) of h, from its lower triangle.
-        for (j, v) in row.iter_mut().enumerate().take(i + 1) {
-            *v = h[(n - 1 - j) * n + (n - 1 - i)];
-        }
-        if dead.get(n - 1 - i).copied().unwrap_or(false) {
-            row[i] = 1.0;
-        }
-        row[i] += damp;
+    let n1 = n.max(1);
+    let diagonal: Vec<f64> = (0..n).map(|i| h[i * n + i]).collect();
+    // The strict lower triangle, transposed into the strict upper one.
+    mirror_lower(h, n);
+    // Entry (i, j ≤ i) of J(h + damp·I)J is h(n−1−j, n−1−i), which the
+    // strict upper triangle holds at (n−1−i, n−1−j).
+    reverse_into_lower(h, n, &diagonal, dead, damp);
+    let result = cholesky_in_place(h, n).map(|()| upper_factor(h, n, WAVE * INVERSE_GROUP));
+    // h again: its lower triangle from the upper, its diagonal from the copy.
+    h.par_chunks_mut(n1).enumerate().for_each(|(i, row)| {
+        row[i] = diagonal[i];
     });
-    cholesky_in_place(&mut l, n).map_err(|j| n - 1 - j)?;
-    // Row j of `lt` is column j of L⁻¹: U[i][j] = L⁻¹[n−1−i][n−1−j].
-    let lt = inverse_lower_transposed(&l, n);
-    drop(l);
+    restore_lower(h, n);
+    result.map_err(|j| n - 1 - j)
+}
+
+/// Bytes [`inverse_cholesky_upper`] holds besides the Hessian of an input
+/// `n` wide: `U` and one wave of the inverse's columns.
+pub fn factor_bytes(n: usize) -> u64 {
+    let n = n as u64;
+    n * n * 4 + ((WAVE * INVERSE_GROUP) as u64).min(n) * n * 8
+}
+
+/// `U = J·L⁻¹·J` in `f32` from the lower factor `L` in `l`: the columns of
+/// `L⁻¹` are made `span` at a time (a multiple of the group) and copied
+/// into `U`, `U[n−1−m][n−1−r] = L⁻¹[m][r]` for `m ≥ r`.
+fn upper_factor(l: &[f64], n: usize, span: usize) -> Vec<f32> {
+    let n1 = n.max(1);
     let mut u = vec![0f32; n * n];
-    u.par_chunks_mut(n.max(1)).enumerate().for_each(|(i, row)| {
-        for (j, v) in row.iter_mut().enumerate().skip(i) {
-            *v = lt[(n - 1 - j) * n + (n - 1 - i)] as f32;
+    let mut wave = vec![0f64; span.min(n) * n];
+    for w0 in (0..n).step_by(span.max(1)) {
+        let cols = span.min(n - w0);
+        let xs = &mut wave[..cols * n];
+        xs.fill(0.0);
+        xs.par_chunks_mut(n1 * INVERSE_GROUP)
+            .enumerate()
+            .for_each(|(g, xs)| inverse_lower_columns(l, n, w0 + g * INVERSE_GROUP, xs));
+        let xs = &*xs;
+        u.par_chunks_mut(n1).enumerate().for_each(|(i, row)| {
+            let m = n - 1 - i;
+            for c in 0..cols.min((m + 1).saturating_sub(w0)) {
+                row[n - 1 - (w0 + c)] = xs[c * n + m] as f32;
+            }
+        });
+    }
+    u
+}
+
+/// Tile edge of the triangle copies (a tile of each side stays in cache).
+const TILE: usize = 64;
+
+/// Copies the strict lower triangle of `a` into the strict upper one.
+fn mirror_lower(a: &mut [f64], n: usize) {
+    copy_triangle(a, n, true);
+}
+
+/// Copies the strict upper triangle of `a` into the strict lower one.
+fn restore_lower(a: &mut [f64], n: usize) {
+    copy_triangle(a, n, false);
+}
+
+/// `a[j][i] = a[i][j]` for every `i > j` (`up` false: the other way), tile
+/// by tile.
+fn copy_triangle(a: &mut [f64], n: usize, up: bool) {
+    for i0 in (0..n).step_by(TILE) {
+        for j0 in (0..=i0).step_by(TILE) {
+            for i in i0..(i0 + TILE).min(n) {
+                for j in j0..(j0 + TILE).min(i) {
+                    if up {
+                        a[j * n + i] = a[i * n + j];
+                    } else {
+                        a[i * n + j] = a[j * n + i];
+                    }
+                }
+            }
         }
-    });
-    Ok(u)
+    }
+}
+
+/// Writes the lower triangle (diagonal included) of `J(h + damp·I)J` into
+/// `a`, reading `h`'s off-diagonal entries from `a`'s strict upper triangle
+/// and its diagonal from `diagonal`; `dead` columns have 1 on the diagonal.
+fn reverse_into_lower(a: &mut [f64], n: usize, diagonal: &[f64], dead: &[bool], damp: f64) {
+    for i in 0..n {
+        for j in 0..i {
+            // h(n−1−j, n−1−i), held at (n−1−i, n−1−j) in the upper triangle.
+            a[i * n + j] = a[(n - 1 - i) * n + (n - 1 - j)];
+        }
+        let d = n - 1 - i;
+        let v = if dead.get(d).copied().unwrap_or(false) {
+            1.0
+        } else {
+            diagonal[d]
+        };
+        a[i * n + i] = v + damp;
+    }
 }
 
 #[cfg(test)]
@@ -410,7 +501,7 @@ mod tests {
     fn upper_factor_reconstructs_the_inverse() {
         let n = 20;
         let a = spd(n);
-        let u = inverse_cholesky_upper(&a, n, 0.0, &[]).unwrap();
+        let u = inverse_cholesky_upper(&mut a.clone(), n, 0.0, &[]).unwrap();
         // (UᵀU)·A = I.
         for i in 0..n {
             for j in 0..n {
@@ -495,6 +586,101 @@ mod tests {
     fn a_singular_matrix_fails_with_its_column() {
         let a = vec![1.0, 1.0, 1.0, 1.0];
         assert_eq!(cholesky(&a, 2), Err(1));
-        assert!(inverse_cholesky_upper(&a, 2, 0.1, &[]).is_ok());
+        assert!(inverse_cholesky_upper(&mut a.clone(), 2, 0.1, &[]).is_ok());
+    }
+
+    /// `U` as the factor was made with separate matrices: the reversed,
+    /// dampened copy, its factor, the whole inverse, then `U`.
+    fn upper_factor_with_copies(h: &[f64], n: usize, damp: f64, dead: &[bool]) -> Vec<f32> {
+        let mut l = vec![0f64; n * n];
+        for i in 0..n {
+            for j in 0..=i {
+                l[i * n + j] = h[(n - 1 - j) * n + (n - 1 - i)];
+            }
+            if dead[n - 1 - i] {
+                l[i * n + i] = 1.0;
+            }
+            l[i * n + i] += damp;
+        }
+        cholesky_in_place(&mut l, n).unwrap();
+        let lt = inverse_lower_transposed(&l, n);
+        let mut u = vec![0f32; n * n];
+        for i in 0..n {
+            for j in i..n {
+                u[i * n + j] = lt[(n - 1 - j) * n + (n - 1 - i)] as f32;
+            }
+        }
+        u
+    }
+
+    #[test]
+    fn the_factor_made_inside_the_hessian_has_the_bits_of_one_made_beside_it() {
+        let n = 211;
+        let mut h = spd(n);
+        // Only the lower triangle is the Hessian's (as `Hessian::add` fills it).
+        for i in 0..n {
+            h[i * n + i + 1..(i + 1) * n].fill(0.0);
+        }
+        // Column 5 no token reached.
+        let mut dead = vec![false; n];
+        dead[5] = true;
+        for j in 0..n {
+            h[5 * n + j] = 0.0;
+            h[j * n + 5] = 0.0;
+        }
+        let want = upper_factor_with_copies(&h, n, 0.25, &dead);
+        let mut inside = h.clone();
+        let u = inverse_cholesky_upper(&mut inside, n, 0.25, &dead).unwrap();
+        assert!(u.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+        // The lower triangle is the Hessian's again; the upper mirrors it.
+        for i in 0..n {
+            for j in 0..=i {
+                assert_eq!(
+                    inside[i * n + j].to_bits(),
+                    h[i * n + j].to_bits(),
+                    "{i},{j}"
+                );
+                assert_eq!(
+                    inside[j * n + i].to_bits(),
+                    h[i * n + j].to_bits(),
+                    "{j},{i}"
+                );
+            }
+        }
+        // Columns of the inverse made a few groups at a time: the same bits.
+        let mut l = inside.clone();
+        reverse_into_lower(
+            &mut l,
+            n,
+            &(0..n).map(|i| h[i * n + i]).collect::<Vec<_>>(),
+            &dead,
+            0.25,
+        );
+        cholesky_in_place(&mut l, n).unwrap();
+        for span in [INVERSE_GROUP, 2 * INVERSE_GROUP, n] {
+            assert_eq!(upper_factor(&l, n, span), u, "span {span}");
+        }
+    }
+
+    #[test]
+    fn a_failed_factorisation_gives_the_hessian_back() {
+        let n = 70;
+        let mut h = spd(n);
+        // Row 40 a copy of row 39 with half its diagonal: not positive
+        // definite without dampening.
+        let d = h[39 * n + 39];
+        for j in 0..n {
+            h[40 * n + j] = h[39 * n + j];
+            h[j * n + 40] = h[j * n + 39];
+        }
+        h[40 * n + 40] = d / 2.0;
+        let before = h.clone();
+        assert!(inverse_cholesky_upper(&mut h, n, 0.0, &[]).is_err());
+        assert!(
+            h.iter()
+                .zip(&before)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        );
+        assert!(inverse_cholesky_upper(&mut h, n, 2.0 * d, &[]).is_ok());
     }
 }

@@ -370,7 +370,7 @@ fn quantize_head(
     let t_quant = Instant::now();
     let prepared = if settings.method.gptq() {
         Some(gptq::prepare(
-            &h,
+            &mut h,
             settings.gptq,
             &format!("{} (the final norm's output)", t.name),
         )?)
@@ -464,8 +464,20 @@ fn rescale(h: &mut Hessian, s: &[f32]) {
     }
 }
 
+/// The Hessian's full matrix in `f32` (from its lower triangle, without an
+/// `f64` copy).
 fn f32_full(h: &Hessian) -> Vec<f32> {
-    h.full().iter().map(|&v| v as f32).collect()
+    let n = h.n;
+    let mut out = vec![0f32; n * n];
+    out.par_chunks_mut(n.max(1))
+        .enumerate()
+        .for_each(|(i, row)| {
+            for (j, v) in row.iter_mut().enumerate() {
+                let (r, c) = if j <= i { (i, j) } else { (j, i) };
+                *v = h.h[r * n + c] as f32;
+            }
+        });
+    out
 }
 
 /// Memory a calibration needs at its peak, by part, estimated from the
@@ -474,13 +486,13 @@ fn f32_full(h: &Hessian) -> Vec<f32> {
 pub struct Memory {
     /// The hidden states of every sample (`f32`).
     pub hidden: u64,
-    /// The largest layer's matrices in `f32`, twice (the weights being
-    /// calibrated and the rescaled copies the forward pass reads).
+    /// At the peak: the `f32` weights held (the matrices being calibrated
+    /// and, after AWQ, the rescaled copies the forward pass reads).
     pub weights: u64,
-    /// The largest layer's Hessians (`f64`, one per input and expert).
+    /// At the peak: the Hessians held (`f64`, one per input and expert).
     pub hessians: u64,
-    /// GPTQ's factorisation of the widest input (two `f64` matrices), or
-    /// AWQ's `f32` copy of its Hessian.
+    /// At the peak: GPTQ's factor of an input (`U` in `f32` and the columns
+    /// of an inverse made at once), or AWQ's `f32` copy of a Hessian.
     pub factor: u64,
     /// With GPTQ, the results a layer's later passes take from the earlier
     /// ones instead of running its final parts again (`f32`: the attention
@@ -491,54 +503,146 @@ pub struct Memory {
     pub total: u64,
 }
 
+/// One layer's shapes, for the estimate: per quantization stage, the `f32`
+/// bytes of its matrices, and the Hessians of its dense input and of its
+/// experts' inputs; the inputs outside the stages (a router's own input).
+#[derive(Default)]
+struct LayerShape {
+    weights: [u64; STAGES.len()],
+    dense: [u64; STAGES.len()],
+    experts: [u64; STAGES.len()],
+    cols: [u64; STAGES.len()],
+    other: u64,
+}
+
+impl LayerShape {
+    fn of(plan: &job::Plan, c: &memwall_runtime::forward::Config, l: usize) -> LayerShape {
+        let prefix = format!("blk.{l}.");
+        let mut shape = LayerShape::default();
+        let mut keys = HashSet::new();
+        for t in plan.tensors.iter().filter(|t| t.name.starts_with(&prefix)) {
+            let Some((group, records)) = input_group(&t.name[prefix.len()..], c.arch) else {
+                continue;
+            };
+            let cols = t.dims[0];
+            let experts = t.dims.get(2).copied().unwrap_or(1);
+            let hessian = experts * cols * cols * 8;
+            let recorded = records && keys.insert((group, experts > 1));
+            let Some(s) = STAGES.iter().position(|&g| g == group) else {
+                shape.other += if recorded { hessian } else { 0 };
+                continue;
+            };
+            if t.converts() {
+                shape.weights[s] += t.elements * 4;
+            }
+            shape.cols[s] = shape.cols[s].max(cols);
+            if recorded {
+                if experts > 1 {
+                    shape.experts[s] += hessian;
+                } else {
+                    shape.dense[s] += hessian;
+                }
+            }
+        }
+        shape
+    }
+}
+
+/// The memory held at the peak of one phase: weights, Hessians, factor.
+type Phase = (u64, u64, u64);
+
+/// The peak of calibrating one layer of shape `s`, phase by phase as
+/// [`run`] holds them: the float statistics pass, AWQ's search of each
+/// group (its Hessian also in `f32`), the rescaled copies, and each stage's
+/// GPTQ (its new Hessian and factor) or encoding. Hessians and `f32`
+/// weights go as soon as nothing reads them again.
+fn layer_peak(s: &LayerShape, settings: &Settings) -> Phase {
+    let (awq, gptq) = (settings.method.awq(), settings.method.gptq());
+    let all_weights: u64 = s.weights.iter().sum();
+    let all_experts: u64 = s.experts.iter().sum();
+    let moe = all_experts > 0;
+    let mut phases: Vec<Phase> = Vec::new();
+    // The float pass: every input with AWQ or experts, else only the attention input's.
+    let float_dense: u64 = if awq || moe || !gptq {
+        s.dense.iter().sum::<u64>() + s.other
+    } else {
+        s.dense[0]
+    };
+    let float_experts = if awq || moe || !gptq { all_experts } else { 0 };
+    phases.push((all_weights, float_dense + float_experts, 0));
+    if awq {
+        for g in 0..STAGES.len() {
+            // With GPTQ the groups before g are gone (the attention input's stays).
+            let dense: u64 = if gptq {
+                s.dense[0] * u64::from(g > 0) + s.dense[g..].iter().sum::<u64>()
+            } else {
+                s.dense.iter().sum()
+            };
+            let copy = s.cols[g] * s.cols[g] * 4;
+            let other = s.other * u64::from(!gptq);
+            phases.push((all_weights, dense + all_experts + other, copy));
+        }
+    }
+    let copies = if awq && gptq { 2 } else { 1 };
+    for g in 0..STAGES.len() {
+        let weights = copies * s.weights[g..].iter().sum::<u64>();
+        let later_experts: u64 = s.experts[g..].iter().sum();
+        let hessians = if gptq {
+            // The stage's own Hessians, and the experts' float ones kept
+            // for experts its pass may not reach.
+            s.dense[g] + s.experts[g] + later_experts * u64::from(awq || moe)
+        } else {
+            s.dense[g..].iter().sum::<u64>() + later_experts + s.other
+        };
+        let factor = if gptq {
+            crate::linalg::factor_bytes(s.cols[g] as usize)
+        } else {
+            0
+        };
+        phases.push((weights, hessians, factor));
+    }
+    phases
+        .into_iter()
+        .max_by_key(|&(w, h, f)| w + h + f)
+        .unwrap_or_default()
+}
+
 fn estimate_memory(
     plan: &job::Plan,
     c: &memwall_runtime::forward::Config,
     tokens: u64,
     settings: &Settings,
 ) -> Memory {
-    let mut weights = 0u64;
-    let mut hessians = 0u64;
+    let mut peak: Phase = (0, 0, 0);
     let mut widest = 0u64;
     let mut middle = 0u64;
-    for l in 0..c.n_layer {
-        let prefix = format!("blk.{l}.");
-        let (mut w, mut h) = (0u64, 0u64);
-        let mut keys = HashSet::new();
-        for t in plan.tensors.iter().filter(|t| t.name.starts_with(&prefix)) {
-            let Some((group, records)) = input_group(&t.name[prefix.len()..], c.arch) else {
-                continue;
-            };
-            if t.converts() {
-                w += t.elements * 4;
-            }
-            let cols = t.dims[0];
-            let experts = t.dims.get(2).copied().unwrap_or(1);
-            widest = widest.max(cols);
-            if group == "ffn_mid" && experts == 1 {
-                middle = middle.max(cols);
-            }
-            if records && keys.insert((group, experts > 1)) {
-                h += experts * cols * cols * 8;
-            }
+    let mut keep = |p: Phase| {
+        if p.0 + p.1 + p.2 > peak.0 + peak.1 + peak.2 {
+            peak = p;
         }
-        weights = weights.max(2 * w);
-        hessians = hessians.max(h);
-    }
-    // The output head is rounded a slice of rows at a time.
-    weights = weights.max(HEAD_ROWS as u64 * c.n_embd as u64 * 4);
-    let hidden = tokens * c.n_embd as u64 * 4;
-    let factor = if settings.method.gptq() {
-        2 * widest * widest * 8 + widest * widest * 4
-    } else {
-        widest * widest * 4
     };
+    for l in 0..c.n_layer {
+        let shape = LayerShape::of(plan, c, l);
+        widest = widest.max(shape.cols.iter().copied().max().unwrap_or(0));
+        middle = middle.max(shape.cols[3]);
+        keep(layer_peak(&shape, settings));
+    }
+    // The output head: a slice of its rows, its input's Hessian and factor.
+    let e = c.n_embd as u64;
+    let head_factor = if settings.method.gptq() {
+        crate::linalg::factor_bytes(c.n_embd)
+    } else {
+        0
+    };
+    keep((HEAD_ROWS as u64 * e * 4, e * e * 8, head_factor));
+    let (weights, hessians, factor) = peak;
+    let hidden = tokens * e * 4;
     // A sample's activations through the widest product, and slack.
     let longest = c.n_ctx as u64;
-    let buffers = 8 * longest * (c.n_embd as u64).max(widest) * 4 + (64 << 20);
+    let buffers = 8 * longest * e.max(widest) * 4 + (64 << 20);
     let total = hidden + weights + hessians + factor + buffers;
     let kept = if settings.method.gptq() {
-        tokens * (c.n_embd as u64 + middle) * 4
+        tokens * (e + middle) * 4
     } else {
         0
     };
@@ -812,7 +916,17 @@ pub fn run(
                 }
                 groups.push(("ffn_mid", "ffn_up.weight", vec!["ffn_down.weight"]));
             }
+            // With GPTQ, a stage's float Hessian is AWQ's alone (the stage's
+            // pass collects its own on quantized inputs): each goes once
+            // AWQ has read it; the attention input's is GPTQ's too.
+            let awq_only = |k: &str| settings.method.gptq() && k != STAGES[0] && !k.contains('#');
+            let read: HashSet<&str> = groups.iter().map(|g| g.0).collect();
+            stats.retain(|k, _| !awq_only(k) || read.contains(k.as_str()));
+            let mut previous: Option<&str> = None;
             for (input, prev, members) in groups {
+                if let Some(p) = previous.replace(input).filter(|p| awq_only(p)) {
+                    stats.remove(p);
+                }
                 let Some(h) = stats.get(input) else { continue };
                 let idx: Vec<usize> = members.iter().filter_map(|m| find(&targets, m)).collect();
                 if idx.len() != members.len() {
@@ -896,8 +1010,15 @@ pub fn run(
                     rescale(h, s);
                 }
             }
-            // The scaled float weights, so later passes see them.
-            for t in targets.iter().filter(|t| t.scaled) {
+            if let Some(p) = previous.filter(|p| awq_only(p)) {
+                stats.remove(p);
+            }
+            // The scaled float weights, so that GPTQ's stage passes see them
+            // (without GPTQ no pass runs before the layer is quantized).
+            for t in targets
+                .iter()
+                .filter(|t| t.scaled && settings.method.gptq())
+            {
                 let bytes: Vec<u8> = t.w.iter().flat_map(|v| v.to_le_bytes()).collect();
                 model.replace_matrix(&t.name, GgmlType::F32, bytes.into())?;
             }
@@ -930,6 +1051,8 @@ pub fn run(
                     k.attention_final = stage > 1;
                     k.ffn_middle_final = stage > 2;
                 }
+                // Its float Hessian (if any is left) is replaced: not both at once.
+                stats.remove(group);
                 for (k, h) in pass(
                     model,
                     l,
@@ -969,7 +1092,7 @@ pub fn run(
                     let k = key(group, (t.experts > 1).then_some(x));
                     let expert_rows = t.rows * t.cols;
                     let w = &t.w[x * expert_rows..(x + 1) * expert_rows];
-                    let h = stats.get(&k).filter(|h| h.tokens > 0 && h.n == t.cols);
+                    let h = stats.get_mut(&k).filter(|h| h.tokens > 0 && h.n == t.cols);
                     let part = match h {
                         None => {
                             // No token reached this expert: plain rounding (GPTQModel's FailSafe).
@@ -1013,6 +1136,12 @@ pub fn run(
                 damp: dense_damp,
                 tokens: stats.get(group).map_or(0, |h| h.tokens),
             });
+            // Nothing reads this stage's statistics or float weights again.
+            let expert = format!("{group}#");
+            stats.retain(|k, _| k != group && !k.starts_with(&expert));
+            for &i in &members {
+                targets[i].w = Vec::new();
+            }
         }
         drop(targets);
         // 4. The quantized layer's output is the next layer's input.
