@@ -18,7 +18,7 @@ SAMPLES="${SAMPLES:-32}"
 SEQ="${SEQ:-256}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
-bin="$LLAMA_CPP/build/bin"
+bin="$LLAMA_CPP/${LLAMA_BUILD:-build}/bin"
 work="${WORK:-$(mktemp -d)}"
 mkdir -p "$work"
 cargo build -q --release --manifest-path "$root/Cargo.toml" -p memwall

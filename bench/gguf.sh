@@ -21,8 +21,9 @@ trap 'rm -rf "$tmp"' EXIT
 
 cargo build --release --quiet -p memwall-format --example gguf_bench
 mw=target/release/examples/gguf_bench
+bin="$LLAMA_CPP/${LLAMA_BUILD:-build}/bin"
 cc -O2 -I"$LLAMA_CPP/ggml/include" bench/gguf_open.c -o "$tmp/gguf_open" \
-  -L"$LLAMA_CPP/build/bin" -lggml-base -Wl,-rpath,"$LLAMA_CPP/build/bin"
+  -L"$bin" -lggml-base -Wl,-rpath,"$bin"
 
 # Warm the page cache so that both read from memory.
 cat "$file" > /dev/null
@@ -41,7 +42,7 @@ print(f"{statistics.median(ts):.3f}")
 PY
 )
 m_copy=$("$mw" copy "$file" "$tmp/m.gguf" 5)
-l_copy=$(python3 - "$LLAMA_CPP/build/bin/llama-quantize" "$file" "$tmp/l.gguf" <<'PY'
+l_copy=$(python3 - "$bin/llama-quantize" "$file" "$tmp/l.gguf" <<'PY'
 import statistics, subprocess, sys, time
 ts = []
 for _ in range(5):
