@@ -504,8 +504,9 @@ pub struct Memory {
 }
 
 /// One layer's shapes, for the estimate: per quantization stage, the `f32`
-/// bytes of its matrices, and the Hessians of its dense input and of its
-/// experts' inputs; the inputs outside the stages (a router's own input).
+/// bytes of its matrices, the Hessians of its dense input and of its
+/// experts' inputs, and its widest input; the Hessians of inputs outside the
+/// stages (a router's own input).
 #[derive(Default)]
 struct LayerShape {
     weights: [u64; STAGES.len()],
@@ -513,6 +514,8 @@ struct LayerShape {
     experts: [u64; STAGES.len()],
     cols: [u64; STAGES.len()],
     other: u64,
+    /// A dense FFN's middle width (what the passes keep of it).
+    dense_middle: u64,
 }
 
 impl LayerShape {
@@ -536,6 +539,9 @@ impl LayerShape {
                 shape.weights[s] += t.elements * 4;
             }
             shape.cols[s] = shape.cols[s].max(cols);
+            if group == "ffn_mid" && experts == 1 {
+                shape.dense_middle = shape.dense_middle.max(cols);
+            }
             if recorded {
                 if experts > 1 {
                     shape.experts[s] += hessian;
@@ -624,7 +630,7 @@ fn estimate_memory(
     for l in 0..c.n_layer {
         let shape = LayerShape::of(plan, c, l);
         widest = widest.max(shape.cols.iter().copied().max().unwrap_or(0));
-        middle = middle.max(shape.cols[3]);
+        middle = middle.max(shape.dense_middle);
         keep(layer_peak(&shape, settings));
     }
     // The output head: a slice of its rows, its input's Hessian and factor.
