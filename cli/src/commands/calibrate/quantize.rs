@@ -109,13 +109,16 @@ fn fit_samples(
     budget: u64,
     bar: &Bar,
 ) -> Result<(Fitted, Recipe)> {
-    // With the output head's statistics: the calibration rounds the head on
-    // its input too, so the fit weighs its errors by them.
+    // With the statistics of an output head of its own: the calibration
+    // rounds it on its input, so the fit weighs its errors by them (a head
+    // tied to the embeddings is left plain, and every position's logits
+    // would be computed for nothing).
+    let own_head = gguf.tensor("output.weight").is_some();
     let stats = memwall_calibrate::imatrix::from_samples(
         probe.model,
         probe.samples,
         probe.seq_len,
-        true,
+        own_head,
         "calibration samples",
         bar,
     )
