@@ -15,6 +15,10 @@ pub struct Experts {
     pub count_keys: &'static [&'static str],
     /// (HF projection, GGUF name), in the order llama.cpp emits the stacked tensors.
     pub stacked: &'static [(&'static str, &'static str)],
+    /// The experts may also come stacked as transformers 5 holds them:
+    /// `<module without .{}>.gate_up_proj` and `.down_proj`
+    /// (llama.cpp's `Qwen2MoeModel`).
+    pub fused: bool,
 }
 
 /// One supported architecture.
@@ -227,6 +231,7 @@ const MIXTRAL_EXPERTS: Experts = Experts {
         ("w2", "ffn_down_exps"),
         ("w3", "ffn_up_exps"),
     ],
+    fused: false,
 };
 
 const QWEN_EXPERTS: Experts = Experts {
@@ -238,6 +243,7 @@ const QWEN_EXPERTS: Experts = Experts {
         ("gate_proj", "ffn_gate_exps"),
         ("up_proj", "ffn_up_exps"),
     ],
+    fused: true,
 };
 
 /// Every supported architecture.

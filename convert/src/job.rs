@@ -579,7 +579,7 @@ pub fn convert(
                 }
                 progress.advance(n * p.dims[0]);
                 // Rows of an unpermuted single tensor map one to one onto its input.
-                if p.parts.len() == 1 && p.permute_heads.is_none() {
+                if p.parts.len() == 1 && p.permute_heads.is_none() && p.slice.is_none() {
                     let t = &ckpt.tensors()[p.parts[0]];
                     let row = t.ty.size() * p.dims[0] as usize;
                     ckpt.release_range(t, r as usize * row..(r + n) as usize * row);

@@ -11,7 +11,8 @@ use memwall_format::blocks::{bf16_to_f32, f16_to_f32, f32_to_bf16};
 use memwall_format::ggml_type::ShapeError;
 
 use crate::arch::{
-    Arch, SKIPPED_SUFFIXES, block_of, gemma4_name, gguf_name_for, mtp_name, text_model_name,
+    Arch, Experts, SKIPPED_SUFFIXES, block_of, gemma4_name, gguf_name_for, mtp_name,
+    text_model_name,
 };
 use crate::checkpoint::{Checkpoint, SourceTensor, SourceType};
 
@@ -53,6 +54,19 @@ pub enum PlanError {
         arch: &'static str,
         /// The Hugging Face names.
         tensors: Vec<String>,
+    },
+    /// Stacked experts of another shape than `[experts, rows, columns]`
+    /// (`gate_up_proj`: an even number of rows).
+    #[error(
+        "{tensor} has shape {shape:?}; stacked experts are [experts = {experts}, rows, columns] (gate_up_proj: gate rows then as many up rows)"
+    )]
+    FusedShape {
+        /// The Hugging Face name.
+        tensor: String,
+        /// Its PyTorch shape.
+        shape: Vec<usize>,
+        /// The config's expert count.
+        experts: usize,
     },
     /// A layer with another number of expert tensors than the config implies.
     #[error("layer {layer} has {found} expert tensors; expected {expected}")]
@@ -209,6 +223,21 @@ pub struct Planned {
     pub heads: Option<HeadOrder>,
     /// What is done to every value after it is read.
     pub values: Values,
+    /// Rows taken from a stacked source tensor: a fused projection's half.
+    pub slice: Option<RowSlice>,
+}
+
+/// Output rows read from every `stride` rows of one source tensor: output row
+/// `r` is source row `(r / rows) · stride + offset + r % rows` (the gate or up
+/// half of each expert of transformers 5's `mlp.experts.gate_up_proj`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowSlice {
+    /// Output rows per stride.
+    pub rows: usize,
+    /// Source rows per stride.
+    pub stride: usize,
+    /// First source row taken in each stride.
+    pub offset: usize,
 }
 
 /// What the converter does to each value of a tensor (in `f32`, after the
@@ -396,6 +425,7 @@ pub fn plan_with(
             generated: Some(factors),
             heads: None,
             values: Values::AsRead,
+            slice: None,
         });
     }
     let mut pending: BTreeMap<usize, usize> = BTreeMap::new();
@@ -437,9 +467,14 @@ pub fn plan_with(
                             generated: None,
                             heads: None,
                             values: Values::AsRead,
+                            slice: None,
                         });
                     }
                 }
+                continue;
+            }
+            if let Some(layer) = fused_layer(hf, experts) {
+                fused(&mut out, ckpt, hf, i, layer, n, outtype)?;
                 continue;
             }
         }
@@ -474,6 +509,7 @@ pub fn plan_with(
             generated: None,
             heads,
             values,
+            slice: None,
         });
     }
     if !unknown.is_empty() {
@@ -493,6 +529,72 @@ pub fn plan_with(
         });
     }
     Ok(out)
+}
+
+/// The block of a stacked expert tensor `model.layers.N.mlp.experts.<proj>`
+/// (with or without `.weight`) of a layout that has them.
+fn fused_layer(name: &str, experts: &Experts) -> Option<usize> {
+    let (n, rest) = block_of(name)?;
+    let proj = rest.strip_suffix(".weight").unwrap_or(rest);
+    let (module, proj) = proj.rsplit_once('.')?;
+    let stacked_module = experts.module.strip_suffix(".{}")?;
+    (experts.fused && module == stacked_module && matches!(proj, "gate_up_proj" | "down_proj"))
+        .then_some(n)
+}
+
+/// Plans transformers 5's stacked experts as llama.cpp's `Qwen2MoeModel`
+/// does: `down_proj` `[experts, hidden, ffn]` as it is, `gate_up_proj`
+/// `[experts, 2 × ffn, hidden]` split into each expert's first half (gate)
+/// and second half (up).
+fn fused(
+    out: &mut Vec<Planned>,
+    ckpt: &Checkpoint,
+    hf: &str,
+    i: usize,
+    layer: usize,
+    n_experts: usize,
+    outtype: OutType,
+) -> Result<(), PlanError> {
+    let shape = &ckpt.tensors()[i].shape;
+    let gate_up = hf.trim_end_matches(".weight").ends_with("gate_up_proj");
+    let bad = || PlanError::FusedShape {
+        tensor: hf.to_owned(),
+        shape: shape.clone(),
+        experts: n_experts,
+    };
+    if shape.len() != 3 || shape[0] != n_experts || (gate_up && shape[1] % 2 != 0) {
+        return Err(bad());
+    }
+    let mut push = |kind: &str, rows: usize, slice: Option<RowSlice>| {
+        let dims = vec![shape[2] as u64, rows as u64, shape[0] as u64];
+        let name = format!("blk.{layer}.{kind}.weight");
+        let ty = weight_type(&name, &dims, outtype);
+        out.push(Planned {
+            name,
+            dims,
+            ty,
+            parts: vec![i],
+            permute_heads: None,
+            generated: None,
+            heads: None,
+            values: Values::AsRead,
+            slice,
+        });
+    };
+    if gate_up {
+        let ffn = shape[1] / 2;
+        for (kind, offset) in [("ffn_gate_exps", 0), ("ffn_up_exps", ffn)] {
+            let slice = RowSlice {
+                rows: ffn,
+                stride: 2 * ffn,
+                offset,
+            };
+            push(kind, ffn, Some(slice));
+        }
+    } else {
+        push("ffn_down_exps", shape[1], None);
+    }
+    Ok(())
 }
 
 /// What llama.cpp's converter does to the values of a Qwen3.5 tensor
@@ -811,6 +913,9 @@ fn source_row<'a>(
     }
     if let Some(order) = p.heads.filter(|h| h.axis == Axis::Rows) {
         local = order.source(local);
+    }
+    if let Some(s) = p.slice {
+        local = (local / s.rows) * s.stride + s.offset + local % s.rows;
     }
     let t = &ckpt.tensors()[p.parts[part]];
     let bytes = t.ty.size() * p.dims[0] as usize;

@@ -342,3 +342,34 @@ fn fuzz_f32_overflow_in_config_is_refused() {
         "config.json: factor = -1e+300 does not fit a 32-bit float"
     );
 }
+
+#[test]
+fn stacked_experts_of_another_count_than_the_config_name_the_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = preset("tiny-qwen3-moe").unwrap();
+    let ckpt = dir.path().join("m");
+    let options = Options {
+        fused_experts: true,
+        ..Options::default()
+    };
+    write_checkpoint(&ckpt, p.arch, &p.shape, &options, &mut |_| {}).unwrap();
+    let config_path = ckpt.join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    let experts = v["num_experts"].as_u64().unwrap();
+    v["num_experts"] = serde_json::json!(experts * 2);
+    std::fs::write(&config_path, v.to_string()).unwrap();
+    let ckpt = Checkpoint::open(&ckpt).unwrap();
+    let err = plan(
+        &ckpt,
+        Arch::for_class("Qwen3MoeForCausalLM").unwrap(),
+        OutType::F16,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.starts_with("model.layers.0.mlp.experts.down_proj has shape ["),
+        "{err}"
+    );
+    assert!(err.contains(&format!("experts = {}", experts * 2)), "{err}");
+}

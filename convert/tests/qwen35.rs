@@ -43,6 +43,7 @@ fn checkpoint(dir: &Path, name: &str, entry: &Value) -> PathBuf {
     let options = Options {
         tokenizer_dir: Some(fixtures().join("smollm2")),
         multimodal: flags(entry, "synth_flags").contains(&"--multimodal".to_owned()),
+        fused_experts: flags(entry, "synth_flags").contains(&"--fused-experts".to_owned()),
         ..Options::default()
     };
     let out = dir.join(name);
@@ -167,5 +168,41 @@ fn value_heads_go_from_grouped_to_tiled_and_back() {
     );
     for i in 0..20 {
         assert_eq!(order.target(order.source(i)), i);
+    }
+}
+
+#[test]
+fn stacked_experts_convert_to_the_file_of_per_expert_tensors() {
+    // Qwen3-MoE's converter is llama.cpp's same `Qwen2MoeModel` path as
+    // Qwen3.5-MoE's (recorded above as qwen3.5-moe-vl-fused).
+    use memwall_convert::job::convert;
+    use memwall_format::progress::Silent;
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["tiny-qwen3-moe", "tiny-qwen3.5-moe"] {
+        let mut p = preset(name).unwrap();
+        p.shape.vocab = 49152;
+        let mut files = Vec::new();
+        for fused in [false, true] {
+            let options = Options {
+                tokenizer_dir: Some(fixtures().join("smollm2")),
+                fused_experts: fused,
+                ..Options::default()
+            };
+            // The same folder name: it becomes general.name.
+            let ckpt = dir.path().join(format!("{fused}")).join(name);
+            write_checkpoint(&ckpt, p.arch, &p.shape, &options, &mut |_| {}).unwrap();
+            let stacked = Checkpoint::open(&ckpt)
+                .unwrap()
+                .tensors()
+                .iter()
+                .filter(|t| t.name.ends_with("mlp.experts.gate_up_proj"))
+                .count();
+            assert_eq!(stacked > 0, fused, "{name}");
+            let out = dir.path().join(format!("{name}-{fused}.gguf"));
+            let flags = common::options(OutType::F16, Some("smollm"));
+            convert(&ckpt, &out, &flags, &Silent).unwrap();
+            files.push(std::fs::read(&out).unwrap());
+        }
+        assert!(files[0] == files[1], "{name}: the two files differ");
     }
 }
