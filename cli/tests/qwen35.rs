@@ -152,8 +152,7 @@ fn qwen35_calibrates_every_layer_kind() {
     QWEN35.check_calibrate();
 }
 
-/// Not exported back to a checkpoint yet: refused by name.
 #[test]
-fn qwen35_export_is_refused_by_name() {
-    QWEN35.check_export_refused();
+fn qwen35_exports_back_to_a_checkpoint_that_converts_to_the_same_file() {
+    QWEN35.check_export_round_trips();
 }

@@ -215,6 +215,29 @@ pub fn mtp_name(name: &str, n_layer: usize) -> Option<(String, usize)> {
     }
 }
 
+/// The checkpoint name of a tensor that [`mtp_name`] renamed into block
+/// `n_layer + M` (`memwall export` gives it back): `model.layers.{n_layer + M}.x`
+/// → `mtp.layers.M.x`, `eh_proj` → `mtp.fc`, `enorm` →
+/// `mtp.pre_fc_norm_embedding`, `hnorm` → `mtp.pre_fc_norm_hidden`,
+/// `shared_head.norm` → `mtp.norm`. Names of the model's own blocks are
+/// returned as they are.
+pub fn mtp_source_name(name: &str, n_layer: usize) -> String {
+    let Some((n, rest)) = block_of(name).filter(|&(n, _)| n >= n_layer) else {
+        return name.to_owned();
+    };
+    for (module, original) in [
+        ("eh_proj.", "fc."),
+        ("enorm.", "pre_fc_norm_embedding."),
+        ("hnorm.", "pre_fc_norm_hidden."),
+        ("shared_head.norm.", "norm."),
+    ] {
+        if let Some(tail) = rest.strip_prefix(module) {
+            return format!("mtp.{original}{tail}");
+        }
+    }
+    format!("mtp.layers.{}.{rest}", n - n_layer)
+}
+
 /// Tensors llama.cpp's converter drops.
 pub const SKIPPED_SUFFIXES: &[&str] = &[
     ".attention.masked_bias",

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use memwall_format::GgmlType;
 use memwall_format::blocks::{
-    DEQUANTIZABLE, DequantError, dequantize_row, f32_to_bf16, f32_to_f16,
+    DEQUANTIZABLE, DequantError, bf16_to_f32, dequantize_row, f16_to_f32, f32_to_bf16, f32_to_f16,
 };
 use memwall_format::direct::DirectWriter;
 use memwall_format::ggml_type::ShapeError;
@@ -24,8 +24,8 @@ use memwall_format::progress::{Progress, Unit};
 use rayon::prelude::*;
 use serde_json::{Map, Value as Json, json};
 
-use crate::arch::{ARCHS, Arch, hf_name};
-use crate::tensors::permuted_row_of_source;
+use crate::arch::{ARCHS, Arch, hf_name, mtp_source_name};
+use crate::tensors::{Axis, HeadOrder, LinearHeads, Values, hybrid_values, permuted_row_of_source};
 use crate::vocab::{SPECIAL, token_type};
 
 /// Element type of the exported safetensors.
@@ -70,6 +70,24 @@ impl ExportDtype {
             ExportDtype::Bf16 => "bfloat16",
             ExportDtype::F16 => "float16",
             ExportDtype::F32 => "float32",
+        }
+    }
+
+    /// `v` rounded to this type, as `f32`.
+    fn round(self, v: f32) -> f32 {
+        match self {
+            ExportDtype::F32 => v,
+            ExportDtype::F16 => f16_to_f32(f32_to_f16(v)),
+            ExportDtype::Bf16 => bf16_to_f32(f32_to_bf16(v)),
+        }
+    }
+
+    /// The value `k` encodings away from `v` (a value of this type).
+    fn step(self, v: f32, k: i32) -> f32 {
+        match self {
+            ExportDtype::F32 => f32::from_bits(v.to_bits().wrapping_add_signed(k)),
+            ExportDtype::F16 => f16_to_f32(f32_to_f16(v).wrapping_add_signed(k as i16)),
+            ExportDtype::Bf16 => bf16_to_f32(f32_to_bf16(v).wrapping_add_signed(k as i16)),
         }
     }
 
@@ -322,6 +340,36 @@ pub enum ModelError {
         /// The decoder's error.
         error: DequantError,
     },
+    /// Linear-attention sizes that do not split into heads.
+    #[error(
+        "ssm.time_step_rank ({v_heads}) is not a multiple of ssm.group_count ({k_heads}), or ssm.inner_size ({inner}) of it"
+    )]
+    LinearHeads {
+        /// `ssm.group_count`: key heads.
+        k_heads: u64,
+        /// `ssm.time_step_rank`: value heads.
+        v_heads: u64,
+        /// `ssm.inner_size`.
+        inner: u64,
+    },
+    /// A tensor the converter computed in F32 that was stored otherwise.
+    #[error("tensor {tensor}: expected F32 (the converter writes it so), found {}", .ty.name())]
+    NotF32 {
+        /// The tensor.
+        tensor: String,
+        /// Its type.
+        ty: GgmlType,
+    },
+    /// A decay factor `ssm_a = -exp(A_log)` that is not negative.
+    #[error("tensor {tensor}: value {value} at {index} is not negative, so it is no -exp(A_log)")]
+    NotNegative {
+        /// The tensor.
+        tensor: String,
+        /// The value.
+        value: f32,
+        /// Its index.
+        index: u64,
+    },
     /// The output folder has files.
     #[error("exists and is not empty; choose a new folder or remove it")]
     NotEmpty,
@@ -352,6 +400,11 @@ struct Piece {
     shape: Vec<u64>,
     /// Rows per head when llama.cpp's Q/K permutation is to be undone.
     head: Option<u64>,
+    /// Value heads the converter tiled (Qwen3.5's linear attention): row or
+    /// column `j` of the checkpoint is the GGUF's `order.target(j)`.
+    heads: Option<HeadOrder>,
+    /// What the converter did to every value, undone on the way out.
+    values: Values,
 }
 
 impl Piece {
@@ -394,10 +447,40 @@ fn f32_decimal(v: f64) -> f64 {
 }
 
 /// Whether export can undo what the converter did to `arch`'s tensors:
-/// not yet for Qwen3.5's hybrid stacks (norms stored +1, `ssm_a`, value heads
-/// reordered) or Gemma 4 (its per-layer heads, rope factors and fused experts).
+/// not yet for Gemma 4 (its per-layer heads, rope factors and fused experts).
 fn exported(arch: &Arch) -> bool {
-    !arch.hybrid && !arch.gemma
+    !arch.gemma
+}
+
+/// The linear-attention head counts of a hybrid (Qwen3.5) file, from its
+/// `ssm.*` keys, for undoing the value-head reordering.
+fn linear_heads(keys: &Keys) -> Result<LinearHeads, ModelError> {
+    let hp = keys.hp;
+    let k_heads = keys.require("ssm.group_count", hp.ssm_group_count)?;
+    let v_heads = keys.require("ssm.time_step_rank", hp.ssm_time_step_rank)?;
+    let head_k = keys.require("ssm.state_size", hp.ssm_state_size)?;
+    let inner = keys.require("ssm.inner_size", hp.ssm_inner_size)?;
+    if k_heads == 0 || v_heads == 0 || v_heads % k_heads != 0 || inner % v_heads != 0 {
+        return Err(ModelError::LinearHeads {
+            k_heads,
+            v_heads,
+            inner,
+        });
+    }
+    Ok(LinearHeads {
+        k_heads: k_heads as usize,
+        v_heads: v_heads as usize,
+        head_k: head_k as usize,
+        head_v: (inner / v_heads) as usize,
+    })
+}
+
+/// The model's own layers: the block count less the multi-token-prediction
+/// blocks llama.cpp appends.
+fn own_layers(keys: &Keys) -> u64 {
+    let hp = keys.hp;
+    hp.block_count
+        .saturating_sub(hp.nextn_predict_layers.unwrap_or(0))
 }
 
 /// The architecture table entry for a GGUF architecture (MoE or not).
@@ -426,6 +509,11 @@ fn target(hp: &HyperParams) -> Result<&'static Arch, ModelError> {
 /// The output tensors, in GGUF order with experts unstacked.
 fn pieces(model: &GgufModel, arch: &Arch, keys: &Keys) -> Result<Vec<Piece>, ModelError> {
     let (n_head, n_head_kv) = (keys.hp.head_count, keys.hp.head_count_kv);
+    let linear = if arch.hybrid {
+        Some(linear_heads(keys)?)
+    } else {
+        None
+    };
     let mut out = Vec::new();
     for (_, t) in model.tensors() {
         if !DEQUANTIZABLE.contains(&t.ty) {
@@ -465,6 +553,8 @@ fn pieces(model: &GgufModel, arch: &Arch, keys: &Keys) -> Result<Vec<Piece>, Mod
                     row_len,
                     shape: shape.clone(),
                     head: None,
+                    heads: None,
+                    values: Values::AsRead,
                 });
             }
             continue;
@@ -489,6 +579,20 @@ fn pieces(model: &GgufModel, arch: &Arch, keys: &Keys) -> Result<Vec<Piece>, Mod
             }
             None => None,
         };
+        let (heads, values) = match &linear {
+            Some(lin) => (lin.order(&hf), hybrid_values(&hf)),
+            None => (None, Values::AsRead),
+        };
+        if values == Values::NegExp && t.ty != GgmlType::F32 {
+            return Err(ModelError::NotF32 {
+                tensor: t.name.clone(),
+                ty: t.ty,
+            });
+        }
+        if arch.hybrid && t.name.contains(".ssm_conv1d.") && shape.len() == 2 {
+            // `[channels, taps]` back to the checkpoint's `[channels, 1, taps]`.
+            shape.insert(1, 1);
+        }
         out.push(Piece {
             hf,
             source: t.name.clone(),
@@ -497,7 +601,16 @@ fn pieces(model: &GgufModel, arch: &Arch, keys: &Keys) -> Result<Vec<Piece>, Mod
             row_len,
             shape,
             head,
+            heads,
+            values,
         });
+    }
+    if arch.hybrid {
+        // The multi-token-prediction block under its checkpoint names.
+        let n_layer = own_layers(keys) as usize;
+        for p in &mut out {
+            p.hf = mtp_source_name(&p.hf, n_layer);
+        }
     }
     Ok(out)
 }
@@ -537,11 +650,15 @@ fn config(
     );
     let hp = keys.hp;
     c.insert("hidden_size".into(), json!(hp.embedding_length));
-    c.insert(
-        "intermediate_size".into(),
-        json!(keys.require("feed_forward_length", hp.feed_forward_length)?),
-    );
-    c.insert("num_hidden_layers".into(), json!(hp.block_count));
+    match hp.feed_forward_length {
+        // Qwen3.5's mixture has no dense FFN.
+        None if arch.hybrid && arch.experts.is_some() => {}
+        ff => {
+            let ff = keys.require("feed_forward_length", ff)?;
+            c.insert("intermediate_size".into(), json!(ff));
+        }
+    }
+    c.insert("num_hidden_layers".into(), json!(own_layers(keys)));
     c.insert("num_attention_heads".into(), json!(hp.head_count));
     c.insert("num_key_value_heads".into(), json!(hp.head_count_kv));
     if let Some(d) = hp.key_length {
@@ -554,11 +671,14 @@ fn config(
     if let Some(eps) = hp.layer_norm_eps {
         c.insert("layer_norm_eps".into(), num(f32_decimal(eps)));
     }
-    c.insert(
-        "rope_theta".into(),
-        num(hp.rope_freq_base.map_or(10000.0, f32_decimal)),
-    );
     let scaling_key = format!("{}.rope.scaling.type", arch.gguf);
+    let theta = num(hp.rope_freq_base.map_or(10000.0, f32_decimal));
+    if arch.hybrid {
+        let tied = model.tensor("output.weight").is_none();
+        c.insert("tie_word_embeddings".into(), json!(tied));
+        return hybrid_config(c, keys, theta, &scaling_key, meta, dtype);
+    }
+    c.insert("rope_theta".into(), theta);
     let factor = hp.rope_scaling_factor.map(f32_decimal);
     match hp.rope_scaling_type.as_deref() {
         None | Some("none") => {}
@@ -640,6 +760,15 @@ fn config(
         }
         _ => {}
     }
+    finish_config(c, meta, dtype)
+}
+
+/// The keys every config ends with: special token ids, `torch_dtype`.
+fn finish_config(
+    mut c: Map<String, Json>,
+    meta: &Metadata,
+    dtype: ExportDtype,
+) -> Result<Json, ModelError> {
     // A SentencePiece folder has no tokenizer.json to name special tokens by content;
     // gguf-py then takes every *_token_id from config.json.
     let sentencepiece = meta.get_str("tokenizer.ggml.model").ok().flatten() == Some("llama");
@@ -657,6 +786,93 @@ fn config(
     Ok(Json::Object(c))
 }
 
+/// The rest of a Qwen3.5 `config.json` (`qwen3_5_text`, `qwen3_5_moe_text`)
+/// after the sizes: transformers 5's `rope_parameters` (partial rotation,
+/// interleaved M-RoPE sections), the layer types, the gated delta net's sizes,
+/// the experts and the multi-token-prediction blocks.
+fn hybrid_config(
+    mut c: Map<String, Json>,
+    keys: &Keys,
+    theta: Json,
+    scaling_key: &str,
+    meta: &Metadata,
+    dtype: ExportDtype,
+) -> Result<Json, ModelError> {
+    let hp = keys.hp;
+    if let Some(kind) = hp.rope_scaling_type.as_deref().filter(|k| *k != "none") {
+        return Err(ModelError::RopeScaling {
+            key: scaling_key.to_owned(),
+            kind: kind.to_owned(),
+        });
+    }
+    let head_dim = keys.require("attention.key_length", hp.key_length)?;
+    let rotated = keys.require("rope.dimension_count", hp.rope_dimension_count)?;
+    let mut sections = hp.rope_dimension_sections.clone().unwrap_or_default();
+    while sections.len() > 3 && sections.last() == Some(&0) {
+        sections.pop();
+    }
+    c.insert(
+        "rope_parameters".into(),
+        json!({
+            "rope_type": "default",
+            "rope_theta": theta,
+            "partial_rotary_factor": num(rotated as f64 / head_dim.max(1) as f64),
+            "mrope_section": sections,
+            "mrope_interleaved": true,
+        }),
+    );
+    c.insert("hidden_act".into(), json!("silu"));
+    c.insert("attention_bias".into(), json!(false));
+    let n_layer = own_layers(keys) as usize;
+    if let Some(recurrent) = &hp.recurrent_layers {
+        let types: Vec<&str> = (recurrent.iter().take(n_layer))
+            .map(|&r| {
+                if r {
+                    "linear_attention"
+                } else {
+                    "full_attention"
+                }
+            })
+            .collect();
+        c.insert("layer_types".into(), json!(types));
+    }
+    if let Some(interval) = hp.full_attention_interval {
+        c.insert("full_attention_interval".into(), json!(interval));
+    }
+    let lin = linear_heads(keys)?;
+    c.insert(
+        "linear_conv_kernel_dim".into(),
+        json!(keys.require("ssm.conv_kernel", hp.ssm_conv_kernel)?),
+    );
+    c.insert("linear_key_head_dim".into(), json!(lin.head_k));
+    c.insert("linear_value_head_dim".into(), json!(lin.head_v));
+    c.insert("linear_num_key_heads".into(), json!(lin.k_heads));
+    c.insert("linear_num_value_heads".into(), json!(lin.v_heads));
+    c.insert(
+        "mtp_num_hidden_layers".into(),
+        json!(hp.nextn_predict_layers.unwrap_or(0)),
+    );
+    if hp.expert_count.unwrap_or(0) > 0 {
+        c.insert("num_experts".into(), json!(hp.expert_count));
+        c.insert(
+            "num_experts_per_tok".into(),
+            json!(keys.require("expert_used_count", hp.expert_used_count)?),
+        );
+        for (k, v) in [
+            ("moe_intermediate_size", hp.expert_feed_forward_length),
+            (
+                "shared_expert_intermediate_size",
+                hp.expert_shared_feed_forward_length,
+            ),
+        ] {
+            if let Some(v) = v {
+                c.insert(k.into(), json!(v));
+            }
+        }
+    }
+    finish_config(c, meta, dtype)
+}
+
 /// The `tokenizers` pre-tokenizer that splits text as llama.cpp's pre-tokenizer
 /// `pre` does, for the pre-tokenizers of the families memwall converts.
 fn pre_tokenizer(pre: &str) -> Option<Json> {
@@ -665,6 +881,7 @@ fn pre_tokenizer(pre: &str) -> Option<Json> {
     // The two regexes, as llama.cpp's llama-vocab.cpp lists them for these names.
     const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    const QWEN35: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     let digits = json!({"type": "Digits", "individual_digits": true});
     Some(match pre {
         "gpt-2" => byte_level(true),
@@ -675,12 +892,22 @@ fn pre_tokenizer(pre: &str) -> Option<Json> {
             json!({"type": "Sequence", "pretokenizers": [split(LLAMA3), byte_level(false)]})
         }
         "qwen2" => json!({"type": "Sequence", "pretokenizers": [split(QWEN2), byte_level(false)]}),
+        "qwen35" => {
+            json!({"type": "Sequence", "pretokenizers": [split(QWEN35), byte_level(false)]})
+        }
         _ => return None,
     })
 }
 
 /// Pre-tokenizers [`pre_tokenizer`] knows, for messages.
-pub const EXPORTED_PRE: &[&str] = &["gpt-2", "smollm", "command-r", "llama-bpe", "qwen2"];
+pub const EXPORTED_PRE: &[&str] = &[
+    "gpt-2",
+    "smollm",
+    "command-r",
+    "llama-bpe",
+    "qwen2",
+    "qwen35",
+];
 
 fn ints(meta: &Metadata, key: &str) -> Result<Vec<i64>, ModelError> {
     match meta.get_array(key)? {
@@ -699,7 +926,15 @@ fn ints(meta: &Metadata, key: &str) -> Result<Vec<i64>, ModelError> {
     }
 }
 
-/// `tokenizer.json` and `tokenizer_config.json` for a byte-level BPE vocabulary.
+/// The tokenizer files [`export`] writes for a GGUF's vocabulary (a model's
+/// or a vocabulary-only file's): `tokenizer.json` for byte-level BPE,
+/// `tokenizer.model` for SentencePiece, each with `tokenizer_config.json`;
+/// (file name, bytes).
+pub fn tokenizer_files_of(meta: &Metadata) -> Result<Vec<(&'static str, Vec<u8>)>, ModelError> {
+    let hp = HyperParams::try_from(meta)?;
+    tokenizer_files(meta, &Keys { hp: &hp })
+}
+
 /// The tokenizer files: `tokenizer.json` for byte-level BPE, `tokenizer.model` for
 /// SentencePiece, each with `tokenizer_config.json`; (file name, bytes).
 fn tokenizer_files(
@@ -1014,9 +1249,15 @@ fn write_piece(
         })?
         .bytes;
     let row_len = p.row_len as usize;
-    // Whole heads per chunk, so that un-permuting stays inside the chunk.
+    // Whole heads per chunk, so that un-permuting stays inside the chunk; a
+    // tensor whose value heads move along its rows in one chunk.
     let unit = p.head.unwrap_or(1);
-    let chunk_rows = ((CHUNK_VALUES / p.row_len.max(1)) / unit).max(1) * unit;
+    let row_order = p.heads.filter(|h| h.axis == Axis::Rows);
+    let col_order = p.heads.filter(|h| h.axis == Axis::Cols);
+    let chunk_rows = match row_order {
+        Some(_) => p.rows,
+        None => ((CHUNK_VALUES / p.row_len.max(1)) / unit).max(1) * unit,
+    };
     let mut start = 0;
     while start < p.rows {
         let count = chunk_rows.min(p.rows - start);
@@ -1037,19 +1278,81 @@ fn write_piece(
             })?;
         let mut out = vec![0u8; x.len() * dtype.size() as usize];
         let out_row = row_len * dtype.size() as usize;
-        out.par_chunks_mut(out_row).enumerate().for_each(|(s, o)| {
-            let r = match p.head {
-                Some(head) => permuted_row_of_source(s, head as usize),
-                None => s,
-            };
-            dtype.put(&x[r * row_len..(r + 1) * row_len], o);
-        });
+        out.par_chunks_mut(out_row)
+            .enumerate()
+            .try_for_each(|(s, o)| {
+                let r = match (p.head, row_order) {
+                    (Some(head), _) => permuted_row_of_source(s, head as usize),
+                    (None, Some(order)) => order.target(s),
+                    (None, None) => s,
+                };
+                let row = &x[r * row_len..(r + 1) * row_len];
+                if col_order.is_none() && p.values == Values::AsRead {
+                    dtype.put(row, o);
+                    return Ok(());
+                }
+                let mut v: Vec<f32> = match col_order {
+                    Some(order) => (0..row_len).map(|j| row[order.target(j)]).collect(),
+                    None => row.to_vec(),
+                };
+                let index = (start + r as u64) * p.row_len;
+                undo_values(p.values, &mut v, dtype, &p.source, index)?;
+                dtype.put(&v, o);
+                Ok(())
+            })
+            .map_err(|e| model_error(input, e))?;
         w.write_all(&out).map_err(io_error(path))?;
         model.release(&p.source, first * row_bytes..(first + count) * row_bytes);
         progress.advance(out.len() as u64);
         start += count;
     }
     Ok(())
+}
+
+/// Undoes what the converter did to the values of a row (`index`: the row's
+/// first value in the GGUF tensor, for messages).
+fn undo_values(
+    values: Values,
+    row: &mut [f32],
+    dtype: ExportDtype,
+    tensor: &str,
+    index: u64,
+) -> Result<(), ModelError> {
+    match values {
+        Values::AsRead => {}
+        // Exact: the stored `1 + w` is within a factor of two of 1.
+        Values::PlusOne => row.iter_mut().for_each(|v| *v -= 1.0),
+        Values::NegExp => {
+            for (i, v) in row.iter_mut().enumerate() {
+                if v.is_nan() || *v >= 0.0 {
+                    return Err(ModelError::NotNegative {
+                        tensor: tensor.to_owned(),
+                        value: *v,
+                        index: index + i as u64,
+                    });
+                }
+                *v = a_log_of(*v, dtype);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The `A_log` the converter turned into `a = -exp(A_log)`: of the `dtype`
+/// values next to `ln(-a)`, the nearest one that the converter's `-exp` maps
+/// back to `a` (so that converting the export gives the same file), else the
+/// nearest.
+fn a_log_of(a: f32, dtype: ExportDtype) -> f32 {
+    let forward = |v: f32| -(f64::from(v).exp() as f32);
+    let nearest = dtype.round((-f64::from(a)).ln() as f32);
+    if forward(nearest) == a {
+        return nearest;
+    }
+    (1..=4)
+        .flat_map(|k| [k, -k])
+        .map(|k| dtype.step(nearest, k))
+        .find(|&c| forward(c) == a)
+        .unwrap_or(nearest)
 }
 
 /// The safetensors header for `pieces`, padded to a multiple of 8 bytes.
@@ -1229,4 +1532,44 @@ fn write_all(
         files.push("model.safetensors.index.json".to_owned());
     }
     Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_maps_back_to_the_stored_decay_in_every_dtype() {
+        let forward = |v: f32| -(f64::from(v).exp() as f32);
+        for dtype in [ExportDtype::F32, ExportDtype::Bf16, ExportDtype::F16] {
+            for i in 0..2000 {
+                // A_log of gated delta nets: logs of 1..16, and some near 0.
+                let a_log = dtype.round(-0.5 + 3.3 * i as f32 / 2000.0);
+                let a = forward(a_log);
+                assert_eq!(forward(a_log_of(a, dtype)), a, "{dtype:?} {a_log}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_decay_that_is_not_negative_names_the_tensor_and_index() {
+        let mut row = [-1.5f32, 0.25, -2.0];
+        let err = undo_values(Values::NegExp, &mut row, ExportDtype::F32, "blk.0.ssm_a", 8)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "tensor blk.0.ssm_a: value 0.25 at 9 is not negative, so it is no -exp(A_log)"
+        );
+    }
+
+    #[test]
+    fn plus_one_norms_come_back_exactly() {
+        for i in 0..1000 {
+            let w = ExportDtype::Bf16.round((i as f32 - 500.0) * 1.7e-4);
+            let mut row = [w + 1.0];
+            undo_values(Values::PlusOne, &mut row, ExportDtype::Bf16, "n", 0).unwrap();
+            assert_eq!(ExportDtype::Bf16.round(row[0]), w, "{w}");
+        }
+    }
 }

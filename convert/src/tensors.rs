@@ -600,7 +600,7 @@ fn fused(
 /// What llama.cpp's converter does to the values of a Qwen3.5 tensor
 /// (`Qwen3NextModel.modify_tensors`, on the renamed tensor): norms but the
 /// gated one of the linear attention get `+1`, `A_log` becomes `-exp(A_log)`.
-fn hybrid_values(hf: &str) -> Values {
+pub(crate) fn hybrid_values(hf: &str) -> Values {
     if hf.ends_with(".A_log") {
         Values::NegExp
     } else if hf.ends_with("norm.weight") && !hf.ends_with("linear_attn.norm.weight") {
@@ -612,11 +612,11 @@ fn hybrid_values(hf: &str) -> Values {
 
 /// The linear-attention head counts of a hybrid config, for the value-head
 /// reordering.
-struct LinearHeads {
-    k_heads: usize,
-    v_heads: usize,
-    head_k: usize,
-    head_v: usize,
+pub(crate) struct LinearHeads {
+    pub(crate) k_heads: usize,
+    pub(crate) v_heads: usize,
+    pub(crate) head_k: usize,
+    pub(crate) head_v: usize,
 }
 
 impl LinearHeads {
@@ -643,7 +643,7 @@ impl LinearHeads {
 
     /// How llama.cpp reorders the value heads of linear-attention tensor
     /// `hf`, when there are more value heads than key heads.
-    fn order(&self, hf: &str) -> Option<HeadOrder> {
+    pub(crate) fn order(&self, hf: &str) -> Option<HeadOrder> {
         if self.k_heads == self.v_heads || !hf.contains("linear_attn.") {
             return None;
         }

@@ -300,6 +300,35 @@ impl Family {
         }
     }
 
+    /// `memwall export` of each variant's F16 file, converted again, is the
+    /// same file: the converter's transforms are undone exactly.
+    pub fn check_export_round_trips(&self) {
+        let reference = self.recorded();
+        let dir = tempfile::tempdir().unwrap();
+        for (name, v) in reference["variants"].as_object().unwrap() {
+            let f16 = self.f16(dir.path(), name, v);
+            // The folder's name becomes general.name: the original's.
+            let back = dir.path().join("back");
+            std::fs::create_dir_all(&back).unwrap();
+            let folder = back.join(name);
+            let run = memwall_in(
+                dir.path(),
+                &["export", s(&f16), s(&folder), "--dtype", "f32"],
+            );
+            let stderr = String::from_utf8_lossy(&run.stderr);
+            assert_eq!(run.status.code(), Some(0), "{name}: {stderr}");
+            let again = dir.path().join(format!("{name}-again.gguf"));
+            let mut args = vec!["convert", s(&folder), "-o", s(&again), "--outtype", "f16"];
+            args.extend(self.convert_flags);
+            stdout_of(&args);
+            assert_eq!(
+                sha(&again),
+                v["input_sha256"].as_str().unwrap(),
+                "{name}: exported and converted again"
+            );
+        }
+    }
+
     /// `memwall export` refuses the family by name (it cannot undo the
     /// converter's transforms yet) and leaves nothing at the output path.
     pub fn check_export_refused(&self) {
