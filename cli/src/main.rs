@@ -62,8 +62,10 @@ Then: memwall quantize OUT.gguf Q4_K_M")]
 
 Weights are dequantized (every type `memwall inspect` marks dequantizable),
 llama.cpp's Q/K row permutation is undone and experts are unstacked.
-Architectures: llama (and mistral, mixtral), qwen2, qwen3, qwen3moe, command-r;
-byte-level BPE vocabularies. Then: memwall convert ./model-hf")]
+Architectures: llama (and mistral, mixtral), qwen2, qwen3, qwen3moe, command-r,
+qwen35 and qwen35moe (Qwen3.5: its converter transforms undone, the MTP block
+kept), gemma4 (as Gemma4ForCausalLM; not the E2B/E4B variants); byte-level BPE,
+SentencePiece and Gemma 4 vocabularies. Then: memwall convert ./model-hf")]
     Export(commands::export::Args),
     /// Show what a GGUF file holds: header, metadata, hyper-parameters,
     /// tokenizer, tensors and totals.

@@ -103,8 +103,7 @@ fn gemma4_calibrates_every_layer_kind() {
     GEMMA4.check_calibrate();
 }
 
-/// Not exported back to a checkpoint yet: refused by name.
 #[test]
-fn gemma4_export_is_refused_by_name() {
-    GEMMA4.check_export_refused();
+fn gemma4_exports_back_to_a_checkpoint_that_converts_to_the_same_file() {
+    GEMMA4.check_export_round_trips();
 }

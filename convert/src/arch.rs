@@ -440,6 +440,40 @@ fn gguf_name_in(name: &str, first: &[(&str, &str)]) -> Option<String> {
     Some(format!("{g}.{suffix}"))
 }
 
+/// The Hugging Face name of a Gemma 4 text model's tensor: the inverse of
+/// [`gguf_name_for`] and [`gemma4_name`] (the names that took `.weight` give
+/// it back: `layer_scalar`, the stacked experts), with the router's two
+/// scales told apart (`ffn_gate_inp.scale` → `router.scale`,
+/// `ffn_down_exps.scale` → `router.per_expert_scale`).
+pub fn gemma4_hf_name(name: &str) -> Option<String> {
+    let (module, suffix) = name.rsplit_once('.')?;
+    let Some(rest) = module.strip_prefix("blk.") else {
+        let (h, _) = GEMMA4_GLOBAL_NAMES
+            .iter()
+            .chain(GLOBAL_NAMES)
+            .find(|(_, g)| *g == module)?;
+        return Some(format!("{h}.{suffix}"));
+    };
+    let (n, kind) = rest.split_once('.')?;
+    let n: usize = n.parse().ok()?;
+    let hf = match (kind, suffix) {
+        ("ffn_gate_inp", "weight") => "router.proj.weight".to_owned(),
+        ("ffn_gate_inp", "scale") => "router.scale".to_owned(),
+        ("ffn_down_exps", "scale") => "router.per_expert_scale".to_owned(),
+        ("ffn_gate_up_exps", "weight") => "experts.gate_up_proj".to_owned(),
+        ("ffn_down_exps", "weight") => "experts.down_proj".to_owned(),
+        ("layer_output_scale", "weight") => "layer_scalar".to_owned(),
+        _ => {
+            let (h, _) = GEMMA4_BLOCK_NAMES
+                .iter()
+                .chain(BLOCK_NAMES)
+                .find(|(_, g)| *g == kind)?;
+            format!("{h}.{suffix}")
+        }
+    };
+    Some(format!("model.layers.{n}.{hf}"))
+}
+
 /// The Hugging Face name of a (non-expert) GGUF tensor of `arch`: the inverse
 /// of [`gguf_name`], e.g. `blk.3.attn_q.weight` → `model.layers.3.self_attn.q_proj.weight`.
 pub fn hf_name(arch: &Arch, name: &str) -> Option<String> {

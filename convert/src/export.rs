@@ -24,7 +24,7 @@ use memwall_format::progress::{Progress, Unit};
 use rayon::prelude::*;
 use serde_json::{Map, Value as Json, json};
 
-use crate::arch::{ARCHS, Arch, hf_name, mtp_source_name};
+use crate::arch::{ARCHS, Arch, gemma4_hf_name, hf_name, mtp_source_name};
 use crate::tensors::{Axis, HeadOrder, LinearHeads, Values, hybrid_values, permuted_row_of_source};
 use crate::vocab::{SPECIAL, token_type};
 
@@ -256,7 +256,7 @@ pub enum ModelError {
     },
     /// A vocabulary model export does not write.
     #[error(
-        "tokenizer.ggml.model = {0}: memwall exports byte-level BPE (gpt2) and SentencePiece (llama) vocabularies"
+        "tokenizer.ggml.model = {0}: memwall exports byte-level BPE (gpt2), SentencePiece (llama) and Gemma 4 (gemma4) vocabularies"
     )]
     TokenizerModel(String),
     /// `tokenizer.json` could not be serialised.
@@ -370,6 +370,24 @@ pub enum ModelError {
         /// Its index.
         index: u64,
     },
+    /// Gemma 4 with per-layer embeddings or shared key/value layers.
+    #[error(
+        "Gemma 4 with per-layer embeddings ({per_layer}) or key/value sharing ({shared} layers), the E2B/E4B variants, is not exported (memwall does not convert it either)"
+    )]
+    Gemma4PerLayer {
+        /// `embedding_length_per_layer_input`.
+        per_layer: u64,
+        /// `attention.shared_kv_layers`.
+        shared: u64,
+    },
+    /// A `rope_freqs.weight` that is not Gemma 4's partial rotation.
+    #[error(
+        "rope_freqs.weight is not {pairs} F32 factors of 1 (rotated pairs) then 1e30, so it is no partial_rotary_factor"
+    )]
+    Gemma4RopeFreqs {
+        /// Pairs of the full layers' heads.
+        pairs: usize,
+    },
     /// The output folder has files.
     #[error("exists and is not empty; choose a new folder or remove it")]
     NotEmpty,
@@ -446,10 +464,18 @@ fn f32_decimal(v: f64) -> f64 {
     format!("{}", v as f32).parse().unwrap_or(v)
 }
 
-/// Whether export can undo what the converter did to `arch`'s tensors:
-/// not yet for Gemma 4 (its per-layer heads, rope factors and fused experts).
-fn exported(arch: &Arch) -> bool {
-    !arch.gemma
+/// Whether export can undo what the converter did to `arch`'s tensors
+/// (every architecture memwall converts).
+fn exported(_arch: &Arch) -> bool {
+    true
+}
+
+/// The class export writes: the text model's (`…ForCausalLM`), which
+/// `model_type` names, when the architecture also lists a multimodal one.
+fn text_class(arch: &Arch) -> &'static str {
+    (arch.hf_classes.iter())
+        .find(|c| c.ends_with("ForCausalLM"))
+        .unwrap_or(&arch.hf_classes[0])
 }
 
 /// The linear-attention head counts of a hybrid (Qwen3.5) file, from its
@@ -490,7 +516,8 @@ fn target(hp: &HyperParams) -> Result<&'static Arch, ModelError> {
     ARCHS
         .iter()
         .filter(|a| exported(a))
-        .find(|a| a.gguf == name && a.experts.is_some() == moe)
+        // Gemma 4's experts sit beside its dense MLP, under their own names.
+        .find(|a| a.gguf == name && (a.gemma || a.experts.is_some() == moe))
         .ok_or_else(|| {
             let mut known: Vec<&str> = ARCHS
                 .iter()
@@ -526,7 +553,29 @@ fn pieces(model: &GgufModel, arch: &Arch, keys: &Keys) -> Result<Vec<Piece>, Mod
         let rows = t.elements / row_len.max(1);
         let mut shape: Vec<u64> = t.dims.iter().rev().copied().collect();
         if t.name == "rope_freqs.weight" {
+            if arch.gemma {
+                // Generated from config.json's partial rotation (checked there).
+                continue;
+            }
             return Err(ModelError::RopeFreqs);
+        }
+        if arch.gemma {
+            let hf = gemma4_hf_name(&t.name).ok_or_else(|| ModelError::NoHfName {
+                tensor: t.name.clone(),
+                model_type: arch.model_type,
+            })?;
+            out.push(Piece {
+                hf,
+                source: t.name.clone(),
+                first_row: 0,
+                rows,
+                row_len,
+                shape,
+                head: None,
+                heads: None,
+                values: Values::AsRead,
+            });
+            continue;
         }
         let stacked = arch.experts.and_then(|e| {
             let (module, suffix) = t.name.rsplit_once('.')?;
@@ -637,7 +686,7 @@ fn config(
     dtype: ExportDtype,
 ) -> Result<Json, ModelError> {
     let mut c = Map::new();
-    let class = arch.hf_classes[0];
+    let class = text_class(arch);
     c.insert("architectures".into(), json!([class]));
     c.insert("model_type".into(), json!(arch.model_type));
     let embd = model
@@ -673,6 +722,9 @@ fn config(
     }
     let scaling_key = format!("{}.rope.scaling.type", arch.gguf);
     let theta = num(hp.rope_freq_base.map_or(10000.0, f32_decimal));
+    if arch.gemma {
+        return gemma4_config(c, keys, model, theta, meta, dtype);
+    }
     if arch.hybrid {
         let tied = model.tensor("output.weight").is_none();
         c.insert("tie_word_embeddings".into(), json!(tied));
@@ -873,6 +925,121 @@ fn hybrid_config(
     finish_config(c, meta, dtype)
 }
 
+/// The rest of a Gemma 4 text `config.json` (`gemma4_text`): the two kinds
+/// of layers (sliding and full attention, each with its head size, key/value
+/// heads and rope), the full layers' partial rotation read back from
+/// `rope_freqs.weight`, the soft cap, and the experts beside the MLP. The
+/// per-layer-embedding variants (E2B, E4B) are refused.
+fn gemma4_config(
+    mut c: Map<String, Json>,
+    keys: &Keys,
+    model: &GgufModel,
+    theta: Json,
+    meta: &Metadata,
+    dtype: ExportDtype,
+) -> Result<Json, ModelError> {
+    let hp = keys.hp;
+    let per_layer = hp.embedding_length_per_layer_input.unwrap_or(0);
+    let shared = hp.shared_kv_layers.unwrap_or(0);
+    if per_layer > 0 || shared > 0 {
+        return Err(ModelError::Gemma4PerLayer { per_layer, shared });
+    }
+    let swa = keys.require(
+        "attention.sliding_window_pattern",
+        hp.sliding_window_pattern.clone(),
+    )?;
+    let types: Vec<&str> = (swa.iter())
+        .map(|&s| {
+            if s {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            }
+        })
+        .collect();
+    let head_full = keys.require("attention.key_length", hp.key_length)?;
+    let head_swa = keys.require("attention.key_length_swa", hp.key_length_swa)?;
+    // Key/value heads per layer kind (one number when every layer has the same).
+    let kv = |sliding: bool| -> u64 {
+        match &hp.head_count_kv_layers {
+            Some(per) => (swa.iter().zip(per))
+                .find(|(s, _)| **s == sliding)
+                .map_or(hp.head_count_kv, |(_, &n)| n),
+            None => hp.head_count_kv,
+        }
+    };
+    c.insert("head_dim".into(), json!(head_swa));
+    c.insert("global_head_dim".into(), json!(head_full));
+    c.insert("num_key_value_heads".into(), json!(kv(true)));
+    c.insert("num_global_key_value_heads".into(), json!(kv(false)));
+    c.insert("layer_types".into(), json!(types));
+    c.insert(
+        "sliding_window".into(),
+        json!(keys.require("attention.sliding_window", hp.sliding_window)?),
+    );
+    if let Some(cap) = hp.final_logit_softcapping {
+        c.insert("final_logit_softcapping".into(), num(f32_decimal(cap)));
+    }
+    // The full layers rotate the pairs whose factor is 1 (the others 1e30).
+    let (info, data) = model
+        .tensor("rope_freqs.weight")
+        .ok_or(ModelError::MissingTensor("rope_freqs.weight"))?;
+    let pairs = (head_full / 2) as usize;
+    let factors: Vec<f32> = if info.ty == GgmlType::F32 {
+        data.chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let rotated = factors.iter().take_while(|&&f| f == 1.0).count();
+    let partial = f32_decimal(2.0 * rotated as f64 / head_full.max(1) as f64);
+    let expected = (head_full as f64 * partial / 2.0) as usize;
+    if factors.len() != pairs
+        || factors[rotated..].iter().any(|&f| f != 1e30)
+        || expected != rotated
+    {
+        return Err(ModelError::Gemma4RopeFreqs { pairs });
+    }
+    let swa_theta = num(hp.rope_freq_base_swa.map_or(10000.0, f32_decimal));
+    c.insert(
+        "rope_parameters".into(),
+        json!({
+            "full_attention": {"partial_rotary_factor": num(partial), "rope_theta": theta,
+                               "rope_type": "proportional"},
+            "sliding_attention": {"rope_theta": swa_theta, "rope_type": "default"},
+        }),
+    );
+    // A full layer without a value projection reads its keys as values.
+    let k_eq_v = swa.iter().enumerate().any(|(l, &s)| {
+        !s && model.tensor(&format!("blk.{l}.attn_k.weight")).is_some()
+            && model.tensor(&format!("blk.{l}.attn_v.weight")).is_none()
+    });
+    c.insert("attention_k_eq_v".into(), json!(k_eq_v));
+    c.insert("hidden_activation".into(), json!("gelu_pytorch_tanh"));
+    c.insert("hidden_size_per_layer_input".into(), json!(0));
+    c.insert("num_kv_shared_layers".into(), json!(0));
+    c.insert("attention_bias".into(), json!(false));
+    c.insert(
+        "tie_word_embeddings".into(),
+        json!(model.tensor("output.weight").is_none()),
+    );
+    let experts = hp.expert_count.unwrap_or(0);
+    c.insert("enable_moe_block".into(), json!(experts > 0));
+    if experts > 0 {
+        c.insert("num_experts".into(), json!(experts));
+        c.insert(
+            "top_k_experts".into(),
+            json!(keys.require("expert_used_count", hp.expert_used_count)?),
+        );
+        c.insert(
+            "moe_intermediate_size".into(),
+            json!(keys.require("expert_feed_forward_length", hp.expert_feed_forward_length)?),
+        );
+    }
+    finish_config(c, meta, dtype)
+}
+
 /// The `tokenizers` pre-tokenizer that splits text as llama.cpp's pre-tokenizer
 /// `pre` does, for the pre-tokenizers of the families memwall converts.
 fn pre_tokenizer(pre: &str) -> Option<Json> {
@@ -952,6 +1119,7 @@ fn tokenizer_files(
             ])
         }
         "llama" => sentencepiece_files(meta, keys),
+        "gemma4" => gemma4_tokenizer_files(meta, keys),
         other => Err(ModelError::TokenizerModel(other.to_owned())),
     }
 }
@@ -1103,6 +1271,122 @@ fn sentencepiece_files(
         ("tokenizer_config.json", pretty(&Json::Object(tc))),
         ("tokenizer.model", model),
     ])
+}
+
+/// Gemma 4's vocabulary as its checkpoints ship it: a byte-fallback BPE over
+/// text whose spaces are written `▁` (`tokenizer.json`), and a
+/// `tokenizer_config.json` that names every control token a special one (the
+/// named kinds, the rest in `extra_special_tokens`), so that llama.cpp's
+/// converter, which types the special tokens control and a few of them
+/// user-defined, gives the same token types back. The chat template goes into
+/// `chat_template.jinja`, as the published checkpoints have it.
+fn gemma4_tokenizer_files(
+    meta: &Metadata,
+    keys: &Keys,
+) -> Result<Vec<(&'static str, Vec<u8>)>, ModelError> {
+    let tokens = meta
+        .get_str_array("tokenizer.ggml.tokens")?
+        .ok_or_else(|| ModelError::MissingKey("tokenizer.ggml.tokens".into()))?;
+    let types = ints(meta, "tokenizer.ggml.token_type")?;
+    if types.len() != tokens.len() {
+        return Err(ModelError::TokenTypes {
+            types: types.len(),
+            tokens: tokens.len(),
+        });
+    }
+    let merges = meta.get_str_array("tokenizer.ggml.merges")?.unwrap_or(&[]);
+    let unk = token_id(meta, "unk")?.ok_or(ModelError::NoUnknownToken)?;
+    let unk_token = tokens
+        .get(unk as usize)
+        .ok_or(ModelError::TokenPastVocabulary {
+            kind: "unk",
+            id: unk,
+        })?;
+    let mut vocab = Map::new();
+    let mut added = Vec::new();
+    let mut special = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        vocab.insert(t.clone(), json!(i));
+        if types[i] == token_type::CONTROL as i64 || types[i] == token_type::USER_DEFINED as i64 {
+            added.push(
+                json!({"id": i, "content": t, "single_word": false, "lstrip": false,
+                              "rstrip": false, "normalized": false, "special": true}),
+            );
+            special.push(t.clone());
+        }
+    }
+    let merges: Vec<Json> = merges
+        .iter()
+        .map(|m| {
+            m.split_once(' ')
+                .map(|(a, b)| json!([a, b]))
+                .ok_or_else(|| ModelError::Merge(m.clone()))
+        })
+        .collect::<Result<_, _>>()?;
+    let tokenizer = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"},
+        "pre_tokenizer": {"type": "Split", "pattern": {"String": " "},
+                          "behavior": "MergedWithPrevious", "invert": false},
+        "post_processor": null,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+            {"type": "ByteFallback"},
+            {"type": "Fuse"},
+        ]},
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": unk_token,
+            "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": true,
+            "byte_fallback": true, "ignore_merges": false, "vocab": vocab, "merges": merges,
+        },
+    });
+    let mut tc = Map::new();
+    tc.insert("tokenizer_class".into(), json!("GemmaTokenizer"));
+    common_tokenizer_config(meta, keys, tokens, &mut tc)?;
+    // The template ships in its own file; the converter states the BOS and
+    // space-prefix flags itself, after the template (flags here would move them).
+    let template = tc.remove("chat_template");
+    for flag in [
+        "add_bos_token",
+        "add_eos_token",
+        "add_sep_token",
+        "add_prefix_space",
+    ] {
+        tc.remove(flag);
+    }
+    if let Some(id) = token_id(meta, "mask")? {
+        let t = tokens
+            .get(id as usize)
+            .ok_or(ModelError::TokenPastVocabulary { kind: "mask", id })?;
+        tc.insert("mask_token".into(), json!(t));
+    }
+    let named: Vec<&Json> = [
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "pad_token",
+        "mask_token",
+    ]
+    .iter()
+    .filter_map(|k| tc.get(*k))
+    .collect();
+    let extra: Vec<String> = special
+        .into_iter()
+        .filter(|t| !named.contains(&&json!(t)))
+        .collect();
+    tc.insert("extra_special_tokens".into(), json!(extra));
+    let tok = serde_json::to_vec(&tokenizer).map_err(ModelError::Serialize)?;
+    let mut files = vec![
+        ("tokenizer_config.json", pretty(&Json::Object(tc))),
+        ("tokenizer.json", tok),
+    ];
+    if let Some(Json::String(t)) = template {
+        files.push(("chat_template.jinja", t.into_bytes()));
+    }
+    Ok(files)
 }
 
 fn tokenizer(meta: &Metadata, keys: &Keys) -> Result<(Json, Json), ModelError> {
@@ -1456,7 +1740,7 @@ pub fn export(
         }
     }
     Ok(ExportSummary {
-        hf_class: arch.hf_classes[0].to_owned(),
+        hf_class: text_class(arch).to_owned(),
         tensors: pieces.len(),
         bytes: pieces.iter().map(|p| p.bytes(options.dtype)).sum(),
         files,

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{fixtures, options, sha};
+use common::{fixtures, options, sha, vocab_test_cases};
 
 use std::path::Path;
 
@@ -365,40 +365,6 @@ fn named_chat_templates_round_trip() {
             .unwrap(),
         ["tool_use", "rag"]
     );
-}
-
-/// llama.cpp's tokenizer test files: texts separated by
-/// `\n__ggml_vocab_test__\n` in `.inp`, one line of ids per text in `.out`; a
-/// repeated text counts once (test-tokenizer-0 keeps them in a map).
-fn vocab_test_cases(vocab: &Path) -> std::collections::BTreeMap<String, Vec<u32>> {
-    let read = |ext: &str| {
-        let mut p = vocab.as_os_str().to_owned();
-        p.push(ext);
-        std::fs::read_to_string(p).unwrap()
-    };
-    let (inp, out) = (read(".inp"), read(".out"));
-    let mut texts = Vec::new();
-    let mut rest = inp.as_str();
-    while !rest.is_empty() {
-        let (text, next) = rest
-            .split_once("\n__ggml_vocab_test__\n")
-            .unwrap_or((rest, ""));
-        texts.push(text);
-        rest = next;
-    }
-    let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(texts.len(), lines.len(), ".inp and .out differ in length");
-    texts
-        .into_iter()
-        .zip(lines)
-        .map(|(text, line)| {
-            let ids = line
-                .split_whitespace()
-                .map(|t| t.parse().unwrap())
-                .collect();
-            (text.to_owned(), ids)
-        })
-        .collect()
 }
 
 #[test]

@@ -9,7 +9,7 @@ mod common;
 
 use common::{
     assert_converts_to, assert_tensors, fixtures, model_keys, options, planned_tensors,
-    recorded_keys, recorded_tensors, sha,
+    recorded_keys, recorded_tensors, sha, vocab_test_cases,
 };
 
 use std::path::{Path, PathBuf};
@@ -159,4 +159,137 @@ fn gemma4_variants_with_per_layer_embeddings_are_refused_by_name() {
         );
         assert!(!out.exists());
     }
+}
+
+/// A Gemma 4 text checkpoint (`Gemma4ForCausalLM`) of `preset` with Gemma 4's
+/// tokenizer files, in `dir/name`.
+fn text_checkpoint(dir: &Path, preset_name: &str) -> PathBuf {
+    let p = preset(preset_name).unwrap();
+    let out = dir.join("hf").join(preset_name);
+    write_checkpoint(&out, p.arch, &p.shape, &Options::default(), &mut |_| {}).unwrap();
+    let template = llama_models().join("templates/google-gemma-4-31B-it.jinja");
+    let vocab = llama_models().join("ggml-vocab-gemma-4.gguf");
+    write_gemma4_tokenizer(&vocab, Some(&template), &out).unwrap();
+    out
+}
+
+#[test]
+fn gemma4_exports_back_to_the_checkpoints_tensors_and_converts_to_the_same_file() {
+    use memwall_convert::export::{ExportDtype, ExportOptions, export};
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["tiny-gemma4", "tiny-gemma4-moe"] {
+        let hf = text_checkpoint(dir.path(), name);
+        // F32 there and back: the same file, metadata and vocabulary included.
+        let first = dir.path().join(format!("{name}.gguf"));
+        convert(&hf, &first, &options(OutType::F32, None), &Silent).unwrap();
+        let back = dir.path().join("back").join(name);
+        let f32 = ExportOptions {
+            dtype: ExportDtype::F32,
+            ..ExportOptions::default()
+        };
+        export(&first, &back, &f32, &Silent).unwrap();
+        let again = dir.path().join(format!("{name}-again.gguf"));
+        convert(&back, &again, &options(OutType::F32, None), &Silent).unwrap();
+        assert_eq!(
+            sha(&std::fs::read(&again).unwrap()),
+            sha(&std::fs::read(&first).unwrap()),
+            "{name}: F32 export converted again"
+        );
+        // BF16 (the checkpoint's own type): every tensor as the checkpoint has it.
+        let bf16 = dir.path().join(format!("{name}-bf16.gguf"));
+        convert(&hf, &bf16, &options(OutType::BF16, None), &Silent).unwrap();
+        let back = dir.path().join("back-bf16").join(name);
+        export(&bf16, &back, &ExportOptions::default(), &Silent).unwrap();
+        let original = std::fs::read(hf.join("model.safetensors")).unwrap();
+        let original = safetensors::SafeTensors::deserialize(&original).unwrap();
+        let ours = std::fs::read(back.join("model.safetensors")).unwrap();
+        let ours = safetensors::SafeTensors::deserialize(&ours).unwrap();
+        let (mut a, mut b) = (original.names(), ours.names());
+        a.sort();
+        b.sort();
+        assert_eq!(b, a, "{name}: tensor names");
+        for t in a {
+            let (x, y) = (original.tensor(t).unwrap(), ours.tensor(t).unwrap());
+            assert_eq!(y.shape(), x.shape(), "{name}: {t}");
+            assert!(y.data() == x.data(), "{name}: {t} differs");
+        }
+        let read = |p: &Path| -> Value {
+            serde_json::from_slice(&std::fs::read(p.join("config.json")).unwrap()).unwrap()
+        };
+        let (config, source) = (read(&back), read(&hf));
+        for key in [
+            "architectures",
+            "model_type",
+            "layer_types",
+            "head_dim",
+            "global_head_dim",
+            "num_key_value_heads",
+            "num_global_key_value_heads",
+            "sliding_window",
+            "final_logit_softcapping",
+            "rope_parameters",
+            "attention_k_eq_v",
+            "enable_moe_block",
+            "num_experts",
+            "top_k_experts",
+            "moe_intermediate_size",
+            "tie_word_embeddings",
+            "hidden_size_per_layer_input",
+        ] {
+            // A null is a key left to transformers' default, like a missing one.
+            let get = |c: &Value| c.get(key).filter(|v| !v.is_null()).cloned();
+            assert_eq!(get(&config), get(&source), "{name}: config.json {key}");
+        }
+        assert_eq!(
+            std::fs::read(back.join("chat_template.jinja")).unwrap(),
+            std::fs::read(hf.join("chat_template.jinja")).unwrap()
+        );
+    }
+}
+
+#[test]
+fn gemma4_vocabulary_exports_to_a_tokenizer_that_tokenizes_as_llama_cpp() {
+    use memwall_convert::export::tokenizer_files_of;
+    let vocab = llama_models().join("ggml-vocab-gemma-4.gguf");
+    let f = GgufFile::open(&vocab).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for (name, bytes) in tokenizer_files_of(f.metadata()).unwrap() {
+        std::fs::write(dir.path().join(name), bytes).unwrap();
+    }
+    let tokenizer = tokenizers::Tokenizer::from_file(dir.path().join("tokenizer.json")).unwrap();
+    let cases = vocab_test_cases(&vocab);
+    assert!(cases.len() >= 40, "{} cases", cases.len());
+    for (text, want) in &cases {
+        let got = tokenizer.encode(text.as_str(), false).unwrap();
+        assert_eq!(got.get_ids(), want, "{text:?}");
+        assert_eq!(tokenizer.decode(want, false).unwrap(), *text, "{text:?}");
+    }
+}
+
+#[test]
+fn gemma4_with_per_layer_embeddings_is_not_exported() {
+    // A file llama.cpp made of an E2B/E4B-style model (per-layer embeddings) is
+    // refused by name, and nothing is left at the output path.
+    use memwall_convert::export::{ExportOptions, export, partial_dir};
+    use memwall_format::gguf::{GgufWriter, TensorSpec, Value as Kv};
+    let dir = tempfile::tempdir().unwrap();
+    let hf = text_checkpoint(dir.path(), "tiny-gemma4");
+    let gguf = dir.path().join("g.gguf");
+    convert(&hf, &gguf, &options(OutType::F16, None), &Silent).unwrap();
+    let src = GgufFile::open(&gguf).unwrap();
+    let mut meta = src.header().metadata.clone();
+    meta.set("gemma4.embedding_length_per_layer_input", Kv::U32(64));
+    let specs = src.header().tensors.iter().map(TensorSpec::from).collect();
+    let edited = dir.path().join("e2b.gguf");
+    let mut w = GgufWriter::new(Vec::new(), &edited, src.header().version, meta, specs).unwrap();
+    for t in &src.header().tensors {
+        w.write_tensor_data(&t.name, src.tensor_data(t)).unwrap();
+    }
+    std::fs::write(&edited, w.finish().unwrap()).unwrap();
+    let out = dir.path().join("out");
+    let err = export(&edited, &out, &ExportOptions::default(), &Silent)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("e2b.gguf") && err.contains("E2B/E4B"), "{err}");
+    assert!(!out.exists() && !partial_dir(&out).exists());
 }

@@ -329,26 +329,6 @@ impl Family {
         }
     }
 
-    /// `memwall export` refuses the family by name (it cannot undo the
-    /// converter's transforms yet) and leaves nothing at the output path.
-    pub fn check_export_refused(&self) {
-        let reference = self.recorded();
-        let dir = tempfile::tempdir().unwrap();
-        let (name, v) = reference["variants"]
-            .as_object()
-            .unwrap()
-            .iter()
-            .next()
-            .unwrap();
-        let f16 = self.f16(dir.path(), name, v);
-        let out = dir.path().join("exported");
-        let run = memwall_in(dir.path(), &["export", s(&f16), s(&out)]);
-        let stderr = String::from_utf8_lossy(&run.stderr);
-        assert_eq!(run.status.code(), Some(1), "{stderr}");
-        assert!(stderr.contains("cannot be exported"), "{stderr}");
-        assert!(!out.exists());
-    }
-
     /// The planner's tensor list and llama.cpp's mixing rules, from
     /// config.json alone, give each tensor the type llama-quantize gave it,
     /// so the planned sizes are the files' sizes. Returns each variant's shape.
