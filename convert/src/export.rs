@@ -1076,6 +1076,11 @@ pub const EXPORTED_PRE: &[&str] = &[
     "qwen35",
 ];
 
+fn token_list(meta: &Metadata) -> Result<&[String], ModelError> {
+    meta.get_str_array("tokenizer.ggml.tokens")?
+        .ok_or_else(|| ModelError::MissingKey("tokenizer.ggml.tokens".into()))
+}
+
 fn ints(meta: &Metadata, key: &str) -> Result<Vec<i64>, ModelError> {
     match meta.get_array(key)? {
         Some(Array::I32(v)) => Ok(v.iter().map(|&x| x as i64).collect()),
@@ -1190,9 +1195,7 @@ fn sentencepiece_files(
     keys: &Keys,
 ) -> Result<Vec<(&'static str, Vec<u8>)>, ModelError> {
     use crate::sentencepiece::{Model, Piece, piece_type, write};
-    let tokens = meta
-        .get_str_array("tokenizer.ggml.tokens")?
-        .ok_or_else(|| ModelError::MissingKey("tokenizer.ggml.tokens".into()))?;
+    let tokens = token_list(meta)?;
     let types = ints(meta, "tokenizer.ggml.token_type")?;
     let scores: Vec<f32> = match meta.get_array("tokenizer.ggml.scores")? {
         Some(Array::F32(v)) => v.clone(),
@@ -1284,9 +1287,7 @@ fn gemma4_tokenizer_files(
     meta: &Metadata,
     keys: &Keys,
 ) -> Result<Vec<(&'static str, Vec<u8>)>, ModelError> {
-    let tokens = meta
-        .get_str_array("tokenizer.ggml.tokens")?
-        .ok_or_else(|| ModelError::MissingKey("tokenizer.ggml.tokens".into()))?;
+    let tokens = token_list(meta)?;
     let types = ints(meta, "tokenizer.ggml.token_type")?;
     if types.len() != tokens.len() {
         return Err(ModelError::TokenTypes {
@@ -1393,9 +1394,7 @@ fn tokenizer(meta: &Metadata, keys: &Keys) -> Result<(Json, Json), ModelError> {
     let pre = meta.get_str("tokenizer.ggml.pre")?.unwrap_or("default");
     let pre_tokenizer =
         pre_tokenizer(pre).ok_or_else(|| ModelError::PreTokenizer(pre.to_owned()))?;
-    let tokens = meta
-        .get_str_array("tokenizer.ggml.tokens")?
-        .ok_or_else(|| ModelError::MissingKey("tokenizer.ggml.tokens".into()))?;
+    let tokens = token_list(meta)?;
     let types = ints(meta, "tokenizer.ggml.token_type")?;
     if !types.is_empty() && types.len() != tokens.len() {
         return Err(ModelError::TokenTypes {

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{fixtures, options, sha, vocab_test_cases};
+use common::{assert_exported_vocabulary_passes, fixtures, options, sha};
 
 use std::path::Path;
 
@@ -374,21 +374,9 @@ fn qwen35_vocabulary_exports_to_a_tokenizer_that_tokenizes_as_llama_cpp() {
     // texts. (This file holds 151 936 tokens, not Qwen3.5's 248 320: its probe hash
     // is neither of the two qwen35 hashes in llama.cpp's table, so it cannot stand in
     // for the published tokenizer there; the hash is pinned to notice a change.)
-    use memwall_convert::export::tokenizer_files_of;
     use memwall_convert::vocab::probe_hash;
     let vocab = fixtures().join("cache/llama.cpp-0c1e570/models/ggml-vocab-qwen35.gguf");
-    let f = GgufFile::open(&vocab).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    for (name, bytes) in tokenizer_files_of(f.metadata()).unwrap() {
-        std::fs::write(dir.path().join(name), bytes).unwrap();
-    }
-    let tokenizer = tokenizers::Tokenizer::from_file(dir.path().join("tokenizer.json")).unwrap();
-    let cases = vocab_test_cases(&vocab);
-    assert!(cases.len() >= 40, "{} cases", cases.len());
-    for (text, want) in &cases {
-        let got = tokenizer.encode(text.as_str(), false).unwrap();
-        assert_eq!(got.get_ids(), want, "{text:?}");
-    }
+    let dir = assert_exported_vocabulary_passes(&vocab, false);
     assert_eq!(
         probe_hash(dir.path()).unwrap(),
         "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea"

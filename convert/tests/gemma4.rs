@@ -8,8 +8,8 @@
 mod common;
 
 use common::{
-    assert_converts_to, assert_tensors, fixtures, model_keys, options, planned_tensors,
-    recorded_keys, recorded_tensors, sha, vocab_test_cases,
+    assert_converts_to, assert_exported_vocabulary_passes, assert_tensors, fixtures, model_keys,
+    options, planned_tensors, recorded_keys, recorded_tensors, sha,
 };
 
 use std::path::{Path, PathBuf};
@@ -249,21 +249,7 @@ fn gemma4_exports_back_to_the_checkpoints_tensors_and_converts_to_the_same_file(
 
 #[test]
 fn gemma4_vocabulary_exports_to_a_tokenizer_that_tokenizes_as_llama_cpp() {
-    use memwall_convert::export::tokenizer_files_of;
-    let vocab = llama_models().join("ggml-vocab-gemma-4.gguf");
-    let f = GgufFile::open(&vocab).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    for (name, bytes) in tokenizer_files_of(f.metadata()).unwrap() {
-        std::fs::write(dir.path().join(name), bytes).unwrap();
-    }
-    let tokenizer = tokenizers::Tokenizer::from_file(dir.path().join("tokenizer.json")).unwrap();
-    let cases = vocab_test_cases(&vocab);
-    assert!(cases.len() >= 40, "{} cases", cases.len());
-    for (text, want) in &cases {
-        let got = tokenizer.encode(text.as_str(), false).unwrap();
-        assert_eq!(got.get_ids(), want, "{text:?}");
-        assert_eq!(tokenizer.decode(want, false).unwrap(), *text, "{text:?}");
-    }
+    assert_exported_vocabulary_passes(&llama_models().join("ggml-vocab-gemma-4.gguf"), true);
 }
 
 #[test]

@@ -276,3 +276,26 @@ pub fn vocab_test_cases(vocab: &Path) -> std::collections::BTreeMap<String, Vec<
         })
         .collect()
 }
+
+/// Exports the vocabulary of llama.cpp's vocabulary file `vocab` into a
+/// temporary folder and checks that the tokenizer.json there encodes (and,
+/// with `decode`, decodes) llama.cpp's test texts as its `.inp`/`.out` say.
+pub fn assert_exported_vocabulary_passes(vocab: &Path, decode: bool) -> tempfile::TempDir {
+    use memwall_convert::export::tokenizer_files_of;
+    let f = memwall_format::gguf::GgufFile::open(vocab).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for (name, bytes) in tokenizer_files_of(f.metadata()).unwrap() {
+        std::fs::write(dir.path().join(name), bytes).unwrap();
+    }
+    let tokenizer = tokenizers::Tokenizer::from_file(dir.path().join("tokenizer.json")).unwrap();
+    let cases = vocab_test_cases(vocab);
+    assert!(cases.len() >= 40, "{} cases", cases.len());
+    for (text, want) in &cases {
+        let got = tokenizer.encode(text.as_str(), false).unwrap();
+        assert_eq!(got.get_ids(), want, "{text:?}");
+        if decode {
+            assert_eq!(tokenizer.decode(want, false).unwrap(), *text, "{text:?}");
+        }
+    }
+    dir
+}
