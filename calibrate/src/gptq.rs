@@ -26,6 +26,7 @@ use rayon::prelude::*;
 
 use crate::CalibrateError;
 use crate::grid::{GPTQ_TYPES, Grid};
+use crate::lattice::{LATTICE_TYPES, LatticeGrid, UNIT};
 use crate::linalg::{Hessian, inverse_cholesky_upper};
 
 /// GPTQ settings.
@@ -135,7 +136,8 @@ pub fn quantize(
         .bytes as usize;
     let weights = IMATRIX_ENCODABLE.contains(&ty).then_some(imatrix);
     let mut out = vec![0u8; rows * row_bytes];
-    if !GPTQ_TYPES.contains(&ty) {
+    let lattice = LATTICE_TYPES.contains(&ty);
+    if !GPTQ_TYPES.contains(&ty) && !lattice {
         out.par_chunks_mut(row_bytes)
             .zip(w.par_chunks(cols))
             .try_for_each(|(o, r)| quantize_row_imatrix(ty, r, o, weights))
@@ -158,9 +160,12 @@ pub fn quantize(
                 .map(|(&v, &d)| if d { 0.0 } else { v })
                 .collect();
             let mut grids = Vec::with_capacity(n);
+            let mut points = Vec::with_capacity(n);
+            let no_grid = || CalibrateError::Input(format!("no grid for {ty}"));
             for k in 0..cols / bs {
                 let cols_k = k * bs..(k + 1) * bs;
                 grids.clear();
+                points.clear();
                 for r in 0..n {
                     let bytes = &mut o[r * row_bytes + k * block_bytes..][..block_bytes];
                     quantize_row_imatrix(
@@ -170,10 +175,19 @@ pub fn quantize(
                         weights.map(|m| &m[cols_k.clone()]),
                     )
                     .map_err(|e| CalibrateError::Input(e.to_string()))?;
-                    grids.push(
-                        Grid::read(ty, bytes)
-                            .ok_or_else(|| CalibrateError::Input(format!("no grid for {ty}")))?,
-                    );
+                    if lattice {
+                        points.push(LatticeGrid::read(ty, bytes).ok_or_else(no_grid)?);
+                    } else {
+                        grids.push(Grid::read(ty, bytes).ok_or_else(no_grid)?);
+                    }
+                }
+                if lattice {
+                    for (r, g) in points.iter_mut().enumerate() {
+                        let row = &mut wr[r * cols..(r + 1) * cols];
+                        lattice_block(g, row, cols_k.start, u, cols);
+                        g.pack(&mut o[r * row_bytes + k * block_bytes..][..block_bytes]);
+                    }
+                    continue;
                 }
                 for i in cols_k.clone() {
                     let j = i - k * bs;
@@ -198,6 +212,28 @@ pub fn quantize(
     Ok(out)
 }
 
+/// GPTQ over one lattice super-block of `row` (columns `c0..c0 + 256`):
+/// eight columns at a time, their point(s) and signs chosen from the current
+/// values by the loss GPTQ adds for them ([`LatticeGrid::choose`]); then each
+/// column's error spread over the later columns, in column order.
+fn lattice_block(g: &mut LatticeGrid, row: &mut [f32], c0: usize, u: &[f32], cols: usize) {
+    let mut ug = [[0f32; UNIT]; UNIT];
+    for unit in 0..256 / UNIT {
+        let i0 = c0 + UNIT * unit;
+        for (j, r) in ug.iter_mut().enumerate() {
+            r.copy_from_slice(&u[(i0 + j) * cols + i0..][..UNIT]);
+        }
+        g.choose(unit, &row[i0..i0 + UNIT], &ug);
+        for j in 0..UNIT {
+            let i = i0 + j;
+            let err = (row[i] - g.value(UNIT * unit + j)) / u[i * cols + i];
+            if err != 0.0 && err.is_finite() {
+                subtract_scaled(&mut row[i + 1..], err, &u[i * cols + i + 1..(i + 1) * cols]);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,7 +256,7 @@ mod tests {
     }
 
     #[test]
-    fn gptq_lowers_output_error_below_weighted_rounding_for_k_legacy_and_low_bit_types() {
+    fn gptq_lowers_output_error_below_weighted_rounding_for_k_legacy_low_bit_and_lattice_types() {
         let (rows, cols, tokens) = (16, 256, 512);
         let w = lcg(rows * cols, 3);
         // Correlated inputs with a few large channels, as real activations have.
@@ -245,6 +281,11 @@ mod tests {
             GgmlType::IQ4_XS,
             GgmlType::Q2_0,
             GgmlType::Q1_0,
+            GgmlType::IQ2_XXS,
+            GgmlType::IQ2_XS,
+            GgmlType::IQ2_S,
+            GgmlType::IQ3_XXS,
+            GgmlType::IQ3_S,
         ] {
             let rb = ty.tensor_size(&[cols as u64]).unwrap().bytes as usize;
             let decode = |bytes: &[u8]| {

@@ -27,6 +27,7 @@ pub mod gptq;
 pub mod grid;
 pub mod imatrix;
 pub mod influence;
+pub mod lattice;
 pub mod linalg;
 pub mod quantize;
 mod work;
