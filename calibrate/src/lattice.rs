@@ -37,18 +37,22 @@ pub const LATTICE_TYPES: [GgmlType; 5] = [
 /// Weights per unit of choice: one sign byte (one IQ2 point, two IQ3 points).
 pub const UNIT: usize = 8;
 
-/// Candidates per point whose GPTQ loss is computed in full.
-pub const SHORTLIST: usize = 8;
+/// Candidates per 8-value point (IQ2) whose GPTQ loss is computed in full.
+pub const SHORTLIST: usize = 32;
 
-/// The indices of the [`SHORTLIST`] smallest scores (`None` past the end;
-/// NaN scores are never taken), the first of equals first.
-fn shortlist(scores: impl Iterator<Item = f32>) -> [Option<usize>; SHORTLIST] {
-    let mut top: [(f32, Option<usize>); SHORTLIST] = [(f32::INFINITY, None); SHORTLIST];
+/// Candidates per 4-value point (IQ3; the two halves of a unit are tried in
+/// every pair, so this many squared).
+pub const SHORTLIST_HALF: usize = 8;
+
+/// The indices of the `N` smallest scores (`None` past the end; NaN scores
+/// are never taken), the first of equals first.
+fn shortlist<const N: usize>(scores: impl Iterator<Item = f32>) -> [Option<usize>; N] {
+    let mut top: [(f32, Option<usize>); N] = [(f32::INFINITY, None); N];
     for (i, c) in scores.enumerate() {
-        if c.is_nan() || c >= top[SHORTLIST - 1].0 {
+        if c.is_nan() || c >= top[N - 1].0 {
             continue;
         }
-        let mut k = SHORTLIST - 1;
+        let mut k = N - 1;
         while k > 0 && c < top[k - 1].0 {
             top[k] = top[k - 1];
             k -= 1;
@@ -182,7 +186,8 @@ impl LatticeGrid {
     /// factor `U` (upper triangular). The loss of a choice is what GPTQ adds
     /// for the unit's columns: `Σ errᵢ²` with `errᵢ = (xᵢ − qᵢ − Σ_{k<i} U[k][i]·errₖ) / U[i][i]`
     /// (the errors of earlier columns of the unit move the later ones). The
-    /// candidates are the [`SHORTLIST`] points (per half for IQ3) of least
+    /// candidates are the [`SHORTLIST`] points ([`SHORTLIST_HALF`] per half
+    /// for IQ3, every pair of them) of least
     /// `Σ (scale·point − |x|)² / U[i][i]²`, with the signs of `x` and, where the
     /// signs keep a parity and an odd number of `x` is negative, the flip that
     /// adds least to that sum (`4·scale·point·|x| / U[i][i]²`).
@@ -232,7 +237,7 @@ impl LatticeGrid {
                     .map(|j| 4.0 * cost[j] * s[j] * f32::from(p[j]) * a[j])
                     .fold(f32::INFINITY, f32::min)
             };
-            let short = shortlist(
+            let short = shortlist::<SHORTLIST>(
                 b8.iter()
                     .map(|p| fit(p, 0) + if odd { flip_bound(p) } else { 0.0 }),
             );
@@ -256,12 +261,15 @@ impl LatticeGrid {
                     .fold(f32::INFINITY, f32::min)
             };
             let halves = [0, 1].map(|h| {
-                let mut list: Vec<usize> = shortlist(b4.iter().map(|p| fit(p, 4 * h)))
-                    .into_iter()
-                    .flatten()
-                    .collect();
+                let mut list: Vec<usize> =
+                    shortlist::<SHORTLIST_HALF>(b4.iter().map(|p| fit(p, 4 * h)))
+                        .into_iter()
+                        .flatten()
+                        .collect();
                 if odd {
-                    let flipped = shortlist(b4.iter().map(|p| fit(p, 4 * h) + flip_in(p, 4 * h)));
+                    let flipped = shortlist::<SHORTLIST_HALF>(
+                        b4.iter().map(|p| fit(p, 4 * h) + flip_in(p, 4 * h)),
+                    );
                     for p in flipped.into_iter().flatten() {
                         if !list.contains(&p) {
                             list.push(p);
