@@ -26,16 +26,7 @@ heldout="$root/fixtures/perplexity/heldout-24k.txt"
 bin=""
 [ -n "${LLAMA_CPP:-}" ] && bin="$LLAMA_CPP/${LLAMA_BUILD:-build}/bin"
 
-python3 - "$root" "$work" <<'PY'
-import json, re, sys
-root, work = sys.argv[1:]
-docs = [json.loads(l) for l in open(f"{root}/fixtures/tiny-zh/heldout.jsonl", encoding="utf-8")]
-def cjk(t):
-    c = len(re.findall(r"[\u4e00-\u9fff]", t)); l = len(re.findall(r"[A-Za-z]", t)); return c / max(1, c + l)
-# Documents 0..42 are the evaluation text (heldout-24k.txt).
-later = [d["text"] for d in docs[60:] if cjk(d["text"]) >= 0.3]
-open(f"{work}/calib-zh.txt", "w", encoding="utf-8").write("\n\n".join(later))
-PY
+python3 "$here/calib_zh_text.py" "$root" "$work/calib-zh.txt"
 
 kld() {
   "$mw" perplexity -m "$1" --kl-divergence "$2" -t "$THREADS" --json 2>/dev/null |

@@ -1076,6 +1076,18 @@ pub const EXPORTED_PRE: &[&str] = &[
     "qwen35",
 ];
 
+/// GGUF merges (`"left right"`) as tokenizer.json's pairs.
+fn merge_pairs(merges: &[String]) -> Result<Vec<Json>, ModelError> {
+    merges
+        .iter()
+        .map(|m| {
+            m.split_once(' ')
+                .map(|(a, b)| json!([a, b]))
+                .ok_or_else(|| ModelError::Merge(m.clone()))
+        })
+        .collect()
+}
+
 fn token_list(meta: &Metadata) -> Result<&[String], ModelError> {
     meta.get_str_array("tokenizer.ggml.tokens")?
         .ok_or_else(|| ModelError::MissingKey("tokenizer.ggml.tokens".into()))
@@ -1316,14 +1328,7 @@ fn gemma4_tokenizer_files(
             special.push(t.clone());
         }
     }
-    let merges: Vec<Json> = merges
-        .iter()
-        .map(|m| {
-            m.split_once(' ')
-                .map(|(a, b)| json!([a, b]))
-                .ok_or_else(|| ModelError::Merge(m.clone()))
-        })
-        .collect::<Result<_, _>>()?;
+    let merges = merge_pairs(merges)?;
     let tokenizer = json!({
         "version": "1.0",
         "truncation": null,
@@ -1421,14 +1426,7 @@ fn tokenizer(meta: &Metadata, keys: &Keys) -> Result<(Json, Json), ModelError> {
             }));
         }
     }
-    let merges: Vec<Json> = merges
-        .iter()
-        .map(|m| {
-            m.split_once(' ')
-                .map(|(a, b)| json!([a, b]))
-                .ok_or_else(|| ModelError::Merge(m.clone()))
-        })
-        .collect::<Result<_, _>>()?;
+    let merges = merge_pairs(merges)?;
     // Written back only when the GGUF says: llama.cpp writes what the checkpoint said.
     let flag = |k: &str| -> Result<Option<bool>, MetadataError> {
         meta.get_bool(&format!("tokenizer.ggml.add_{k}_token"))
