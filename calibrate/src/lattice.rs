@@ -206,13 +206,22 @@ impl LatticeGrid {
         };
         let negative: u8 = (0..UNIT).filter(|&j| x[j] < 0.0).fold(0, |m, j| m | 1 << j);
         let odd = self.parity() && negative.count_ones() % 2 == 1;
+        // What flipping the sign of weight `j` (magnitude `m`) adds to the fit.
+        let flip_cost = |j: usize, m: i8| 4.0 * cost[j] * s[j] * f32::from(m) * a[j];
+        // The cheapest flip among the magnitudes `p` of weights `j0..`.
+        let cheapest_flip = |p: &[i8], j0: usize| -> f32 {
+            p.iter()
+                .enumerate()
+                .map(|(j, &m)| flip_cost(j0 + j, m))
+                .fold(f32::INFINITY, f32::min)
+        };
         // The signs for magnitudes `m`: those of `x`, with the cheapest flip
         // when the parity needs one.
         let signs_for = |m: &[i8; UNIT]| -> u8 {
             if !odd {
                 return negative;
             }
-            let delta = |j: usize| cost[j] * s[j] * f32::from(m[j]) * a[j];
+            let delta = |j: usize| flip_cost(j, m[j]);
             let j = (0..UNIT).fold(0, |b, j| if delta(j) < delta(b) { j } else { b });
             negative ^ 1 << j
         };
@@ -232,14 +241,9 @@ impl LatticeGrid {
         let (b8, b4) = book(self.ty);
         let mut best = (f32::INFINITY, [0u16; 2], negative);
         if b4.is_empty() {
-            let flip_bound = |p: &[i8; 8]| -> f32 {
-                (0..UNIT)
-                    .map(|j| 4.0 * cost[j] * s[j] * f32::from(p[j]) * a[j])
-                    .fold(f32::INFINITY, f32::min)
-            };
             let short = shortlist::<SHORTLIST>(
                 b8.iter()
-                    .map(|p| fit(p, 0) + if odd { flip_bound(p) } else { 0.0 }),
+                    .map(|p| fit(p, 0) + if odd { cheapest_flip(p, 0) } else { 0.0 }),
             );
             for &p in short.iter().flatten() {
                 let m = b8[p];
@@ -255,11 +259,6 @@ impl LatticeGrid {
         } else {
             // Per half, the points of least fit, and with an odd count also
             // those of least fit plus a flip inside the half.
-            let flip_in = |p: &[i8; 4], j0: usize| -> f32 {
-                (0..4)
-                    .map(|j| 4.0 * cost[j0 + j] * s[j0 + j] * f32::from(p[j]) * a[j0 + j])
-                    .fold(f32::INFINITY, f32::min)
-            };
             let halves = [0, 1].map(|h| {
                 let mut list: Vec<usize> =
                     shortlist::<SHORTLIST_HALF>(b4.iter().map(|p| fit(p, 4 * h)))
@@ -268,7 +267,7 @@ impl LatticeGrid {
                         .collect();
                 if odd {
                     let flipped = shortlist::<SHORTLIST_HALF>(
-                        b4.iter().map(|p| fit(p, 4 * h) + flip_in(p, 4 * h)),
+                        b4.iter().map(|p| fit(p, 4 * h) + cheapest_flip(p, 4 * h)),
                     );
                     for p in flipped.into_iter().flatten() {
                         if !list.contains(&p) {

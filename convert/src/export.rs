@@ -559,24 +559,6 @@ fn pieces(model: &GgufModel, arch: &Arch, keys: &Keys) -> Result<Vec<Piece>, Mod
             }
             return Err(ModelError::RopeFreqs);
         }
-        if arch.gemma {
-            let hf = gemma4_hf_name(&t.name).ok_or_else(|| ModelError::NoHfName {
-                tensor: t.name.clone(),
-                model_type: arch.model_type,
-            })?;
-            out.push(Piece {
-                hf,
-                source: t.name.clone(),
-                first_row: 0,
-                rows,
-                row_len,
-                shape,
-                head: None,
-                heads: None,
-                values: Values::AsRead,
-            });
-            continue;
-        }
         let stacked = arch.experts.and_then(|e| {
             let (module, suffix) = t.name.rsplit_once('.')?;
             let (blk, kind) = module.strip_prefix("blk.")?.split_once('.')?;
@@ -608,7 +590,14 @@ fn pieces(model: &GgufModel, arch: &Arch, keys: &Keys) -> Result<Vec<Piece>, Mod
             }
             continue;
         }
-        let hf = hf_name(arch, &t.name).ok_or_else(|| ModelError::NoHfName {
+        // Gemma 4 has neither stacked experts nor a Q/K permutation nor
+        // hybrid transforms: only its names differ.
+        let hf = if arch.gemma {
+            gemma4_hf_name(&t.name)
+        } else {
+            hf_name(arch, &t.name)
+        };
+        let hf = hf.ok_or_else(|| ModelError::NoHfName {
             tensor: t.name.clone(),
             model_type: arch.model_type,
         })?;
