@@ -16,6 +16,7 @@
 
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
+use std::ops::Range;
 
 use super::super::scalar::{
     Blocks, FLOAT_PARTIALS, FloatSum, f16_tail_step, k4_scales, term, term_kmin,
@@ -2175,14 +2176,20 @@ fn f16w_group<const M: usize>(w: &[u8], a: &[f32], cols: usize, out: &mut [f32])
 // weight vectors (or loads them, when matmul widened the rows once for all
 // its tiles of tokens) and loads `F16_TOKENS` activation vectors for eight
 // multiply-adds, and the pairs' four vectors are folded as `fold32_ps`
-// folds them. A tile's rows and activations (2 × 2 or 2 × 4, and 4 × 4
-// bytes a column) stay in L1 over the four sweeps; tokens are the outer
-// loop, so the tile of activations is reused by every block of rows.
+// folds them. The four sweeps go block of columns by block of columns
+// ([`F16_BLOCK`]), the partial vectors kept between blocks, so that a
+// tile's rows and activations (2 × 2 or 2 × 4, and 4 × 4 bytes a column)
+// stay in L1 over the sweeps at any width; tokens are the outer loop, so
+// the tile of activations is reused by every block of rows.
 
 /// Weight rows per tile.
 const F16_ROWS: usize = 2;
 /// Tokens per tile.
 const F16_TOKENS: usize = 4;
+/// Columns a tile sweeps four times before going on (a multiple of 32): a
+/// 2 × 4 tile of 512 columns is 12 KiB, in L1 over its sweeps, where whole
+/// rows of 1536 columns or more are not.
+const F16_BLOCK: usize = 512;
 
 /// [`RowsF16F32`](crate::kernels::RowsF16F32) for two tokens or more.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -2255,31 +2262,29 @@ fn f16_tile<const R: usize, const T: usize, const WIDE: bool>(
         w_len == cols * R && a.len() == cols * T && out.len() > (R - 1) * stride + T - 1,
         "f16 tile lengths"
     );
-    // `(p0 + p1)` and `p2` of each pair between the sweeps.
-    let mut low = [[_mm256_setzero_ps(); R]; T];
-    let mut p2 = [[_mm256_setzero_ps(); R]; T];
-    for k in 0..4 {
-        let p = f16_sweep::<R, T, WIDE>(w, wide, cols, a, 8 * k);
-        for t in 0..T {
-            for r in 0..R {
-                match k {
-                    0 => low[t][r] = p[t][r],
-                    1 => low[t][r] = _mm256_add_ps(low[t][r], p[t][r]),
-                    2 => p2[t][r] = p[t][r],
-                    _ => {
-                        let v = _mm256_add_ps(low[t][r], _mm256_add_ps(p2[t][r], p[t][r]));
-                        out[r * stride + t] = tree8_ps(v);
-                    }
-                }
-            }
+    // Each block of columns is swept four times while its rows and
+    // activations are in L1; the pairs' partial vectors wait in `acc`.
+    let mut acc = [[[_mm256_setzero_ps(); R]; T]; 4];
+    for c0 in (0..cols).step_by(F16_BLOCK) {
+        let c1 = (c0 + F16_BLOCK).min(cols);
+        for (k, acc) in acc.iter_mut().enumerate() {
+            *acc = f16_sweep::<R, T, WIDE>(w, wide, cols, a, c0..c1, 8 * k, *acc);
+        }
+    }
+    for t in 0..T {
+        for r in 0..R {
+            let [p0, p1, p2, p3] = acc.map(|p| p[t][r]);
+            let v = _mm256_add_ps(_mm256_add_ps(p0, p1), _mm256_add_ps(p2, p3));
+            out[r * stride + t] = tree8_ps(v);
         }
     }
 }
 
-/// One partial vector of every pair of a tile: the sums over columns
-/// `32s + first..32s + first + 8` (`first` is 0, 8, 16 or 24), the columns
-/// past `cols` as zeros (adding `+0` leaves a partial unchanged: it starts
-/// at `+0`, so is never `-0`).
+/// One partial vector of every pair of a tile, `acc`, carried on over the
+/// columns `32s + first..32s + first + 8` inside `span` (`first` is 0, 8, 16
+/// or 24; `span` starts at a multiple of 32), the columns past `cols` as
+/// zeros (adding `+0` leaves a partial unchanged: it starts at `+0`, so is
+/// never `-0`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn f16_sweep<const R: usize, const T: usize, const WIDE: bool>(
@@ -2287,13 +2292,14 @@ fn f16_sweep<const R: usize, const T: usize, const WIDE: bool>(
     wide: &[f32],
     cols: usize,
     a: &[f32],
+    span: Range<usize>,
     first: usize,
+    mut acc: [[__m256; R]; T],
 ) -> [[__m256; R]; T] {
     let (wp, widep, ap) = (w.as_ptr(), wide.as_ptr(), a.as_ptr());
-    let mut acc = [[_mm256_setzero_ps(); R]; T];
     let full = cols / 32 * 32;
-    let mut c = first;
-    while c < full {
+    let mut c = span.start + first;
+    while c < full.min(span.end) {
         // SAFETY: columns `c..c + 8 ≤ full ≤ cols` of rows `r < R` and tokens
         // `t < T`, in bounds (lengths checked by the caller); unaligned loads.
         let x: [__m256; R] = std::array::from_fn(|r| unsafe {
@@ -2312,7 +2318,7 @@ fn f16_sweep<const R: usize, const T: usize, const WIDE: bool>(
         }
         c += 32;
     }
-    if c < cols {
+    if span.end == cols && c < cols {
         let n = cols - c;
         let x: [__m256; R] = std::array::from_fn(|r| {
             if WIDE {
