@@ -704,6 +704,8 @@ fn tiled_products_match_scalar_for_ragged_rows_and_tokens() {
         GgmlType::IQ3_S,
         GgmlType::IQ1_S,
         GgmlType::IQ1_M,
+        GgmlType::TQ1_0,
+        GgmlType::TQ2_0,
     ];
     for b in Backend::supported() {
         for threads in [1, 2] {

@@ -20,6 +20,29 @@ pub(crate) const KEY_TILE: usize = 32;
 /// for all of them, and their sums are independent chains the CPU overlaps.
 pub(crate) const HEADS: usize = 4;
 
+/// Rows of `a` taken together by [`super::Kernels::product_f32`] (calibration's
+/// Hessians and error scores): with 16 columns at a time, twelve AVX2
+/// accumulators, each column vector loaded once for six rows.
+pub(crate) const PRODUCT_ROWS: usize = 6;
+
+/// `$f::<N, $tile>($args…)` for the `N = $rows` of the call (1 to
+/// [`PRODUCT_ROWS`]); panics on more.
+macro_rules! by_product_rows {
+    ($f:ident, $tile:literal, $rows:expr, $($arg:expr),*) => {
+        match $rows {
+            1 => $f::<1, $tile>($($arg),*),
+            2 => $f::<2, $tile>($($arg),*),
+            3 => $f::<3, $tile>($($arg),*),
+            4 => $f::<4, $tile>($($arg),*),
+            5 => $f::<5, $tile>($($arg),*),
+            6 => $f::<6, $tile>($($arg),*),
+            n => panic!("{}: {n} rows (at most {})", stringify!($f), $crate::kernels::attn::PRODUCT_ROWS),
+        }
+    };
+}
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
+pub(crate) use by_product_rows;
+
 /// `$f::<N, $tile>($args…)` for the `N = $heads` of the call (1 to
 /// [`HEADS`]); panics on more.
 macro_rules! by_heads {
@@ -103,7 +126,7 @@ pub(crate) fn product_tiles(
     stride: usize,
     out: &mut [[f32; KEY_TILE]],
 ) {
-    by_heads!(product_tiles_generic, 16, out.len(), q, hd, kt, stride, out)
+    by_product_rows!(product_tiles_generic, 16, out.len(), q, hd, kt, stride, out)
 }
 
 /// [`key_tiles_generic`] with a fused multiply-add per step, the float

@@ -1036,7 +1036,8 @@ pub(crate) struct OpsTable {
     /// [`Kernels::key_tiles`] for `out.len() ≤ attn::HEADS` heads.
     pub(crate) key_tiles: KeyTiles,
     /// The tiles of [`Kernels::product_f32`]: [`Kernels::key_tiles`]' shape
-    /// with a fused multiply-add per step.
+    /// for `out.len() ≤ attn::PRODUCT_ROWS` rows, with a fused multiply-add
+    /// per step.
     pub(crate) product_tiles: KeyTiles,
     /// The accumulation of [`Kernels::weighted_rows`] over scores already
     /// divided by their sums: `(out, probs, v, heads)`.
@@ -1363,13 +1364,13 @@ impl Kernels {
             return;
         }
         let tile = attn::KEY_TILE;
-        let mut tiles = [[0f32; attn::KEY_TILE]; attn::HEADS];
+        let mut tiles = [[0f32; attn::KEY_TILE]; attn::PRODUCT_ROWS];
         // Columns outer: a tile of `b` is read by every row of `a` while it
         // is in the cache.
         let mut j0 = cols.start;
         while j0 + tile <= cols.end {
-            for i0 in (0..m).step_by(attn::HEADS) {
-                let nh = attn::HEADS.min(m - i0);
+            for i0 in (0..m).step_by(attn::PRODUCT_ROWS) {
+                let nh = attn::PRODUCT_ROWS.min(m - i0);
                 let q = &a[i0 * k..(i0 + nh) * k];
                 (self.table.ops.product_tiles)(q, k, &b[j0..], n, &mut tiles[..nh]);
                 for (h, t) in tiles[..nh].iter().enumerate() {

@@ -1,10 +1,10 @@
-//! Tiled prompt products of the K-quants, IQ4_XS and the lattice i-quants: a work item's weight
+//! Tiled prompt products of the K-quants, IQ4_XS, the lattice i-quants and the ternary types: a work item's weight
 //! rows are unpacked once into *panels* of signed byte values and integer
 //! sub-block scales, which every tile of tokens then reads with byte dot
 //! products: AVX-512 `vpdpbusd` on sixteen weight rows to a register, AVX2
-//! `vpmaddubsw` on eight (for the types whose values are at most 32 in
+//! `vpmaddubsw` on eight (for the types whose values are at most 64 in
 //! magnitude, [`Layout::max_value`], as its 16-bit pair sums must not
-//! saturate).
+//! saturate: all but IQ4_XS).
 //!
 //! The arithmetic is the canonical order's (kernels/mod.rs): a super-block's
 //! integer sums are exact in any order. The byte products take unsigned
@@ -36,7 +36,8 @@
 use memwall_format::GgmlType;
 use memwall_format::blocks::{
     Block, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
-    BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, IQ4NL_GRID, Lattice, as_blocks,
+    BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockTq1_0, BlockTq2_0,
+    IQ4NL_GRID, Lattice, as_blocks,
 };
 
 use super::scalar::k4_scales;
@@ -235,6 +236,31 @@ impl Tiled for BlockIq4Xs {
     }
 }
 
+/// The ternary types: values `t − 1` (−1, 0 or 1) under one scale, as
+/// eight sub-blocks of scale 1 (the super-block's integer sum is the
+/// single product's).
+impl Tiled for BlockTq1_0 {
+    const LAYOUT: Layout = Layout::scaled(8, false, 1);
+    fn unpack(&self, u: &mut Unpacked) {
+        for (v, t) in u.values.iter_mut().zip(self.trits()) {
+            *v = t as i8 - 1;
+        }
+        u.scales[..8].fill(1);
+        (u.d, u.dmin) = (self.d.to_f32(), 0.0);
+    }
+}
+
+impl Tiled for BlockTq2_0 {
+    const LAYOUT: Layout = Layout::scaled(8, false, 1);
+    fn unpack(&self, u: &mut Unpacked) {
+        for (i, v) in u.values.iter_mut().enumerate() {
+            *v = self.value(i) as i8 - 1;
+        }
+        u.scales[..8].fill(1);
+        (u.d, u.dmin) = (self.d.to_f32(), 0.0);
+    }
+}
+
 /// The lattice types: the signed values and integer scales of their
 /// [`Groups`](memwall_format::blocks::Groups), under `d`; `max_value` is the largest
 /// grid value (with the IQ1 offset, `8·1 + 1`).
@@ -271,7 +297,8 @@ macro_rules! with_block {
         with_block!(@ $ty, $b, $body, $none;
             Q2_K BlockQ2K, Q3_K BlockQ3K, Q4_K BlockQ4K, Q5_K BlockQ5K, Q6_K BlockQ6K,
             IQ4_XS BlockIq4Xs, IQ2_XXS BlockIq2Xxs, IQ2_XS BlockIq2Xs, IQ2_S BlockIq2S,
-            IQ3_XXS BlockIq3Xxs, IQ3_S BlockIq3S, IQ1_S BlockIq1S, IQ1_M BlockIq1M)
+            IQ3_XXS BlockIq3Xxs, IQ3_S BlockIq3S, IQ1_S BlockIq1S, IQ1_M BlockIq1M,
+            TQ1_0 BlockTq1_0, TQ2_0 BlockTq2_0)
     };
     (@ $ty:expr, $b:ident, $body:expr, $none:expr; $($t:ident $blk:ident),*) => {
         match $ty {

@@ -24,7 +24,7 @@ use super::super::scalar::{
 use crate::forward::math::{
     EXP_FAST_C, EXP_FAST_MAX, EXP_FAST_MIN, LN2_HI_F32, LN2_LO_F32, LOG2E_F32, ROUND_F32, exp_fast,
 };
-use crate::kernels::attn::{self, KEY_TILE, by_heads};
+use crate::kernels::attn::{self, KEY_TILE, by_heads, by_product_rows};
 use crate::kernels::{
     BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, OpsTable, Q8_GROUP_BYTES, Q8KRows, Q8Rows, QK8_0,
     RowsTable, Scaled, TiledProduct, block_entries, block_table, tiled,
@@ -178,7 +178,7 @@ pub(crate) static TABLE: DotTable = memwall_format::block_types!([block_table] e
         q6_k_column: Some(c_q6_k),
         tiled: Some(TiledProduct {
             product: t_tiled,
-            max_value: 32,
+            max_value: 64,
         }),
         q8k_groups: false,
     },
@@ -208,7 +208,7 @@ fn o_key_tiles(q: &[f32], hd: usize, kt: &[f32], stride: usize, out: &mut [[f32;
 
 fn o_product_tiles(q: &[f32], hd: usize, kt: &[f32], stride: usize, out: &mut [[f32; KEY_TILE]]) {
     // SAFETY: as for `entry!`.
-    unsafe { by_heads!(product_tiles, 16, out.len(), q, hd, kt, stride, out) }
+    unsafe { by_product_rows!(product_tiles, 16, out.len(), q, hd, kt, stride, out) }
 }
 
 fn o_weighted_rows(out: &mut [f32], probs: &[f32], v: &[f32], heads: usize) {
@@ -1641,10 +1641,12 @@ fn iq4_xs_sums(b: &BlockIq4Xs, y: &BlockQ8K) -> (__m256i, __m256i) {
 // Lanes are eight weight rows, half a panel at a time; each token's four
 // biased quants (`a + 128`, unsigned) are broadcast against four signed
 // values of each row. `vpmaddubsw` adds two products into 16 bits, exactly
-// for the types whose values are at most 32 in magnitude (`2 · 255 · 32`,
-// twice, is below 2^15), so two groups of four add in 16 bits before
-// `vpmaddwd` against the sub-block scale (an `i16` pair) adds them into the
-// row's 32-bit sum, which starts at the row's bias (the 128 taken back out).
+// for the types whose values are at most 64 in magnitude (`2 · 255 · 64` is
+// below 2^15); where they are at most 32 (`2 · 255 · 32`, twice, is too),
+// two groups of four add in 16 bits before `vpmaddwd` against the sub-block
+// scale (an `i16` pair) adds them into the row's 32-bit sum, which starts at
+// the row's bias (the 128 taken back out); up to 64 each group goes to
+// `vpmaddwd` alone.
 // The minimums' `summs` are `vpmaddwd` of `i16` pairs against the token's
 // stored quant sums; each (row, token) term goes to its partial `b % 8`
 // with the scalar operations.
@@ -1706,7 +1708,26 @@ macro_rules! tiled_entry {
 }
 pub(super) use tiled_entry;
 
-tiled_entry!(t_tiled, tiled_k);
+tiled_entry!(t_tiled32, tiled_k);
+tiled_entry!(t_tiled64, tiled_k64);
+
+/// The AVX2 tiled product: values of at most 32 in magnitude add two byte
+/// pairs in 16 bits ([`tiled_k`]), values of at most 64 (the IQ2 types,
+/// IQ3_XXS) widen each pair ([`tiled_k64`]).
+fn t_tiled(
+    layout: tiled::Layout,
+    nb: usize,
+    panels: &[u8],
+    acts: &[u8],
+    out: &mut [f32],
+    stride: usize,
+) {
+    if layout.max_value <= 32 {
+        t_tiled32(layout, nb, panels, acts, out, stride);
+    } else {
+        t_tiled64(layout, nb, panels, acts, out, stride);
+    }
+}
 
 /// Word `i` of `bytes` (little-endian).
 #[inline]
@@ -1721,6 +1742,33 @@ pub(super) fn word(bytes: &[u8], i: usize) -> i32 {
 /// the single product's bits. Values of at most 32 in magnitude.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn tiled_k<const NSUB: usize, const MINS: bool>(
+    panel: &[u8],
+    acts: &[u8],
+    out: &mut [f32],
+    stride: usize,
+    factor: f32,
+) {
+    tiled_any::<NSUB, MINS, true>(panel, acts, out, stride, factor);
+}
+
+/// [`tiled_k`] for values of at most 64 in magnitude: each `vpmaddubsw`
+/// pair sum (at most `2 · 255 · 64`) goes to `vpmaddwd` alone.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tiled_k64<const NSUB: usize, const MINS: bool>(
+    panel: &[u8],
+    acts: &[u8],
+    out: &mut [f32],
+    stride: usize,
+    factor: f32,
+) {
+    tiled_any::<NSUB, MINS, false>(panel, acts, out, stride, factor);
+}
+
+/// [`tiled_k`] (`PAIRED`: two byte-pair sums added in 16 bits) or
+/// [`tiled_k64`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tiled_any<const NSUB: usize, const MINS: bool, const PAIRED: bool>(
     panel: &[u8],
     acts: &[u8],
     out: &mut [f32],
@@ -1754,11 +1802,17 @@ fn tiled_k<const NSUB: usize, const MINS: bool>(
                     for (t, s1) in s1.iter_mut().enumerate() {
                         let q0 = _mm256_set1_epi32(word(a, t));
                         let q1 = _mm256_set1_epi32(word(a, T + t));
-                        let x = _mm256_add_epi16(
-                            _mm256_maddubs_epi16(q0, w0),
-                            _mm256_maddubs_epi16(q1, w1),
-                        );
-                        *s1 = _mm256_add_epi32(*s1, _mm256_madd_epi16(x, sc));
+                        let (x0, x1) = (_mm256_maddubs_epi16(q0, w0), _mm256_maddubs_epi16(q1, w1));
+                        *s1 = if PAIRED {
+                            let x = _mm256_add_epi16(x0, x1);
+                            _mm256_add_epi32(*s1, _mm256_madd_epi16(x, sc))
+                        } else {
+                            let x = _mm256_add_epi32(
+                                _mm256_madd_epi16(x0, sc),
+                                _mm256_madd_epi16(x1, sc),
+                            );
+                            _mm256_add_epi32(*s1, x)
+                        };
                     }
                 }
             }

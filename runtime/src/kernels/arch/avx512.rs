@@ -27,7 +27,7 @@ use super::avx2::{
 use crate::forward::math::{
     EXP_FAST_C, EXP_FAST_MAX, EXP_FAST_MIN, LN2_HI_F32, LN2_LO_F32, LOG2E_F32, ROUND_F32, exp_fast,
 };
-use crate::kernels::attn::{self, KEY_TILE, by_heads};
+use crate::kernels::attn::{self, KEY_TILE, by_heads, by_product_rows};
 use crate::kernels::scalar::{Blocks, k4_scales, term};
 use crate::kernels::tiled;
 use crate::kernels::{
@@ -178,7 +178,7 @@ fn o_key_tiles(q: &[f32], hd: usize, kt: &[f32], stride: usize, out: &mut [[f32;
 
 fn o_product_tiles(q: &[f32], hd: usize, kt: &[f32], stride: usize, out: &mut [[f32; KEY_TILE]]) {
     // SAFETY: as for `entry!`.
-    unsafe { by_heads!(product_tiles, 32, out.len(), q, hd, kt, stride, out) }
+    unsafe { by_product_rows!(product_tiles, 32, out.len(), q, hd, kt, stride, out) }
 }
 
 fn o_weighted_rows(out: &mut [f32], probs: &[f32], v: &[f32], heads: usize) {
