@@ -257,7 +257,7 @@ mod tests {
             .collect();
         let mut h = Hessian::new(cols);
         let k = Kernels::detect();
-        h.add(&k, &x, tokens);
+        h.add(&k, None, &x, tokens);
         let hf: Vec<f32> = h.full().iter().map(|&v| v as f32).collect();
         let lin = [Linear {
             name: "w",

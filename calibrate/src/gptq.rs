@@ -270,7 +270,12 @@ mod tests {
             }
         }
         let mut h = Hessian::new(cols);
-        h.add(&memwall_runtime::kernels::Kernels::detect(), &x, tokens);
+        h.add(
+            &memwall_runtime::kernels::Kernels::detect(),
+            None,
+            &x,
+            tokens,
+        );
         let imatrix = h.mean_square();
         let prepared = prepare(&mut h, Settings::default(), "test").unwrap();
         for ty in [
@@ -324,7 +329,7 @@ mod tests {
             row[3] = 0.0;
         }
         let mut h = Hessian::new(cols);
-        h.add(&memwall_runtime::kernels::Kernels::detect(), &x, 64);
+        h.add(&memwall_runtime::kernels::Kernels::detect(), None, &x, 64);
         let p = prepare(&mut h, Settings::default(), "test").unwrap();
         assert!(p.dead[3]);
         let w = vec![1.0f32; cols];

@@ -4,8 +4,16 @@
 //! (factorisations) and `f32` where size does (the accumulated products are
 //! summed per sample in `f32`, across samples in `f64`).
 
-use memwall_runtime::kernels::Kernels;
+use std::cell::RefCell;
+use std::sync::Mutex;
+
+use memwall_runtime::kernels::{Kernels, Pool};
 use rayon::prelude::*;
+
+thread_local! {
+    /// A thread's buffers for [`Hessian::add`]'s blocks: gathered columns, sums.
+    static SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
 
 /// `Σ xᵀx` over the rows `x` of every input seen, and `Σ |x|` per column.
 #[derive(Clone, Debug)]
@@ -34,31 +42,43 @@ impl Hessian {
 
     /// Adds `rows` rows of `n` values: each entry's sum over the rows in
     /// `f32` ([`Kernels::product_f32`]: the same bits on every backend and
-    /// thread count), added to the `f64` total.
-    pub fn add(&mut self, kernels: &Kernels, x: &[f32], rows: usize) {
+    /// thread count), added to the `f64` total. The blocks of rows go over
+    /// `pool` (the forward pass's own threads, which calls this between its
+    /// products: a second pool of threads would share the cores with its
+    /// polling workers), or the calling thread alone.
+    pub fn add(&mut self, kernels: &Kernels, pool: Option<&Pool>, x: &[f32], rows: usize) {
         let n = self.n;
         if rows == 0 || x.len() != rows * n {
             return;
         }
-        // Row i of `t` is column i of `x`.
-        let mut t = vec![0f32; n * rows];
-        for (r, row) in x.chunks_exact(n).enumerate() {
-            for (c, &v) in row.iter().enumerate() {
-                t[c * rows + r] = v;
-            }
-        }
-        let t = &t;
-        // Blocks of rows of H, each computing the columns up to its last row.
-        const BLOCK: usize = 32;
-        self.h
-            .par_chunks_mut(n * BLOCK)
-            .enumerate()
-            .for_each(|(b, out)| {
-                let i0 = b * BLOCK;
-                let m = out.len() / n;
-                let mut sums = vec![0f32; m * n];
-                let a = &t[i0 * rows..(i0 + m) * rows];
-                kernels.product_f32(a, m, rows, x, n, 0..i0 + m, &mut sums);
+        // Blocks of rows of H, each computing the columns up to its last row
+        // (rounded up to whole tiles of the product: the upper triangle's
+        // extra values are not kept), from its own columns of `x` gathered
+        // as rows, whose absolute values it also sums. Six rows go through
+        // the product at a time.
+        const BLOCK: usize = 36;
+        // Block `b`'s rows of H (`out`) and absolute sums (`abs`), through a
+        // thread's buffers (kept: fresh ones of this size cost a page fault
+        // per 4 KiB on every call).
+        let block_sums =
+            |b: usize, out: &mut [f64], abs: &mut [f64], a: &mut Vec<f32>, sums: &mut Vec<f32>| {
+                let (i0, m) = (b * BLOCK, abs.len());
+                // Row j of `a` is column i0 + j of `x` (every value written).
+                a.resize(m * rows, 0.0);
+                let a = &mut a[..m * rows];
+                for (r, row) in x.chunks_exact(n).enumerate() {
+                    for (j, &v) in row[i0..i0 + m].iter().enumerate() {
+                        a[j * rows + r] = v;
+                    }
+                }
+                for (s, col) in abs.iter_mut().zip(a.chunks_exact(rows)) {
+                    *s += col.iter().map(|v| f64::from(v.abs())).sum::<f64>();
+                }
+                // Only the columns `..cols` are written, and only they are read.
+                sums.resize(m * n, 0.0);
+                let sums = &mut sums[..m * n];
+                let cols = (i0 + m).next_multiple_of(32).min(n);
+                kernels.product_f32(a, m, rows, x, n, 0..cols, sums);
                 for (r, (o, s)) in out
                     .chunks_exact_mut(n)
                     .zip(sums.chunks_exact(n))
@@ -68,12 +88,25 @@ impl Hessian {
                         *o += f64::from(s);
                     }
                 }
-            });
-        for (c, s) in self.abs_sum.iter_mut().enumerate() {
-            *s += t[c * rows..(c + 1) * rows]
-                .iter()
-                .map(|v| f64::from(v.abs()))
-                .sum::<f64>();
+            };
+        let block = |b: usize, (out, abs): (&mut [f64], &mut [f64])| {
+            SCRATCH.with_borrow_mut(|(a, sums)| block_sums(b, out, abs, a, sums))
+        };
+        let blocks = self
+            .h
+            .chunks_mut(n * BLOCK)
+            .zip(self.abs_sum.chunks_mut(BLOCK));
+        match pool {
+            Some(pool) => {
+                // Each task takes its own block (the mutexes are never contended).
+                let blocks: Vec<Mutex<_>> = blocks.map(Mutex::new).collect();
+                pool.run(blocks.len(), &|b| {
+                    let mut block_b = blocks[b].lock().unwrap_or_else(|e| e.into_inner());
+                    let (out, abs) = &mut *block_b;
+                    block(b, (out, abs));
+                });
+            }
+            None => blocks.enumerate().for_each(|(b, o)| block(b, o)),
         }
         self.tokens += rows as u64;
     }
@@ -484,14 +517,14 @@ mod tests {
     fn spd(n: usize) -> Vec<f64> {
         let mut h = Hessian::new(n);
         let x = crate::test_values(n * 3 * n, 7);
-        h.add(&Kernels::detect(), &x, 3 * n);
+        h.add(&Kernels::detect(), None, &x, 3 * n);
         h.full()
     }
 
     #[test]
     fn hessian_is_x_transpose_x() {
         let mut h = Hessian::new(2);
-        h.add(&Kernels::detect(), &[1.0, 2.0, -3.0, 4.0], 2);
+        h.add(&Kernels::detect(), None, &[1.0, 2.0, -3.0, 4.0], 2);
         assert_eq!(h.full(), vec![10.0, -10.0, -10.0, 20.0]);
         assert_eq!(h.mean_square(), vec![5.0, 10.0]);
         assert_eq!(h.mean_abs(), vec![2.0, 3.0]);

@@ -46,7 +46,7 @@ use memwall_quantize::job::{self, ImatrixInput, Options};
 use memwall_quantize::recipe::Recipe;
 use memwall_quantize::{IMATRIX_ENCODABLE, quantize_row_imatrix};
 use memwall_runtime::forward::{Kept, Model, Observer};
-use memwall_runtime::kernels::Kernels;
+use memwall_runtime::kernels::{Kernels, Pool};
 use rayon::prelude::*;
 
 use crate::CalibrateError;
@@ -210,6 +210,8 @@ struct Collect {
     /// Nanoseconds spent accumulating.
     nanos: std::sync::atomic::AtomicU64,
     kernels: Kernels,
+    /// The forward pass's threads, for the Hessians' products.
+    pool: Option<Arc<Pool>>,
 }
 
 impl Observer for Collect {
@@ -231,7 +233,7 @@ impl Observer for Collect {
         let h = found.entry(k).or_insert_with(|| Hessian::new(cols));
         if h.n == cols {
             let t = Instant::now();
-            h.add(&self.kernels, x, tokens);
+            h.add(&self.kernels, self.pool.as_deref(), x, tokens);
             self.nanos.fetch_add(
                 t.elapsed().as_nanos() as u64,
                 std::sync::atomic::Ordering::Relaxed,
@@ -356,12 +358,12 @@ fn quantize_head(
     }
     let started = Instant::now();
     let mut h = Hessian::new(cols);
-    let kernels = model.kernels();
+    let (kernels, pool) = (model.kernels(), model.pool());
     let mut hessian = 0f64;
     for x in xs {
         let input = model.head_input(x);
         let at = Instant::now();
-        h.add(&kernels, &input, input.len() / cols);
+        h.add(&kernels, pool.as_deref(), &input, input.len() / cols);
         hessian += at.elapsed().as_secs_f64();
     }
     report.forward_seconds += started.elapsed().as_secs_f64();
@@ -415,6 +417,7 @@ fn pass(
         found: Mutex::new(HashMap::new()),
         nanos: std::sync::atomic::AtomicU64::new(0),
         kernels: model.kernels(),
+        pool: model.pool(),
     });
     if !collect.wanted.is_empty() {
         model.set_observer(Some(collect.clone()));

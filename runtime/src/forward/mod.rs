@@ -138,6 +138,12 @@ impl<'a> Model<'a> {
         self.kernels
     }
 
+    /// The threads the matrix products run on (`None`: the calling thread
+    /// alone), for a caller's own parallel work between them.
+    pub fn pool(&self) -> Option<Arc<Pool>> {
+        self.pool.clone()
+    }
+
     /// Runs the matrix products on `threads` threads (default: every core)
     /// with `kernels` (default: the best this CPU runs, or `MEMWALL_KERNELS`).
     pub fn set_compute(&mut self, kernels: Kernels, threads: usize) {
