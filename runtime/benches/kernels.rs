@@ -5,6 +5,10 @@
 //!   cargo bench -p memwall-runtime --bench kernels [-- TYPE... ] \
 //!     (MEMWALL_BENCH_THREADS=n, default: all cores; MEMWALL_BENCH_ROWS=n;
 //!     MEMWALL_BENCH_COLS=n, a multiple of 256, e.g. 576 for SmolLM2's narrow rows)
+//!
+//! The filter `product` times instead `Kernels::product_f32` (one thread) as
+//! calibration's Hessians call it: 36 columns of 256 tokens against the
+//! tokens' `MEMWALL_BENCH_COLS` values, in GFLOP/s.
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
 use std::time::{Duration, Instant};
@@ -37,6 +41,10 @@ fn main() {
         seed ^= seed << 17;
         seed
     };
+    if filter.iter().any(|f| f.eq_ignore_ascii_case("product")) {
+        product(cols);
+        return;
+    }
     println!("{rows}×{cols}, {threads} threads; GB/s of weights (t=1), GB/s and GFLOP/s (t=32)");
     for ty in DEQUANTIZABLE {
         if !filter.is_empty() && !filter.iter().any(|f| f.eq_ignore_ascii_case(ty.name())) {
@@ -85,6 +93,30 @@ fn main() {
         }
         println!("{line}");
     }
+}
+
+/// `product_f32` of a Hessian block: `m = 36` rows of `k = 256` tokens
+/// against `k × n` inputs, every column.
+fn product(n: usize) {
+    let (m, k) = (36, 256);
+    let a: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+        .collect();
+    let b: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 104_729) % 1000) as f32 / 500.0 - 1.0)
+        .collect();
+    let mut out = vec![0f32; m * n];
+    let mut line = format!("product_f32 {m}×{k}×{n}, 1 thread:");
+    for be in Backend::supported() {
+        let kernels = Kernels::new(be).unwrap();
+        let t = time(|| kernels.product_f32(&a, m, k, &b, n, 0..n, &mut out));
+        line += &format!(
+            "  {}: {:6.1} GFLOP/s",
+            be.name(),
+            2.0 * (m * k * n) as f64 / t / 1e9
+        );
+    }
+    println!("{line}");
 }
 
 /// Median seconds per call over ~0.5 s (at least 3 calls), after one warm-up call.
