@@ -1656,9 +1656,9 @@ fn iq4_xs_sums(b: &BlockIq4Xs, y: &BlockQ8K) -> (__m256i, __m256i) {
 /// panels at a time through `$pair::<NSUB, MINS>` where the backend has one
 /// (each token's quads then serve both), the rest one at a time through
 /// `$kernel::<NSUB, MINS>` (`#[target_feature]` functions the backend's table
-/// is only handed out for).
+/// is only handed out for), or `$kernel::<NSUB, MINS, $flag>` after `; $flag`.
 macro_rules! tiled_entry {
-    ($name:ident, $kernel:ident $(, $pair:ident)?) => {
+    ($name:ident, $kernel:ident $(, $pair:ident)? $(; $flag:tt)?) => {
         fn $name(
             layout: tiled::Layout,
             nb: usize,
@@ -1679,10 +1679,10 @@ macro_rules! tiled_entry {
                     // SAFETY: as for `entry!`.
                     unsafe {
                         match (layout.nsub, layout.mins) {
-                            (8, true) => $k::<8, true>($p, $a, $o, stride, layout.factor),
-                            (8, false) => $k::<8, false>($p, $a, $o, stride, layout.factor),
-                            (16, true) => $k::<16, true>($p, $a, $o, stride, layout.factor),
-                            (16, false) => $k::<16, false>($p, $a, $o, stride, layout.factor),
+                            (8, true) => $k::<8, true $(, $flag)?>($p, $a, $o, stride, layout.factor),
+                            (8, false) => $k::<8, false $(, $flag)?>($p, $a, $o, stride, layout.factor),
+                            (16, true) => $k::<16, true $(, $flag)?>($p, $a, $o, stride, layout.factor),
+                            (16, false) => $k::<16, false $(, $flag)?>($p, $a, $o, stride, layout.factor),
                             _ => panic!("tiled layout {layout:?}"),
                         }
                     }
@@ -1708,12 +1708,12 @@ macro_rules! tiled_entry {
 }
 pub(super) use tiled_entry;
 
-tiled_entry!(t_tiled32, tiled_k);
-tiled_entry!(t_tiled64, tiled_k64);
+tiled_entry!(t_tiled32, tiled_k; true);
+tiled_entry!(t_tiled64, tiled_k; false);
 
 /// The AVX2 tiled product: values of at most 32 in magnitude add two byte
-/// pairs in 16 bits ([`tiled_k`]), values of at most 64 (the IQ2 types,
-/// IQ3_XXS) widen each pair ([`tiled_k64`]).
+/// pairs in 16 bits, values of at most 64 (the IQ2 types, IQ3_XXS) widen
+/// each pair ([`tiled_k`]'s `PAIRED`).
 fn t_tiled(
     layout: tiled::Layout,
     nb: usize,
@@ -1739,36 +1739,11 @@ pub(super) fn word(bytes: &[u8], i: usize) -> i32 {
 /// One panel (`nb` records of [`tiled::record_bytes`]`(NSUB)`) against a
 /// group of eight tokens (`nb` records of [`tiled::ACT_BYTES`]):
 /// `out[t·stride + r]` for the eight tokens `t` and sixteen rows `r`, each
-/// the single product's bits. Values of at most 32 in magnitude.
+/// the single product's bits. With `PAIRED`, values of at most 32 in
+/// magnitude (two byte-pair sums added in 16 bits); without, at most 64
+/// (each pair sum, at most `2 · 255 · 64`, goes to `vpmaddwd` alone).
 #[target_feature(enable = "avx2,fma,f16c")]
-fn tiled_k<const NSUB: usize, const MINS: bool>(
-    panel: &[u8],
-    acts: &[u8],
-    out: &mut [f32],
-    stride: usize,
-    factor: f32,
-) {
-    tiled_any::<NSUB, MINS, true>(panel, acts, out, stride, factor);
-}
-
-/// [`tiled_k`] for values of at most 64 in magnitude: each `vpmaddubsw`
-/// pair sum (at most `2 · 255 · 64`) goes to `vpmaddwd` alone.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn tiled_k64<const NSUB: usize, const MINS: bool>(
-    panel: &[u8],
-    acts: &[u8],
-    out: &mut [f32],
-    stride: usize,
-    factor: f32,
-) {
-    tiled_any::<NSUB, MINS, false>(panel, acts, out, stride, factor);
-}
-
-/// [`tiled_k`] (`PAIRED`: two byte-pair sums added in 16 bits) or
-/// [`tiled_k64`].
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn tiled_any<const NSUB: usize, const MINS: bool, const PAIRED: bool>(
+fn tiled_k<const NSUB: usize, const MINS: bool, const PAIRED: bool>(
     panel: &[u8],
     acts: &[u8],
     out: &mut [f32],
