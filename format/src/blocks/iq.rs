@@ -119,10 +119,12 @@ fn signed(v: &[i8; 8], s: u8) -> [i8; 8] {
     sum.to_le_bytes().map(|b| b as i8)
 }
 
+#[inline]
 fn le16(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
 
+#[inline]
 fn le32(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
@@ -152,13 +154,64 @@ pub struct Codes {
     pub ls: [u16; 16],
 }
 
+/// One group of 32 weights of [`Codes`]: rows `4ib..4ib + 4` of `v` as
+/// little-endian words, the group's four sign bytes as one word, and its
+/// scale (`ls[ib]`, or `ls[2ib]` and `ls[2ib + 1]` with
+/// [`Lattice::HALVES`]). Kernels that need one group at a time read this and
+/// never build the whole [`Codes`].
+#[derive(Clone, Copy, Debug)]
+pub struct Unit {
+    /// Four rows of eight grid values (the first value in the low byte).
+    pub rows: [u64; 4],
+    /// Bit `j` set: weight `j` of the group is negative.
+    pub signs: u32,
+    /// The group's scale, or its two halves' (the second equals the first
+    /// for the types with one scale per 32 weights).
+    pub ls: [u16; 2],
+}
+
+/// Eight values as a little-endian word.
+#[inline]
+fn row64(v: &[i8; 8]) -> u64 {
+    u64::from_le_bytes(v.map(|b| b as u8))
+}
+
+/// Two 4-value points as one word (the first in the low half).
+#[inline]
+fn pair64(a: &[i8; 4], b: &[i8; 4]) -> u64 {
+    u64::from(u32::from_le_bytes(a.map(|v| v as u8)))
+        | u64::from(u32::from_le_bytes(b.map(|v| v as u8))) << 32
+}
+
+/// Four sign indices (7 bits each, from bit 0 of `sas`) as four sign bytes.
+#[inline]
+fn ksigns4(sas: u32) -> u32 {
+    (0..4).fold(0, |acc, l| {
+        acc | u32::from(KSIGNS[((sas >> (7 * l)) & 127) as usize]) << (8 * l)
+    })
+}
+
 impl Codes {
-    fn zeroed() -> Self {
-        Codes {
+    /// The block of the eight groups `unit(ib)`.
+    fn of_units(halves: bool, unit: impl Fn(usize) -> Unit) -> Self {
+        let mut c = Codes {
             v: [[0; 8]; 32],
             signs: [0; 32],
             ls: [0; 16],
+        };
+        for ib in 0..8 {
+            let u = unit(ib);
+            for (v, &r) in c.v[4 * ib..4 * ib + 4].iter_mut().zip(&u.rows) {
+                *v = r.to_le_bytes().map(|b| b as i8);
+            }
+            c.signs[4 * ib..4 * ib + 4].copy_from_slice(&u.signs.to_le_bytes());
+            if halves {
+                c.ls[2 * ib..2 * ib + 2].copy_from_slice(&u.ls);
+            } else {
+                c.ls[ib] = u.ls[0];
+            }
         }
+        c
     }
 
     /// The signed values.
@@ -170,11 +223,6 @@ impl Codes {
         }
         g
     }
-}
-
-/// Two 4-value points as one row of 8.
-fn pair(a: &[i8; 4], b: &[i8; 4]) -> [i8; 8] {
-    [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
 }
 
 /// What the lattice types share: a block is integers ([`Groups`]) under
@@ -195,6 +243,11 @@ pub trait Lattice: Block {
     fn codes(&self) -> Option<Codes> {
         None
     }
+    /// Group `ib` (< 8) of [`Lattice::codes`] alone, for the same types.
+    #[inline]
+    fn unit(&self, _ib: usize) -> Option<Unit> {
+        None
+    }
 }
 
 impl Groups {
@@ -206,7 +259,7 @@ impl Groups {
     }
 }
 
-/// `impl Lattice` for a type without an offset, from its `codes_of()`
+/// `impl Lattice` for a type without an offset, from its `unit_of()`
 /// (and its `d`), with [`Lattice::HALVES`] and [`Lattice::FACTOR`] given.
 macro_rules! coded {
     ($b:ident, $halves:expr, $factor:expr) => {
@@ -217,10 +270,14 @@ macro_rules! coded {
                 self.d
             }
             fn groups(&self) -> Groups {
-                self.codes_of().groups()
+                Codes::of_units($halves, |ib| self.unit_of(ib)).groups()
             }
             fn codes(&self) -> Option<Codes> {
-                Some(self.codes_of())
+                Some(Codes::of_units($halves, |ib| self.unit_of(ib)))
+            }
+            #[inline]
+            fn unit(&self, ib: usize) -> Option<Unit> {
+                Some(self.unit_of(ib))
             }
         }
     };
@@ -243,17 +300,15 @@ const _: () = assert!(size_of::<BlockIq2Xxs>() == 66);
 coded!(BlockIq2Xxs, false, 0.125);
 
 impl BlockIq2Xxs {
-    fn codes_of(&self) -> Codes {
-        let mut c = Codes::zeroed();
-        for ib in 0..8 {
-            let (idx, sas) = (le32(&self.qs, 8 * ib), le32(&self.qs, 8 * ib + 4));
-            c.ls[ib] = 2 * (sas >> 28) as u16 + 1;
-            for l in 0..4 {
-                c.v[4 * ib + l] = IQ2XXS_GRID[((idx >> (8 * l)) & 0xff) as usize];
-                c.signs[4 * ib + l] = KSIGNS[((sas >> (7 * l)) & 127) as usize];
-            }
+    #[inline]
+    fn unit_of(&self, ib: usize) -> Unit {
+        let (idx, sas) = (le32(&self.qs, 8 * ib), le32(&self.qs, 8 * ib + 4));
+        let ls = 2 * (sas >> 28) as u16 + 1;
+        Unit {
+            rows: std::array::from_fn(|l| row64(&IQ2XXS_GRID[((idx >> (8 * l)) & 0xff) as usize])),
+            signs: ksigns4(sas),
+            ls: [ls, ls],
         }
-        c
     }
 }
 
@@ -272,23 +327,25 @@ pub struct BlockIq2Xs {
 }
 const _: () = assert!(size_of::<BlockIq2Xs>() == 74);
 
-/// The sixteen 4-bit scales of IQ2_XS/IQ2_S as `2s + 1`.
-fn nibble_scales(scales: &[u8; 8]) -> [u16; 16] {
-    std::array::from_fn(|h| 2 * u16::from((scales[h / 2] >> (4 * (h % 2))) & 0xf) + 1)
+/// The two 4-bit scales of group `ib` of IQ2_XS/IQ2_S as `2s + 1`.
+#[inline]
+fn nibble_scales(scales: &[u8; 8], ib: usize) -> [u16; 2] {
+    [0, 4].map(|shift| 2 * u16::from((scales[ib] >> shift) & 0xf) + 1)
 }
 
 coded!(BlockIq2Xs, true, 0.125);
 
 impl BlockIq2Xs {
-    fn codes_of(&self) -> Codes {
-        let mut c = Codes::zeroed();
-        c.ls = nibble_scales(&self.scales);
-        for k in 0..32 {
-            let v = le16(&self.qs, 2 * k);
-            c.v[k] = IQ2XS_GRID[usize::from(v & 511)];
-            c.signs[k] = KSIGNS[usize::from(v >> 9)];
+    #[inline]
+    fn unit_of(&self, ib: usize) -> Unit {
+        let v = |l: usize| le16(&self.qs, 2 * (4 * ib + l));
+        Unit {
+            rows: std::array::from_fn(|l| row64(&IQ2XS_GRID[usize::from(v(l) & 511)])),
+            signs: (0..4).fold(0, |acc, l| {
+                acc | u32::from(KSIGNS[usize::from(v(l) >> 9)]) << (8 * l)
+            }),
+            ls: nibble_scales(&self.scales, ib),
         }
-        c
     }
 }
 
@@ -314,15 +371,16 @@ const _: () = assert!(size_of::<BlockIq2S>() == 82);
 coded!(BlockIq2S, true, 0.125);
 
 impl BlockIq2S {
-    fn codes_of(&self) -> Codes {
-        let mut c = Codes::zeroed();
-        c.ls = nibble_scales(&self.scales);
-        c.signs = self.signs;
-        for k in 0..32 {
-            let hi = (usize::from(self.qh[k / 4]) >> (2 * (k % 4))) & 3;
-            c.v[k] = IQ2S_GRID[usize::from(self.qs[k]) | (hi << 8)];
+    #[inline]
+    fn unit_of(&self, ib: usize) -> Unit {
+        Unit {
+            rows: std::array::from_fn(|l| {
+                let hi = (usize::from(self.qh[ib]) >> (2 * l)) & 3;
+                row64(&IQ2S_GRID[usize::from(self.qs[4 * ib + l]) | (hi << 8)])
+            }),
+            signs: le32(&self.signs, 4 * ib),
+            ls: nibble_scales(&self.scales, ib),
         }
-        c
     }
 }
 
@@ -344,20 +402,19 @@ const _: () = assert!(size_of::<BlockIq3Xxs>() == 98);
 coded!(BlockIq3Xxs, false, 0.25);
 
 impl BlockIq3Xxs {
-    fn codes_of(&self) -> Codes {
-        let mut c = Codes::zeroed();
-        for ib in 0..8 {
-            let sas = le32(&self.sas, 4 * ib);
-            c.ls[ib] = 2 * (sas >> 28) as u16 + 1;
-            for l in 0..4 {
+    #[inline]
+    fn unit_of(&self, ib: usize) -> Unit {
+        let sas = le32(&self.sas, 4 * ib);
+        let ls = 2 * (sas >> 28) as u16 + 1;
+        let point = |i: usize| &IQ3XXS_GRID[usize::from(self.qs[i])];
+        Unit {
+            rows: std::array::from_fn(|l| {
                 let k = 4 * ib + l;
-                c.signs[k] = KSIGNS[((sas >> (7 * l)) & 127) as usize];
-                let p1 = &IQ3XXS_GRID[usize::from(self.qs[2 * k])];
-                let p2 = &IQ3XXS_GRID[usize::from(self.qs[2 * k + 1])];
-                c.v[k] = pair(p1, p2);
-            }
+                pair64(point(2 * k), point(2 * k + 1))
+            }),
+            signs: ksigns4(sas),
+            ls: [ls, ls],
         }
-        c
     }
 }
 
@@ -383,20 +440,18 @@ const _: () = assert!(size_of::<BlockIq3S>() == 110);
 coded!(BlockIq3S, false, 1.0);
 
 impl BlockIq3S {
-    fn codes_of(&self) -> Codes {
-        let mut c = Codes::zeroed();
-        c.signs = self.signs;
-        for ib in 0..8 {
-            c.ls[ib] = 1 + 2 * u16::from((self.scales[ib / 2] >> (4 * (ib % 2))) & 0xf);
-            for l in 0..4 {
-                let point = |k: usize| {
-                    let hi = (usize::from(self.qh[ib]) >> k) & 1;
-                    &IQ3S_GRID[usize::from(self.qs[8 * ib + k]) | (hi << 8)]
-                };
-                c.v[4 * ib + l] = pair(point(2 * l), point(2 * l + 1));
-            }
+    #[inline]
+    fn unit_of(&self, ib: usize) -> Unit {
+        let ls = 1 + 2 * u16::from((self.scales[ib / 2] >> (4 * (ib % 2))) & 0xf);
+        let point = |k: usize| {
+            let hi = (usize::from(self.qh[ib]) >> k) & 1;
+            &IQ3S_GRID[usize::from(self.qs[8 * ib + k]) | (hi << 8)]
+        };
+        Unit {
+            rows: std::array::from_fn(|l| pair64(point(2 * l), point(2 * l + 1))),
+            signs: le32(&self.signs, 4 * ib),
+            ls: [ls, ls],
         }
-        c
     }
 }
 

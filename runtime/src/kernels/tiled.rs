@@ -236,9 +236,10 @@ impl Tiled for BlockIq4Xs {
     }
 }
 
-/// The ternary types: values `t − 1` (−1, 0 or 1) under one scale, as
-/// eight sub-blocks of scale 1 (the super-block's integer sum is the
-/// single product's).
+/// The ternary types: values `t − 1` under one scale, as eight sub-blocks
+/// of scale 1 (the super-block's integer sum is the single product's). TQ1_0's
+/// trits give −1, 0 or 1; TQ2_0's two bits also hold 3 (never written by
+/// llama.cpp, read as 2 like everywhere else).
 impl Tiled for BlockTq1_0 {
     const LAYOUT: Layout = Layout::scaled(8, false, 1);
     fn unpack(&self, u: &mut Unpacked) {
@@ -251,7 +252,7 @@ impl Tiled for BlockTq1_0 {
 }
 
 impl Tiled for BlockTq2_0 {
-    const LAYOUT: Layout = Layout::scaled(8, false, 1);
+    const LAYOUT: Layout = Layout::scaled(8, false, 2);
     fn unpack(&self, u: &mut Unpacked) {
         for (i, v) in u.values.iter_mut().enumerate() {
             *v = self.value(i) as i8 - 1;
@@ -456,8 +457,9 @@ mod tests {
         largest
     }
 
-    /// AVX2 takes the types whose `max_value` is at most 32 on the promise
-    /// that no value is larger; random blocks reach each type's bound.
+    /// AVX2 takes the types whose `max_value` is at most 64 (in two kernels,
+    /// split at 32) on the promise that no value is larger; random blocks
+    /// reach each type's bound.
     #[test]
     fn max_value_is_each_types_largest_value_magnitude() {
         let mut checked = 0;
@@ -466,6 +468,6 @@ mod tests {
             assert_eq!(Some(largest), layout(ty).map(|l| l.max_value), "{ty}");
             checked += 1;
         }
-        assert_eq!(checked, 13, "the types with a tiled product");
+        assert_eq!(checked, 15, "the types with a tiled product");
     }
 }

@@ -1879,14 +1879,29 @@ fn lattice_rows<B: Lattice>(w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
     }
 }
 
-/// A lattice super-block's integer sum in eight `i32` lanes.
+/// A lattice super-block's integer sum in eight `i32` lanes: the types with
+/// codes group by group ([`Lattice::unit`], the rows and signs straight into
+/// registers), IQ1 from its signed values.
 #[inline]
 #[target_feature(enable = "avx2")]
 fn lattice_sums<B: Lattice>(b: &B, y: &BlockQ8K) -> (__m256i, __m256i) {
-    match b.codes() {
-        Some(c) => codes_sums(&c, y, B::HALVES),
-        None => lattice_group_sums(&b.groups(), y, B::HALVES),
+    let one = _mm256_set1_epi8(1);
+    let mut isum = _mm256_setzero_si256();
+    for ib in 0..8 {
+        let Some(u) = b.unit(ib) else {
+            return lattice_group_sums(&b.groups(), y, B::HALVES);
+        };
+        let [r0, r1, r2, r3] = u.rows.map(|r| r as i64);
+        let v = _mm256_set_epi64x(r3, r2, r1, r0);
+        let ys = _mm256_sign_epi8(
+            ld256(&y.qs[32 * ib..]),
+            _mm256_or_si256(bit_bytes(u.signs), one),
+        );
+        let p = _mm256_maddubs_epi16(v, ys);
+        let ls = u.ls.map(|s| _mm_set1_epi16(s as i16));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set_m128i(ls[1], ls[0])));
     }
+    (isum, _mm256_setzero_si256())
 }
 
 /// The integer scales of 32 weights against the byte-pair sums `p`: one
