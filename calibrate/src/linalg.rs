@@ -60,8 +60,8 @@ impl Hessian {
         // Block `b`'s rows of H (`out`) and absolute sums (`abs`), through a
         // thread's buffers (kept: fresh ones of this size cost a page fault
         // per 4 KiB on every call).
-        let block_sums =
-            |b: usize, out: &mut [f64], abs: &mut [f64], a: &mut Vec<f32>, sums: &mut Vec<f32>| {
+        let block = |b: usize, (out, abs): (&mut [f64], &mut [f64])| {
+            SCRATCH.with_borrow_mut(|(a, sums)| {
                 let (i0, m) = (b * BLOCK, abs.len());
                 // Row j of `a` is column i0 + j of `x` (every value written).
                 a.resize(m * rows, 0.0);
@@ -88,9 +88,7 @@ impl Hessian {
                         *o += f64::from(s);
                     }
                 }
-            };
-        let block = |b: usize, (out, abs): (&mut [f64], &mut [f64])| {
-            SCRATCH.with_borrow_mut(|(a, sums)| block_sums(b, out, abs, a, sums))
+            })
         };
         let blocks = self
             .h

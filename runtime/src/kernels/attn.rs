@@ -25,19 +25,25 @@ pub(crate) const HEADS: usize = 4;
 /// accumulators, each column vector loaded once for six rows.
 pub(crate) const PRODUCT_ROWS: usize = 6;
 
+/// `$f::<N, $tile> $args` for the `N = $n` of the call, one of the literals
+/// `$k`; panics (naming `$what` and its largest, `$max`) on others.
+macro_rules! by_count {
+    ($f:ident, $tile:literal, $n:expr, $what:literal, $max:expr, [$($k:literal)*], $args:tt) => {
+        match $n {
+            $($k => $f::<$k, $tile> $args,)*
+            n => panic!("{}: {n} {} (at most {})", stringify!($f), $what, $max),
+        }
+    };
+}
+pub(crate) use by_count;
+
 /// `$f::<N, $tile>($args…)` for the `N = $rows` of the call (1 to
 /// [`PRODUCT_ROWS`]); panics on more.
 macro_rules! by_product_rows {
     ($f:ident, $tile:literal, $rows:expr, $($arg:expr),*) => {
-        match $rows {
-            1 => $f::<1, $tile>($($arg),*),
-            2 => $f::<2, $tile>($($arg),*),
-            3 => $f::<3, $tile>($($arg),*),
-            4 => $f::<4, $tile>($($arg),*),
-            5 => $f::<5, $tile>($($arg),*),
-            6 => $f::<6, $tile>($($arg),*),
-            n => panic!("{}: {n} rows (at most {})", stringify!($f), $crate::kernels::attn::PRODUCT_ROWS),
-        }
+        $crate::kernels::attn::by_count!(
+            $f, $tile, $rows, "rows", $crate::kernels::attn::PRODUCT_ROWS, [1 2 3 4 5 6], ($($arg),*)
+        )
     };
 }
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
@@ -47,13 +53,9 @@ pub(crate) use by_product_rows;
 /// [`HEADS`]); panics on more.
 macro_rules! by_heads {
     ($f:ident, $tile:literal, $heads:expr, $($arg:expr),*) => {
-        match $heads {
-            1 => $f::<1, $tile>($($arg),*),
-            2 => $f::<2, $tile>($($arg),*),
-            3 => $f::<3, $tile>($($arg),*),
-            4 => $f::<4, $tile>($($arg),*),
-            n => panic!("{}: {n} heads (at most {})", stringify!($f), $crate::kernels::attn::HEADS),
-        }
+        $crate::kernels::attn::by_count!(
+            $f, $tile, $heads, "heads", $crate::kernels::attn::HEADS, [1 2 3 4], ($($arg),*)
+        )
     };
 }
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]

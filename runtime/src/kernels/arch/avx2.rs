@@ -1885,7 +1885,6 @@ fn lattice_rows<B: Lattice>(w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn lattice_sums<B: Lattice>(b: &B, y: &BlockQ8K) -> (__m256i, __m256i) {
-    let one = _mm256_set1_epi8(1);
     let mut isum = _mm256_setzero_si256();
     for ib in 0..8 {
         let Some(u) = b.unit(ib) else {
@@ -1893,15 +1892,22 @@ fn lattice_sums<B: Lattice>(b: &B, y: &BlockQ8K) -> (__m256i, __m256i) {
         };
         let [r0, r1, r2, r3] = u.rows.map(|r| r as i64);
         let v = _mm256_set_epi64x(r3, r2, r1, r0);
-        let ys = _mm256_sign_epi8(
-            ld256(&y.qs[32 * ib..]),
-            _mm256_or_si256(bit_bytes(u.signs), one),
-        );
-        let p = _mm256_maddubs_epi16(v, ys);
-        let ls = u.ls.map(|s| _mm_set1_epi16(s as i16));
-        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set_m128i(ls[1], ls[0])));
+        isum = _mm256_add_epi32(isum, coded_group_sum(v, u.signs, u.ls, &y.qs[32 * ib..]));
     }
     (isum, _mm256_setzero_si256())
+}
+
+/// One group of 32 weights of a coded lattice block: its grid values `v`
+/// (unsigned, at most 62), the signs put on the activations `ys` (`vpsignb`
+/// by ±1), one `vpmaddubsw` (the same byte pairs as the signed values give),
+/// then `vpmaddwd` against the scale of each 16-weight half, `ls`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn coded_group_sum(v: __m256i, signs: u32, ls: [u16; 2], ys: &[i8]) -> __m256i {
+    let neg = _mm256_or_si256(bit_bytes(signs), _mm256_set1_epi8(1));
+    let p = _mm256_maddubs_epi16(v, _mm256_sign_epi8(ld256(ys), neg));
+    let ls = ls.map(|s| _mm_set1_epi16(s as i16));
+    _mm256_madd_epi16(p, _mm256_set_m128i(ls[1], ls[0]))
 }
 
 /// The integer scales of 32 weights against the byte-pair sums `p`: one
@@ -1909,13 +1915,19 @@ fn lattice_sums<B: Lattice>(b: &B, y: &BlockQ8K) -> (__m256i, __m256i) {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn lattice_scaled(p: __m256i, ls: &[u16; 16], ib: usize, halves: bool) -> __m256i {
-    let ls = |k: usize| _mm_set1_epi16(ls[k] as i16);
-    let s = if halves {
-        _mm256_set_m128i(ls(2 * ib + 1), ls(2 * ib))
+    let [lo, hi] = group_scales(ls, ib, halves).map(|s| _mm_set1_epi16(s as i16));
+    _mm256_madd_epi16(p, _mm256_set_m128i(hi, lo))
+}
+
+/// The scales of group `ib`'s two 16-weight halves (the same one twice
+/// without `halves`).
+#[inline]
+fn group_scales(ls: &[u16; 16], ib: usize, halves: bool) -> [u16; 2] {
+    if halves {
+        [ls[2 * ib], ls[2 * ib + 1]]
     } else {
-        _mm256_set_m128i(ls(ib), ls(ib))
-    };
-    _mm256_madd_epi16(p, s)
+        [ls[ib], ls[ib]]
+    }
 }
 
 /// [`lattice_sums`] from a block's [`Codes`]: per 32 weights its four rows
@@ -1925,13 +1937,12 @@ fn lattice_scaled(p: __m256i, ls: &[u16; 16], ib: usize, halves: bool) -> __m256
 #[inline]
 #[target_feature(enable = "avx2")]
 fn codes_sums(c: &Codes, y: &BlockQ8K, halves: bool) -> (__m256i, __m256i) {
-    let one = _mm256_set1_epi8(1);
     let mut isum = _mm256_setzero_si256();
     for (ib, (rows, signs)) in c.v.chunks_exact(4).zip(c.signs.chunks_exact(4)).enumerate() {
-        let neg = bit_bytes(u32::from_le_bytes([signs[0], signs[1], signs[2], signs[3]]));
-        let ys = _mm256_sign_epi8(ld256(&y.qs[32 * ib..]), _mm256_or_si256(neg, one));
-        let p = _mm256_maddubs_epi16(ld256(rows), ys);
-        isum = _mm256_add_epi32(isum, lattice_scaled(p, &c.ls, ib, halves));
+        let signs = u32::from_le_bytes([signs[0], signs[1], signs[2], signs[3]]);
+        let ls = group_scales(&c.ls, ib, halves);
+        let sum = coded_group_sum(ld256(rows), signs, ls, &y.qs[32 * ib..]);
+        isum = _mm256_add_epi32(isum, sum);
     }
     (isum, _mm256_setzero_si256())
 }
