@@ -796,8 +796,8 @@ fn f16_tiles_match_scalar_for_every_remainder() {
             // and past the widest that AVX-512 widens once (1024 columns),
             // with and without a column tail, against token counts that
             // widen (more than four) and that take more than one call of 16;
-            // they span several of AVX2's 512-column blocks, the last one
-            // partly (1056, 1536, 2081) or only the tail of 32 (1025).
+            // they span two or three of AVX2's equal column blocks (of at
+            // most 768), the last one with a column tail (1025, 2081).
             let narrow = [1, 7, 16, 17, 31, 32, 33, 48, 63, 69, 576].map(|c| {
                 (
                     c,

@@ -109,6 +109,10 @@ pub(crate) const TILED_MIN_TOKENS: usize = 8;
 const PANEL_BYTES: usize = 1 << 20;
 
 thread_local! {
+    /// A thread's tile of products (`rows × TOKEN_TILE`) and its transpose,
+    /// kept rather than zeroed for every work item.
+    static TILES: std::cell::RefCell<[[f32; MAX_CHUNK * TOKEN_TILE]; 2]> =
+        const { std::cell::RefCell::new([[0.0; MAX_CHUNK * TOKEN_TILE]; 2]) };
     static WIDE_ROWS: std::cell::RefCell<WideRows> =
         const { std::cell::RefCell::new(WideRows(Vec::new())) };
     /// A thread's panels, grown once to the largest work item and kept.
@@ -328,34 +332,34 @@ fn run(
     let run_chunk = |c: usize| {
         let r0 = c * chunk;
         let nr = chunk.min(rows - r0);
-        let mut tile = [0f32; MAX_CHUNK * TOKEN_TILE];
-        let mut tr = [0f32; MAX_CHUNK * TOKEN_TILE];
         // `pre`: the wide kernel and this item's rows widened for it.
-        let mut tiles = |pre: Option<(super::RowsWideF16, &[f32])>| {
-            for t0 in (0..t_n).step_by(TOKEN_TILE) {
-                let t1 = (t0 + TOKEN_TILE).min(t_n);
-                let nt = t1 - t0;
-                // The widened activations of the tile (F16 weights only).
-                let a = || &wide[t0 * w.cols..t1 * w.cols];
-                match (pre, widened) {
-                    (Some((rows_wide, ww)), _) => {
-                        rows_wide(ww, w.cols, a(), &mut tile, TOKEN_TILE);
+        let tiles = |pre: Option<(super::RowsWideF16, &[f32])>| {
+            TILES.with_borrow_mut(|[tile, tr]| {
+                for t0 in (0..t_n).step_by(TOKEN_TILE) {
+                    let t1 = (t0 + TOKEN_TILE).min(t_n);
+                    let nt = t1 - t0;
+                    // The widened activations of the tile (F16 weights only).
+                    let a = || &wide[t0 * w.cols..t1 * w.cols];
+                    match (pre, widened) {
+                        (Some((rows_wide, ww)), _) => {
+                            rows_wide(ww, w.cols, a(), tile, TOKEN_TILE);
+                        }
+                        (None, Some(rows_f32)) => {
+                            rows_f32(w.row_span(r0, nr), w.cols, a(), tile, TOKEN_TILE);
+                        }
+                        (None, None) => {
+                            kernels.dot_rows(w, r0..r0 + nr, acts, t0..t1, tile, TOKEN_TILE);
+                        }
                     }
-                    (None, Some(rows_f32)) => {
-                        rows_f32(w.row_span(r0, nr), w.cols, a(), &mut tile, TOKEN_TILE);
-                    }
-                    (None, None) => {
-                        kernels.dot_rows(w, r0..r0 + nr, acts, t0..t1, &mut tile, TOKEN_TILE);
+                    let tr = &mut tr[..nt * nr];
+                    kernels.transpose(tile, TOKEN_TILE, nr, nt, tr);
+                    for (t, v) in tr.chunks_exact(nr).enumerate() {
+                        // SAFETY: outputs of rows `r0..r0 + nr` belong to this
+                        // work item alone (the pool runs each item once).
+                        unsafe { out.write((t0 + t) * rows + r0, v) };
                     }
                 }
-                let tr = &mut tr[..nt * nr];
-                kernels.transpose(&tile, TOKEN_TILE, nr, nt, tr);
-                for (t, v) in tr.chunks_exact(nr).enumerate() {
-                    // SAFETY: outputs of rows `r0..r0 + nr` belong to this
-                    // work item alone (the pool runs each item once).
-                    unsafe { out.write((t0 + t) * rows + r0, v) };
-                }
-            }
+            })
         };
         match wide_rows {
             Some(rows_wide) => WIDE_ROWS.with_borrow_mut(|buf| {
@@ -397,18 +401,19 @@ fn run_tiled(
             // Token-major: token `t`'s outputs of the work item's rows at
             // `tile[t·width..]`, a whole number of panels wide.
             let width = nr.next_multiple_of(tiled::ROWS);
-            let mut tile = [0f32; MAX_CHUNK * TOKEN_TILE];
-            for t0 in (0..t_n).step_by(TOKEN_TILE) {
-                let nt = TOKEN_TILE.min(t_n - t0);
-                let groups = t0 / tiled::TOKENS..(t0 + nt).div_ceil(tiled::TOKENS);
-                let a = &acts.q8k_tiles.bytes()[groups.start * group..groups.end * group];
-                f(layout, nb, panels, a, &mut tile, width);
-                for (t, v) in tile.chunks_exact(width).take(nt).enumerate() {
-                    // SAFETY: outputs of rows `r0..r0 + nr` belong to this
-                    // work item alone (the pool runs each item once).
-                    unsafe { out.write((t0 + t) * rows + r0, &v[..nr]) };
+            TILES.with_borrow_mut(|[tile, _]| {
+                for t0 in (0..t_n).step_by(TOKEN_TILE) {
+                    let nt = TOKEN_TILE.min(t_n - t0);
+                    let groups = t0 / tiled::TOKENS..(t0 + nt).div_ceil(tiled::TOKENS);
+                    let a = &acts.q8k_tiles.bytes()[groups.start * group..groups.end * group];
+                    f(layout, nb, panels, a, tile, width);
+                    for (t, v) in tile.chunks_exact(width).take(nt).enumerate() {
+                        // SAFETY: outputs of rows `r0..r0 + nr` belong to this
+                        // work item alone (the pool runs each item once).
+                        unsafe { out.write((t0 + t) * rows + r0, &v[..nr]) };
+                    }
                 }
-            }
+            });
         });
     };
     let n_chunks = rows.div_ceil(chunk);

@@ -147,6 +147,18 @@ fn r_f16_wide(w: &[f32], cols: usize, a: &[f32], out: &mut [f32], stride: usize)
     unsafe { f16_rows_any::<true>(&[], w, cols, a, out, stride) };
 }
 
+/// The AVX2 table for CPUs that convert f16 to f32 beside their
+/// multiply-adds (AMD's, see [`super::converts_f16_aside`]): the F16 tiles
+/// convert their weight rows in the loop, since a widened copy only doubles
+/// the bytes they read. The same bits either way.
+pub(crate) static TABLE_CONVERTING: DotTable = DotTable {
+    rows: RowsTable {
+        f16_wide: None,
+        ..TABLE.rows
+    },
+    ..TABLE
+};
+
 /// The AVX2 table: every type.
 pub(crate) static TABLE: DotTable = memwall_format::block_types!([block_table] entry {
     f32: e_f32w,
@@ -493,6 +505,21 @@ pub(super) fn fold32_ps(acc: [__m256; 4]) -> f32 {
         _mm256_add_ps(acc[0], acc[1]),
         _mm256_add_ps(acc[2], acc[3]),
     ))
+}
+
+/// [`tree8_ps`] of eight vectors at once, lane `i` of the result from
+/// `v[i]`: the same additions, paired across vectors by `hadd` (which adds
+/// neighbouring lanes, as `tree8` pairs them) and the two halves added last.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn tree8x8_ps(v: [__m256; 8]) -> __m256 {
+    // Per half: `[a01, a23, b01, b23]` → `[a0123, b0123, c0123, d0123]`.
+    let quads = |a, b, c, d| _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    let (lo, hi) = (quads(v[0], v[1], v[2], v[3]), quads(v[4], v[5], v[6], v[7]));
+    _mm256_add_ps(
+        _mm256_permute2f128_ps::<0x20>(lo, hi),
+        _mm256_permute2f128_ps::<0x31>(lo, hi),
+    )
 }
 
 /// Lanes `0..n` all ones, the rest zero (`n` ≤ 8).
@@ -2241,10 +2268,18 @@ fn f16w_group<const M: usize>(w: &[u8], a: &[f32], cols: usize, out: &mut [f32])
 const F16_ROWS: usize = 2;
 /// Tokens per tile.
 const F16_TOKENS: usize = 4;
-/// Columns a tile sweeps four times before going on (a multiple of 32): a
-/// 2 × 4 tile of 512 columns is 12 KiB, in L1 over its sweeps, where whole
-/// rows of 1536 columns or more are not.
-const F16_BLOCK: usize = 512;
+/// Most columns a tile sweeps four times before going on: a 2 × 4 tile of
+/// 768 columns is 18 KiB (widened rows), in L1 over its sweeps, where whole
+/// rows of 1536 columns or more are not. Rows are cut into equal blocks
+/// ([`f16_block`]), so no block is a short remainder.
+const F16_BLOCK: usize = 768;
+
+/// The columns per block of a row of `cols`: the fewest blocks of at most
+/// [`F16_BLOCK`], as equal as multiples of 32 allow.
+fn f16_block(cols: usize) -> usize {
+    let blocks = cols.div_ceil(F16_BLOCK).max(1);
+    cols.div_ceil(blocks).next_multiple_of(32).max(32)
+}
 
 /// [`RowsF16F32`](crate::kernels::RowsF16F32) for two tokens or more.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -2320,18 +2355,28 @@ fn f16_tile<const R: usize, const T: usize, const WIDE: bool>(
     // Each block of columns is swept four times while its rows and
     // activations are in L1; the pairs' partial vectors wait in `acc`.
     let mut acc = [[[_mm256_setzero_ps(); R]; T]; 4];
-    for c0 in (0..cols).step_by(F16_BLOCK) {
-        let c1 = (c0 + F16_BLOCK).min(cols);
+    let block = f16_block(cols);
+    for c0 in (0..cols).step_by(block) {
+        let c1 = (c0 + block).min(cols);
         for (k, acc) in acc.iter_mut().enumerate() {
             *acc = f16_sweep::<R, T, WIDE>(w, wide, cols, a, c0..c1, 8 * k, *acc);
         }
     }
+    // The pairs' four vectors folded (`fold32_ps`'s additions), pair
+    // `r·T + t` in lane `r·T + t` (a tile has at most eight pairs).
+    const { assert!(R * T <= 8) };
+    let mut v = [_mm256_setzero_ps(); 8];
     for t in 0..T {
         for r in 0..R {
             let [p0, p1, p2, p3] = acc.map(|p| p[t][r]);
-            let v = _mm256_add_ps(_mm256_add_ps(p0, p1), _mm256_add_ps(p2, p3));
-            out[r * stride + t] = tree8_ps(v);
+            v[r * T + t] = _mm256_add_ps(_mm256_add_ps(p0, p1), _mm256_add_ps(p2, p3));
         }
+    }
+    let mut sums = [0f32; 8];
+    // SAFETY: `sums` holds eight floats.
+    unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), tree8x8_ps(v)) };
+    for r in 0..R {
+        out[r * stride..][..T].copy_from_slice(&sums[r * T..][..T]);
     }
 }
 
@@ -2489,6 +2534,52 @@ mod tests {
                 // SAFETY: AVX2 was probed above.
                 unsafe { q8_0_block(&x, &mut got) };
                 assert_eq!(got, want, "case {case}: {x:?}");
+            }
+        }
+    }
+
+    /// The F16 tiles over widened weight rows (one table) and over the f16
+    /// rows converted in the loop (the other, AMD's) give the same bits, at
+    /// widths of one and of several column blocks, with column tails and
+    /// every remainder of rows and tokens.
+    #[test]
+    fn f16_tiles_widened_or_converted_are_the_same_bits() {
+        if !super::super::has_avx2() {
+            return;
+        }
+        let mut seed = 0x0f16_1de5_7a11_5eedu64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        for cols in [1, 33, 576, 769, 1536, 2081] {
+            for rows in [1, 2, 5] {
+                for tokens in [2, 3, 4, 9] {
+                    let h: Vec<u16> = (0..rows * cols)
+                        .map(|_| memwall_format::blocks::f32_to_f16(next()))
+                        .collect();
+                    let w: Vec<u8> = h.iter().flat_map(|h| h.to_le_bytes()).collect();
+                    let wide: Vec<f32> = h
+                        .iter()
+                        .map(|&h| memwall_format::blocks::f16_to_f32(h))
+                        .collect();
+                    let a: Vec<f32> = (0..tokens * cols).map(|_| next()).collect();
+                    let (mut f16, mut widened) = (vec![0f32; rows * 9], vec![1f32; rows * 9]);
+                    r_f16w_f32(&w, cols, &a, &mut f16, 9);
+                    r_f16_wide(&wide, cols, &a, &mut widened, 9);
+                    for r in 0..rows {
+                        for t in 0..tokens {
+                            let (x, y) = (f16[r * 9 + t], widened[r * 9 + t]);
+                            assert_eq!(
+                                x.to_bits(),
+                                y.to_bits(),
+                                "{rows}×{cols}, {tokens} tokens: row {r}, token {t}"
+                            );
+                        }
+                    }
+                }
             }
         }
     }

@@ -154,10 +154,26 @@ pub(crate) fn has_neon_dot() -> bool {
     false
 }
 
+/// Whether this CPU's f16 → f32 conversions (`vcvtph2ps`) run beside its
+/// multiply-adds rather than on the same ports: AMD's (and Hygon's) Zen
+/// cores, where they are free inside a multiply-add loop; on Intel's they
+/// take a multiply-add port.
+#[cfg(target_arch = "x86_64")]
+fn converts_f16_aside() -> bool {
+    static ASIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ASIDE.get_or_init(|| {
+        let id = std::arch::x86_64::__cpuid(0);
+        let vendor = [id.ebx, id.edx, id.ecx].map(u32::to_le_bytes).concat();
+        matches!(&vendor[..], b"AuthenticAMD" | b"HygonGenuine")
+    })
+}
+
 /// The table of a SIMD backend; `None` for one not compiled for this target.
 /// The caller has checked that the CPU supports it.
 pub(crate) fn table(backend: Backend) -> Option<&'static DotTable> {
     match backend {
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 if converts_f16_aside() => Some(&avx2::TABLE_CONVERTING),
         #[cfg(target_arch = "x86_64")]
         Backend::Avx2 => Some(&avx2::TABLE),
         #[cfg(target_arch = "x86_64")]
