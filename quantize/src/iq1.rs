@@ -14,7 +14,7 @@
 use memwall_format::blocks::{BlockIq1M, BlockIq1S, F16, IQ1_DELTA};
 
 use crate::kquants::nearest_int;
-use crate::lattice::{Codebook, cmax, iq1_book, sum_x2};
+use crate::lattice::{Codebook, Values, cmax, iq1_book, sum_x2};
 
 /// The grid values with the positive offset, by level.
 const X_P: [f32; 3] = [-1.0 + IQ1_DELTA, IQ1_DELTA, 1.0 + IQ1_DELTA];
@@ -56,21 +56,11 @@ fn nearest(
     scale: f32,
     xg: &[f32; 3],
 ) -> u16 {
-    let list = book.neighbours(l);
-    let mut best = (f32::MAX, None);
-    for &p in list {
-        let lv = book.levels(p);
-        let mut d2 = 0f32;
-        for i in 0..8 {
-            let diff = scale * xg[lv[i] as usize] - x[i];
-            d2 += w[i] * diff * diff;
-        }
-        if d2 < best.0 {
-            best = (d2, Some(p));
-        }
-    }
-    // Finite inputs always find one (ggml aborts otherwise).
-    let p = best.1.unwrap_or(list[0]);
+    // Every level vector the scans leave off the grid has neighbours
+    // (ggml aborts otherwise).
+    let p = book
+        .best_neighbour(l, x, w, scale, Values::Levels(xg))
+        .unwrap_or(0);
     l.copy_from_slice(&book.levels(p));
     p
 }

@@ -30,15 +30,26 @@ use crate::kquants::{GROUP_MAX_EPS, make_qp_quants, nearest_int};
 pub(crate) struct Codebook<const K: usize> {
     /// The points as odd integers `2l + 1`.
     points: Vec<[i8; K]>,
+    /// Each neighbour list's points, [`NEAREST_LANES`] at a time, value by
+    /// value: `lanes[c][i][j]` is value `i` of the list's point
+    /// `NEAREST_LANES·c + j` (the last point repeated past the list's end).
+    lanes: Vec<[[i8; NEAREST_LANES]; K]>,
     bits: u32,
     map: Vec<Entry>,
     neighbours: Vec<u16>,
 }
 
+/// Neighbours whose errors [`Codebook::nearest`] computes together.
+const NEAREST_LANES: usize = 8;
+
 #[derive(Clone, Copy)]
 enum Entry {
     Point(u16),
-    Neighbours(u32),
+    /// The list's start in `neighbours` and its first chunk in `lanes`.
+    Neighbours {
+        at: u32,
+        lanes: u32,
+    },
 }
 
 impl<const K: usize> Codebook<K> {
@@ -52,11 +63,18 @@ impl<const K: usize> Codebook<K> {
         };
         let points: Vec<[i8; K]> = levels.iter().map(|&v| unpack(u32::from(v))).collect();
         let size = 1usize << (bits as usize * K);
-        let mut map = vec![Entry::Neighbours(u32::MAX); size];
+        let mut map = vec![
+            Entry::Neighbours {
+                at: u32::MAX,
+                lanes: u32::MAX
+            };
+            size
+        ];
         for (p, &v) in levels.iter().enumerate() {
             map[usize::from(v)] = Entry::Point(p as u16);
         }
         let mut neighbours = Vec::new();
+        let mut lanes = Vec::new();
         let mut d2 = vec![0u32; points.len()];
         for u in 0..size {
             let pos = unpack(u as u32);
@@ -85,7 +103,10 @@ impl<const K: usize> Codebook<K> {
                     None => break,
                 }
             }
-            map[u] = Entry::Neighbours(neighbours.len() as u32);
+            map[u] = Entry::Neighbours {
+                at: neighbours.len() as u32,
+                lanes: lanes.len() as u32,
+            };
             let start = neighbours.len();
             neighbours.push(0);
             for &dist in &dists {
@@ -96,8 +117,15 @@ impl<const K: usize> Codebook<K> {
                 );
             }
             neighbours[start] = (neighbours.len() - start - 1) as u16;
+            for list in neighbours[start + 1..].chunks(NEAREST_LANES) {
+                let last = list[list.len() - 1];
+                lanes.push(std::array::from_fn(|i| {
+                    std::array::from_fn(|j| points[usize::from(*list.get(j).unwrap_or(&last))][i])
+                }));
+            }
         }
         Codebook {
+            lanes,
             points,
             bits,
             map,
@@ -116,7 +144,7 @@ impl<const K: usize> Codebook<K> {
     pub(crate) fn point(&self, l: &[i8]) -> Option<u16> {
         match self.map[self.pack(l)] {
             Entry::Point(p) => Some(p),
-            Entry::Neighbours(_) => None,
+            Entry::Neighbours { .. } => None,
         }
     }
 
@@ -124,35 +152,50 @@ impl<const K: usize> Codebook<K> {
     /// least weighted error `Σ w·(scale·q − x)²` (the first of equals), whose
     /// levels are written to `l`. ggml's `iq{2,3}_find_best_neighbour`.
     fn nearest(&self, l: &mut [i8], x: &[f32], w: &[f32], scale: f32) -> u16 {
-        let at = match self.map[self.pack(l)] {
-            Entry::Point(p) => return p,
-            Entry::Neighbours(at) => at as usize,
-        };
-        let n = usize::from(self.neighbours[at]);
-        let mut best = (f32::MAX, self.neighbours[at + 1]);
-        for &p in &self.neighbours[at + 1..at + 1 + n] {
-            let mut d2 = 0f32;
-            for (i, &q) in self.points[usize::from(p)].iter().enumerate() {
-                let diff = scale * f32::from(q) - x[i];
-                d2 += w[i] * diff * diff;
+        match self.best_neighbour(l, x, w, scale, Values::Odd) {
+            Some(p) => {
+                self.levels_of(p, l);
+                p
             }
-            if d2 < best.0 {
-                best = (d2, p);
-            }
+            None => self.point(l).unwrap_or(0),
         }
-        self.levels_of(best.1, l);
-        best.1
     }
 
-    /// The neighbour list of the level vector `l` (empty for a point).
-    pub(crate) fn neighbours(&self, l: &[i8]) -> &[u16] {
-        match self.map[self.pack(l)] {
-            Entry::Point(_) => &[],
-            Entry::Neighbours(at) => {
-                let at = at as usize;
-                &self.neighbours[at + 1..at + 1 + usize::from(self.neighbours[at])]
+    /// Among the neighbours of the level vector `l` (`None` for a point, or
+    /// without a list), the one of least `Σ w·(scale·v(q) − x)²` over its
+    /// values `q` (`v` as `values` says), the first of equals; the first of
+    /// the list when no error is below `f32::MAX`.
+    ///
+    /// The errors are computed [`NEAREST_LANES`] neighbours at a time, one
+    /// per lane, each lane's sum in the scalar order over the `K` values
+    /// ([`errors`]), then compared in list order.
+    pub(crate) fn best_neighbour(
+        &self,
+        l: &[i8],
+        x: &[f32],
+        w: &[f32],
+        scale: f32,
+        values: Values,
+    ) -> Option<u16> {
+        let Entry::Neighbours { at, lanes } = self.map[self.pack(l)] else {
+            return None;
+        };
+        let (at, lanes) = (at as usize, lanes as usize);
+        let n = usize::from(*self.neighbours.get(at)?);
+        let list = self.neighbours.get(at + 1..at + 1 + n)?;
+        let mut best = (f32::MAX, *list.first()?);
+        // A group is `K` values and weights, as `l` holds `K` levels.
+        let (x, w) = (x.first_chunk::<K>()?, w.first_chunk::<K>()?);
+        for (list, lanes) in list.chunks(NEAREST_LANES).zip(&self.lanes[lanes..]) {
+            let d2 = errors(lanes, x, w, scale, values);
+            // Lanes past the list repeat its last point and are not read.
+            for (&d2, &p) in d2.iter().zip(list) {
+                if d2 < best.0 {
+                    best = (d2, p);
+                }
             }
         }
+        Some(best.1)
     }
 
     /// The levels of point `p`.
@@ -166,6 +209,83 @@ impl<const K: usize> Codebook<K> {
             *l = (q - 1) / 2;
         }
     }
+}
+
+/// What a point's odd value `q = 2l + 1` counts as in an error: itself,
+/// or the value of its level `l` from a table (IQ1's grid values).
+#[derive(Clone, Copy)]
+pub(crate) enum Values<'a> {
+    Odd,
+    Levels(&'a [f32; 3]),
+}
+
+/// `Σ w·(scale·v(q) − x)²` for the point of each lane (`lanes[i]`: value `i`
+/// of each), summed in the order of the values (ggml's order), with AVX2
+/// when the CPU has it (the same operations on eight lanes).
+#[inline]
+fn errors<const K: usize>(
+    lanes: &[[i8; NEAREST_LANES]; K],
+    x: &[f32; K],
+    w: &[f32; K],
+    scale: f32,
+    values: Values,
+) -> [f32; NEAREST_LANES] {
+    #[cfg(target_arch = "x86_64")]
+    if crate::wide_vectors() {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        return unsafe { errors_avx2(lanes, x, w, scale, values) };
+    }
+    let v = |q: i8| match values {
+        Values::Odd => f32::from(q),
+        Values::Levels(t) => t[((q - 1) / 2) as usize],
+    };
+    let mut d2 = [0f32; NEAREST_LANES];
+    for i in 0..K {
+        for (d2, &q) in d2.iter_mut().zip(&lanes[i]) {
+            let diff = scale * v(q) - x[i];
+            *d2 += w[i] * diff * diff;
+        }
+    }
+    d2
+}
+
+/// [`errors`] on one vector of eight lanes (a table's values taken by a
+/// lane permutation).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn errors_avx2<const K: usize>(
+    lanes: &[[i8; NEAREST_LANES]; K],
+    x: &[f32; K],
+    w: &[f32; K],
+    scale: f32,
+    values: Values,
+) -> [f32; NEAREST_LANES] {
+    use std::arch::x86_64::*;
+    const { assert!(NEAREST_LANES == 8) };
+    let table = match values {
+        Values::Odd => None,
+        Values::Levels(t) => Some(_mm256_setr_ps(t[0], t[1], t[2], 0.0, 0.0, 0.0, 0.0, 0.0)),
+    };
+    let mut d2 = _mm256_setzero_ps();
+    for i in 0..K {
+        // SAFETY: eight bytes.
+        let q = _mm256_cvtepi8_epi32(unsafe { _mm_loadl_epi64(lanes[i].as_ptr().cast()) });
+        let q = match table {
+            None => _mm256_cvtepi32_ps(q),
+            // Level `(q − 1) / 2` (q is odd and positive): lanes 0..3.
+            Some(t) => _mm256_permutevar8x32_ps(t, _mm256_srli_epi32::<1>(q)),
+        };
+        let diff = _mm256_sub_ps(
+            _mm256_mul_ps(_mm256_set1_ps(scale), q),
+            _mm256_set1_ps(x[i]),
+        );
+        let e = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(w[i]), diff), diff);
+        d2 = _mm256_add_ps(d2, e);
+    }
+    let mut out = [0f32; NEAREST_LANES];
+    // SAFETY: eight floats.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), d2) };
+    out
 }
 
 fn iq2xxs_book() -> &'static Codebook<8> {

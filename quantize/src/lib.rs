@@ -162,14 +162,20 @@ pub fn force_portable(yes: bool) {
     PORTABLE_ONLY.store(yes, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Whether the encoders may use AVX2 (the CPU has it and no test asked for
+/// the portable build).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn wide_vectors() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+        && !PORTABLE_ONLY.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Encodes validated arguments, with the encoders compiled for AVX2 when the
 /// CPU has it. The arithmetic is the same in both builds (Rust never fuses or
 /// reorders float operations); wider vectors only run more groups at once.
 fn encode(ty: GgmlType, src: &[f32], dst: &mut [u8], imatrix: Option<&[f32]>) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2")
-        && !PORTABLE_ONLY.load(std::sync::atomic::Ordering::Relaxed)
-    {
+    if wide_vectors() {
         // SAFETY: the CPU supports AVX2, checked just above.
         unsafe { encode_avx2(ty, src, dst, imatrix) };
         return;
