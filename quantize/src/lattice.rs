@@ -152,23 +152,19 @@ impl<const K: usize> Codebook<K> {
     /// least weighted error `Σ w·(scale·q − x)²` (the first of equals), whose
     /// levels are written to `l`. ggml's `iq{2,3}_find_best_neighbour`.
     fn nearest(&self, l: &mut [i8], x: &[f32], w: &[f32], scale: f32) -> u16 {
-        match self.best_neighbour(l, x, w, scale, Values::Odd) {
-            Some(p) => {
-                self.levels_of(p, l);
-                p
-            }
-            None => self.point(l).unwrap_or(0),
-        }
+        let p = match self.map[self.pack(l)] {
+            Entry::Point(p) => return p,
+            Entry::Neighbours { at, lanes } => self.best_of(at, lanes, x, w, scale, Values::Odd),
+        };
+        // Every level vector the scans reach has a list (ggml aborts otherwise).
+        let p = p.unwrap_or(0);
+        self.levels_of(p, l);
+        p
     }
 
     /// Among the neighbours of the level vector `l` (`None` for a point, or
     /// without a list), the one of least `Σ w·(scale·v(q) − x)²` over its
-    /// values `q` (`v` as `values` says), the first of equals; the first of
-    /// the list when no error is below `f32::MAX`.
-    ///
-    /// The errors are computed [`NEAREST_LANES`] neighbours at a time, one
-    /// per lane, each lane's sum in the scalar order over the `K` values
-    /// ([`errors`]), then compared in list order.
+    /// values `q` (`v` as `values` says): [`Codebook::best_of`].
     pub(crate) fn best_neighbour(
         &self,
         l: &[i8],
@@ -177,9 +173,28 @@ impl<const K: usize> Codebook<K> {
         scale: f32,
         values: Values,
     ) -> Option<u16> {
-        let Entry::Neighbours { at, lanes } = self.map[self.pack(l)] else {
-            return None;
-        };
+        match self.map[self.pack(l)] {
+            Entry::Point(_) => None,
+            Entry::Neighbours { at, lanes } => self.best_of(at, lanes, x, w, scale, values),
+        }
+    }
+
+    /// The point of least error in the neighbour list at `at` (its first
+    /// chunk of lanes at `lanes`), the first of equals; the first of the
+    /// list when no error is below `f32::MAX`; `None` for no list.
+    ///
+    /// The errors are computed [`NEAREST_LANES`] neighbours at a time, one
+    /// per lane, each lane's sum in the scalar order over the `K` values
+    /// ([`errors`]), then compared in list order.
+    fn best_of(
+        &self,
+        at: u32,
+        lanes: u32,
+        x: &[f32],
+        w: &[f32],
+        scale: f32,
+        values: Values,
+    ) -> Option<u16> {
         let (at, lanes) = (at as usize, lanes as usize);
         let n = usize::from(*self.neighbours.get(at)?);
         let list = self.neighbours.get(at + 1..at + 1 + n)?;

@@ -2258,8 +2258,9 @@ fn f16w_group<const M: usize>(w: &[u8], a: &[f32], cols: usize, out: &mut [f32])
 // weight vectors (or loads them, when matmul widened the rows once for all
 // its tiles of tokens) and loads `F16_TOKENS` activation vectors for eight
 // multiply-adds, and the pairs' four vectors are folded as `fold32_ps`
-// folds them. The four sweeps go block of columns by block of columns
-// ([`F16_BLOCK`]), the partial vectors kept between blocks, so that a
+// folds them, the tile's eight pairs at once ([`tree8x8_ps`]). The four
+// sweeps go block of columns by block of columns ([`f16_block`]), the
+// partial vectors kept between blocks, so that a
 // tile's rows and activations (2 × 2 or 2 × 4, and 4 × 4 bytes a column)
 // stay in L1 over the sweeps at any width; tokens are the outer loop, so
 // the tile of activations is reused by every block of rows.
