@@ -666,6 +666,13 @@ fn one_token_products_of_several_rows_match_scalar() {
                 GgmlType::Q5_K,
                 GgmlType::Q6_K,
                 GgmlType::Q2_K,
+                GgmlType::IQ2_XXS,
+                GgmlType::IQ2_XS,
+                GgmlType::IQ2_S,
+                GgmlType::IQ3_XXS,
+                GgmlType::IQ3_S,
+                GgmlType::IQ1_S,
+                GgmlType::IQ1_M,
             ] {
                 for nb in (1..=18).chain([24, 35]) {
                     let cols = 256 * nb;

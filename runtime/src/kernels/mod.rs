@@ -865,6 +865,38 @@ pub(crate) struct TiledProduct {
     pub(crate) max_value: u8,
 }
 
+/// The one-token products of several rows a backend has, by weight type
+/// (`None`: one dot product per row).
+#[derive(Clone, Copy)]
+pub(crate) struct ColumnsTable {
+    pub(crate) q4_k: Option<ColumnK<BlockQ4K>>,
+    pub(crate) q5_k: Option<ColumnK<BlockQ5K>>,
+    pub(crate) q6_k: Option<ColumnK<BlockQ6K>>,
+    pub(crate) iq2_xxs: Option<ColumnK<BlockIq2Xxs>>,
+    pub(crate) iq2_xs: Option<ColumnK<BlockIq2Xs>>,
+    pub(crate) iq2_s: Option<ColumnK<BlockIq2S>>,
+    pub(crate) iq3_xxs: Option<ColumnK<BlockIq3Xxs>>,
+    pub(crate) iq3_s: Option<ColumnK<BlockIq3S>>,
+    pub(crate) iq1_s: Option<ColumnK<BlockIq1S>>,
+    pub(crate) iq1_m: Option<ColumnK<BlockIq1M>>,
+}
+
+impl ColumnsTable {
+    /// No one-token products of several rows.
+    pub(crate) const NONE: ColumnsTable = ColumnsTable {
+        q4_k: None,
+        q5_k: None,
+        q6_k: None,
+        iq2_xxs: None,
+        iq2_xs: None,
+        iq2_s: None,
+        iq3_xxs: None,
+        iq3_s: None,
+        iq1_s: None,
+        iq1_m: None,
+    };
+}
+
 /// The several-row products a backend has (`None`: one dot product per row).
 #[derive(Clone, Copy)]
 pub(crate) struct RowsTable {
@@ -885,10 +917,8 @@ pub(crate) struct RowsTable {
     pub(crate) q5_0: Option<RowsQ8<BlockQ5_0>>,
     pub(crate) q8_0: Option<RowsQ8<BlockQ8_0>>,
     pub(crate) iq4_nl: Option<RowsQ8<BlockIq4Nl>>,
-    /// One token's products of Q4_K, Q5_K and Q6_K rows, several rows at once.
-    pub(crate) q4_k_column: Option<ColumnK<BlockQ4K>>,
-    pub(crate) q5_k_column: Option<ColumnK<BlockQ5K>>,
-    pub(crate) q6_k_column: Option<ColumnK<BlockQ6K>>,
+    /// One token's products of several rows at once.
+    pub(crate) columns: ColumnsTable,
     /// The tiled product of the types [`tiled::layout`] knows.
     pub(crate) tiled: Option<TiledProduct>,
     /// Whether `q4_k` reads the regrouped Q8_K activations
@@ -916,9 +946,7 @@ impl RowsTable {
         q5_0: None,
         q8_0: None,
         iq4_nl: None,
-        q4_k_column: None,
-        q5_k_column: None,
-        q6_k_column: None,
+        columns: ColumnsTable::NONE,
         tiled: None,
         q8k_groups: false,
     };
@@ -1231,11 +1259,21 @@ impl Kernels {
         ) -> bool {
             f.map(|f| f(as_blocks(w), a, out)).is_some()
         }
-        let r = &self.table.rows;
-        match (ty, a) {
-            (GgmlType::Q4_K, ActRow::Q8K(a)) => call(r.q4_k_column, w, a, out),
-            (GgmlType::Q5_K, ActRow::Q8K(a)) => call(r.q5_k_column, w, a, out),
-            (GgmlType::Q6_K, ActRow::Q8K(a)) => call(r.q6_k_column, w, a, out),
+        let c = &self.table.rows.columns;
+        let ActRow::Q8K(a) = a else {
+            return false;
+        };
+        match ty {
+            GgmlType::Q4_K => call(c.q4_k, w, a, out),
+            GgmlType::Q5_K => call(c.q5_k, w, a, out),
+            GgmlType::Q6_K => call(c.q6_k, w, a, out),
+            GgmlType::IQ2_XXS => call(c.iq2_xxs, w, a, out),
+            GgmlType::IQ2_XS => call(c.iq2_xs, w, a, out),
+            GgmlType::IQ2_S => call(c.iq2_s, w, a, out),
+            GgmlType::IQ3_XXS => call(c.iq3_xxs, w, a, out),
+            GgmlType::IQ3_S => call(c.iq3_s, w, a, out),
+            GgmlType::IQ1_S => call(c.iq1_s, w, a, out),
+            GgmlType::IQ1_M => call(c.iq1_m, w, a, out),
             _ => false,
         }
     }

@@ -26,15 +26,16 @@ use crate::forward::math::{
 };
 use crate::kernels::attn::{self, KEY_TILE, by_heads, by_product_rows};
 use crate::kernels::{
-    BlockQ8_0, BlockQ8_1, BlockQ8K, DotTable, OpsTable, Q8_GROUP_BYTES, Q8KRows, Q8Rows, QK8_0,
-    RowsTable, Scaled, TiledProduct, block_entries, block_table, tiled,
+    BlockQ8_0, BlockQ8_1, BlockQ8K, ColumnsTable, DotTable, OpsTable, Q8_GROUP_BYTES, Q8KRows,
+    Q8Rows, QK8_0, RowsTable, Scaled, TiledProduct, block_entries, block_table, tiled,
 };
 use memwall_format::blocks::{
     Block, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
     BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockNvfp4, BlockQ1_0, BlockQ2_0, BlockQ2K, BlockQ3K,
     BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockTq1_0,
-    BlockTq2_0, Codes, F16, Groups, IQ4NL_GRID, Lattice, MXFP4_GRID, e8m0_half, f16_to_f32,
-    f32_to_f16, tq1_trit, ue4m3_half,
+    BlockTq2_0, Codes, F16, Groups, IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID,
+    IQ3XXS_GRID, IQ4NL_GRID, Lattice, MXFP4_GRID, e8m0_half, f16_to_f32, f32_to_f16, tq1_trit,
+    ue4m3_half,
 };
 
 /// Declares a safe entry point for a `#[target_feature]` kernel.
@@ -185,9 +186,17 @@ pub(crate) static TABLE: DotTable = memwall_format::block_types!([block_table] e
         q5_0: Some(r_q5_0),
         q8_0: Some(r_q8_0),
         iq4_nl: Some(r_iq4_nl),
-        q4_k_column: None,
-        q5_k_column: None,
-        q6_k_column: Some(c_q6_k),
+        columns: ColumnsTable {
+            q6_k: Some(c_q6_k),
+            iq2_xxs: Some(c_iq2_xxs),
+            iq2_xs: Some(c_iq2_xs),
+            iq2_s: Some(c_iq2_s),
+            iq3_xxs: Some(c_iq3_xxs),
+            iq3_s: Some(c_iq3_s),
+            iq1_s: Some(c_iq1_s),
+            iq1_m: Some(c_iq1_m),
+            ..ColumnsTable::NONE
+        },
         tiled: Some(TiledProduct {
             product: t_tiled,
             max_value: 64,
@@ -1321,8 +1330,8 @@ pub(super) fn column256<B: Block, const MIN: bool>(
     w: &[B],
     a: &[BlockQ8K],
     out: &mut [f32],
-    sums: impl Fn(&B, &BlockQ8K) -> (__m256i, __m256i),
-    scales: impl Fn(&B) -> [u16; 2],
+    sums: impl Fn(&B, &BlockQ8K) -> (__m256i, __m256i) + Copy,
+    scales: impl Fn(&B) -> [u16; 2] + Copy,
 ) {
     let nb = a.len();
     assert!(w.len() == out.len() * nb, "column256 lengths");
@@ -1360,7 +1369,7 @@ pub(super) fn column256<B: Block, const MIN: bool>(
         *out = lanes_ps(tree8_lanes(&p));
     }
     for (o, w) in rest.iter_mut().zip(w_rest.chunks_exact(nb)) {
-        *o = blocks256::<B, MIN>(w, a, &sums, &scales);
+        *o = blocks256::<B, MIN>(w, a, sums, scales);
     }
 }
 
@@ -1864,16 +1873,377 @@ fn tiled_k<const NSUB: usize, const MINS: bool, const PAIRED: bool>(
 
 // ---- lattice i-quants (Q8_K activations) ----
 //
-// The block's values come from `Lattice::groups` (grid lookups with the signs
-// applied, |q| ≤ 62), then `vpsignb`/`vpmaddubsw` against the activations and
-// `vpmaddwd` against each group's scale (per 16-value half where the type
-// has sixteen scales).
+// One token: each type's super-block straight from its bytes. The grid rows
+// are looked up by scalar index (four 8-value or eight 4-value points per
+// group of 32 weights); the sign bytes and the scales of all eight groups
+// are built in vector registers where the format packs them (the `KSIGNS`
+// indices of IQ2_XXS, IQ2_XS and IQ3_XXS, the scale nibbles); then per group
+// `vpsignb` puts the signs on the activations, one `vpmaddubsw` takes the
+// unsigned grid values, and `vpmaddwd` the scales of its two 16-weight
+// halves. Rows go eight at a time ([`column256`]). Several tokens read the
+// blocks unpacked once ([`lattice_rows`]).
 
-/// A lattice type's row: [`blocks256`] of [`lattice_sums`], times `B::FACTOR`.
+/// Declares, for each lattice type, its one-token product of one row
+/// (`$f`, [`blocks256`]) and of several rows (`$c`, [`column256`]) from the
+/// type's super-block sums `$sums`, each output times `B::FACTOR` as the
+/// scalar specification multiplies its sum.
+macro_rules! lattice_entries {
+    ($($f:ident $c:ident $b:ident $sums:ident),* $(,)?) => {$(
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn $f(w: &[$b], a: &[BlockQ8K]) -> f32 {
+            blocks256::<_, false>(
+                w,
+                a,
+                |b, y| $sums(b, y),
+                |b| [b.d().bits(), 0],
+            ) * <$b as Lattice>::FACTOR
+        }
+
+        fn $c(w: &[$b], a: &[BlockQ8K], out: &mut [f32]) {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            fn kernel(w: &[$b], a: &[BlockQ8K], out: &mut [f32]) {
+                column256::<_, false>(
+                    w,
+                    a,
+                    out,
+                    |b, y| $sums(b, y),
+                    |b| [b.d().bits(), 0],
+                );
+                for o in out.iter_mut() {
+                    *o *= <$b as Lattice>::FACTOR;
+                }
+            }
+            // SAFETY: reachable only through `TABLE`, which `Kernels::new`
+            // hands out after probing AVX2, FMA and F16C.
+            unsafe { kernel(w, a, out) }
+        }
+    )*};
+}
+
+lattice_entries!(
+    iq2_xxs c_iq2_xxs BlockIq2Xxs iq2_xxs_sums,
+    iq2_xs c_iq2_xs BlockIq2Xs iq2_xs_sums,
+    iq2_s c_iq2_s BlockIq2S iq2_s_sums,
+    iq3_xxs c_iq3_xxs BlockIq3Xxs iq3_xxs_sums,
+    iq3_s c_iq3_s BlockIq3S iq3_s_sums,
+    iq1_s c_iq1_s BlockIq1S iq1_s_sums,
+    iq1_m c_iq1_m BlockIq1M iq1_m_sums,
+);
+
+/// A group of 32 weights: its grid values `v` (unsigned, at most 62), `neg`
+/// (`0xff` in the bytes of the negative weights), the scales of its two
+/// 16-weight halves `ls` (`i16` lanes 0–7 and 8–15), against the
+/// activations `ys`: the signs put on the activations (`vpsignb` by ±1), one
+/// `vpmaddubsw` (the byte pairs of the signed values), one `vpmaddwd`.
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn lattice<B: Lattice>(w: &[B], a: &[BlockQ8K]) -> f32 {
-    blocks256::<_, false>(w, a, |b, y| lattice_sums(b, y), |b| [b.d().bits(), 0]) * B::FACTOR
+#[target_feature(enable = "avx2")]
+fn signed_group_sum(v: __m256i, neg: __m256i, ls: __m256i, ys: &[i8]) -> __m256i {
+    let ys = _mm256_sign_epi8(ld256(ys), _mm256_or_si256(neg, _mm256_set1_epi8(1)));
+    _mm256_madd_epi16(_mm256_maddubs_epi16(v, ys), ls)
+}
+
+/// [`signed_group_sum`] of a group of signed values `q` (no zeros; IQ1's
+/// `8·grid ± 1`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn offset_group_sum(q: __m256i, ls: __m256i, ys: &[i8]) -> __m256i {
+    let p = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(ld256(ys), q));
+    _mm256_madd_epi16(p, ls)
+}
+
+/// Scales `lo` in `i16` lanes 0–7 and `hi` in lanes 8–15.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn scale_halves(lo: u16, hi: u16) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
+}
+
+/// A group's scale pair as one word (`lo | hi << 16`, see
+/// [`scale_pairs`]) spread as [`scale_halves`] does.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn scale_word(word: u32) -> __m256i {
+    let spread = _mm256_setr_epi8(
+        0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+        2, 3,
+    );
+    _mm256_shuffle_epi8(_mm256_set1_epi32(word as i32), spread)
+}
+
+/// Eight groups' scale pairs from their nibble-pair bytes `b` (IQ2_XS,
+/// IQ2_S): word `g` is `(2·lo + 1) | (2·hi + 1) << 16` of byte `g`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn scale_pairs(b: &[u8; 8]) -> [u32; 8] {
+    let v = _mm256_cvtepu8_epi32(_mm_set_epi64x(0, i64::from_le_bytes(*b)));
+    let lo = _mm256_and_si256(v, _mm256_set1_epi32(0xf));
+    let hi = _mm256_slli_epi32(_mm256_srli_epi32(v, 4), 16);
+    let w = _mm256_or_si256(
+        _mm256_slli_epi32(_mm256_or_si256(lo, hi), 1),
+        _mm256_set1_epi32(0x1_0001),
+    );
+    words8(w)
+}
+
+/// The eight `u32` lanes of `v`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn words8(v: __m256i) -> [u32; 8] {
+    let mut w = [0u32; 8];
+    // SAFETY: `w` has 32 writable bytes; unaligned store.
+    unsafe { _mm256_storeu_si256(w.as_mut_ptr().cast(), v) };
+    w
+}
+
+/// `KSIGNS` of the bytes of `v` (each at most 127): the byte with an eighth
+/// bit that makes its number of set bits even.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ksigns_bytes(v: __m256i) -> __m256i {
+    // The parity of seven bits is that of the nibble `(b ^ b >> 4) & 15`.
+    let odd = _mm256_setr_epi8(
+        0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0, 0, -128, -128, 0,
+        -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0,
+    );
+    let nib = _mm256_and_si256(
+        _mm256_xor_si256(v, _mm256_srli_epi32(v, 4)),
+        _mm256_set1_epi8(0xf),
+    );
+    _mm256_or_si256(v, _mm256_shuffle_epi8(odd, nib))
+}
+
+/// Eight groups' sign words and scales from their words `sas` (IQ2_XXS,
+/// IQ3_XXS): four 7-bit `KSIGNS` indices in bits 0..28, the scale `s` in
+/// bits 28..32. Returns the sign words (four sign bytes each) and
+/// `2s + 1` in both halves of a scale word ([`scale_word`]).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn sas_words(sas: __m256i) -> ([u32; 8], [u32; 8]) {
+    let field = |shift: i32, mask: i32| {
+        _mm256_and_si256(
+            _mm256_sllv_epi32(sas, _mm256_set1_epi32(shift)),
+            _mm256_set1_epi32(mask),
+        )
+    };
+    let idx = _mm256_or_si256(
+        _mm256_or_si256(field(0, 0x7f), field(1, 0x7f00)),
+        _mm256_or_si256(field(2, 0x7f_0000), field(3, 0x7f00_0000)),
+    );
+    let s = _mm256_or_si256(
+        _mm256_slli_epi32(_mm256_srli_epi32(sas, 28), 1),
+        _mm256_set1_epi32(1),
+    );
+    let ls = _mm256_or_si256(s, _mm256_slli_epi32(s, 16));
+    (words8(ksigns_bytes(idx)), words8(ls))
+}
+
+/// Four 8-value grid rows as one register, the first in the low lane.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn rows4(r: [&[i8; 8]; 4]) -> __m256i {
+    // Byte by byte: `array::map` stayed a call in this feature context.
+    let word = |r: &[i8; 8]| {
+        let b = |i: usize| r[i] as u8;
+        i64::from_le_bytes([b(0), b(1), b(2), b(3), b(4), b(5), b(6), b(7)])
+    };
+    let [r0, r1, r2, r3] = [word(r[0]), word(r[1]), word(r[2]), word(r[3])];
+    _mm256_set_epi64x(r3, r2, r1, r0)
+}
+
+/// Eight 4-value grid points as one register, the first in the low lane.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn points8(p: [&[i8; 4]; 8]) -> __m256i {
+    let word = |p: &[i8; 4]| i32::from_le_bytes([p[0] as u8, p[1] as u8, p[2] as u8, p[3] as u8]);
+    let [p0, p1, p2, p3, p4, p5, p6, p7] = [
+        word(p[0]),
+        word(p[1]),
+        word(p[2]),
+        word(p[3]),
+        word(p[4]),
+        word(p[5]),
+        word(p[6]),
+        word(p[7]),
+    ];
+    _mm256_setr_epi32(p0, p1, p2, p3, p4, p5, p6, p7)
+}
+
+/// A super-block's integer sum in eight `i32` lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn iq2_xxs_sums(b: &BlockIq2Xxs, y: &BlockQ8K) -> (__m256i, __m256i) {
+    // Words 2g + 1 of the block are the groups' sign-and-scale words.
+    let (lo, hi) = (ld256(&b.qs[..32]), ld256(&b.qs[32..]));
+    let odd = _mm256_castps_si256(_mm256_shuffle_ps::<0b11_01_11_01>(
+        _mm256_castsi256_ps(lo),
+        _mm256_castsi256_ps(hi),
+    ));
+    // `vshufps` leaves groups 0 1 4 5 | 2 3 6 7.
+    let (signs, ls) = sas_words(_mm256_permute4x64_epi64::<0b11_01_10_00>(odd));
+    let mut isum = _mm256_setzero_si256();
+    for g in 0..8 {
+        let idx = &b.qs[8 * g..8 * g + 4];
+        let v = rows4(std::array::from_fn(|l| &IQ2XXS_GRID[usize::from(idx[l])]));
+        let sum = signed_group_sum(v, bit_bytes(signs[g]), scale_word(ls[g]), &y.qs[32 * g..]);
+        isum = _mm256_add_epi32(isum, sum);
+    }
+    (isum, _mm256_setzero_si256())
+}
+
+/// A super-block's integer sum in eight `i32` lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn iq2_xs_sums(b: &BlockIq2Xs, y: &BlockQ8K) -> (__m256i, __m256i) {
+    // The sign indices (bits 9..16 of each u16) of groups 0–3 and 4–7 packed
+    // to bytes: groups 0 1 4 5 | 2 3 6 7, put in order.
+    let (lo, hi) = (ld256(&b.qs[..32]), ld256(&b.qs[32..]));
+    let idx = _mm256_packus_epi16(_mm256_srli_epi16(lo, 9), _mm256_srli_epi16(hi, 9));
+    let signs = words8(_mm256_permute4x64_epi64::<0b11_01_10_00>(ksigns_bytes(idx)));
+    let ls = scale_pairs(&b.scales);
+    let mut isum = _mm256_setzero_si256();
+    for g in 0..8 {
+        // The group's four indices in one load (two byte loads each were
+        // slower: the loads bound this loop).
+        let q = u64::from_le_bytes(b.qs.as_chunks::<8>().0[g]);
+        let v = rows4(std::array::from_fn(|l| {
+            &IQ2XS_GRID[(q >> (16 * l)) as usize & 511]
+        }));
+        let sum = signed_group_sum(v, bit_bytes(signs[g]), scale_word(ls[g]), &y.qs[32 * g..]);
+        isum = _mm256_add_epi32(isum, sum);
+    }
+    (isum, _mm256_setzero_si256())
+}
+
+/// Sign word `g` of a block's explicit sign bytes (IQ2_S, IQ3_S).
+#[inline]
+fn sign_word(signs: &[u8; 32], g: usize) -> u32 {
+    u32::from_le_bytes([
+        signs[4 * g],
+        signs[4 * g + 1],
+        signs[4 * g + 2],
+        signs[4 * g + 3],
+    ])
+}
+
+/// A super-block's integer sum in eight `i32` lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn iq2_s_sums(b: &BlockIq2S, y: &BlockQ8K) -> (__m256i, __m256i) {
+    let ls = scale_pairs(&b.scales);
+    let mut isum = _mm256_setzero_si256();
+    for g in 0..8 {
+        let qh = usize::from(b.qh[g]);
+        let v = rows4(std::array::from_fn(|l| {
+            &IQ2S_GRID[usize::from(b.qs[4 * g + l]) | ((qh >> (2 * l)) & 3) << 8]
+        }));
+        let neg = bit_bytes(sign_word(&b.signs, g));
+        let sum = signed_group_sum(v, neg, scale_word(ls[g]), &y.qs[32 * g..]);
+        isum = _mm256_add_epi32(isum, sum);
+    }
+    (isum, _mm256_setzero_si256())
+}
+
+/// A super-block's integer sum in eight `i32` lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn iq3_xxs_sums(b: &BlockIq3Xxs, y: &BlockQ8K) -> (__m256i, __m256i) {
+    let (signs, ls) = sas_words(ld256(&b.sas));
+    let mut isum = _mm256_setzero_si256();
+    for g in 0..8 {
+        let idx = &b.qs[8 * g..8 * g + 8];
+        let v = points8(std::array::from_fn(|k| &IQ3XXS_GRID[usize::from(idx[k])]));
+        let sum = signed_group_sum(v, bit_bytes(signs[g]), scale_word(ls[g]), &y.qs[32 * g..]);
+        isum = _mm256_add_epi32(isum, sum);
+    }
+    (isum, _mm256_setzero_si256())
+}
+
+/// A super-block's integer sum in eight `i32` lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn iq3_s_sums(b: &BlockIq3S, y: &BlockQ8K) -> (__m256i, __m256i) {
+    let mut isum = _mm256_setzero_si256();
+    for g in 0..8 {
+        let qh = usize::from(b.qh[g]);
+        let idx = &b.qs[8 * g..8 * g + 8];
+        let v = points8(std::array::from_fn(|k| {
+            &IQ3S_GRID[usize::from(idx[k]) | ((qh >> k) & 1) << 8]
+        }));
+        let ls = 1 + 2 * i16::from((b.scales[g / 2] >> (4 * (g % 2))) & 0xf);
+        let neg = bit_bytes(sign_word(&b.signs, g));
+        let sum = signed_group_sum(v, neg, _mm256_set1_epi16(ls), &y.qs[32 * g..]);
+        isum = _mm256_add_epi32(isum, sum);
+    }
+    (isum, _mm256_setzero_si256())
+}
+
+/// IQ1's values `8·grid + delta` (`delta` ±1 bytewise) from four grid rows
+/// of −1, 0 and 1.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn iq1_values(rows: __m256i, delta: __m256i) -> __m256i {
+    _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), rows), delta)
+}
+
+/// A super-block's integer sum in eight `i32` lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn iq1_s_sums(b: &BlockIq1S, y: &BlockQ8K) -> (__m256i, __m256i) {
+    let mut isum = _mm256_setzero_si256();
+    for g in 0..8 {
+        let qh = usize::from(u16::from_le_bytes([b.qh[2 * g], b.qh[2 * g + 1]]));
+        let rows = rows4(std::array::from_fn(|l| {
+            &IQ1S_GRID[usize::from(b.qs[4 * g + l]) | ((qh >> (3 * l)) & 7) << 8]
+        }));
+        let delta = _mm256_set1_epi8(if qh & 0x8000 != 0 { -1 } else { 1 });
+        let ls = 2 * ((qh >> 12) & 7) as i16 + 1;
+        let sum = offset_group_sum(
+            iq1_values(rows, delta),
+            _mm256_set1_epi16(ls),
+            &y.qs[32 * g..],
+        );
+        isum = _mm256_add_epi32(isum, sum);
+    }
+    (isum, _mm256_setzero_si256())
+}
+
+/// A super-block's integer sum in eight `i32` lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn iq1_m_sums(b: &BlockIq1M, y: &BlockQ8K) -> (__m256i, __m256i) {
+    // Byte `j` of a group takes the offset sign of its row `j / 8`: bit 3 or 7
+    // of the group's first or second `qh` byte.
+    let spread = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+        1, 1,
+    );
+    let bit = _mm256_setr_epi8(
+        8, 8, 8, 8, 8, 8, 8, 8, -128, -128, -128, -128, -128, -128, -128, -128, 8, 8, 8, 8, 8, 8,
+        8, 8, -128, -128, -128, -128, -128, -128, -128, -128,
+    );
+    let mut isum = _mm256_setzero_si256();
+    for g in 0..8 {
+        let qh = u16::from_le_bytes([b.qh[2 * g], b.qh[2 * g + 1]]);
+        let rows = rows4(std::array::from_fn(|l| {
+            let nib = usize::from(qh >> (4 * l)) & 7;
+            &IQ1S_GRID[usize::from(b.qs[4 * g + l]) | nib << 8]
+        }));
+        let sel = _mm256_and_si256(
+            _mm256_shuffle_epi8(_mm256_set1_epi16(qh as i16), spread),
+            bit,
+        );
+        let delta = _mm256_or_si256(_mm256_cmpeq_epi8(sel, bit), _mm256_set1_epi8(1));
+        let word = u16::from_le_bytes([b.scales[2 * (g / 2)], b.scales[2 * (g / 2) + 1]]);
+        let pair = word >> (6 * (g % 2));
+        let (lo, hi) = (2 * (pair & 7) + 1, 2 * ((pair >> 3) & 7) + 1);
+        let sum = offset_group_sum(
+            iq1_values(rows, delta),
+            scale_halves(lo, hi),
+            &y.qs[32 * g..],
+        );
+        isum = _mm256_add_epi32(isum, sum);
+    }
+    (isum, _mm256_setzero_si256())
 }
 
 /// A lattice super-block ready for several activation rows: its grid values
@@ -1906,35 +2276,12 @@ fn lattice_rows<B: Lattice>(w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
     }
 }
 
-/// A lattice super-block's integer sum in eight `i32` lanes: the types with
-/// codes group by group ([`Lattice::unit`], the rows and signs straight into
-/// registers), IQ1 from its signed values.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn lattice_sums<B: Lattice>(b: &B, y: &BlockQ8K) -> (__m256i, __m256i) {
-    let mut isum = _mm256_setzero_si256();
-    for ib in 0..8 {
-        let Some(u) = b.unit(ib) else {
-            return lattice_group_sums(&b.groups(), y, B::HALVES);
-        };
-        let [r0, r1, r2, r3] = u.rows.map(|r| r as i64);
-        let v = _mm256_set_epi64x(r3, r2, r1, r0);
-        isum = _mm256_add_epi32(isum, coded_group_sum(v, u.signs, u.ls, &y.qs[32 * ib..]));
-    }
-    (isum, _mm256_setzero_si256())
-}
-
-/// One group of 32 weights of a coded lattice block: its grid values `v`
-/// (unsigned, at most 62), the signs put on the activations `ys` (`vpsignb`
-/// by ±1), one `vpmaddubsw` (the same byte pairs as the signed values give),
-/// then `vpmaddwd` against the scale of each 16-weight half, `ls`.
+/// One group of 32 weights of a block's [`Codes`]: its grid values `v`, its
+/// sign bits and the scales of its halves, as [`signed_group_sum`] takes them.
 #[inline]
 #[target_feature(enable = "avx2")]
 fn coded_group_sum(v: __m256i, signs: u32, ls: [u16; 2], ys: &[i8]) -> __m256i {
-    let neg = _mm256_or_si256(bit_bytes(signs), _mm256_set1_epi8(1));
-    let p = _mm256_maddubs_epi16(v, _mm256_sign_epi8(ld256(ys), neg));
-    let ls = ls.map(|s| _mm_set1_epi16(s as i16));
-    _mm256_madd_epi16(p, _mm256_set_m128i(ls[1], ls[0]))
+    signed_group_sum(v, bit_bytes(signs), scale_halves(ls[0], ls[1]), ys)
 }
 
 /// The integer scales of 32 weights against the byte-pair sums `p`: one
@@ -1989,8 +2336,6 @@ fn lattice_group_sums(g: &Groups, y: &BlockQ8K, halves: bool) -> (__m256i, __m25
     }
     (isum, _mm256_setzero_si256())
 }
-
-crate::kernels::lattice_kernels!([#[target_feature(enable = "avx2,fma,f16c")]]);
 
 // ---- ternary types (Q8_K activations) ----
 //

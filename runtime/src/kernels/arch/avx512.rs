@@ -31,8 +31,8 @@ use crate::kernels::attn::{self, KEY_TILE, by_heads, by_product_rows};
 use crate::kernels::scalar::{Blocks, k4_scales, term};
 use crate::kernels::tiled;
 use crate::kernels::{
-    BlockQ8_0, BlockQ8K, DotTable, OpsTable, Q8_GROUP_BYTES, Q8K_GROUP_BYTES, Q8KRows, Q8Rows,
-    RowsTable, Scaled, TiledProduct,
+    BlockQ8_0, BlockQ8K, ColumnsTable, DotTable, OpsTable, Q8_GROUP_BYTES, Q8K_GROUP_BYTES,
+    Q8KRows, Q8Rows, RowsTable, Scaled, TiledProduct,
 };
 use memwall_format::blocks::{
     Block, BlockIq4Nl, BlockQ4_0, BlockQ4K, BlockQ5_0, BlockQ5K, BlockQ6K, BlockTq1_0, BlockTq2_0,
@@ -151,9 +151,12 @@ pub(crate) static TABLE: DotTable = DotTable {
         iq4_nl: Some(r_iq4_nl),
         tq1_0: Some(r_tq1_0),
         tq2_0: Some(r_tq2_0),
-        q4_k_column: Some(c_q4_k),
-        q5_k_column: Some(c_q5_k),
-        q6_k_column: Some(c_q6_k),
+        columns: ColumnsTable {
+            q4_k: Some(c_q4_k),
+            q5_k: Some(c_q5_k),
+            q6_k: Some(c_q6_k),
+            ..avx2::TABLE.rows.columns
+        },
         tiled: Some(TiledProduct {
             product: t_tiled,
             max_value: 127,
