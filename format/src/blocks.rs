@@ -24,7 +24,7 @@ mod iq_grids;
 pub use iq::{
     BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, Codes,
     Groups, IQ1_DELTA, IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID,
-    KSIGNS, Lattice, Unit, grid_levels,
+    KSIGNS, Lattice, grid_levels,
 };
 
 /// IEEE half-precision bits to `f32` (exact).

@@ -157,17 +157,16 @@ pub struct Codes {
 /// One group of 32 weights of [`Codes`]: rows `4ib..4ib + 4` of `v` as
 /// little-endian words, the group's four sign bytes as one word, and its
 /// scale (`ls[ib]`, or `ls[2ib]` and `ls[2ib + 1]` with
-/// [`Lattice::HALVES`]). Kernels that need one group at a time read this and
-/// never build the whole [`Codes`].
+/// [`Lattice::HALVES`]): what [`Codes`] is built from, group by group.
 #[derive(Clone, Copy, Debug)]
-pub struct Unit {
+struct Unit {
     /// Four rows of eight grid values (the first value in the low byte).
-    pub rows: [u64; 4],
+    rows: [u64; 4],
     /// Bit `j` set: weight `j` of the group is negative.
-    pub signs: u32,
+    signs: u32,
     /// The group's scale, or its two halves' (the second equals the first
     /// for the types with one scale per 32 weights).
-    pub ls: [u16; 2],
+    ls: [u16; 2],
 }
 
 /// Eight values as a little-endian word.
@@ -243,11 +242,6 @@ pub trait Lattice: Block {
     fn codes(&self) -> Option<Codes> {
         None
     }
-    /// Group `ib` (< 8) of [`Lattice::codes`] alone, for the same types.
-    #[inline]
-    fn unit(&self, _ib: usize) -> Option<Unit> {
-        None
-    }
 }
 
 impl Groups {
@@ -274,10 +268,6 @@ macro_rules! coded {
             }
             fn codes(&self) -> Option<Codes> {
                 Some(Codes::of_units($halves, |ib| self.unit_of(ib)))
-            }
-            #[inline]
-            fn unit(&self, ib: usize) -> Option<Unit> {
-                Some(self.unit_of(ib))
             }
         }
     };
