@@ -105,6 +105,11 @@ pub(super) fn r_q6_k(w: &[BlockQ6K], a: Q8KRows<'_>, out: &mut [f32]) {
 /// K-quant rows ([`column256`]) from a block type's sums and scales,
 /// compiled with the target features `$features` (with AVX-512's, its
 /// sixteen more vector registers hold the eight rows' sums).
+///
+/// With `narrow` and the type's one-row kernel first, rows of eight
+/// super-blocks or more go one at a time through it (the same bits): on AVX2 the eight rows' sums and
+/// minimums spill its sixteen registers, and a row of eight blocks or more
+/// has vector terms of its own, so only rows shorter than that gain.
 macro_rules! column_entry {
     ($features:literal, $name:ident, $b:ty, $min:literal, $sums:path, $scales:expr) => {
         pub(super) fn $name(w: &[$b], a: &[BlockQ8K], out: &mut [f32]) {
@@ -117,11 +122,44 @@ macro_rules! column_entry {
             unsafe { kernel(w, a, out) }
         }
     };
+    (narrow $row:ident, $features:literal, $name:ident, $b:ty, $min:literal, $sums:path, $scales:expr) => {
+        pub(super) fn $name(w: &[$b], a: &[BlockQ8K], out: &mut [f32]) {
+            #[target_feature(enable = $features)]
+            fn kernel(w: &[$b], a: &[BlockQ8K], out: &mut [f32]) {
+                if a.len() < 8 {
+                    column256::<_, $min>(w, a, out, |b, y| $sums(b, y), $scales);
+                    return;
+                }
+                for (o, w) in out.iter_mut().zip(w.chunks_exact(a.len())) {
+                    *o = $row(w, a);
+                }
+            }
+            // SAFETY: reachable only through a table that `Kernels::new`
+            // hands out after probing `$features`.
+            unsafe { kernel(w, a, out) }
+        }
+    };
 }
 pub(super) use column_entry;
 
-// With sixteen registers the eight rows' sums and minimums spill: only Q6_K
-// (no minimums) gains from the column product on AVX2.
+column_entry!(
+    narrow q4_k,
+    "avx2,fma,f16c",
+    c_q4_k,
+    BlockQ4K,
+    true,
+    q4_k_sums,
+    |b: &BlockQ4K| [b.d.bits(), b.dmin.bits()]
+);
+column_entry!(
+    narrow q5_k,
+    "avx2,fma,f16c",
+    c_q5_k,
+    BlockQ5K,
+    true,
+    q5_k_sums,
+    |b: &BlockQ5K| [b.d.bits(), b.dmin.bits()]
+);
 column_entry!(
     "avx2,fma,f16c",
     c_q6_k,
@@ -187,6 +225,8 @@ pub(crate) static TABLE: DotTable = memwall_format::block_types!([block_table] e
         q8_0: Some(r_q8_0),
         iq4_nl: Some(r_iq4_nl),
         columns: ColumnsTable {
+            q4_k: Some(c_q4_k),
+            q5_k: Some(c_q5_k),
             q6_k: Some(c_q6_k),
             iq2_xxs: Some(c_iq2_xxs),
             iq2_xs: Some(c_iq2_xs),
