@@ -235,7 +235,6 @@ pub(crate) static TABLE: DotTable = memwall_format::block_types!([block_table] e
             iq3_s: Some(c_iq3_s),
             iq1_s: Some(c_iq1_s),
             iq1_m: Some(c_iq1_m),
-            ..ColumnsTable::NONE
         },
         tiled: Some(TiledProduct {
             product: t_tiled,
