@@ -666,6 +666,8 @@ fn one_token_products_of_several_rows_match_scalar() {
                 GgmlType::Q5_K,
                 GgmlType::Q6_K,
                 GgmlType::Q2_K,
+                GgmlType::TQ1_0,
+                GgmlType::TQ2_0,
                 GgmlType::IQ2_XXS,
                 GgmlType::IQ2_XS,
                 GgmlType::IQ2_S,

@@ -155,6 +155,9 @@ pub(crate) static TABLE: DotTable = DotTable {
             q4_k: Some(c_q4_k),
             q5_k: Some(c_q5_k),
             q6_k: Some(c_q6_k),
+            // The ternary types' own AVX-512 one-row products instead.
+            tq1_0: None,
+            tq2_0: None,
             ..avx2::TABLE.rows.columns
         },
         tiled: Some(TiledProduct {
