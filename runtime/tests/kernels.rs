@@ -651,10 +651,23 @@ fn batched_matmul_matches_scalar_for_every_tail() {
     }
 }
 
-/// A decoded token's products of the K-quants go several weight rows at a
-/// time (eight rows' sums in one vector): work items of whole eights and of
-/// leftover rows, every tail of the eight-block steps, one and two threads,
-/// against the scalar dot products.
+/// The lattice i-quants.
+const LATTICE: [GgmlType; 7] = [
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
+];
+
+/// A decoded token's products of the K-quants, the ternary and the lattice
+/// types go several weight rows at a time (eight rows' sums in one vector),
+/// or row by row where the backend finds that faster for the row's width:
+/// work items of whole eights and of leftover rows, every tail of the
+/// eight-block steps, rows of fewer and of more than eight blocks, one and
+/// two threads, against the scalar dot products.
 #[test]
 fn one_token_products_of_several_rows_match_scalar() {
     let mut rng = Rng(0x0c01_0e11);
@@ -668,14 +681,10 @@ fn one_token_products_of_several_rows_match_scalar() {
                 GgmlType::Q2_K,
                 GgmlType::TQ1_0,
                 GgmlType::TQ2_0,
-                GgmlType::IQ2_XXS,
-                GgmlType::IQ2_XS,
-                GgmlType::IQ2_S,
-                GgmlType::IQ3_XXS,
-                GgmlType::IQ3_S,
-                GgmlType::IQ1_S,
-                GgmlType::IQ1_M,
-            ] {
+            ]
+            .into_iter()
+            .chain(LATTICE)
+            {
                 for nb in (1..=18).chain([24, 35]) {
                     let cols = 256 * nb;
                     for rows in [8, 13, 77] {
@@ -706,20 +715,13 @@ fn tiled_products_match_scalar_for_ragged_rows_and_tokens() {
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::IQ4_XS,
-        GgmlType::IQ2_XXS,
-        GgmlType::IQ2_XS,
-        GgmlType::IQ2_S,
-        GgmlType::IQ3_XXS,
-        GgmlType::IQ3_S,
-        GgmlType::IQ1_S,
-        GgmlType::IQ1_M,
         GgmlType::TQ1_0,
         GgmlType::TQ2_0,
     ];
     for b in Backend::supported() {
         for threads in [1, 2] {
             let mut mm = Matmul::new(Kernels::new(b).unwrap(), threads);
-            for ty in types {
+            for ty in types.into_iter().chain(LATTICE) {
                 for (rows, nb) in [(1, 1), (16, 3), (17, 9), (70, 2), (129, 1), (129, 9)] {
                     let cols = 256 * nb;
                     for t_n in [8, 9, 16, 17, 40] {

@@ -2264,6 +2264,19 @@ fn iq1_m_sums(b: &BlockIq1M, y: &BlockQ8K) -> (__m256i, __m256i) {
         8, 8, 8, 8, 8, 8, 8, 8, -128, -128, -128, -128, -128, -128, -128, -128, 8, 8, 8, 8, 8, 8,
         8, 8, -128, -128, -128, -128, -128, -128, -128, -128,
     );
+    // Group `g`'s two 3-bit scales are fields `2(g % 2)` and `2(g % 2) + 1`
+    // of scale word `g / 2`: the words doubled, shifted by 0 or 6 bits.
+    let words = _mm_set_epi64x(0, i64::from_le_bytes(b.scales));
+    let v = _mm256_cvtepu16_epi32(_mm_unpacklo_epi16(words, words));
+    let v = _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 6, 0, 6, 0, 6, 0, 6));
+    let (lo, hi) = (
+        _mm256_and_si256(v, _mm256_set1_epi32(7)),
+        _mm256_and_si256(_mm256_slli_epi32(v, 13), _mm256_set1_epi32(7 << 16)),
+    );
+    let ls = words8(_mm256_or_si256(
+        _mm256_slli_epi32(_mm256_or_si256(lo, hi), 1),
+        _mm256_set1_epi32(0x1_0001),
+    ));
     let mut isum = _mm256_setzero_si256();
     for g in 0..8 {
         let qh = u16::from_le_bytes([b.qh[2 * g], b.qh[2 * g + 1]]);
@@ -2276,14 +2289,7 @@ fn iq1_m_sums(b: &BlockIq1M, y: &BlockQ8K) -> (__m256i, __m256i) {
             bit,
         );
         let delta = _mm256_or_si256(_mm256_cmpeq_epi8(sel, bit), _mm256_set1_epi8(1));
-        let word = u16::from_le_bytes([b.scales[2 * (g / 2)], b.scales[2 * (g / 2) + 1]]);
-        let pair = word >> (6 * (g % 2));
-        let (lo, hi) = (2 * (pair & 7) + 1, 2 * ((pair >> 3) & 7) + 1);
-        let sum = offset_group_sum(
-            iq1_values(rows, delta),
-            scale_halves(lo, hi),
-            &y.qs[32 * g..],
-        );
+        let sum = offset_group_sum(iq1_values(rows, delta), scale_word(ls[g]), &y.qs[32 * g..]);
         isum = _mm256_add_epi32(isum, sum);
     }
     (isum, _mm256_setzero_si256())
