@@ -107,9 +107,10 @@ pub(super) fn r_q6_k(w: &[BlockQ6K], a: Q8KRows<'_>, out: &mut [f32]) {
 /// sixteen more vector registers hold the eight rows' sums).
 ///
 /// With `narrow` and the type's one-row kernel first, rows of eight
-/// super-blocks or more go one at a time through it (the same bits): on AVX2 the eight rows' sums and
-/// minimums spill its sixteen registers, and a row of eight blocks or more
-/// has vector terms of its own, so only rows shorter than that gain.
+/// super-blocks or more go one at a time through it (the same bits): on
+/// AVX2 the eight rows' sums and minimums spill its sixteen registers, and
+/// a row of eight blocks or more has vector terms of its own, so only rows
+/// shorter than that gain.
 macro_rules! column_entry {
     ($features:literal, $name:ident, $b:ty, $min:literal, $sums:path, $scales:expr) => {
         pub(super) fn $name(w: &[$b], a: &[BlockQ8K], out: &mut [f32]) {
@@ -1928,9 +1929,9 @@ fn tiled_k<const NSUB: usize, const MINS: bool, const PAIRED: bool>(
 /// (`$f`, [`blocks256`]) and of several rows (`$c`, [`column256`]) from the
 /// type's super-block sums `$sums`, each output times `B::FACTOR` as the
 /// scalar specification multiplies its sum. With `narrow`, rows of eight
-/// super-blocks or more go one at a time through `$f` (the same bits): for
-/// IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S that was 5–12 % faster at 4096 and 8960
-/// columns, where the eight-row product wins by 5–28 % at 1536.
+/// super-blocks or more go one at a time through `$f` (the same bits): the
+/// types so marked measured faster that way on wide rows, and all of them
+/// faster eight rows at a time on rows of fewer blocks (docs/BENCHMARKS.md).
 macro_rules! lattice_entries {
     ($($f:ident $c:ident $b:ident $sums:ident $($narrow:ident)?),* $(,)?) => {$(
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -1943,7 +1944,7 @@ macro_rules! lattice_entries {
             #[target_feature(enable = "avx2,fma,f16c")]
             fn kernel(w: &[$b], a: &[BlockQ8K], out: &mut [f32]) {
                 $(
-                    let _ = stringify!($narrow);
+                    let _ = stringify!($narrow); // (the marker only selects this branch)
                     if a.len() >= 8 {
                         for (o, w) in out.iter_mut().zip(w.chunks_exact(a.len())) {
                             *o = $f(w, a);
