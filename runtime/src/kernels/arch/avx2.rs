@@ -101,16 +101,29 @@ pub(super) fn r_q6_k(w: &[BlockQ6K], a: Q8KRows<'_>, out: &mut [f32]) {
     unsafe { q6_k_rows(w, a.blocks, out) }
 }
 
+/// Rows of fewer super-blocks than this gain from the eight-row product
+/// ([`column256`]) on every type; a row of this many or more has vector
+/// terms of its own, and the `narrow` entries hand it to their one-row
+/// product instead.
+const NARROW_BLOCKS: usize = 8;
+
+/// `out[r]` = `row(row r of w, a)`: a one-token product of several rows one
+/// row at a time.
+#[inline]
+fn each_row<B>(w: &[B], a: &[BlockQ8K], out: &mut [f32], row: impl Fn(&[B], &[BlockQ8K]) -> f32) {
+    for (o, w) in out.iter_mut().zip(w.chunks_exact(a.len())) {
+        *o = row(w, a);
+    }
+}
+
 /// Declares a safe entry point `$name` for a one-token product of several
 /// K-quant rows ([`column256`]) from a block type's sums and scales,
 /// compiled with the target features `$features` (with AVX-512's, its
 /// sixteen more vector registers hold the eight rows' sums).
 ///
-/// With `narrow` and the type's one-row kernel first, rows of eight
-/// super-blocks or more go one at a time through it (the same bits): on
-/// AVX2 the eight rows' sums and minimums spill its sixteen registers, and
-/// a row of eight blocks or more has vector terms of its own, so only rows
-/// shorter than that gain.
+/// With `narrow` and the type's one-row kernel first, rows of
+/// [`NARROW_BLOCKS`] or more go one at a time through it (the same bits):
+/// on AVX2 the eight rows' sums and minimums spill its sixteen registers.
 macro_rules! column_entry {
     ($features:literal, $name:ident, $b:ty, $min:literal, $sums:path, $scales:expr) => {
         pub(super) fn $name(w: &[$b], a: &[BlockQ8K], out: &mut [f32]) {
@@ -127,12 +140,10 @@ macro_rules! column_entry {
         pub(super) fn $name(w: &[$b], a: &[BlockQ8K], out: &mut [f32]) {
             #[target_feature(enable = $features)]
             fn kernel(w: &[$b], a: &[BlockQ8K], out: &mut [f32]) {
-                if a.len() < 8 {
+                if a.len() < NARROW_BLOCKS {
                     column256::<_, $min>(w, a, out, |b, y| $sums(b, y), $scales);
-                    return;
-                }
-                for (o, w) in out.iter_mut().zip(w.chunks_exact(a.len())) {
-                    *o = $row(w, a);
+                } else {
+                    each_row(w, a, out, |w, a| $row(w, a));
                 }
             }
             // SAFETY: reachable only through a table that `Kernels::new`
@@ -1928,12 +1939,12 @@ fn tiled_k<const NSUB: usize, const MINS: bool, const PAIRED: bool>(
 /// Declares, for each lattice type, its one-token product of one row
 /// (`$f`, [`blocks256`]) and of several rows (`$c`, [`column256`]) from the
 /// type's super-block sums `$sums`, each output times `B::FACTOR` as the
-/// scalar specification multiplies its sum. With `narrow`, rows of eight
-/// super-blocks or more go one at a time through `$f` (the same bits): the
-/// types so marked measured faster that way on wide rows, and all of them
-/// faster eight rows at a time on rows of fewer blocks (docs/BENCHMARKS.md).
+/// scalar specification multiplies its sum. With `$narrow` true, rows of
+/// [`NARROW_BLOCKS`] or more go one at a time through `$f` (the same bits):
+/// the types so marked measured faster that way on wide rows
+/// (docs/BENCHMARKS.md).
 macro_rules! lattice_entries {
-    ($($f:ident $c:ident $b:ident $sums:ident $($narrow:ident)?),* $(,)?) => {$(
+    ($($f:ident $c:ident $b:ident $sums:ident $narrow:literal),* $(,)?) => {$(
         #[target_feature(enable = "avx2,fma,f16c")]
         fn $f(w: &[$b], a: &[BlockQ8K]) -> f32 {
             blocks256::<_, false>(w, a, |b, y| $sums(b, y), |b| [b.d().bits(), 0])
@@ -1943,15 +1954,10 @@ macro_rules! lattice_entries {
         fn $c(w: &[$b], a: &[BlockQ8K], out: &mut [f32]) {
             #[target_feature(enable = "avx2,fma,f16c")]
             fn kernel(w: &[$b], a: &[BlockQ8K], out: &mut [f32]) {
-                $(
-                    let _ = stringify!($narrow); // (the marker only selects this branch)
-                    if a.len() >= 8 {
-                        for (o, w) in out.iter_mut().zip(w.chunks_exact(a.len())) {
-                            *o = $f(w, a);
-                        }
-                        return;
-                    }
-                )?
+                if $narrow && a.len() >= NARROW_BLOCKS {
+                    each_row(w, a, out, |w, a| $f(w, a));
+                    return;
+                }
                 column256::<_, false>(w, a, out, |b, y| $sums(b, y), |b| [b.d().bits(), 0]);
                 for o in out.iter_mut() {
                     *o *= <$b as Lattice>::FACTOR;
@@ -1965,13 +1971,13 @@ macro_rules! lattice_entries {
 }
 
 lattice_entries!(
-    iq2_xxs c_iq2_xxs BlockIq2Xxs iq2_xxs_sums,
-    iq2_xs c_iq2_xs BlockIq2Xs iq2_xs_sums narrow,
-    iq2_s c_iq2_s BlockIq2S iq2_s_sums narrow,
-    iq3_xxs c_iq3_xxs BlockIq3Xxs iq3_xxs_sums narrow,
-    iq3_s c_iq3_s BlockIq3S iq3_s_sums narrow,
-    iq1_s c_iq1_s BlockIq1S iq1_s_sums,
-    iq1_m c_iq1_m BlockIq1M iq1_m_sums,
+    iq2_xxs c_iq2_xxs BlockIq2Xxs iq2_xxs_sums false,
+    iq2_xs c_iq2_xs BlockIq2Xs iq2_xs_sums true,
+    iq2_s c_iq2_s BlockIq2S iq2_s_sums true,
+    iq3_xxs c_iq3_xxs BlockIq3Xxs iq3_xxs_sums true,
+    iq3_s c_iq3_s BlockIq3S iq3_s_sums true,
+    iq1_s c_iq1_s BlockIq1S iq1_s_sums false,
+    iq1_m c_iq1_m BlockIq1M iq1_m_sums false,
 );
 
 /// A group of 32 weights: its grid values `v` (unsigned, at most 62), `neg`
@@ -2022,11 +2028,16 @@ fn scale_pairs(b: &[u8; 8]) -> [u32; 8] {
     let v = _mm256_cvtepu8_epi32(_mm_set_epi64x(0, i64::from_le_bytes(*b)));
     let lo = _mm256_and_si256(v, _mm256_set1_epi32(0xf));
     let hi = _mm256_slli_epi32(_mm256_srli_epi32(v, 4), 16);
-    let w = _mm256_or_si256(
-        _mm256_slli_epi32(_mm256_or_si256(lo, hi), 1),
-        _mm256_set1_epi32(0x1_0001),
-    );
-    words8(w)
+    odd_scale_words(lo, hi)
+}
+
+/// Eight scale words `(2·lo + 1) | (2·hi + 1) << 16` from the fields `lo`
+/// (bits 0..15 of each lane) and `hi` (already at bit 16).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn odd_scale_words(lo: __m256i, hi: __m256i) -> [u32; 8] {
+    let twice = _mm256_slli_epi32(_mm256_or_si256(lo, hi), 1);
+    words8(_mm256_or_si256(twice, _mm256_set1_epi32(0x1_0001)))
 }
 
 /// The eight `u32` lanes of `v`.
@@ -2158,17 +2169,6 @@ fn iq2_xs_sums(b: &BlockIq2Xs, y: &BlockQ8K) -> (__m256i, __m256i) {
     (isum, _mm256_setzero_si256())
 }
 
-/// Sign word `g` of a block's explicit sign bytes (IQ2_S, IQ3_S).
-#[inline]
-fn sign_word(signs: &[u8; 32], g: usize) -> u32 {
-    u32::from_le_bytes([
-        signs[4 * g],
-        signs[4 * g + 1],
-        signs[4 * g + 2],
-        signs[4 * g + 3],
-    ])
-}
-
 /// A super-block's integer sum in eight `i32` lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -2180,7 +2180,7 @@ fn iq2_s_sums(b: &BlockIq2S, y: &BlockQ8K) -> (__m256i, __m256i) {
         let v = rows4(std::array::from_fn(|l| {
             &IQ2S_GRID[usize::from(b.qs[4 * g + l]) | ((qh >> (2 * l)) & 3) << 8]
         }));
-        let neg = bit_bytes(sign_word(&b.signs, g));
+        let neg = bit_bytes(u32::from_le_bytes(b.signs.as_chunks::<4>().0[g]));
         let sum = signed_group_sum(v, neg, scale_word(ls[g]), &y.qs[32 * g..]);
         isum = _mm256_add_epi32(isum, sum);
     }
@@ -2214,7 +2214,7 @@ fn iq3_s_sums(b: &BlockIq3S, y: &BlockQ8K) -> (__m256i, __m256i) {
             &IQ3S_GRID[usize::from(idx[k]) | ((qh >> k) & 1) << 8]
         }));
         let ls = 1 + 2 * i16::from((b.scales[g / 2] >> (4 * (g % 2))) & 0xf);
-        let neg = bit_bytes(sign_word(&b.signs, g));
+        let neg = bit_bytes(u32::from_le_bytes(b.signs.as_chunks::<4>().0[g]));
         let sum = signed_group_sum(v, neg, _mm256_set1_epi16(ls), &y.qs[32 * g..]);
         isum = _mm256_add_epi32(isum, sum);
     }
@@ -2274,10 +2274,7 @@ fn iq1_m_sums(b: &BlockIq1M, y: &BlockQ8K) -> (__m256i, __m256i) {
         _mm256_and_si256(v, _mm256_set1_epi32(7)),
         _mm256_and_si256(_mm256_slli_epi32(v, 13), _mm256_set1_epi32(7 << 16)),
     );
-    let ls = words8(_mm256_or_si256(
-        _mm256_slli_epi32(_mm256_or_si256(lo, hi), 1),
-        _mm256_set1_epi32(0x1_0001),
-    ));
+    let ls = odd_scale_words(lo, hi);
     let mut isum = _mm256_setzero_si256();
     for g in 0..8 {
         let qh = u16::from_le_bytes([b.qh[2 * g], b.qh[2 * g + 1]]);
