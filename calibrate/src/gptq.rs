@@ -12,7 +12,9 @@
 //! values — the "static groups" of GPTQ, one block at a time — and every
 //! weight of the block is then rounded onto that block's grid ([`Grid`]) in
 //! column order. Column order is never permuted (no act-order), so the layout
-//! is unchanged.
+//! is unchanged. A lattice block's super-block scale is chosen by GPTQ itself
+//! among multiples of the encoder's ([`SCALE_STEPS`]): the one under which
+//! the block's choices lose least.
 //!
 //! Dampening is `damp · mean(diag H)` (default 0.01, as the GPTQ reference);
 //! if the Cholesky factorisation fails it is retried with 0.01 more each
@@ -21,12 +23,13 @@
 //! as in the reference.
 
 use memwall_format::GgmlType;
+use memwall_format::blocks::F16;
 use memwall_quantize::{IMATRIX_ENCODABLE, quantize_row_imatrix};
 use rayon::prelude::*;
 
 use crate::CalibrateError;
 use crate::grid::{GPTQ_TYPES, Grid};
-use crate::lattice::{LATTICE_TYPES, LatticeGrid, UNIT};
+use crate::lattice::{LATTICE_TYPES, LatticeGrid, UNIT, lattice_d, set_lattice_d};
 use crate::linalg::{Hessian, inverse_cholesky_upper};
 
 /// GPTQ settings.
@@ -160,12 +163,10 @@ pub fn quantize(
                 .map(|(&v, &d)| if d { 0.0 } else { v })
                 .collect();
             let mut grids = Vec::with_capacity(n);
-            let mut points = Vec::with_capacity(n);
             let no_grid = || CalibrateError::Input(format!("no grid for {ty}"));
             for k in 0..cols / bs {
                 let cols_k = k * bs..(k + 1) * bs;
                 grids.clear();
-                points.clear();
                 for r in 0..n {
                     let bytes = &mut o[r * row_bytes + k * block_bytes..][..block_bytes];
                     quantize_row_imatrix(
@@ -175,17 +176,16 @@ pub fn quantize(
                         weights.map(|m| &m[cols_k.clone()]),
                     )
                     .map_err(|e| CalibrateError::Input(e.to_string()))?;
-                    if lattice {
-                        points.push(LatticeGrid::read(ty, bytes).ok_or_else(no_grid)?);
-                    } else {
+                    if !lattice {
                         grids.push(Grid::read(ty, bytes).ok_or_else(no_grid)?);
                     }
                 }
                 if lattice {
-                    for (r, g) in points.iter_mut().enumerate() {
+                    for r in 0..n {
                         let row = &mut wr[r * cols..(r + 1) * cols];
-                        lattice_block(g, row, cols_k.start, u, cols);
-                        g.pack(&mut o[r * row_bytes + k * block_bytes..][..block_bytes]);
+                        let bytes = &mut o[r * row_bytes + k * block_bytes..][..block_bytes];
+                        lattice_block(ty, bytes, row, cols_k.start, u, cols, &SCALE_STEPS)
+                            .ok_or_else(no_grid)?;
                     }
                     continue;
                 }
@@ -212,26 +212,95 @@ pub fn quantize(
     Ok(out)
 }
 
-/// GPTQ over one lattice super-block of `row` (columns `c0..c0 + 256`):
-/// eight columns at a time, their point(s) and signs chosen from the current
-/// values by the loss GPTQ adds for them ([`LatticeGrid::choose`]); then each
-/// column's error spread over the later columns, in column order.
-fn lattice_block(g: &mut LatticeGrid, row: &mut [f32], c0: usize, u: &[f32], cols: usize) {
+/// The multiples of the encoder's super-block scale `d` that GPTQ tries for
+/// each lattice block (the encoder's own first, so that it wins ties).
+pub const SCALE_STEPS: [f32; 7] = [1.0, 0.8, 0.85, 0.9, 0.95, 1.05, 1.1];
+
+/// One lattice super-block's choices under GPTQ with the grid `g`: the
+/// block's 256 current values `seg` (changed in place as GPTQ changes them)
+/// go eight columns at a time to their point(s) and signs
+/// ([`LatticeGrid::choose`]), each column's error spread over the block's
+/// later columns. Returns GPTQ's loss `Σ errᵢ²` and the errors
+/// `errᵢ = (xᵢ − qᵢ) / U[i][i]`.
+fn lattice_choices(
+    g: &mut LatticeGrid,
+    seg: &mut [f32; 256],
+    c0: usize,
+    u: &[f32],
+    cols: usize,
+) -> (f32, [f32; 256]) {
     let mut ug = [[0f32; UNIT]; UNIT];
+    let mut errs = [0f32; 256];
+    let mut loss = 0f32;
     for unit in 0..256 / UNIT {
-        let i0 = c0 + UNIT * unit;
+        let l0 = UNIT * unit;
+        let i0 = c0 + l0;
         for (j, r) in ug.iter_mut().enumerate() {
             r.copy_from_slice(&u[(i0 + j) * cols + i0..][..UNIT]);
         }
-        g.choose(unit, &row[i0..i0 + UNIT], &ug);
-        for j in 0..UNIT {
-            let i = i0 + j;
-            let err = (row[i] - g.value(UNIT * unit + j)) / u[i * cols + i];
+        g.choose(unit, &seg[l0..l0 + UNIT], &ug);
+        for j in l0..l0 + UNIT {
+            let i = c0 + j;
+            let err = (seg[j] - g.value(j)) / u[i * cols + i];
             if err != 0.0 && err.is_finite() {
-                subtract_scaled(&mut row[i + 1..], err, &u[i * cols + i + 1..(i + 1) * cols]);
+                errs[j] = err;
+                loss += err * err;
+                subtract_scaled(
+                    &mut seg[j + 1..],
+                    err,
+                    &u[i * cols + i + 1..i * cols + c0 + 256],
+                );
             }
         }
     }
+    (loss, errs)
+}
+
+/// GPTQ over one lattice super-block of `row` (columns `c0..c0 + 256`),
+/// whose block of type `ty` the encoder made in `bytes`: the block's choices
+/// are made under each of `steps` times the encoder's `d` (the same `d`
+/// once), the one of least GPTQ loss kept (its `d` written into `bytes`, its
+/// points and signs packed, its sub-block scales as the encoder chose them),
+/// and its columns' errors spread over the row's later columns in column
+/// order. `None` if the block cannot be read back.
+fn lattice_block(
+    ty: GgmlType,
+    bytes: &mut [u8],
+    row: &mut [f32],
+    c0: usize,
+    u: &[f32],
+    cols: usize,
+    steps: &[f32],
+) -> Option<f32> {
+    let d = lattice_d(ty, bytes)?;
+    let mut best: Option<(f32, F16, LatticeGrid, [f32; 256])> = None;
+    let mut tried = Vec::with_capacity(steps.len());
+    for &f in steps {
+        let df = F16::from_f32(d.to_f32() * f);
+        if !df.is_finite() || tried.contains(&df) {
+            continue;
+        }
+        tried.push(df);
+        set_lattice_d(ty, bytes, df)?;
+        let mut c = LatticeGrid::read(ty, bytes)?;
+        let mut seg = [0f32; 256];
+        seg.copy_from_slice(&row[c0..c0 + 256]);
+        let (loss, errs) = lattice_choices(&mut c, &mut seg, c0, u, cols);
+        if best.as_ref().is_none_or(|b| loss < b.0) {
+            best = Some((loss, df, c, errs));
+        }
+    }
+    let (loss, df, chosen, errs) = best?;
+    set_lattice_d(ty, bytes, df)?;
+    chosen.pack(bytes);
+    let tail = c0 + 256;
+    for (j, &err) in errs.iter().enumerate() {
+        let i = c0 + j;
+        if err != 0.0 {
+            subtract_scaled(&mut row[tail..], err, &u[i * cols + tail..(i + 1) * cols]);
+        }
+    }
+    Some(loss)
 }
 
 #[cfg(test)]
@@ -255,11 +324,10 @@ mod tests {
         e
     }
 
-    #[test]
-    fn gptq_lowers_output_error_below_weighted_rounding_for_k_legacy_low_bit_and_lattice_types() {
-        let (rows, cols, tokens) = (16, 256, 512);
-        let w = lcg(rows * cols, 3);
-        // Correlated inputs with a few large channels, as real activations have.
+    /// `tokens` inputs of `cols` channels, correlated in groups of eight
+    /// with a few large channels, as real activations are; their Hessian
+    /// prepared for GPTQ, and their mean squares.
+    fn correlated_inputs(cols: usize, tokens: usize) -> (Vec<f32>, Prepared, Vec<f32>) {
         let base = lcg(tokens * cols, 9);
         let mut x = vec![0f32; tokens * cols];
         for t in 0..tokens {
@@ -278,6 +346,14 @@ mod tests {
         );
         let imatrix = h.mean_square();
         let prepared = prepare(&mut h, Settings::default(), "test").unwrap();
+        (x, prepared, imatrix)
+    }
+
+    #[test]
+    fn gptq_lowers_output_error_below_weighted_rounding_for_k_legacy_low_bit_and_lattice_types() {
+        let (rows, cols, tokens) = (16, 256, 512);
+        let w = lcg(rows * cols, 3);
+        let (x, prepared, imatrix) = correlated_inputs(cols, tokens);
         for ty in [
             GgmlType::Q4_K,
             GgmlType::Q6_K,
@@ -318,6 +394,53 @@ mod tests {
                 e_gptq < 0.8 * e_rtn,
                 "{ty}: GPTQ {e_gptq} vs weighted rounding {e_rtn}"
             );
+        }
+    }
+
+    #[test]
+    fn a_lattice_block_takes_the_multiple_of_the_encoders_scale_of_least_gptq_loss() {
+        let (rows, cols, tokens) = (32, 512, 512);
+        let w = lcg(rows * cols, 4);
+        let (_, prepared, imatrix) = correlated_inputs(cols, tokens);
+        for ty in LATTICE_TYPES {
+            let rb = ty.tensor_size(&[cols as u64]).unwrap().bytes as usize;
+            let bb = ty.type_size() as usize;
+            let mut moved = 0;
+            for r in 0..rows {
+                let src = &w[r * cols..(r + 1) * cols];
+                let mut encoded = vec![0u8; rb];
+                quantize_row_imatrix(ty, src, &mut encoded, Some(&imatrix)).unwrap();
+                let block = &encoded[..bb];
+                let d = lattice_d(ty, block).unwrap();
+                let run = |steps: &[f32]| {
+                    let (mut bytes, mut row) = (block.to_vec(), src.to_vec());
+                    let loss = lattice_block(ty, &mut bytes, &mut row, 0, &prepared.u, cols, steps);
+                    (loss.unwrap(), bytes, row)
+                };
+                let (own_loss, own_bytes, own_row) = run(&[1.0]);
+                let (loss, bytes, row) = run(&SCALE_STEPS);
+                // Only `d` is chosen: the sub-block scales stay the encoder's.
+                assert_eq!(own_bytes[..2], block[..2], "{ty}");
+                let chosen = lattice_d(ty, &bytes).unwrap();
+                assert!(
+                    SCALE_STEPS
+                        .iter()
+                        .any(|&f| F16::from_f32(d.to_f32() * f) == chosen),
+                    "{ty}: d {chosen:?} is no multiple of {d:?}"
+                );
+                assert!(loss <= own_loss, "{ty}: {loss} > {own_loss}");
+                // The values the row's later columns were moved by are the
+                // chosen block's: the same as its own run's when d stays.
+                if chosen == d {
+                    assert_eq!(bytes, own_bytes, "{ty}");
+                    assert_eq!(row, own_row, "{ty}");
+                } else {
+                    moved += 1;
+                    assert!(loss < own_loss, "{ty}");
+                    assert_ne!(row[256..], own_row[256..], "{ty}");
+                }
+            }
+            assert!(moved > 0, "{ty}: the encoder's d won every block");
         }
     }
 

@@ -2,7 +2,8 @@
 //! IQ3_S): a weight cannot be rounded on its own there, because eight weights
 //! (IQ2) or four (IQ3) are one point of a fixed codebook, with their signs
 //! kept apart. So GPTQ chooses eight columns at a time: once the super-block's
-//! scales are fixed by llama.cpp's encoder (as for every other type), the
+//! scales are fixed by llama.cpp's encoder (as for every other type; GPTQ then
+//! tries multiples of its `d`, `gptq.rs`), the
 //! eight current, error-corrected values of a row take the codebook point(s)
 //! and signs of least error weighted by GPTQ's own cost of each column
 //! (`1 / U[i][i]²`), and the rounding error of the eight columns is then
@@ -19,10 +20,12 @@
 // Indices say which bits of which byte each point takes, as ggml-common.h does.
 #![allow(clippy::needless_range_loop)]
 
+use std::sync::OnceLock;
+
 use memwall_format::GgmlType;
 use memwall_format::blocks::{
-    BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID,
-    IQ3S_GRID, IQ3XXS_GRID, Lattice, as_blocks, as_blocks_mut,
+    BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, F16, IQ2S_GRID, IQ2XS_GRID,
+    IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, Lattice, as_blocks, as_blocks_mut,
 };
 
 /// The lattice types whose points GPTQ chooses.
@@ -44,22 +47,33 @@ pub const SHORTLIST: usize = 32;
 /// every pair, so this many squared).
 pub const SHORTLIST_HALF: usize = 8;
 
-/// The indices of the `N` smallest scores (`None` past the end; NaN scores
-/// are never taken), the first of equals first.
-fn shortlist<const N: usize>(scores: impl Iterator<Item = f32>) -> [Option<usize>; N] {
-    let mut top: [(f32, Option<usize>); N] = [(f32::INFINITY, None); N];
-    for (i, c) in scores.enumerate() {
-        if c.is_nan() || c >= top[N - 1].0 {
-            continue;
+/// The indices of the `N` smallest scores (`None` past the end; NaN and
+/// infinite scores are never taken), the first of equals first. Each score
+/// is an integer key, its bits (made to order as the scores do) above its
+/// index, so that equal scores keep index order; the `N` smallest keys are
+/// selected, then sorted.
+fn shortlist<const N: usize>(scores: &[f32]) -> [Option<usize>; N] {
+    let mut keys = [0u64; MAX_POINTS];
+    let mut n = 0;
+    for (i, &c) in scores.iter().enumerate().take(MAX_POINTS) {
+        if c < f32::INFINITY {
+            let bits = c.to_bits();
+            let ordered = if bits >> 31 == 0 {
+                bits | 1 << 31
+            } else {
+                !bits
+            };
+            keys[n] = u64::from(ordered) << 32 | i as u64;
+            n += 1;
         }
-        let mut k = N - 1;
-        while k > 0 && c < top[k - 1].0 {
-            top[k] = top[k - 1];
-            k -= 1;
-        }
-        top[k] = (c, Some(i));
     }
-    top.map(|(_, i)| i)
+    let keys = &mut keys[..n];
+    if n > N {
+        keys.select_nth_unstable(N - 1);
+    }
+    let keys = &mut keys[..n.min(N)];
+    keys.sort_unstable();
+    std::array::from_fn(|k| keys.get(k).map(|&key| (key & 0xffff_ffff) as usize))
 }
 
 /// The choices of one super-block of 256 weights.
@@ -102,6 +116,136 @@ fn scales<B: Lattice>(b: &B) -> Option<[f32; 256]> {
     Some(std::array::from_fn(|i| {
         d * (f32::from(codes.ls[i / per]) * B::FACTOR)
     }))
+}
+
+/// Points in the largest codebook (IQ2_S).
+const MAX_POINTS: usize = 1024;
+
+/// A codebook's magnitudes as `f32`, eight points a chunk and value by value:
+/// `[chunk][j][lane]` is value `j` of point `8 · chunk + lane`, so that one
+/// vector holds one value of eight points.
+type Lanes<const K: usize> = Vec<[[f32; 8]; K]>;
+
+fn lanes_of<const K: usize>(points: &[[i8; K]]) -> Lanes<K> {
+    points
+        .chunks_exact(8)
+        .map(|c| std::array::from_fn(|j| std::array::from_fn(|l| f32::from(c[l][j]))))
+        .collect()
+}
+
+/// The 8-value codebook of `ty` as [`Lanes`] (empty for IQ3's 4-value ones).
+fn lanes8(ty: GgmlType) -> &'static [[[f32; 8]; 8]] {
+    static IQ2XXS: OnceLock<Lanes<8>> = OnceLock::new();
+    static IQ2XS: OnceLock<Lanes<8>> = OnceLock::new();
+    static IQ2S: OnceLock<Lanes<8>> = OnceLock::new();
+    match ty {
+        GgmlType::IQ2_XXS => IQ2XXS.get_or_init(|| lanes_of(&IQ2XXS_GRID)),
+        GgmlType::IQ2_XS => IQ2XS.get_or_init(|| lanes_of(&IQ2XS_GRID)),
+        GgmlType::IQ2_S => IQ2S.get_or_init(|| lanes_of(&IQ2S_GRID)),
+        _ => &[],
+    }
+}
+
+/// The 4-value codebook of `ty` as [`Lanes`] (empty for IQ2's).
+fn lanes4(ty: GgmlType) -> &'static [[[f32; 8]; 4]] {
+    static IQ3XXS: OnceLock<Lanes<4>> = OnceLock::new();
+    static IQ3S: OnceLock<Lanes<4>> = OnceLock::new();
+    match ty {
+        GgmlType::IQ3_XXS => IQ3XXS.get_or_init(|| lanes_of(&IQ3XXS_GRID)),
+        GgmlType::IQ3_S => IQ3S.get_or_init(|| lanes_of(&IQ3S_GRID)),
+        _ => &[],
+    }
+}
+
+/// For every point `m` of a codebook (as [`Lanes`]), its fit to the
+/// magnitudes `a` under scales `s` and costs `cost`,
+/// `plain = Σ_j cost_j · (s_j · m_j − a_j)²`, and that fit plus the cheapest
+/// sign flip, `flipped = plain + min_j 4 · cost_j · s_j · m_j · a_j`: each
+/// point's operations in the order of one point at a time, eight points a
+/// step.
+fn point_scores<const K: usize>(
+    lanes: &[[[f32; 8]; K]],
+    s: &[f32],
+    cost: &[f32],
+    a: &[f32],
+    plain: &mut [f32],
+    flipped: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is present (checked above).
+        return unsafe { point_scores_avx2(lanes, s, cost, a, plain, flipped) };
+    }
+    point_scores_portable(lanes, s, cost, a, plain, flipped)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn point_scores_avx2<const K: usize>(
+    lanes: &[[[f32; 8]; K]],
+    s: &[f32],
+    cost: &[f32],
+    a: &[f32],
+    plain: &mut [f32],
+    flipped: &mut [f32],
+) {
+    point_scores_portable(lanes, s, cost, a, plain, flipped)
+}
+
+#[inline(always)]
+fn point_scores_portable<const K: usize>(
+    lanes: &[[[f32; 8]; K]],
+    s: &[f32],
+    cost: &[f32],
+    a: &[f32],
+    plain: &mut [f32],
+    flipped: &mut [f32],
+) {
+    let (s, cost, a) = (&s[..K], &cost[..K], &a[..K]);
+    let k: [f32; K] = std::array::from_fn(|j| 4.0 * cost[j] * s[j]);
+    let outs = plain.chunks_exact_mut(8).zip(flipped.chunks_exact_mut(8));
+    for (chunk, (p, f)) in lanes.iter().zip(outs) {
+        let mut fit = [0f32; 8];
+        let mut flip = [f32::INFINITY; 8];
+        for j in 0..K {
+            for l in 0..8 {
+                let e = s[j] * chunk[j][l] - a[j];
+                fit[l] += cost[j] * e * e;
+                flip[l] = flip[l].min(k[j] * chunk[j][l] * a[j]);
+            }
+        }
+        for l in 0..8 {
+            p[l] = fit[l];
+            f[l] = fit[l] + flip[l];
+        }
+    }
+}
+
+/// The super-block scale `d` of one block of lattice type `ty` (`bytes` is
+/// exactly one block); `None` for other types.
+pub fn lattice_d(ty: GgmlType, bytes: &[u8]) -> Option<F16> {
+    Some(match ty {
+        GgmlType::IQ2_XXS => as_blocks::<BlockIq2Xxs>(bytes)[0].d,
+        GgmlType::IQ2_XS => as_blocks::<BlockIq2Xs>(bytes)[0].d,
+        GgmlType::IQ2_S => as_blocks::<BlockIq2S>(bytes)[0].d,
+        GgmlType::IQ3_XXS => as_blocks::<BlockIq3Xxs>(bytes)[0].d,
+        GgmlType::IQ3_S => as_blocks::<BlockIq3S>(bytes)[0].d,
+        _ => return None,
+    })
+}
+
+/// Sets the super-block scale `d` of one block of lattice type `ty`;
+/// `None` for other types.
+pub fn set_lattice_d(ty: GgmlType, bytes: &mut [u8], d: F16) -> Option<()> {
+    match ty {
+        GgmlType::IQ2_XXS => as_blocks_mut::<BlockIq2Xxs>(bytes)[0].d = d,
+        GgmlType::IQ2_XS => as_blocks_mut::<BlockIq2Xs>(bytes)[0].d = d,
+        GgmlType::IQ2_S => as_blocks_mut::<BlockIq2S>(bytes)[0].d = d,
+        GgmlType::IQ3_XXS => as_blocks_mut::<BlockIq3Xxs>(bytes)[0].d = d,
+        GgmlType::IQ3_S => as_blocks_mut::<BlockIq3S>(bytes)[0].d = d,
+        _ => return None,
+    }
+    Some(())
 }
 
 impl LatticeGrid {
@@ -195,26 +339,10 @@ impl LatticeGrid {
         let s: [f32; UNIT] = std::array::from_fn(|j| self.scale[UNIT * u + j]);
         let cost: [f32; UNIT] = std::array::from_fn(|j| 1.0 / (ug[j][j] * ug[j][j]));
         let a: [f32; UNIT] = std::array::from_fn(|j| x[j].abs());
-        let fit = |p: &[i8], j0: usize| -> f32 {
-            p.iter()
-                .enumerate()
-                .map(|(j, &m)| {
-                    let e = s[j0 + j] * f32::from(m) - a[j0 + j];
-                    cost[j0 + j] * e * e
-                })
-                .sum()
-        };
         let negative: u8 = (0..UNIT).filter(|&j| x[j] < 0.0).fold(0, |m, j| m | 1 << j);
         let odd = self.parity() && negative.count_ones() % 2 == 1;
         // What flipping the sign of weight `j` (magnitude `m`) adds to the fit.
         let flip_cost = |j: usize, m: i8| 4.0 * cost[j] * s[j] * f32::from(m) * a[j];
-        // The cheapest flip among the magnitudes `p` of weights `j0..`.
-        let cheapest_flip = |p: &[i8], j0: usize| -> f32 {
-            p.iter()
-                .enumerate()
-                .map(|(j, &m)| flip_cost(j0 + j, m))
-                .fold(f32::INFINITY, f32::min)
-        };
         // The signs for magnitudes `m`: those of `x`, with the cheapest flip
         // when the parity needs one.
         let signs_for = |m: &[i8; UNIT]| -> u8 {
@@ -240,11 +368,13 @@ impl LatticeGrid {
         };
         let (b8, b4) = book(self.ty);
         let mut best = (f32::INFINITY, [0u16; 2], negative);
+        let mut plain = [0f32; MAX_POINTS];
+        let mut flipped = [0f32; MAX_POINTS];
         if b4.is_empty() {
-            let short = shortlist::<SHORTLIST>(
-                b8.iter()
-                    .map(|p| fit(p, 0) + if odd { cheapest_flip(p, 0) } else { 0.0 }),
-            );
+            let n = b8.len();
+            point_scores(lanes8(self.ty), &s, &cost, &a, &mut plain, &mut flipped);
+            let scores = if odd { &flipped[..n] } else { &plain[..n] };
+            let short = shortlist::<SHORTLIST>(scores);
             for &p in short.iter().flatten() {
                 let m = b8[p];
                 let signs = signs_for(&m);
@@ -259,16 +389,23 @@ impl LatticeGrid {
         } else {
             // Per half, the points of least fit, and with an odd count also
             // those of least fit plus a flip inside the half.
+            let n = b4.len();
             let halves = [0, 1].map(|h| {
-                let mut list: Vec<usize> =
-                    shortlist::<SHORTLIST_HALF>(b4.iter().map(|p| fit(p, 4 * h)))
-                        .into_iter()
-                        .flatten()
-                        .collect();
+                let half = 4 * h..4 * h + 4;
+                point_scores(
+                    lanes4(self.ty),
+                    &s[half.clone()],
+                    &cost[half.clone()],
+                    &a[half],
+                    &mut plain,
+                    &mut flipped,
+                );
+                let mut list: Vec<usize> = shortlist::<SHORTLIST_HALF>(&plain[..n])
+                    .into_iter()
+                    .flatten()
+                    .collect();
                 if odd {
-                    let flipped = shortlist::<SHORTLIST_HALF>(
-                        b4.iter().map(|p| fit(p, 4 * h) + cheapest_flip(p, 4 * h)),
-                    );
+                    let flipped = shortlist::<SHORTLIST_HALF>(&flipped[..n]);
                     for p in flipped.into_iter().flatten() {
                         if !list.contains(&p) {
                             list.push(p);
@@ -371,6 +508,85 @@ mod tests {
         let mut bytes = vec![0u8; ty.type_size() as usize];
         quantize_row_imatrix(ty, &x, &mut bytes, Some(&w)).unwrap();
         (x, bytes)
+    }
+
+    #[test]
+    fn a_shortlist_is_the_smallest_scores_in_order_with_equals_in_index_order() {
+        let scores = [
+            3.0,
+            f32::NAN,
+            1.0,
+            f32::INFINITY,
+            2.0,
+            1.0,
+            0.0,
+            5.0,
+            2.0,
+            4.0,
+        ];
+        assert_eq!(
+            shortlist::<4>(&scores),
+            [Some(6), Some(2), Some(5), Some(4)]
+        );
+        // Fewer usable scores than places: the rest is None.
+        assert_eq!(
+            shortlist::<4>(&[f32::NAN, 7.0, f32::INFINITY]),
+            [Some(1), None, None, None]
+        );
+        // Against a sort of every point, on a codebook's worth of scores.
+        let many: Vec<f32> = lcg(1024, 11)
+            .iter()
+            .map(|v| (v * 8.0).round().abs())
+            .collect();
+        let mut order: Vec<usize> = (0..many.len()).collect();
+        order.sort_by(|&a, &b| many[a].total_cmp(&many[b]).then(a.cmp(&b)));
+        let want: [Option<usize>; SHORTLIST] = std::array::from_fn(|k| Some(order[k]));
+        assert_eq!(shortlist::<SHORTLIST>(&many), want);
+    }
+
+    #[test]
+    fn point_scores_eight_at_a_time_are_each_points_own() {
+        let s = [0.5, 0.5, 0.5, 0.5, 0.7, 0.7, 0.7, 0.7];
+        let cost = [1.0, 2.0, 0.5, 3.0, 1.5, 0.25, 2.5, 1.0];
+        let a: Vec<f32> = lcg(8, 3).iter().map(|v| v.abs() * 4.0).collect();
+        let mut plain = [0f32; MAX_POINTS];
+        let mut flipped = [0f32; MAX_POINTS];
+        point_scores(
+            lanes8(GgmlType::IQ2_S),
+            &s,
+            &cost,
+            &a,
+            &mut plain,
+            &mut flipped,
+        );
+        for (p, m) in IQ2S_GRID.iter().enumerate() {
+            let mut fit = 0f32;
+            let mut flip = f32::INFINITY;
+            for j in 0..8 {
+                let e = s[j] * f32::from(m[j]) - a[j];
+                fit += cost[j] * e * e;
+                flip = flip.min(4.0 * cost[j] * s[j] * f32::from(m[j]) * a[j]);
+            }
+            assert_eq!(plain[p].to_bits(), fit.to_bits(), "point {p}");
+            assert_eq!(flipped[p].to_bits(), (fit + flip).to_bits(), "point {p}");
+        }
+        point_scores(
+            lanes4(GgmlType::IQ3_S),
+            &s[4..],
+            &cost[4..],
+            &a[4..],
+            &mut plain,
+            &mut flipped,
+        );
+        for (p, m) in IQ3S_GRID.iter().enumerate() {
+            let fit: f32 = (0..4)
+                .map(|j| {
+                    let e = s[4 + j] * f32::from(m[j]) - a[4 + j];
+                    cost[4 + j] * e * e
+                })
+                .sum();
+            assert_eq!(plain[p].to_bits(), fit.to_bits(), "IQ3_S point {p}");
+        }
     }
 
     #[test]
