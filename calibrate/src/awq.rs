@@ -16,6 +16,10 @@
 //! calibration tokens, `Σ_rows Δwᵀ H Δw` with `H = XᵀX`; no scaling at all is
 //! also a candidate, so AWQ never makes a group worse on the calibration set.
 //!
+//! With GPTQ, the caller leaves out the groups GPTQ puts on a codebook (the
+//! lattice i-quants): the search scores the plain encoder, not GPTQ's own
+//! choice of those points and scales.
+//!
 //! AutoAWQ's separate clipping search is not repeated: ggml's K-quant and
 //! IQ4 encoders already search each block's scale (and min) for the lowest
 //! importance-weighted error, which is what the clipping search does for

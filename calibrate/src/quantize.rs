@@ -52,6 +52,7 @@ use rayon::prelude::*;
 use crate::CalibrateError;
 use crate::awq::{self, Linear};
 use crate::gptq;
+use crate::lattice::LATTICE_TYPES;
 use crate::linalg::Hessian;
 use crate::work::{Manifest, Work};
 
@@ -940,6 +941,14 @@ pub fn run(
                 let idx: Vec<usize> = members.iter().filter_map(|m| find(&targets, m)).collect();
                 if idx.len() != members.len() {
                     // A member kept in float (or of an unexpected shape): leave the group alone.
+                    continue;
+                }
+                // GPTQ places a codebook type's weights itself (points, signs and
+                // the block's scale); AWQ's scales, searched under the plain
+                // encoder, made those files worse (docs/BENCHMARKS.md).
+                if settings.method.gptq()
+                    && idx.iter().any(|&i| LATTICE_TYPES.contains(&targets[i].ty))
+                {
                     continue;
                 }
                 // The preceding op must exist and be scalable.

@@ -219,6 +219,51 @@ fn output_does_not_depend_on_the_thread_count() {
     assert!(digests.windows(2).all(|w| w[0] == w[1]), "{digests:?}");
 }
 
+/// With GPTQ, AWQ leaves alone every group GPTQ puts on a codebook (it chooses
+/// those weights' points, signs and scale itself); without GPTQ it scales
+/// them. tiny-zh's IQ2_XXS file has a lattice matrix in every group.
+#[test]
+fn awq_scales_no_group_that_gptq_puts_on_a_codebook() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = repo().join(TINY);
+    let text = repo().join("fixtures/perplexity/heldout-24k.txt");
+    let searched = |method: &str| -> Vec<bool> {
+        let out = dir.path().join(format!("{method}.gguf"));
+        let report = stdout_of(&[
+            "calibrate",
+            "quantize",
+            "-m",
+            s(&tiny),
+            "-f",
+            s(&text),
+            "--samples",
+            "4",
+            "--seq-len",
+            "64",
+            "--type",
+            "IQ2_XXS",
+            "--method",
+            method,
+            "--json",
+            "-o",
+            s(&out),
+        ]);
+        let report: Json = serde_json::from_str(&report).unwrap();
+        let groups = report["groups"].as_array().unwrap();
+        assert!(!groups.is_empty(), "{method}: no groups in {report}");
+        groups
+            .iter()
+            .map(|g| !g["awq_error_ratio"].is_null())
+            .collect()
+    };
+    let with_gptq = searched("awq+gptq");
+    assert!(with_gptq.iter().all(|&s| !s), "awq+gptq: {with_gptq:?}");
+    // (Alone it searches every group it can scale: not the attention
+    // output, whose V is shared by several heads here.)
+    let alone = searched("awq");
+    assert_eq!(alone.iter().filter(|&&s| s).count(), 12, "awq: {alone:?}");
+}
+
 /// A memory limit that leaves no room for the results kept between a
 /// layer's passes makes the passes recompute them: the same bytes, and the
 /// estimate says nothing is kept.
