@@ -157,66 +157,67 @@ fn lanes4(ty: GgmlType) -> &'static [[[f32; 8]; 4]] {
     }
 }
 
-/// For every point `m` of a codebook (as [`Lanes`]), its fit to the
-/// magnitudes `a` under scales `s` and costs `cost`,
+/// What the points of one unit (or half unit) are fitted to: the scales
+/// `s`, the magnitudes `a` and the costs `cost` of its weights.
+struct Fit<'a> {
+    s: &'a [f32],
+    cost: &'a [f32],
+    a: &'a [f32],
+}
+
+/// For every point `m` of a codebook (as [`Lanes`]), its fit,
 /// `plain = Σ_j cost_j · (s_j · m_j − a_j)²`, and that fit plus the cheapest
 /// sign flip, `flipped = plain + min_j 4 · cost_j · s_j · m_j · a_j`: each
 /// point's operations in the order of one point at a time, eight points a
 /// step.
 fn point_scores<const K: usize>(
     lanes: &[[[f32; 8]; K]],
-    s: &[f32],
-    cost: &[f32],
-    a: &[f32],
+    fit: &Fit,
     plain: &mut [f32],
     flipped: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 is present (checked above).
-        return unsafe { point_scores_avx2(lanes, s, cost, a, plain, flipped) };
+        return unsafe { point_scores_avx2(lanes, fit, plain, flipped) };
     }
-    point_scores_portable(lanes, s, cost, a, plain, flipped)
+    point_scores_portable(lanes, fit, plain, flipped)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn point_scores_avx2<const K: usize>(
     lanes: &[[[f32; 8]; K]],
-    s: &[f32],
-    cost: &[f32],
-    a: &[f32],
+    fit: &Fit,
     plain: &mut [f32],
     flipped: &mut [f32],
 ) {
-    point_scores_portable(lanes, s, cost, a, plain, flipped)
+    point_scores_portable(lanes, fit, plain, flipped)
 }
 
 #[inline(always)]
 fn point_scores_portable<const K: usize>(
     lanes: &[[[f32; 8]; K]],
-    s: &[f32],
-    cost: &[f32],
-    a: &[f32],
+    fit: &Fit,
     plain: &mut [f32],
     flipped: &mut [f32],
 ) {
-    let (s, cost, a) = (&s[..K], &cost[..K], &a[..K]);
+    let (s, cost, a) = (&fit.s[..K], &fit.cost[..K], &fit.a[..K]);
     let k: [f32; K] = std::array::from_fn(|j| 4.0 * cost[j] * s[j]);
     let outs = plain.chunks_exact_mut(8).zip(flipped.chunks_exact_mut(8));
     for (chunk, (p, f)) in lanes.iter().zip(outs) {
-        let mut fit = [0f32; 8];
+        let mut sum = [0f32; 8];
         let mut flip = [f32::INFINITY; 8];
         for j in 0..K {
             for l in 0..8 {
                 let e = s[j] * chunk[j][l] - a[j];
-                fit[l] += cost[j] * e * e;
+                sum[l] += cost[j] * e * e;
                 flip[l] = flip[l].min(k[j] * chunk[j][l] * a[j]);
             }
         }
         for l in 0..8 {
-            p[l] = fit[l];
-            f[l] = fit[l] + flip[l];
+            p[l] = sum[l];
+            f[l] = sum[l] + flip[l];
         }
     }
 }
@@ -372,7 +373,16 @@ impl LatticeGrid {
         let mut flipped = [0f32; MAX_POINTS];
         if b4.is_empty() {
             let n = b8.len();
-            point_scores(lanes8(self.ty), &s, &cost, &a, &mut plain, &mut flipped);
+            point_scores(
+                lanes8(self.ty),
+                &Fit {
+                    s: &s,
+                    cost: &cost,
+                    a: &a,
+                },
+                &mut plain,
+                &mut flipped,
+            );
             let scores = if odd { &flipped[..n] } else { &plain[..n] };
             let short = shortlist::<SHORTLIST>(scores);
             for &p in short.iter().flatten() {
@@ -392,14 +402,12 @@ impl LatticeGrid {
             let n = b4.len();
             let halves = [0, 1].map(|h| {
                 let half = 4 * h..4 * h + 4;
-                point_scores(
-                    lanes4(self.ty),
-                    &s[half.clone()],
-                    &cost[half.clone()],
-                    &a[half],
-                    &mut plain,
-                    &mut flipped,
-                );
+                let fit = Fit {
+                    s: &s[half.clone()],
+                    cost: &cost[half.clone()],
+                    a: &a[half],
+                };
+                point_scores(lanes4(self.ty), &fit, &mut plain, &mut flipped);
                 let mut list: Vec<usize> = shortlist::<SHORTLIST_HALF>(&plain[..n])
                     .into_iter()
                     .flatten()
@@ -551,14 +559,12 @@ mod tests {
         let a: Vec<f32> = lcg(8, 3).iter().map(|v| v.abs() * 4.0).collect();
         let mut plain = [0f32; MAX_POINTS];
         let mut flipped = [0f32; MAX_POINTS];
-        point_scores(
-            lanes8(GgmlType::IQ2_S),
-            &s,
-            &cost,
-            &a,
-            &mut plain,
-            &mut flipped,
-        );
+        let unit = Fit {
+            s: &s,
+            cost: &cost,
+            a: &a,
+        };
+        point_scores(lanes8(GgmlType::IQ2_S), &unit, &mut plain, &mut flipped);
         for (p, m) in IQ2S_GRID.iter().enumerate() {
             let mut fit = 0f32;
             let mut flip = f32::INFINITY;
@@ -570,14 +576,12 @@ mod tests {
             assert_eq!(plain[p].to_bits(), fit.to_bits(), "point {p}");
             assert_eq!(flipped[p].to_bits(), (fit + flip).to_bits(), "point {p}");
         }
-        point_scores(
-            lanes4(GgmlType::IQ3_S),
-            &s[4..],
-            &cost[4..],
-            &a[4..],
-            &mut plain,
-            &mut flipped,
-        );
+        let half = Fit {
+            s: &s[4..],
+            cost: &cost[4..],
+            a: &a[4..],
+        };
+        point_scores(lanes4(GgmlType::IQ3_S), &half, &mut plain, &mut flipped);
         for (p, m) in IQ3S_GRID.iter().enumerate() {
             let fit: f32 = (0..4)
                 .map(|j| {
