@@ -273,14 +273,13 @@ fn lattice_block(
     steps: &[f32],
 ) -> Option<f32> {
     let d = lattice_d(ty, bytes)?;
+    let d_times = |f: f32| F16::from_f32(d.to_f32() * f);
     let mut best: Option<(f32, F16, LatticeGrid, [f32; 256])> = None;
-    let mut tried = Vec::with_capacity(steps.len());
-    for &f in steps {
-        let df = F16::from_f32(d.to_f32() * f);
-        if !df.is_finite() || tried.contains(&df) {
+    for (k, &f) in steps.iter().enumerate() {
+        let df = d_times(f);
+        if !df.is_finite() || steps[..k].iter().any(|&e| d_times(e) == df) {
             continue;
         }
-        tried.push(df);
         set_lattice_d(ty, bytes, df)?;
         let mut c = LatticeGrid::read(ty, bytes)?;
         let mut seg = [0f32; 256];
