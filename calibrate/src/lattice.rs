@@ -51,11 +51,13 @@ pub const SHORTLIST_HALF: usize = 8;
 /// infinite scores are never taken), the first of equals first. Each score
 /// is an integer key, its bits (made to order as the scores do) above its
 /// index, so that equal scores keep index order; the `N` smallest keys are
-/// selected, then sorted.
+/// kept in order as the scores go by (most are above the `N`th kept and go
+/// no further).
 fn shortlist<const N: usize>(scores: &[f32]) -> [Option<usize>; N] {
-    let mut keys = [0u64; MAX_POINTS];
-    let mut n = 0;
-    for (i, &c) in scores.iter().enumerate().take(MAX_POINTS) {
+    const NONE: u64 = u64::MAX;
+    let mut kept = [NONE; N];
+    for i in 0..scores.len().min(MAX_POINTS) {
+        let c = scores[i];
         if c < f32::INFINITY {
             let bits = c.to_bits();
             let ordered = if bits >> 31 == 0 {
@@ -63,17 +65,18 @@ fn shortlist<const N: usize>(scores: &[f32]) -> [Option<usize>; N] {
             } else {
                 !bits
             };
-            keys[n] = u64::from(ordered) << 32 | i as u64;
-            n += 1;
+            let key = u64::from(ordered) << 32 | i as u64;
+            if key < kept[N - 1] {
+                let mut j = N - 1;
+                while j > 0 && kept[j - 1] > key {
+                    kept[j] = kept[j - 1];
+                    j -= 1;
+                }
+                kept[j] = key;
+            }
         }
     }
-    let keys = &mut keys[..n];
-    if n > N {
-        keys.select_nth_unstable(N - 1);
-    }
-    let keys = &mut keys[..n.min(N)];
-    keys.sort_unstable();
-    std::array::from_fn(|k| keys.get(k).map(|&key| (key & 0xffff_ffff) as usize))
+    kept.map(|key| (key != NONE).then_some((key & 0xffff_ffff) as usize))
 }
 
 /// The choices of one super-block of 256 weights.
@@ -222,6 +225,116 @@ fn point_scores_portable<const K: usize>(
     }
 }
 
+/// What GPTQ's loss of a unit's candidates depends on: the unit's scales
+/// `s`, its current values `x` and its 8 × 8 block `ug` of the factor `U`.
+struct UnitLoss<'a> {
+    s: [f32; UNIT],
+    x: &'a [f32],
+    ug: &'a [[f32; UNIT]; UNIT],
+}
+
+/// The candidate of least loss so far (the first of equals).
+struct Best {
+    loss: f32,
+    points: [u16; 2],
+    signs: u8,
+}
+
+/// Up to eight candidates of one unit, their signed values `q[i][c]`
+/// (`±s_i · m_i` of candidate `c`) column by column, so that their losses are
+/// taken eight at a time.
+#[derive(Default)]
+struct Batch {
+    q: [[f32; 8]; UNIT],
+    signs: [u8; 8],
+    points: [[u16; 2]; 8],
+    n: usize,
+}
+
+impl Batch {
+    /// Adds the candidate of magnitudes `m` and `signs`; once eight are
+    /// held, settles them.
+    fn push(
+        &mut self,
+        unit: &UnitLoss,
+        m: &[i8; UNIT],
+        signs: u8,
+        points: [u16; 2],
+        best: &mut Best,
+    ) {
+        let c = self.n;
+        for i in 0..UNIT {
+            let q = unit.s[i] * f32::from(m[i]);
+            self.q[i][c] = if signs >> i & 1 != 0 { -q } else { q };
+        }
+        self.signs[c] = signs;
+        self.points[c] = points;
+        self.n += 1;
+        if self.n == 8 {
+            self.settle(unit, best);
+        }
+    }
+
+    /// Takes the held candidates' losses and keeps in `best` the first one
+    /// below it, in the order they were added; empties the batch.
+    fn settle(&mut self, unit: &UnitLoss, best: &mut Best) {
+        if self.n == 0 {
+            return;
+        }
+        let losses = unit_losses(unit, &self.q);
+        for c in 0..self.n {
+            if losses[c] < best.loss {
+                *best = Best {
+                    loss: losses[c],
+                    points: self.points[c],
+                    signs: self.signs[c],
+                };
+            }
+        }
+        self.n = 0;
+    }
+}
+
+/// GPTQ's loss of eight candidates of one unit with signed values `q`
+/// (`q[i][c]`: column `i` of candidate `c`): per candidate
+/// `Σ errᵢ²`, `errᵢ = (xᵢ − qᵢ − Σ_{k<i} U[k][i]·errₖ) / U[i][i]`, the
+/// sum over `k` taken from −0 in order of `k`, each candidate's operations
+/// those of one candidate alone.
+fn unit_losses(unit: &UnitLoss, q: &[[f32; 8]; UNIT]) -> [f32; 8] {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is present (checked above).
+        return unsafe { unit_losses_avx2(unit, q) };
+    }
+    unit_losses_portable(unit, q)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn unit_losses_avx2(unit: &UnitLoss, q: &[[f32; 8]; UNIT]) -> [f32; 8] {
+    unit_losses_portable(unit, q)
+}
+
+#[inline(always)]
+fn unit_losses_portable(unit: &UnitLoss, q: &[[f32; 8]; UNIT]) -> [f32; 8] {
+    let (x, ug) = (unit.x, unit.ug);
+    let mut err = [[0f32; 8]; UNIT];
+    let mut total = [0f32; 8];
+    for i in 0..UNIT {
+        let mut moved = [-0.0f32; 8];
+        for k in 0..i {
+            for c in 0..8 {
+                moved[c] += ug[k][i] * err[k][c];
+            }
+        }
+        for c in 0..8 {
+            err[i][c] = (x[i] - q[i][c] - moved[c]) / ug[i][i];
+            total[c] += err[i][c] * err[i][c];
+        }
+    }
+    total
+}
+
 /// The super-block scale `d` of one block of lattice type `ty` (`bytes` is
 /// exactly one block); `None` for other types.
 pub fn lattice_d(ty: GgmlType, bytes: &[u8]) -> Option<F16> {
@@ -354,21 +467,14 @@ impl LatticeGrid {
             let j = (0..UNIT).fold(0, |b, j| if delta(j) < delta(b) { j } else { b });
             negative ^ 1 << j
         };
-        // GPTQ's loss for the unit's values `m` with `signs`.
-        let loss = |m: &[i8; UNIT], signs: u8| -> f32 {
-            let mut err = [0f32; UNIT];
-            let mut total = 0f32;
-            for i in 0..UNIT {
-                let q = s[i] * f32::from(m[i]);
-                let q = if signs >> i & 1 != 0 { -q } else { q };
-                let moved: f32 = (0..i).map(|k| ug[k][i] * err[k]).sum();
-                err[i] = (x[i] - q - moved) / ug[i][i];
-                total += err[i] * err[i];
-            }
-            total
-        };
+        let unit = UnitLoss { s, x, ug };
+        let mut batch = Batch::default();
         let (b8, b4) = book(self.ty);
-        let mut best = (f32::INFINITY, [0u16; 2], negative);
+        let mut best = Best {
+            loss: f32::INFINITY,
+            points: [0; 2],
+            signs: negative,
+        };
         let mut plain = [0f32; MAX_POINTS];
         let mut flipped = [0f32; MAX_POINTS];
         if b4.is_empty() {
@@ -386,15 +492,12 @@ impl LatticeGrid {
             let scores = if odd { &flipped[..n] } else { &plain[..n] };
             let short = shortlist::<SHORTLIST>(scores);
             for &p in short.iter().flatten() {
-                let m = b8[p];
-                let signs = signs_for(&m);
-                let l = loss(&m, signs);
-                if l < best.0 {
-                    best = (l, [p as u16, 0], signs);
-                }
+                let m = &b8[p];
+                batch.push(&unit, m, signs_for(m), [p as u16, 0], &mut best);
             }
-            if best.0.is_finite() {
-                self.points[u] = best.1[0];
+            batch.settle(&unit, &mut best);
+            if best.loss.is_finite() {
+                self.points[u] = best.points[0];
             }
         } else {
             // Per half, the points of least fit, and with an odd count also
@@ -426,20 +529,18 @@ impl LatticeGrid {
                 for &p1 in &halves[1] {
                     let (q0, q1) = (&b4[p0], &b4[p1]);
                     let m = [q0[0], q0[1], q0[2], q0[3], q1[0], q1[1], q1[2], q1[3]];
-                    let signs = signs_for(&m);
-                    let l = loss(&m, signs);
-                    if l < best.0 {
-                        best = (l, [p0 as u16, p1 as u16], signs);
-                    }
+                    let points = [p0 as u16, p1 as u16];
+                    batch.push(&unit, &m, signs_for(&m), points, &mut best);
                 }
             }
-            if best.0.is_finite() {
-                self.points[2 * u] = best.1[0];
-                self.points[2 * u + 1] = best.1[1];
+            batch.settle(&unit, &mut best);
+            if best.loss.is_finite() {
+                self.points[2 * u] = best.points[0];
+                self.points[2 * u + 1] = best.points[1];
             }
         }
-        if best.0.is_finite() {
-            self.signs[u] = best.2;
+        if best.loss.is_finite() {
+            self.signs[u] = best.signs;
         }
     }
 
@@ -590,6 +691,46 @@ mod tests {
                 })
                 .sum();
             assert_eq!(plain[p].to_bits(), fit.to_bits(), "IQ3_S point {p}");
+        }
+    }
+
+    #[test]
+    fn unit_losses_eight_at_a_time_are_each_candidates_own() {
+        let s = [0.5, 0.5, 0.5, 0.5, 0.7, 0.7, 0.7, 0.7];
+        let x = lcg(8, 5);
+        let r = lcg(64, 9);
+        // An upper triangular factor with a positive diagonal.
+        let ug: [[f32; UNIT]; UNIT] = std::array::from_fn(|k| {
+            std::array::from_fn(|i| match k.cmp(&i) {
+                std::cmp::Ordering::Less => r[8 * k + i],
+                std::cmp::Ordering::Equal => 0.5 + r[8 * k + i].abs(),
+                std::cmp::Ordering::Greater => 0.0,
+            })
+        });
+        let unit = UnitLoss { s, x: &x, ug: &ug };
+        for chunk in IQ2XS_GRID.chunks_exact(8).take(16) {
+            let signs: [u8; 8] = std::array::from_fn(|c| (37 * c + chunk[c][0] as usize) as u8);
+            let q: [[f32; 8]; UNIT] = std::array::from_fn(|i| {
+                std::array::from_fn(|c| {
+                    let v = s[i] * f32::from(chunk[c][i]);
+                    if signs[c] >> i & 1 != 0 { -v } else { v }
+                })
+            });
+            let losses = unit_losses(&unit, &q);
+            for c in 0..8 {
+                let mut err = [0f32; UNIT];
+                let mut total = 0f32;
+                for i in 0..UNIT {
+                    let moved: f32 = (0..i).map(|k| ug[k][i] * err[k]).sum();
+                    err[i] = (x[i] - q[i][c] - moved) / ug[i][i];
+                    total += err[i] * err[i];
+                }
+                assert_eq!(losses[c].to_bits(), total.to_bits(), "candidate {c}");
+                assert_eq!(
+                    unit_losses_portable(&unit, &q)[c].to_bits(),
+                    total.to_bits()
+                );
+            }
         }
     }
 
