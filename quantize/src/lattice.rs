@@ -185,7 +185,7 @@ impl<const K: usize> Codebook<K> {
     ///
     /// The errors are computed [`NEAREST_LANES`] neighbours at a time, one
     /// per lane, each lane's sum in the scalar order over the `K` values
-    /// ([`errors`]), then compared in list order.
+    /// ([`least`]).
     fn best_of(
         &self,
         at: u32,
@@ -198,19 +198,11 @@ impl<const K: usize> Codebook<K> {
         let (at, lanes) = (at as usize, lanes as usize);
         let n = usize::from(*self.neighbours.get(at)?);
         let list = self.neighbours.get(at + 1..at + 1 + n)?;
-        let mut best = (f32::MAX, *list.first()?);
+        let first = *list.first()?;
         // A group is `K` values and weights, as `l` holds `K` levels.
         let (x, w) = (x.first_chunk::<K>()?, w.first_chunk::<K>()?);
-        for (list, lanes) in list.chunks(NEAREST_LANES).zip(&self.lanes[lanes..]) {
-            let d2 = errors(lanes, x, w, scale, values);
-            // Lanes past the list repeat its last point and are not read.
-            for (&d2, &p) in d2.iter().zip(list) {
-                if d2 < best.0 {
-                    best = (d2, p);
-                }
-            }
-        }
-        Some(best.1)
+        let chunks = self.lanes.get(lanes..lanes + n.div_ceil(NEAREST_LANES))?;
+        Some(least(chunks, n, x, w, scale, values).map_or(first, |i| list[i]))
     }
 
     /// The levels of point `p`.
@@ -234,73 +226,125 @@ pub(crate) enum Values<'a> {
     Levels(&'a [f32; 3]),
 }
 
-/// `Σ w·(scale·v(q) − x)²` for the point of each lane (`lanes[i]`: value `i`
-/// of each), summed in the order of the values (ggml's order), with AVX2
-/// when the CPU has it (the same operations on eight lanes).
+/// Of `n` points given [`NEAREST_LANES`] a chunk (lanes past `n` repeat
+/// the last point), the position of the one of least
+/// `Σ w·(scale·v(q) − x)²` (summed in the order of the values, ggml's order),
+/// the first of equals; `None` when no error is below `f32::MAX`. With AVX2
+/// when the CPU has it: each lane keeps its own least error and where it
+/// was first met, and the lanes are compared at the end, which finds the
+/// same position as comparing the errors one at a time in order.
 #[inline]
-fn errors<const K: usize>(
-    lanes: &[[i8; NEAREST_LANES]; K],
+fn least<const K: usize>(
+    chunks: &[[[i8; NEAREST_LANES]; K]],
+    n: usize,
     x: &[f32; K],
     w: &[f32; K],
     scale: f32,
     values: Values,
-) -> [f32; NEAREST_LANES] {
+) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     if crate::wide_vectors() {
         // SAFETY: the CPU supports AVX2, checked just above.
-        return unsafe { errors_avx2(lanes, x, w, scale, values) };
+        return unsafe { least_avx2(chunks, n, x, w, scale, values) };
     }
+    least_portable(chunks, n, x, w, scale, values)
+}
+
+fn least_portable<const K: usize>(
+    chunks: &[[[i8; NEAREST_LANES]; K]],
+    n: usize,
+    x: &[f32; K],
+    w: &[f32; K],
+    scale: f32,
+    values: Values,
+) -> Option<usize> {
     let v = |q: i8| match values {
         Values::Odd => f32::from(q),
         Values::Levels(t) => t[((q - 1) / 2) as usize],
     };
-    let mut d2 = [0f32; NEAREST_LANES];
-    for i in 0..K {
-        for (d2, &q) in d2.iter_mut().zip(&lanes[i]) {
-            let diff = scale * v(q) - x[i];
-            *d2 += w[i] * diff * diff;
+    let mut best = (f32::MAX, None);
+    for (c, lanes) in chunks.iter().enumerate() {
+        let mut d2 = [0f32; NEAREST_LANES];
+        for i in 0..K {
+            for (d2, &q) in d2.iter_mut().zip(&lanes[i]) {
+                let diff = scale * v(q) - x[i];
+                *d2 += w[i] * diff * diff;
+            }
+        }
+        for (j, &d2) in d2.iter().enumerate().take(n - NEAREST_LANES * c) {
+            if d2 < best.0 {
+                best = (d2, Some(NEAREST_LANES * c + j));
+            }
         }
     }
-    d2
+    best.1
 }
 
-/// [`errors`] on one vector of eight lanes (a table's values taken by a
-/// lane permutation).
+/// [`least`] on vectors of eight lanes (a table's values taken by a lane
+/// permutation).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn errors_avx2<const K: usize>(
-    lanes: &[[i8; NEAREST_LANES]; K],
+fn least_avx2<const K: usize>(
+    chunks: &[[[i8; NEAREST_LANES]; K]],
+    n: usize,
     x: &[f32; K],
     w: &[f32; K],
     scale: f32,
     values: Values,
-) -> [f32; NEAREST_LANES] {
+) -> Option<usize> {
     use std::arch::x86_64::*;
     const { assert!(NEAREST_LANES == 8) };
     let table = match values {
         Values::Odd => None,
         Values::Levels(t) => Some(_mm256_setr_ps(t[0], t[1], t[2], 0.0, 0.0, 0.0, 0.0, 0.0)),
     };
-    let mut d2 = _mm256_setzero_ps();
-    for i in 0..K {
-        // SAFETY: eight bytes.
-        let q = _mm256_cvtepi8_epi32(unsafe { _mm_loadl_epi64(lanes[i].as_ptr().cast()) });
-        let q = match table {
-            None => _mm256_cvtepi32_ps(q),
-            // Level `(q − 1) / 2` (q is odd and positive): lanes 0..3.
-            Some(t) => _mm256_permutevar8x32_ps(t, _mm256_srli_epi32::<1>(q)),
-        };
-        let diff = _mm256_sub_ps(
-            _mm256_mul_ps(_mm256_set1_ps(scale), q),
-            _mm256_set1_ps(x[i]),
-        );
-        let e = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(w[i]), diff), diff);
-        d2 = _mm256_add_ps(d2, e);
+    let vscale = _mm256_set1_ps(scale);
+    let mut best = _mm256_set1_ps(f32::MAX);
+    let mut at = _mm256_set1_epi32(-1);
+    let mut position = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for lanes in chunks {
+        let mut d2 = _mm256_setzero_ps();
+        for i in 0..K {
+            // SAFETY: eight bytes.
+            let q = _mm256_cvtepi8_epi32(unsafe { _mm_loadl_epi64(lanes[i].as_ptr().cast()) });
+            let q = match table {
+                None => _mm256_cvtepi32_ps(q),
+                // Level `(q − 1) / 2` (q is odd and positive): lanes 0..3.
+                Some(t) => _mm256_permutevar8x32_ps(t, _mm256_srli_epi32::<1>(q)),
+            };
+            let diff = _mm256_sub_ps(_mm256_mul_ps(vscale, q), _mm256_set1_ps(x[i]));
+            let e = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(w[i]), diff), diff);
+            d2 = _mm256_add_ps(d2, e);
+        }
+        let below = _mm256_cmp_ps::<_CMP_LT_OQ>(d2, best);
+        best = _mm256_blendv_ps(best, d2, below);
+        at = _mm256_castps_si256(_mm256_blendv_ps(
+            _mm256_castsi256_ps(at),
+            _mm256_castsi256_ps(position),
+            below,
+        ));
+        position = _mm256_add_epi32(position, _mm256_set1_epi32(8));
     }
-    let mut out = [0f32; NEAREST_LANES];
-    // SAFETY: eight floats.
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), d2) };
-    out
+    // A repeat of the last point past `n` never wins: the point itself has
+    // the same error at an earlier position. Lanes never below `f32::MAX`
+    // stay there.
+    // The least error over the lanes, then the first position holding it.
+    let least = {
+        let m = _mm256_min_ps(best, _mm256_permute2f128_ps::<1>(best, best));
+        let m = _mm256_min_ps(m, _mm256_shuffle_ps::<0b01_00_11_10>(m, m));
+        _mm256_min_ps(m, _mm256_shuffle_ps::<0b10_11_00_01>(m, m))
+    };
+    if _mm256_cvtss_f32(least) >= f32::MAX {
+        return None;
+    }
+    let holding = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_EQ_OQ>(best, least));
+    let at = _mm256_blendv_epi8(_mm256_set1_epi32(i32::MAX), at, holding);
+    let first = _mm256_min_epi32(at, _mm256_permute2x128_si256::<1>(at, at));
+    let first = _mm256_min_epi32(first, _mm256_shuffle_epi32::<0b01_00_11_10>(first));
+    let first = _mm256_min_epi32(first, _mm256_shuffle_epi32::<0b10_11_00_01>(first));
+    let first = usize::try_from(_mm256_cvtsi256_si32(first)).ok();
+    debug_assert!(first.is_some_and(|f| f < n));
+    first
 }
 
 fn iq2xxs_book() -> &'static Codebook<8> {
@@ -875,5 +919,59 @@ pub(crate) fn iq3_s(x: &[f32], y: &mut BlockIq3S, qw: Option<&[f32]>) {
         let l1 = scale_index(id, g.scales[ib]) as u8;
         let l2 = scale_index(id, g.scales[ib + 1]) as u8;
         y.scales[ib / 2] = l1 | (l2 << 4);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_least_error_is_the_first_of_equals_in_list_order_on_every_path() {
+        // Points of one value, so that errors repeat: ties within a lane,
+        // across lanes and chunks, and repeats of the last point past `n`.
+        let point = |v: i8| [[v; NEAREST_LANES]; 1];
+        let lists: [&[i8]; 6] = [
+            &[5, 3, 3, 7, 1, 3, 9, 1, 3, 1, 5],
+            &[9, 9, 9],
+            &[7, 5, 3, 1, 1, 3, 5, 7, 1, 9, 1, 1, 3, 1, 5, 1, 1],
+            &[3],
+            &[1, 1, 1, 1, 1, 1, 1, 1, 1],
+            &[9, 7, 5, 3, 1, 3, 5, 7, 9, 11, 13, 1],
+        ];
+        for (k, list) in lists.iter().enumerate() {
+            let chunks: Vec<[[i8; NEAREST_LANES]; 1]> = list
+                .chunks(NEAREST_LANES)
+                .map(|c| {
+                    let mut v = point(c[c.len() - 1])[0];
+                    v[..c.len()].copy_from_slice(c);
+                    [v]
+                })
+                .collect();
+            for (x, scale) in [(1.0, 1.0), (3.0, 1.0), (9.0, 1.0), (1.0, f32::MAX)] {
+                let (x, w) = ([x], [1.0]);
+                let want = list
+                    .iter()
+                    .map(|&q| {
+                        let diff = scale * f32::from(q) - x[0];
+                        w[0] * diff * diff
+                    })
+                    .enumerate()
+                    .fold(
+                        (f32::MAX, None),
+                        |b, (i, e)| if e < b.0 { (e, Some(i)) } else { b },
+                    )
+                    .1;
+                let n = list.len();
+                let portable = least_portable(&chunks, n, &x, &w, scale, Values::Odd);
+                assert_eq!(portable, want, "list {k}, x {}, scale {scale}", x[0]);
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: AVX2 is present (checked above).
+                    let wide = unsafe { least_avx2(&chunks, n, &x, &w, scale, Values::Odd) };
+                    assert_eq!(wide, want, "AVX2: list {k}, x {}, scale {scale}", x[0]);
+                }
+            }
+        }
     }
 }
