@@ -24,9 +24,9 @@ use crate::kquants::{GROUP_MAX_EPS, make_qp_quants, nearest_int};
 
 /// A codebook of `K`-value points with its search tables: `map[u]` for a
 /// packed level vector `u` (`bits` bits a level) is the point with exactly
-/// those levels, or the start of `u`'s neighbour list in `neighbours` (its
-/// length, then the points at the `nwant` smallest squared distances from
-/// `u`, by distance then index).
+/// those levels, or where `u`'s neighbour list is in `neighbours` (the
+/// points at the `nwant` smallest squared distances from `u`, by distance
+/// then index) and in `lanes`.
 pub(crate) struct Codebook<const K: usize> {
     /// The points as odd integers `2l + 1`.
     points: Vec<[i8; K]>,
@@ -45,11 +45,16 @@ const NEAREST_LANES: usize = 8;
 #[derive(Clone, Copy)]
 enum Entry {
     Point(u16),
-    /// The list's start in `neighbours` and its first chunk in `lanes`.
-    Neighbours {
-        at: u32,
-        lanes: u32,
-    },
+    Neighbours(List),
+}
+
+/// Where a neighbour list is: its start in `neighbours`, its first chunk in
+/// `lanes` and its length (0: no list).
+#[derive(Clone, Copy)]
+struct List {
+    at: u32,
+    lanes: u32,
+    n: u16,
 }
 
 impl<const K: usize> Codebook<K> {
@@ -64,10 +69,11 @@ impl<const K: usize> Codebook<K> {
         let points: Vec<[i8; K]> = levels.iter().map(|&v| unpack(u32::from(v))).collect();
         let size = 1usize << (bits as usize * K);
         let mut map = vec![
-            Entry::Neighbours {
-                at: u32::MAX,
-                lanes: u32::MAX
-            };
+            Entry::Neighbours(List {
+                at: 0,
+                lanes: 0,
+                n: 0
+            });
             size
         ];
         for (p, &v) in levels.iter().enumerate() {
@@ -103,12 +109,7 @@ impl<const K: usize> Codebook<K> {
                     None => break,
                 }
             }
-            map[u] = Entry::Neighbours {
-                at: neighbours.len() as u32,
-                lanes: lanes.len() as u32,
-            };
             let start = neighbours.len();
-            neighbours.push(0);
             for &dist in &dists {
                 neighbours.extend(
                     (0..points.len())
@@ -116,8 +117,12 @@ impl<const K: usize> Codebook<K> {
                         .map(|j| j as u16),
                 );
             }
-            neighbours[start] = (neighbours.len() - start - 1) as u16;
-            for list in neighbours[start + 1..].chunks(NEAREST_LANES) {
+            map[u] = Entry::Neighbours(List {
+                at: start as u32,
+                lanes: lanes.len() as u32,
+                n: (neighbours.len() - start) as u16,
+            });
+            for list in neighbours[start..].chunks(NEAREST_LANES) {
                 let last = list[list.len() - 1];
                 lanes.push(std::array::from_fn(|i| {
                     std::array::from_fn(|j| points[usize::from(*list.get(j).unwrap_or(&last))][i])
@@ -144,7 +149,7 @@ impl<const K: usize> Codebook<K> {
     pub(crate) fn point(&self, l: &[i8]) -> Option<u16> {
         match self.map[self.pack(l)] {
             Entry::Point(p) => Some(p),
-            Entry::Neighbours { .. } => None,
+            Entry::Neighbours(_) => None,
         }
     }
 
@@ -154,7 +159,7 @@ impl<const K: usize> Codebook<K> {
     fn nearest(&self, l: &mut [i8], x: &[f32], w: &[f32], scale: f32) -> u16 {
         let p = match self.map[self.pack(l)] {
             Entry::Point(p) => return p,
-            Entry::Neighbours { at, lanes } => self.best_of(at, lanes, x, w, scale, Values::Odd),
+            Entry::Neighbours(list) => self.best_of(list, x, w, scale, Values::Odd),
         };
         // Every level vector the scans reach has a list (ggml aborts otherwise).
         let p = p.unwrap_or(0);
@@ -175,29 +180,20 @@ impl<const K: usize> Codebook<K> {
     ) -> Option<u16> {
         match self.map[self.pack(l)] {
             Entry::Point(_) => None,
-            Entry::Neighbours { at, lanes } => self.best_of(at, lanes, x, w, scale, values),
+            Entry::Neighbours(list) => self.best_of(list, x, w, scale, values),
         }
     }
 
-    /// The point of least error in the neighbour list at `at` (its first
-    /// chunk of lanes at `lanes`), the first of equals; the first of the
-    /// list when no error is below `f32::MAX`; `None` for no list.
+    /// The point of least error in the neighbour list `list`, the first of
+    /// equals; the first of the list when no error is below `f32::MAX`;
+    /// `None` for no list.
     ///
     /// The errors are computed [`NEAREST_LANES`] neighbours at a time, one
     /// per lane, each lane's sum in the scalar order over the `K` values
     /// ([`least`]).
-    fn best_of(
-        &self,
-        at: u32,
-        lanes: u32,
-        x: &[f32],
-        w: &[f32],
-        scale: f32,
-        values: Values,
-    ) -> Option<u16> {
-        let (at, lanes) = (at as usize, lanes as usize);
-        let n = usize::from(*self.neighbours.get(at)?);
-        let list = self.neighbours.get(at + 1..at + 1 + n)?;
+    fn best_of(&self, list: List, x: &[f32], w: &[f32], scale: f32, values: Values) -> Option<u16> {
+        let (at, lanes, n) = (list.at as usize, list.lanes as usize, usize::from(list.n));
+        let list = self.neighbours.get(at..at + n)?;
         let first = *list.first()?;
         // A group is `K` values and weights, as `l` holds `K` levels.
         let (x, w) = (x.first_chunk::<K>()?, w.first_chunk::<K>()?);
