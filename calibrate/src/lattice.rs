@@ -50,33 +50,54 @@ pub const SHORTLIST_HALF: usize = 8;
 /// The indices of the `N` smallest scores (`None` past the end; NaN and
 /// infinite scores are never taken), the first of equals first. Each score
 /// is an integer key, its bits (made to order as the scores do) above its
-/// index, so that equal scores keep index order; the `N` smallest keys are
-/// kept in order as the scores go by (most are above the `N`th kept and go
-/// no further).
+/// index, so that equal scores keep index order. Up to eight places (IQ3's
+/// halves) the smallest keys are kept in order as the scores go by; for
+/// more (IQ2's 32) every key is written and the `N` smallest selected, then
+/// sorted, which costs less than the shifts of keeping 32 in order.
 fn shortlist<const N: usize>(scores: &[f32]) -> [Option<usize>; N] {
+    let scores = &scores[..scores.len().min(MAX_POINTS)];
+    let keys = scores
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| **c < f32::INFINITY);
+    let keys = keys.map(|(i, c)| {
+        let bits = c.to_bits();
+        let ordered = if bits >> 31 == 0 {
+            bits | 1 << 31
+        } else {
+            !bits
+        };
+        u64::from(ordered) << 32 | i as u64
+    });
+    let index = |key: u64| (key & 0xffff_ffff) as usize;
+    if N > 8 {
+        let mut all = [0u64; MAX_POINTS];
+        let mut n = 0;
+        for key in keys {
+            all[n] = key;
+            n += 1;
+        }
+        let all = &mut all[..n];
+        if n > N {
+            all.select_nth_unstable(N - 1);
+        }
+        let least = &mut all[..n.min(N)];
+        least.sort_unstable();
+        return std::array::from_fn(|k| least.get(k).map(|&key| index(key)));
+    }
     const NONE: u64 = u64::MAX;
     let mut kept = [NONE; N];
-    for i in 0..scores.len().min(MAX_POINTS) {
-        let c = scores[i];
-        if c < f32::INFINITY {
-            let bits = c.to_bits();
-            let ordered = if bits >> 31 == 0 {
-                bits | 1 << 31
-            } else {
-                !bits
-            };
-            let key = u64::from(ordered) << 32 | i as u64;
-            if key < kept[N - 1] {
-                let mut j = N - 1;
-                while j > 0 && kept[j - 1] > key {
-                    kept[j] = kept[j - 1];
-                    j -= 1;
-                }
-                kept[j] = key;
+    for key in keys {
+        if key < kept[N - 1] {
+            let mut j = N - 1;
+            while j > 0 && kept[j - 1] > key {
+                kept[j] = kept[j - 1];
+                j -= 1;
             }
+            kept[j] = key;
         }
     }
-    kept.map(|key| (key != NONE).then_some((key & 0xffff_ffff) as usize))
+    kept.map(|key| (key != NONE).then(|| index(key)))
 }
 
 /// The choices of one super-block of 256 weights.
