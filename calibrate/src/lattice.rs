@@ -681,12 +681,12 @@ mod tests {
         let a: Vec<f32> = lcg(8, 3).iter().map(|v| v.abs() * 4.0).collect();
         let mut plain = [0f32; MAX_POINTS];
         let mut flipped = [0f32; MAX_POINTS];
-        let unit = Fit {
+        let whole = Fit {
             s: &s,
             cost: &cost,
             a: &a,
         };
-        point_scores(lanes8(GgmlType::IQ2_S), &unit, &mut plain, &mut flipped);
+        point_scores(lanes8(GgmlType::IQ2_S), &whole, &mut plain, &mut flipped);
         for (p, m) in IQ2S_GRID.iter().enumerate() {
             let mut fit = 0f32;
             let mut flip = f32::INFINITY;

@@ -321,10 +321,9 @@ fn least_avx2<const K: usize>(
         ));
         position = _mm256_add_epi32(position, _mm256_set1_epi32(8));
     }
-    // A repeat of the last point past `n` never wins: the point itself has
-    // the same error at an earlier position. Lanes never below `f32::MAX`
-    // stay there.
-    // The least error over the lanes, then the first position holding it.
+    // The least error over the lanes, then the first position holding it
+    // (lanes never below `f32::MAX` stay there; a repeat of the last point
+    // past `n` never wins, the point itself having its error earlier).
     let least = {
         let m = _mm256_min_ps(best, _mm256_permute2f128_ps::<1>(best, best));
         let m = _mm256_min_ps(m, _mm256_shuffle_ps::<0b01_00_11_10>(m, m));
@@ -926,7 +925,6 @@ mod tests {
     fn the_least_error_is_the_first_of_equals_in_list_order_on_every_path() {
         // Points of one value, so that errors repeat: ties within a lane,
         // across lanes and chunks, and repeats of the last point past `n`.
-        let point = |v: i8| [[v; NEAREST_LANES]; 1];
         let lists: [&[i8]; 6] = [
             &[5, 3, 3, 7, 1, 3, 9, 1, 3, 1, 5],
             &[9, 9, 9],
@@ -939,7 +937,7 @@ mod tests {
             let chunks: Vec<[[i8; NEAREST_LANES]; 1]> = list
                 .chunks(NEAREST_LANES)
                 .map(|c| {
-                    let mut v = point(c[c.len() - 1])[0];
+                    let mut v = [c[c.len() - 1]; NEAREST_LANES];
                     v[..c.len()].copy_from_slice(c);
                     [v]
                 })
