@@ -7,12 +7,15 @@
 use std::cell::RefCell;
 use std::sync::Mutex;
 
-use memwall_runtime::kernels::{Kernels, Pool};
+use memwall_runtime::kernels::{Kernels, Pool, ProductTiles};
 use rayon::prelude::*;
 
 thread_local! {
     /// A thread's buffers for [`Hessian::add`]'s blocks: gathered columns, sums.
     static SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// The calling thread's copy of an input in the product's tiles, which
+    /// every block of [`Hessian::add`] reads.
+    static TILES: RefCell<ProductTiles> = RefCell::new(ProductTiles::default());
 }
 
 /// `Σ xᵀx` over the rows `x` of every input seen, and `Σ |x|` per column.
@@ -51,6 +54,26 @@ impl Hessian {
         if rows == 0 || x.len() != rows * n {
             return;
         }
+        // The input in the product's tiles, once for all blocks (each block
+        // reads every tile up to its last row; in `x` a tile's rows lie a
+        // whole row apart).
+        TILES.with_borrow_mut(|tiles| {
+            tiles.pack(x, rows, n);
+            self.add_blocks(kernels, pool, x, tiles.tiles(), rows);
+        });
+        self.tokens += rows as u64;
+    }
+
+    /// [`Hessian::add`]'s blocks, `tiles` the input packed.
+    fn add_blocks(
+        &mut self,
+        kernels: &Kernels,
+        pool: Option<&Pool>,
+        x: &[f32],
+        tiles: &[f32],
+        rows: usize,
+    ) {
+        let n = self.n;
         // Blocks of rows of H, each computing the columns up to its last row
         // (rounded up to whole tiles of the product: the upper triangle's
         // extra values are not kept), from its own columns of `x` gathered
@@ -78,7 +101,7 @@ impl Hessian {
                 sums.resize(m * n, 0.0);
                 let sums = &mut sums[..m * n];
                 let cols = (i0 + m).next_multiple_of(32).min(n);
-                kernels.product_f32(a, m, rows, x, n, 0..cols, sums);
+                kernels.product_f32_packed(a, m, rows, x, tiles, n, 0..cols, sums);
                 for (r, (o, s)) in out
                     .chunks_exact_mut(n)
                     .zip(sums.chunks_exact(n))
@@ -106,7 +129,6 @@ impl Hessian {
             }
             None => blocks.enumerate().for_each(|(b, o)| block(b, o)),
         }
-        self.tokens += rows as u64;
     }
 
     /// The symmetric matrix (upper triangle filled from the lower).

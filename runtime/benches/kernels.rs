@@ -4,18 +4,20 @@
 //!
 //!   cargo bench -p memwall-runtime --bench kernels [-- TYPE... ] \
 //!     (MEMWALL_BENCH_THREADS=n, default: all cores; MEMWALL_BENCH_ROWS=n;
-//!     MEMWALL_BENCH_COLS=n, a multiple of 256, e.g. 576 for SmolLM2's narrow rows)
+//!     MEMWALL_BENCH_COLS=n, a multiple of 256, e.g. 576 for SmolLM2's narrow rows;
+//!     MEMWALL_BENCH_TOKENS=n for the batch instead of 32, e.g. 512 as a pp512's)
 //!
 //! The filter `product` times instead `Kernels::product_f32` (one thread) as
 //! calibration's Hessians call it: 36 columns of 256 tokens against the
-//! tokens' `MEMWALL_BENCH_COLS` values, in GFLOP/s.
+//! tokens' `MEMWALL_BENCH_COLS` values, in GFLOP/s — `b` as it is, and packed
+//! once (`product_f32_packed`, as the Hessians give it).
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
 use std::time::{Duration, Instant};
 
 use memwall_format::GgmlType;
 use memwall_format::blocks::{DEQUANTIZABLE, f32_to_f16};
-use memwall_runtime::kernels::{Backend, Kernels, Matmul, QMatrix};
+use memwall_runtime::kernels::{Backend, Kernels, Matmul, ProductTiles, QMatrix};
 
 fn main() {
     let filter: Vec<String> = std::env::args()
@@ -34,6 +36,10 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(4096);
+    let batch: usize = std::env::var("MEMWALL_BENCH_TOKENS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(32);
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     let mut rand = move || {
         seed ^= seed << 13;
@@ -45,7 +51,9 @@ fn main() {
         product(cols);
         return;
     }
-    println!("{rows}×{cols}, {threads} threads; GB/s of weights (t=1), GB/s and GFLOP/s (t=32)");
+    println!(
+        "{rows}×{cols}, {threads} threads; GB/s of weights (t=1), GB/s and GFLOP/s (t={batch})"
+    );
     for ty in DEQUANTIZABLE {
         if !filter.is_empty() && !filter.iter().any(|f| f.eq_ignore_ascii_case(ty.name())) {
             continue;
@@ -67,7 +75,7 @@ fn main() {
             }
         }
         let w = QMatrix::new(ty, &data, rows, cols).unwrap();
-        let x: Vec<f32> = (0..32 * cols)
+        let x: Vec<f32> = (0..batch * cols)
             .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
             .collect();
         let mut line = format!("{:7}", ty.name());
@@ -77,18 +85,18 @@ fn main() {
                 let mut y = vec![0f32; rows];
                 mm.matmul(&w, &x[..cols], &mut y).unwrap();
             });
-            let t32 = time(|| {
-                let mut y = vec![0f32; 32 * rows];
+            let tb = time(|| {
+                let mut y = vec![0f32; batch * rows];
                 mm.matmul(&w, &x, &mut y).unwrap();
             });
             let gb = bytes as f64 / 1e9;
-            let flops = 2.0 * 32.0 * rows as f64 * cols as f64 / 1e9;
+            let flops = 2.0 * batch as f64 * rows as f64 * cols as f64 / 1e9;
             line += &format!(
-                "  {:>8}: t1 {:6.2} GB/s  t32 {:6.2} GB/s {:6.1} GFLOP/s",
+                "  {:>8}: t1 {:6.2} GB/s  t{batch} {:6.2} GB/s {:6.1} GFLOP/s",
                 b.name(),
                 gb / t1,
-                32.0 * gb / t32,
-                flops / t32
+                batch as f64 * gb / tb,
+                flops / tb
             );
         }
         println!("{line}");
@@ -110,10 +118,16 @@ fn product(n: usize) {
     for be in Backend::supported() {
         let kernels = Kernels::new(be).unwrap();
         let t = time(|| kernels.product_f32(&a, m, k, &b, n, 0..n, &mut out));
+        let mut tiles = ProductTiles::default();
+        tiles.pack(&b, k, n);
+        let tp =
+            time(|| kernels.product_f32_packed(&a, m, k, &b, tiles.tiles(), n, 0..n, &mut out));
+        let gflops = |t: f64| 2.0 * (m * k * n) as f64 / t / 1e9;
         line += &format!(
-            "  {}: {:6.1} GFLOP/s",
+            "  {}: {:6.1} GFLOP/s ({:6.1} packed)",
             be.name(),
-            2.0 * (m * k * n) as f64 / t / 1e9
+            gflops(t),
+            gflops(tp)
         );
     }
     println!("{line}");

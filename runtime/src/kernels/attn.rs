@@ -276,7 +276,9 @@ mod tests {
     #[test]
     fn float_products_sum_each_value_in_order_with_fused_steps_on_every_backend() {
         // Shapes with whole tiles, a ragged edge, fewer rows than a tile's
-        // heads, and a column range that starts inside the matrix.
+        // heads, and a column range that starts inside the matrix; `b` as
+        // it is (its tiles copied inside when several groups of rows read
+        // them) and packed by the caller.
         for (k, (m, kk, n)) in every_backend().into_iter().flat_map(|k| {
             [
                 (1, 1, 1),
@@ -289,9 +291,20 @@ mod tests {
         }) {
             let a = values(m * kk, (m + kk) as u32);
             let b = values(kk * n, (kk + n) as u32);
-            for cols in [0..n, n / 3..n] {
+            let mut tiles = crate::kernels::ProductTiles::default();
+            tiles.pack(&b, kk, n);
+            for (cols, packed) in [
+                (0..n, false),
+                (n / 3..n, false),
+                (0..n, true),
+                (n / 3..n, true),
+            ] {
                 let mut got = vec![f32::NAN; m * n];
-                k.product_f32(&a, m, kk, &b, n, cols.clone(), &mut got);
+                if packed {
+                    k.product_f32_packed(&a, m, kk, &b, tiles.tiles(), n, cols.clone(), &mut got);
+                } else {
+                    k.product_f32(&a, m, kk, &b, n, cols.clone(), &mut got);
+                }
                 for i in 0..m {
                     for j in 0..n {
                         let g = got[i * n + j];
@@ -304,7 +317,7 @@ mod tests {
                         assert_eq!(
                             g.to_bits(),
                             want.to_bits(),
-                            "{:?}: {m}×{kk}·{kk}×{n} at ({i}, {j})",
+                            "{:?}: {m}×{kk}·{kk}×{n} at ({i}, {j}), packed {packed}",
                             k.backend()
                         );
                     }

@@ -102,6 +102,7 @@ mod pool;
 mod scalar;
 mod tiled;
 
+use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use memwall_format::GgmlType;
@@ -113,6 +114,65 @@ use memwall_format::blocks::{
 };
 
 use matmul::TILED_MIN_TOKENS;
+
+thread_local! {
+    /// A thread's copy of the tile of `b` that [`Kernels::product_f32`]'s
+    /// groups of rows read (kept: at `k` = 22 528 it is 2.9 MB).
+    static PRODUCT_TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A matrix `b` (`k × n`, row-major) as [`Kernels::product_f32_packed`]
+/// reads it: tile `j` (columns `32j..32j + 32`) is `k` rows of its 32
+/// columns, one after the other, the first at a 64-byte boundary (at 16
+/// bytes, half the vector loads of a tile's rows would cross a cache line);
+/// the last `n mod 32` columns are not packed. Kept and packed again for
+/// each matrix, so its buffer is allocated once.
+#[derive(Debug, Default)]
+pub struct ProductTiles {
+    buf: Vec<f32>,
+    len: usize,
+}
+
+impl ProductTiles {
+    /// Packs `b` (`k × n`).
+    pub fn pack(&mut self, b: &[f32], k: usize, n: usize) {
+        const TILE: usize = attn::KEY_TILE;
+        assert_eq!(b.len(), k * n, "ProductTiles::pack lengths");
+        self.len = n / TILE * TILE * k;
+        let tiles = aligned(&mut self.buf, self.len);
+        for (d, row) in b.chunks_exact(n.max(1)).enumerate() {
+            for (j, cols) in row.as_chunks::<TILE>().0.iter().enumerate() {
+                let at = (j * k + d) * TILE;
+                tiles[at..at + TILE].copy_from_slice(cols);
+            }
+        }
+    }
+
+    /// The packed tiles.
+    pub fn tiles(&self) -> &[f32] {
+        let at = self.buf.as_ptr().align_offset(64).min(15);
+        &self.buf[at.min(self.buf.len())..][..self.len]
+    }
+}
+
+/// `n` floats of `buf` from a 64-byte boundary (grown as needed).
+fn aligned(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if buf.len() < n + 15 {
+        buf.resize(n + 15, 0.0);
+    }
+    let at = buf.as_ptr().align_offset(64).min(15);
+    &mut buf[at..at + n]
+}
+
+/// Columns `j0..j0 + 32` of `b`'s `k` rows (`n` columns each) into `pack`.
+fn pack_tile<'a>(b: &[f32], k: usize, n: usize, j0: usize, pack: &'a mut Vec<f32>) -> &'a [f32] {
+    const TILE: usize = attn::KEY_TILE;
+    let tile = aligned(pack, k * TILE);
+    for (d, row) in tile.as_chunks_mut::<TILE>().0.iter_mut().enumerate() {
+        row.copy_from_slice(&b[d * n + j0..d * n + j0 + TILE]);
+    }
+    tile
+}
 pub use matmul::{Matmul, QMatrix, matmul};
 pub use pool::{Pool, for_each_chunk};
 pub use scalar::{quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
@@ -1397,6 +1457,44 @@ impl Kernels {
         cols: std::ops::Range<usize>,
         out: &mut [f32],
     ) {
+        self.product_f32_from(a, m, k, b, None, n, cols, out);
+    }
+
+    /// [`Kernels::product_f32`] with `b`'s whole tiles also given packed
+    /// ([`ProductTiles::tiles`]), the same bits: for a `b` that many
+    /// products read, packed once. Panics if the lengths do not fit.
+    #[allow(clippy::too_many_arguments)]
+    pub fn product_f32_packed(
+        &self,
+        a: &[f32],
+        m: usize,
+        k: usize,
+        b: &[f32],
+        tiles: &[f32],
+        n: usize,
+        cols: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
+        assert_eq!(
+            tiles.len(),
+            n / attn::KEY_TILE * attn::KEY_TILE * k,
+            "product_f32 tiles"
+        );
+        self.product_f32_from(a, m, k, b, Some(tiles), n, cols, out);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn product_f32_from(
+        &self,
+        a: &[f32],
+        m: usize,
+        k: usize,
+        b: &[f32],
+        tiles: Option<&[f32]>,
+        n: usize,
+        cols: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
         assert!(
             a.len() == m * k && b.len() == k * n && out.len() == m * n && cols.end <= n,
             "product_f32 lengths"
@@ -1407,22 +1505,34 @@ impl Kernels {
             }
             return;
         }
-        let tile = attn::KEY_TILE;
-        let mut tiles = [[0f32; attn::KEY_TILE]; attn::PRODUCT_ROWS];
+        const TILE: usize = attn::KEY_TILE;
+        let mut sums = [[0f32; TILE]; attn::PRODUCT_ROWS];
         // Columns outer: a tile of `b` is read by every row of `a` while it
-        // is in the cache.
-        let mut j0 = cols.start;
-        while j0 + tile <= cols.end {
-            for i0 in (0..m).step_by(attn::PRODUCT_ROWS) {
-                let nh = attn::PRODUCT_ROWS.min(m - i0);
-                let q = &a[i0 * k..(i0 + nh) * k];
-                (self.table.ops.product_tiles)(q, k, &b[j0..], n, &mut tiles[..nh]);
-                for (h, t) in tiles[..nh].iter().enumerate() {
-                    out[(i0 + h) * n + j0..(i0 + h) * n + j0 + tile].copy_from_slice(t);
+        // is in the cache. When more than one group of rows reads it, the
+        // tile is read from consecutive memory (packed by the caller, or
+        // here): its `k` rows lie `n` floats apart in `b`, and at widths of
+        // 4096 or more each group would read them from memory again.
+        let pack_here = tiles.is_none() && m > attn::PRODUCT_ROWS && n > TILE;
+        let j0 = PRODUCT_TILE.with_borrow_mut(|pack| {
+            let mut j0 = cols.start;
+            while j0 + TILE <= cols.end {
+                let (kt, stride): (&[f32], usize) = match tiles {
+                    Some(t) if j0 % TILE == 0 => (&t[j0 * k..][..TILE * k], TILE),
+                    _ if pack_here => (pack_tile(b, k, n, j0, pack), TILE),
+                    _ => (&b[j0..], n),
+                };
+                for i0 in (0..m).step_by(attn::PRODUCT_ROWS) {
+                    let nh = attn::PRODUCT_ROWS.min(m - i0);
+                    let q = &a[i0 * k..(i0 + nh) * k];
+                    (self.table.ops.product_tiles)(q, k, kt, stride, &mut sums[..nh]);
+                    for (h, t) in sums[..nh].iter().enumerate() {
+                        out[(i0 + h) * n + j0..(i0 + h) * n + j0 + TILE].copy_from_slice(t);
+                    }
                 }
+                j0 += TILE;
             }
-            j0 += tile;
-        }
+            j0
+        });
         for j in j0..cols.end {
             for (i, row) in a.chunks_exact(k).enumerate() {
                 out[i * n + j] = row
