@@ -213,14 +213,64 @@ fn dot64_finish(acc: &[f64; 16], ra: &[f64], rb: &[f64]) -> f64 {
 
 /// [`dot64`] of each of `a` with `b` (each as long as `b`), with the bits
 /// of [`dot64`] of each pair; with AVX-512, each chunk of `b` is loaded once
-/// for all `M`.
+/// for all `M`, with AVX2 once for each two.
 fn dot64_many<const M: usize>(a: [&[f64]; M], b: &[f64]) -> [f64; M] {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512F is present (checked above).
         return unsafe { dot64_many_avx512(a, b) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        let mut out = [0f64; M];
+        for (o, a) in out.chunks_mut(2).zip(a.chunks(2)) {
+            match a {
+                // SAFETY: AVX2 is present (checked above).
+                [a0, a1] => o.copy_from_slice(&unsafe { dot64_two_avx2([a0, a1], b) }),
+                [a0] => o[0] = dot64(a0, b),
+                _ => unreachable!("chunks of at most two"),
+            }
+        }
+        return out;
+    }
     a.map(|a| dot64(a, b))
+}
+
+/// [`dot64`] of `a[0]` and of `a[1]` with `b`, the sixteen partial sums of
+/// each pair in four registers (eight in all, the sixteen registers' most
+/// with `b`'s and the products), each chunk of `b` loaded once for both: the
+/// same multiplies and adds, lane by lane.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn dot64_two_avx2(a: [&[f64]; 2], b: &[f64]) -> [f64; 2] {
+    use std::arch::x86_64::*;
+    let n = b.len();
+    assert!(a.iter().all(|a| a.len() == n));
+    let full = n / 16 * 16;
+    let mut acc = [[_mm256_setzero_pd(); 4]; 2];
+    for c in (0..full).step_by(16) {
+        for q in 0..4 {
+            // SAFETY: c + 4q + 4 <= full <= n, the length of every slice
+            // (asserted).
+            unsafe {
+                let y = _mm256_loadu_pd(b.as_ptr().add(c + 4 * q));
+                for (acc, a) in acc.iter_mut().zip(a) {
+                    let x = _mm256_loadu_pd(a.as_ptr().add(c + 4 * q));
+                    acc[q] = _mm256_add_pd(acc[q], _mm256_mul_pd(x, y));
+                }
+            }
+        }
+    }
+    let mut out = [0f64; 2];
+    for ((o, acc), a) in out.iter_mut().zip(&acc).zip(a) {
+        let mut sums = [0f64; 16];
+        for (q, &v) in acc.iter().enumerate() {
+            // SAFETY: `sums` holds sixteen values, four from `4q`.
+            unsafe { _mm256_storeu_pd(sums.as_mut_ptr().add(4 * q), v) };
+        }
+        *o = dot64_finish(&sums, &a[full..], &b[full..]);
+    }
+    out
 }
 
 /// [`dot64_many`] with the sixteen partial sums of each pair in two
