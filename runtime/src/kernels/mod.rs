@@ -115,6 +115,13 @@ use memwall_format::blocks::{
 
 use matmul::TILED_MIN_TOKENS;
 
+pub use matmul::{Matmul, QMatrix, matmul};
+pub use pool::{Pool, for_each_chunk};
+pub use scalar::{quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
+
+pub use memwall_format::blocks::{BlockQ8_0, BlockQ8_1, BlockQ8K};
+pub use memwall_format::ggml_type::{QK_K, QK8_0};
+
 thread_local! {
     /// A thread's copy of the tile of `b` that [`Kernels::product_f32`]'s
     /// groups of rows read (kept: at `k` = 22 528 it is 2.9 MB).
@@ -173,12 +180,6 @@ fn pack_tile<'a>(b: &[f32], k: usize, n: usize, j0: usize, pack: &'a mut Vec<f32
     }
     tile
 }
-pub use matmul::{Matmul, QMatrix, matmul};
-pub use pool::{Pool, for_each_chunk};
-pub use scalar::{quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k};
-
-pub use memwall_format::blocks::{BlockQ8_0, BlockQ8_1, BlockQ8K};
-pub use memwall_format::ggml_type::{QK_K, QK8_0};
 
 /// A weight block type's dot product: the block type of its activations
 /// (ggml's `vec_dot_type`) and where an [`ActRow`] holds them. Giving a block
@@ -1510,8 +1511,9 @@ impl Kernels {
         // Columns outer: a tile of `b` is read by every row of `a` while it
         // is in the cache. When more than one group of rows reads it, the
         // tile is read from consecutive memory (packed by the caller, or
-        // here): its `k` rows lie `n` floats apart in `b`, and at widths of
-        // 4096 or more each group would read them from memory again.
+        // here): its `k` rows lie `n` floats apart in `b`, and at widths
+        // that are multiples of 1024 they share a few cache sets, so each
+        // group would read them from memory again.
         let pack_here = tiles.is_none() && m > attn::PRODUCT_ROWS && n > TILE;
         let j0 = PRODUCT_TILE.with_borrow_mut(|pack| {
             let mut j0 = cols.start;
