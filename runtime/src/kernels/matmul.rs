@@ -92,11 +92,7 @@ struct WideRows(Vec<f32>);
 impl WideRows {
     /// `n` floats at a 64-byte boundary.
     fn get(&mut self, n: usize) -> &mut [f32] {
-        if self.0.len() < n + 15 {
-            self.0.resize(n + 15, 0.0);
-        }
-        let at = self.0.as_ptr().align_offset(64).min(15);
-        &mut self.0[at..at + n]
+        super::aligned(&mut self.0, n)
     }
 }
 

@@ -137,6 +137,8 @@ thread_local! {
 #[derive(Debug, Default)]
 pub struct ProductTiles {
     buf: Vec<f32>,
+    /// The tiles: `buf[at..at + len]`.
+    at: usize,
     len: usize,
 }
 
@@ -146,7 +148,8 @@ impl ProductTiles {
         const TILE: usize = attn::KEY_TILE;
         assert_eq!(b.len(), k * n, "ProductTiles::pack lengths");
         self.len = n / TILE * TILE * k;
-        let tiles = aligned(&mut self.buf, self.len);
+        self.at = aligned_at(&mut self.buf, self.len);
+        let tiles = &mut self.buf[self.at..self.at + self.len];
         for (d, row) in b.chunks_exact(n.max(1)).enumerate() {
             for (j, cols) in row.as_chunks::<TILE>().0.iter().enumerate() {
                 let at = (j * k + d) * TILE;
@@ -157,17 +160,22 @@ impl ProductTiles {
 
     /// The packed tiles.
     pub fn tiles(&self) -> &[f32] {
-        let at = self.buf.as_ptr().align_offset(64).min(15);
-        &self.buf[at.min(self.buf.len())..][..self.len]
+        &self.buf[self.at..self.at + self.len]
     }
 }
 
-/// `n` floats of `buf` from a 64-byte boundary (grown as needed).
-fn aligned(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
+/// Where `n` floats of `buf` start at a 64-byte boundary, `buf` grown to
+/// hold them (a thread's buffers of f32 rows that vector loads read).
+fn aligned_at(buf: &mut Vec<f32>, n: usize) -> usize {
     if buf.len() < n + 15 {
         buf.resize(n + 15, 0.0);
     }
-    let at = buf.as_ptr().align_offset(64).min(15);
+    buf.as_ptr().align_offset(64).min(15)
+}
+
+/// `n` floats of `buf` from a 64-byte boundary ([`aligned_at`]).
+fn aligned(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    let at = aligned_at(buf, n);
     &mut buf[at..at + n]
 }
 
