@@ -58,13 +58,26 @@ pub struct Choice {
     pub base_error: f64,
 }
 
+/// A group's Hessian in `f32` as the error scores read it.
+#[derive(Clone, Copy, Debug)]
+pub enum HessianF32<'a> {
+    /// Row-major, `cols × cols`.
+    Rows(&'a [f32]),
+    /// As the product's tiles
+    /// ([`ProductTiles`](memwall_runtime::kernels::ProductTiles); `cols` a
+    /// multiple of 32):
+    /// the products read it from consecutive memory, where a column tile of
+    /// the row-major matrix would be copied for every block of rows.
+    Tiles(&'a [f32]),
+}
+
 /// The output error `Σ_rows Δwᵀ H Δw` of quantizing the group with input
 /// scales `s` (weights × s, encoded, decoded, ÷ s).
 fn group_error(
     kernels: &Kernels,
     linears: &[Linear],
     cols: usize,
-    h: &[f32],
+    h: HessianF32<'_>,
     imatrix: &[f32],
     s: &[f32],
 ) -> Result<f64, CalibrateError> {
@@ -103,7 +116,23 @@ fn group_error(
                 let m = deltas.len() / cols;
                 // (Δw·H)[r][i], then Σ_i Δw[r][i]·(Δw·H)[r][i] per row.
                 let mut dh = vec![0f32; m * cols];
-                kernels.product_f32(&deltas, m, cols, h, cols, 0..cols, &mut dh);
+                match h {
+                    HessianF32::Rows(h) => {
+                        kernels.product_f32(&deltas, m, cols, h, cols, 0..cols, &mut dh);
+                    }
+                    HessianF32::Tiles(t) => {
+                        kernels.product_f32_packed(
+                            &deltas,
+                            m,
+                            cols,
+                            &[],
+                            t,
+                            cols,
+                            0..cols,
+                            &mut dh,
+                        );
+                    }
+                }
                 let sum: f64 = deltas
                     .iter()
                     .zip(&dh)
@@ -127,7 +156,7 @@ pub fn search(
     kernels: &Kernels,
     linears: &[Linear],
     cols: usize,
-    h: &[f32],
+    h: HessianF32<'_>,
     x_abs: &[f32],
     imatrix: &[f32],
     n_grid: usize,
@@ -271,7 +300,24 @@ mod tests {
         }];
         // Plain rounding (no importance weights) is where AWQ helps most.
         let flat = vec![1f32; cols];
-        let c = search(&k, &lin, cols, &hf, &h.mean_abs(), &flat, 20).unwrap();
+        let c = search(
+            &k,
+            &lin,
+            cols,
+            HessianF32::Rows(&hf),
+            &h.mean_abs(),
+            &flat,
+            20,
+        )
+        .unwrap();
+        // The same choice, to the bit, from the Hessian's tiles alone.
+        let mut tiles = memwall_runtime::kernels::ProductTiles::default();
+        tiles.pack(&hf, cols, cols);
+        let from_tiles = HessianF32::Tiles(tiles.tiles());
+        assert_eq!(
+            search(&k, &lin, cols, from_tiles, &h.mean_abs(), &flat, 20).unwrap(),
+            c
+        );
         assert!(c.alpha.is_some());
         assert!(
             c.error < 0.9 * c.base_error,

@@ -46,7 +46,7 @@ use memwall_quantize::job::{self, ImatrixInput, Options};
 use memwall_quantize::recipe::Recipe;
 use memwall_quantize::{IMATRIX_ENCODABLE, quantize_row_imatrix};
 use memwall_runtime::forward::{Kept, Model, Observer};
-use memwall_runtime::kernels::{Kernels, Pool};
+use memwall_runtime::kernels::{Kernels, Pool, ProductTiles};
 use rayon::prelude::*;
 
 use crate::CalibrateError;
@@ -482,6 +482,30 @@ fn f32_full(h: &Hessian) -> Vec<f32> {
             }
         });
     out
+}
+
+/// [`f32_full`] as the products' tiles (`h.n` a multiple of 32): tile `j`
+/// holds columns `32j..32j + 32` of every row, each tile made by one task
+/// (the rows of `H` below the tile are read along, those above it across
+/// its 32 rows).
+fn f32_tiles(h: &Hessian) -> ProductTiles {
+    const TILE: usize = 32;
+    let n = h.n;
+    let mut tiles = ProductTiles::default();
+    tiles
+        .tiles_mut(n, n)
+        .par_chunks_mut(TILE * n.max(1))
+        .enumerate()
+        .for_each(|(t, tile)| {
+            for (i, row) in tile.chunks_exact_mut(TILE).enumerate() {
+                for (c, v) in row.iter_mut().enumerate() {
+                    let j = t * TILE + c;
+                    let (r, c) = if j <= i { (i, j) } else { (j, i) };
+                    *v = h.h[r * n + c] as f32;
+                }
+            }
+        });
+    tiles
 }
 
 /// Memory a calibration needs at its peak, by part, estimated from the
@@ -958,7 +982,17 @@ pub fn run(
                 }
                 progress.item(&format!("layer {l}: AWQ {input}"));
                 let cols = h.n;
-                let hf = f32_full(h);
+                // The products' tiles alone where the width allows (no
+                // row-major copy to re-tile for every block of scored rows).
+                let (hf, tiles) = if cols % 32 == 0 {
+                    (Vec::new(), Some(f32_tiles(h)))
+                } else {
+                    (f32_full(h), None)
+                };
+                let hf = match &tiles {
+                    Some(t) => awq::HessianF32::Tiles(t.tiles()),
+                    None => awq::HessianF32::Rows(&hf),
+                };
                 let linears: Vec<Linear> = idx
                     .iter()
                     .map(|&i| Linear {
@@ -973,7 +1007,7 @@ pub fn run(
                     &model.kernels(),
                     &linears,
                     cols,
-                    &hf,
+                    hf,
                     &h.mean_abs(),
                     &h.mean_square(),
                     settings.awq_grid,
@@ -1282,4 +1316,22 @@ pub fn run(
     report.bytes = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
     report.seconds = started_all.elapsed().as_secs_f64();
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hessians_tiles_hold_its_full_matrix() {
+        let n = 96;
+        let mut h = Hessian::new(n);
+        let x = crate::test_values(n * 40, 11);
+        h.add(&Kernels::detect(), None, &x, 40);
+        let mut want = ProductTiles::default();
+        want.pack(&f32_full(&h), n, n);
+        let got = f32_tiles(&h);
+        let bits = |t: &[f32]| t.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(got.tiles()), bits(want.tiles()));
+    }
 }

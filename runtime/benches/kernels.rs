@@ -5,7 +5,8 @@
 //!   cargo bench -p memwall-runtime --bench kernels [-- TYPE... ] \
 //!     (MEMWALL_BENCH_THREADS=n, default: all cores; MEMWALL_BENCH_ROWS=n;
 //!     MEMWALL_BENCH_COLS=n, a multiple of 256, e.g. 576 for SmolLM2's narrow rows;
-//!     MEMWALL_BENCH_TOKENS=n for the batch instead of 32, e.g. 512 as a pp512's)
+//!     MEMWALL_BENCH_TOKENS=n for the batch instead of 32, e.g. 512 as a pp512's;
+//!     MEMWALL_BENCH_BACKENDS=avx512,avx2 to time only those backends)
 //!
 //! The filter `product` times instead `Kernels::product_f32` (one thread) as
 //! calibration's Hessians call it: 36 columns of 256 tokens against the
@@ -79,7 +80,7 @@ fn main() {
             .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
             .collect();
         let mut line = format!("{:7}", ty.name());
-        for b in Backend::supported() {
+        for b in backends() {
             let mut mm = Matmul::new(Kernels::new(b).unwrap(), threads);
             let t1 = time(|| {
                 let mut y = vec![0f32; rows];
@@ -115,7 +116,7 @@ fn product(n: usize) {
         .collect();
     let mut out = vec![0f32; m * n];
     let mut line = format!("product_f32 {m}×{k}×{n}, 1 thread:");
-    for be in Backend::supported() {
+    for be in backends() {
         let kernels = Kernels::new(be).unwrap();
         let t = time(|| kernels.product_f32(&a, m, k, &b, n, 0..n, &mut out));
         let mut tiles = ProductTiles::default();
@@ -131,6 +132,15 @@ fn product(n: usize) {
         );
     }
     println!("{line}");
+}
+
+/// The supported backends, or those of them `MEMWALL_BENCH_BACKENDS` names.
+fn backends() -> Vec<Backend> {
+    let only = std::env::var("MEMWALL_BENCH_BACKENDS").unwrap_or_default();
+    Backend::supported()
+        .into_iter()
+        .filter(|b| only.is_empty() || only.split(',').any(|n| n.trim() == b.name()))
+        .collect()
 }
 
 /// Median seconds per call over ~0.5 s (at least 3 calls), after one warm-up call.

@@ -278,7 +278,8 @@ mod tests {
         // Shapes with whole tiles, a ragged edge, fewer rows than a tile's
         // heads, and a column range that starts inside the matrix; `b` as
         // it is (its tiles copied inside when several groups of rows read
-        // them) and packed by the caller.
+        // them), packed by the caller, and the caller's tiles alone (`b`
+        // empty; whole tiles of columns).
         for (k, (m, kk, n)) in every_backend().into_iter().flat_map(|k| {
             [
                 (1, 1, 1),
@@ -293,17 +294,21 @@ mod tests {
             let b = values(kk * n, (kk + n) as u32);
             let mut tiles = crate::kernels::ProductTiles::default();
             tiles.pack(&b, kk, n);
+            let whole = n / 32 * 32;
             for (cols, packed) in [
-                (0..n, false),
-                (n / 3..n, false),
-                (0..n, true),
-                (n / 3..n, true),
+                (0..n, None),
+                (n / 3..n, None),
+                (0..n, Some(&b[..])),
+                (n / 3..n, Some(&b[..])),
+                (0..whole, Some(&[][..])),
+                (32.min(whole)..whole, Some(&[][..])),
             ] {
                 let mut got = vec![f32::NAN; m * n];
-                if packed {
-                    k.product_f32_packed(&a, m, kk, &b, tiles.tiles(), n, cols.clone(), &mut got);
-                } else {
-                    k.product_f32(&a, m, kk, &b, n, cols.clone(), &mut got);
+                match packed {
+                    Some(b) => {
+                        k.product_f32_packed(&a, m, kk, b, tiles.tiles(), n, cols.clone(), &mut got)
+                    }
+                    None => k.product_f32(&a, m, kk, &b, n, cols.clone(), &mut got),
                 }
                 for i in 0..m {
                     for j in 0..n {
@@ -317,8 +322,9 @@ mod tests {
                         assert_eq!(
                             g.to_bits(),
                             want.to_bits(),
-                            "{:?}: {m}×{kk}·{kk}×{n} at ({i}, {j}), packed {packed}",
-                            k.backend()
+                            "{:?}: {m}×{kk}·{kk}×{n} at ({i}, {j}), packed {:?}",
+                            k.backend(),
+                            packed.map(|b| b.len())
                         );
                     }
                 }

@@ -147,15 +147,23 @@ impl ProductTiles {
     pub fn pack(&mut self, b: &[f32], k: usize, n: usize) {
         const TILE: usize = attn::KEY_TILE;
         assert_eq!(b.len(), k * n, "ProductTiles::pack lengths");
-        self.len = n / TILE * TILE * k;
-        self.at = aligned_at(&mut self.buf, self.len);
-        let tiles = &mut self.buf[self.at..self.at + self.len];
+        let tiles = self.tiles_mut(k, n);
         for (d, row) in b.chunks_exact(n.max(1)).enumerate() {
             for (j, cols) in row.as_chunks::<TILE>().0.iter().enumerate() {
                 let at = (j * k + d) * TILE;
                 tiles[at..at + TILE].copy_from_slice(cols);
             }
         }
+    }
+
+    /// Room for the tiles of a `k × n` matrix, for the caller to fill
+    /// without a row-major copy: tile `j` (columns `32j..32j + 32`) is
+    /// `k` rows of 32 values from `32·k·j`.
+    pub fn tiles_mut(&mut self, k: usize, n: usize) -> &mut [f32] {
+        const TILE: usize = attn::KEY_TILE;
+        self.len = n / TILE * TILE * k;
+        self.at = aligned_at(&mut self.buf, self.len);
+        &mut self.buf[self.at..self.at + self.len]
     }
 
     /// The packed tiles.
@@ -1471,7 +1479,9 @@ impl Kernels {
 
     /// [`Kernels::product_f32`] with `b`'s whole tiles also given packed
     /// ([`ProductTiles::tiles`]), the same bits: for a `b` that many
-    /// products read, packed once. Panics if the lengths do not fit.
+    /// products read, packed once. `b` may be empty when `cols` starts and
+    /// ends on tile boundaries (only the tiles are read then). Panics if the
+    /// lengths do not fit.
     #[allow(clippy::too_many_arguments)]
     pub fn product_f32_packed(
         &self,
@@ -1504,8 +1514,15 @@ impl Kernels {
         cols: std::ops::Range<usize>,
         out: &mut [f32],
     ) {
+        const TILE: usize = attn::KEY_TILE;
+        // Without `b`, every column read must be in a whole tile.
+        let tiles_only =
+            tiles.is_some() && b.is_empty() && cols.start % TILE == 0 && cols.end % TILE == 0;
         assert!(
-            a.len() == m * k && b.len() == k * n && out.len() == m * n && cols.end <= n,
+            a.len() == m * k
+                && (b.len() == k * n || tiles_only)
+                && out.len() == m * n
+                && cols.end <= n,
             "product_f32 lengths"
         );
         if k == 0 {
@@ -1514,7 +1531,6 @@ impl Kernels {
             }
             return;
         }
-        const TILE: usize = attn::KEY_TILE;
         let mut sums = [[0f32; TILE]; attn::PRODUCT_ROWS];
         // Columns outer: a tile of `b` is read by every row of `a` while it
         // is in the cache. When more than one group of rows reads it, the
