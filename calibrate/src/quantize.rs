@@ -484,12 +484,13 @@ fn f32_full(h: &Hessian) -> Vec<f32> {
     out
 }
 
-/// [`f32_full`] as the products' tiles (`h.n` a multiple of 32): tile `j`
-/// holds columns `32j..32j + 32` of every row, each tile made by one task
+/// [`f32_full`] as the products' tiles (`h.n` a multiple of
+/// [`ProductTiles::TILE`], 32): tile `j` holds columns `32j..32j + 32` of
+/// every row, each tile made by one task
 /// (the rows of `H` below the tile are read along, those above it across
 /// its 32 rows).
 fn f32_tiles(h: &Hessian) -> ProductTiles {
-    const TILE: usize = 32;
+    const TILE: usize = ProductTiles::TILE;
     let n = h.n;
     let mut tiles = ProductTiles::default();
     tiles
@@ -984,7 +985,7 @@ pub fn run(
                 let cols = h.n;
                 // The products' tiles alone where the width allows (no
                 // row-major copy to re-tile for every block of scored rows).
-                let (hf, tiles) = if cols % 32 == 0 {
+                let (hf, tiles) = if cols % ProductTiles::TILE == 0 {
                     (Vec::new(), Some(f32_tiles(h)))
                 } else {
                     (f32_full(h), None)

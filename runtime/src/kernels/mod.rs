@@ -143,6 +143,9 @@ pub struct ProductTiles {
 }
 
 impl ProductTiles {
+    /// Columns per tile.
+    pub const TILE: usize = attn::KEY_TILE;
+
     /// Packs `b` (`k × n`).
     pub fn pack(&mut self, b: &[f32], k: usize, n: usize) {
         const TILE: usize = attn::KEY_TILE;
