@@ -477,11 +477,17 @@ fn f32_full(h: &Hessian) -> Vec<f32> {
         .enumerate()
         .for_each(|(i, row)| {
             for (j, v) in row.iter_mut().enumerate() {
-                let (r, c) = if j <= i { (i, j) } else { (j, i) };
-                *v = h.h[r * n + c] as f32;
+                *v = entry_f32(h, i, j);
             }
         });
     out
+}
+
+/// Entry `(i, j)` of the Hessian in `f32`, read from its lower triangle.
+#[inline]
+fn entry_f32(h: &Hessian, i: usize, j: usize) -> f32 {
+    let (r, c) = if j <= i { (i, j) } else { (j, i) };
+    h.h[r * h.n + c] as f32
 }
 
 /// [`f32_full`] as the products' tiles (`h.n` a multiple of
@@ -500,9 +506,7 @@ fn f32_tiles(h: &Hessian) -> ProductTiles {
         .for_each(|(t, tile)| {
             for (i, row) in tile.chunks_exact_mut(TILE).enumerate() {
                 for (c, v) in row.iter_mut().enumerate() {
-                    let j = t * TILE + c;
-                    let (r, c) = if j <= i { (i, j) } else { (j, i) };
-                    *v = h.h[r * n + c] as f32;
+                    *v = entry_f32(h, i, t * TILE + c);
                 }
             }
         });
@@ -985,14 +989,13 @@ pub fn run(
                 let cols = h.n;
                 // The products' tiles alone where the width allows (no
                 // row-major copy to re-tile for every block of scored rows).
-                let (hf, tiles) = if cols % ProductTiles::TILE == 0 {
-                    (Vec::new(), Some(f32_tiles(h)))
+                let (tiles, rows);
+                let hf = if cols % ProductTiles::TILE == 0 {
+                    tiles = f32_tiles(h);
+                    awq::HessianF32::Tiles(tiles.tiles())
                 } else {
-                    (f32_full(h), None)
-                };
-                let hf = match &tiles {
-                    Some(t) => awq::HessianF32::Tiles(t.tiles()),
-                    None => awq::HessianF32::Rows(&hf),
+                    rows = f32_full(h);
+                    awq::HessianF32::Rows(&rows)
                 };
                 let linears: Vec<Linear> = idx
                     .iter()

@@ -148,7 +148,7 @@ impl ProductTiles {
 
     /// Packs `b` (`k × n`).
     pub fn pack(&mut self, b: &[f32], k: usize, n: usize) {
-        const TILE: usize = attn::KEY_TILE;
+        const TILE: usize = ProductTiles::TILE;
         assert_eq!(b.len(), k * n, "ProductTiles::pack lengths");
         let tiles = self.tiles_mut(k, n);
         for (d, row) in b.chunks_exact(n.max(1)).enumerate() {
@@ -163,8 +163,7 @@ impl ProductTiles {
     /// without a row-major copy: tile `j` (columns `32j..32j + 32`) is
     /// `k` rows of 32 values from `32·k·j`.
     pub fn tiles_mut(&mut self, k: usize, n: usize) -> &mut [f32] {
-        const TILE: usize = attn::KEY_TILE;
-        self.len = n / TILE * TILE * k;
+        self.len = n / Self::TILE * Self::TILE * k;
         self.at = aligned_at(&mut self.buf, self.len);
         &mut self.buf[self.at..self.at + self.len]
     }
