@@ -24,7 +24,7 @@
 
 use memwall_format::GgmlType;
 use memwall_format::blocks::F16;
-use memwall_quantize::{IMATRIX_ENCODABLE, quantize_row_imatrix};
+use memwall_quantize::{IMATRIX_ENCODABLE, quantize_row_imatrix, quantize_rows_imatrix};
 use rayon::prelude::*;
 
 use crate::CalibrateError;
@@ -164,18 +164,26 @@ pub fn quantize(
                 .collect();
             let mut grids = Vec::with_capacity(n);
             let no_grid = || CalibrateError::Input(format!("no grid for {ty}"));
+            // Block `k` of every row of the group, encoded together (each
+            // as its own row of one block) through these two buffers.
+            let (mut block_in, mut block_out) = (vec![0f32; n * bs], vec![0u8; n * block_bytes]);
             for k in 0..cols / bs {
                 let cols_k = k * bs..(k + 1) * bs;
                 grids.clear();
-                for r in 0..n {
+                for (r, x) in block_in.chunks_exact_mut(bs).enumerate() {
+                    x.copy_from_slice(&wr[r * cols + cols_k.start..r * cols + cols_k.end]);
+                }
+                quantize_rows_imatrix(
+                    ty,
+                    &block_in,
+                    bs,
+                    &mut block_out,
+                    weights.map(|m| &m[cols_k.clone()]),
+                )
+                .map_err(|e| CalibrateError::Input(e.to_string()))?;
+                for (r, encoded) in block_out.chunks_exact(block_bytes).enumerate() {
                     let bytes = &mut o[r * row_bytes + k * block_bytes..][..block_bytes];
-                    quantize_row_imatrix(
-                        ty,
-                        &wr[r * cols + cols_k.start..r * cols + cols_k.end],
-                        bytes,
-                        weights.map(|m| &m[cols_k.clone()]),
-                    )
-                    .map_err(|e| CalibrateError::Input(e.to_string()))?;
+                    bytes.copy_from_slice(encoded);
                     if !lattice {
                         grids.push(Grid::read(ty, bytes).ok_or_else(no_grid)?);
                     }

@@ -35,9 +35,15 @@ pub struct Hessian {
 impl Hessian {
     /// An empty accumulator for inputs of `n` columns.
     pub fn new(n: usize) -> Self {
+        // Zeros written, not only allocated: the first `add` reads each entry
+        // before writing it, and a page of a fresh zeroed allocation that is
+        // read first maps the shared zero page, so its first write faults a
+        // second time and flushes the other cores' TLBs.
+        let mut h = Vec::with_capacity(n * n);
+        h.resize(n * n, 0.0);
         Hessian {
             n,
-            h: vec![0.0; n * n],
+            h,
             abs_sum: vec![0.0; n],
             tokens: 0,
         }
@@ -86,31 +92,15 @@ impl Hessian {
         let block = |b: usize, (out, abs): (&mut [f64], &mut [f64])| {
             SCRATCH.with_borrow_mut(|(a, sums)| {
                 let (i0, m) = (b * BLOCK, abs.len());
-                // Row j of `a` is column i0 + j of `x` (every value written).
                 a.resize(m * rows, 0.0);
                 let a = &mut a[..m * rows];
-                for (r, row) in x.chunks_exact(n).enumerate() {
-                    for (j, &v) in row[i0..i0 + m].iter().enumerate() {
-                        a[j * rows + r] = v;
-                    }
-                }
-                for (s, col) in abs.iter_mut().zip(a.chunks_exact(rows)) {
-                    *s += col.iter().map(|v| f64::from(v.abs())).sum::<f64>();
-                }
+                gather_columns(x, n, i0, a, abs);
                 // Only the columns `..cols` are written, and only they are read.
                 sums.resize(m * n, 0.0);
                 let sums = &mut sums[..m * n];
                 let cols = (i0 + m).next_multiple_of(32).min(n);
                 kernels.product_f32_packed(a, m, rows, x, tiles, n, 0..cols, sums);
-                for (r, (o, s)) in out
-                    .chunks_exact_mut(n)
-                    .zip(sums.chunks_exact(n))
-                    .enumerate()
-                {
-                    for (o, &s) in o[..=i0 + r].iter_mut().zip(&s[..=i0 + r]) {
-                        *o += f64::from(s);
-                    }
-                }
+                accumulate(out, sums, n, i0);
             })
         };
         let blocks = self
@@ -155,6 +145,77 @@ impl Hessian {
     pub fn mean_abs(&self) -> Vec<f32> {
         let t = self.tokens.max(1) as f64;
         self.abs_sum.iter().map(|&s| (s / t) as f32).collect()
+    }
+}
+
+/// Columns `i0..i0 + m` of `x` (rows of `n`) as the rows of `a` (`m` rows
+/// of one value per row of `x`, every value written), and each column's
+/// absolute values summed in row order, in `f64`, added to `abs` (`m`
+/// sums). All the columns' sums go side by side (a loop the compiler
+/// vectorizes), each the same chain of additions as alone.
+fn gather_columns(x: &[f32], n: usize, i0: usize, a: &mut [f32], abs: &mut [f64]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is present (checked above).
+        return unsafe { gather_columns_avx2(x, n, i0, a, abs) };
+    }
+    gather_columns_portable(x, n, i0, a, abs)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn gather_columns_avx2(x: &[f32], n: usize, i0: usize, a: &mut [f32], abs: &mut [f64]) {
+    gather_columns_portable(x, n, i0, a, abs)
+}
+
+#[inline(always)]
+fn gather_columns_portable(x: &[f32], n: usize, i0: usize, a: &mut [f32], abs: &mut [f64]) {
+    let m = abs.len();
+    let rows = x.len() / n;
+    let mut sums = [0f64; 64];
+    assert!(m <= sums.len(), "at most 64 columns at a time");
+    let sums = &mut sums[..m];
+    for (r, row) in x.chunks_exact(n).enumerate() {
+        let row = &row[i0..i0 + m];
+        for (s, &v) in sums.iter_mut().zip(row) {
+            *s += f64::from(v.abs());
+        }
+        for (j, &v) in row.iter().enumerate() {
+            a[j * rows + r] = v;
+        }
+    }
+    for (s, c) in abs.iter_mut().zip(sums.iter()) {
+        *s += c;
+    }
+}
+
+/// Adds the block's `f32` sums (`m` rows of `n`) to its rows of the `f64`
+/// Hessian `out`, row `r` up to its diagonal (column `i0 + r`).
+fn accumulate(out: &mut [f64], sums: &[f32], n: usize, i0: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is present (checked above).
+        return unsafe { accumulate_avx2(out, sums, n, i0) };
+    }
+    accumulate_portable(out, sums, n, i0)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn accumulate_avx2(out: &mut [f64], sums: &[f32], n: usize, i0: usize) {
+    accumulate_portable(out, sums, n, i0)
+}
+
+#[inline(always)]
+fn accumulate_portable(out: &mut [f64], sums: &[f32], n: usize, i0: usize) {
+    for (r, (o, s)) in out
+        .chunks_exact_mut(n)
+        .zip(sums.chunks_exact(n))
+        .enumerate()
+    {
+        for (o, &s) in o[..=i0 + r].iter_mut().zip(&s[..=i0 + r]) {
+            *o += f64::from(s);
+        }
     }
 }
 

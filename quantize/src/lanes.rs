@@ -187,22 +187,7 @@ pub(crate) fn make_qx_quants<const N: usize, const K: usize>(
     for g in 0..K {
         iscale[g] = -nmaxf / max[g];
     }
-    // Quantizes every group at its candidate scale: quants and the weighted sums Σwxq, Σwq².
-    let fit = |iscale: &[f32; K], l: &mut [[i8; K]; N]| {
-        let (mut sumlx, mut suml2) = ([0f32; K], [0f32; K]);
-        for i in 0..N {
-            for g in 0..K {
-                let v = x[i][g];
-                let q = nearest_int(iscale[g] * v).clamp(-nmax, nmax - 1);
-                l[i][g] = (q + nmax) as i8;
-                let (wi, qf) = (w[i][g], q as f32);
-                sumlx[g] += wi * v * qf;
-                suml2[g] += wi * qf * qf;
-            }
-        }
-        (sumlx, suml2)
-    };
-    let (sumlx, suml2) = fit(&iscale, l);
+    let (sumlx, suml2) = qx_fit(nmax, x, w, &iscale, l);
     let mut scale = [0f32; K];
     let mut best = [0f32; K];
     for g in 0..K {
@@ -218,7 +203,7 @@ pub(crate) fn make_qx_quants<const N: usize, const K: usize>(
         for g in 0..K {
             iscale[g] = -(nmaxf + 0.1 * is as f32) / max[g];
         }
-        let (sumlx, suml2) = fit(&iscale, &mut aux);
+        let (sumlx, suml2) = qx_fit(nmax, x, w, &iscale, &mut aux);
         let mut better = [false; K];
         for g in 0..K {
             better[g] = suml2[g] > 0.0 && sumlx[g] * sumlx[g] > best[g] * suml2[g];
@@ -243,6 +228,31 @@ pub(crate) fn make_qx_quants<const N: usize, const K: usize>(
         }
     }
     scale
+}
+
+/// [`make_qx_quants`]' quantization of every group at its candidate scale:
+/// the quants and the weighted sums Σwxq, Σwq². A function, not a closure,
+/// so that it is inlined into the caller's wider target features.
+#[inline(always)]
+fn qx_fit<const N: usize, const K: usize>(
+    nmax: i32,
+    x: &[[f32; K]; N],
+    w: &[[f32; K]; N],
+    iscale: &[f32; K],
+    l: &mut [[i8; K]; N],
+) -> ([f32; K], [f32; K]) {
+    let (mut sumlx, mut suml2) = ([0f32; K], [0f32; K]);
+    for i in 0..N {
+        for g in 0..K {
+            let v = x[i][g];
+            let q = nearest_int(iscale[g] * v).clamp(-nmax, nmax - 1);
+            l[i][g] = (q + nmax) as i8;
+            let (wi, qf) = (w[i][g], q as f32);
+            sumlx[g] += wi * v * qf;
+            suml2[g] += wi * qf * qf;
+        }
+    }
+    (sumlx, suml2)
 }
 
 /// `make_q3_quants` (Q3_K without an importance matrix: a symmetric fit

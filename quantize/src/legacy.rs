@@ -7,6 +7,7 @@
 use memwall_format::blocks::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, F16};
 
 use crate::kquants::{make_qkx2_quants, make_qx_quants};
+use crate::lanes;
 
 /// The value with the largest magnitude (the first one on ties), as ggml picks it.
 pub(crate) fn signed_max(x: &[f32]) -> f32 {
@@ -135,28 +136,54 @@ pub(crate) fn round_small(x: f32) -> i32 {
 
 /// Q4_0 with importance weights (ggml's `quantize_row_q4_0_impl`): the scale
 /// comes from the weighted fit of `make_qx_quants` instead of the extreme value.
+#[inline(always)]
 pub(crate) fn q4_0_weighted(x: &[f32], y: &mut BlockQ4_0, weights: &[f32]) {
     let mut l = [0i8; 32];
     let d = make_qx_quants(8, x, &mut l, Some(weights));
+    put_q4_0(y, d, &l);
+}
+
+/// Q5_0 with importance weights (ggml's `quantize_row_q5_0_impl`).
+#[inline(always)]
+pub(crate) fn q5_0_weighted(x: &[f32], y: &mut BlockQ5_0, weights: &[f32]) {
+    let mut l = [0i8; 32];
+    let d = make_qx_quants(16, x, &mut l, Some(weights));
+    put_q5_0(y, d, &l);
+}
+
+/// Q4_1 with importance weights (ggml's `quantize_row_q4_1_impl`): scale and
+/// minimum from the weighted sweep of `make_qkx3_quants`.
+#[inline(always)]
+pub(crate) fn q4_1_weighted(x: &[f32], y: &mut BlockQ4_1, weights: &[f32]) {
+    let mut l = [0u8; 32];
+    let (d, min) = make_qkx2_quants(15, x, weights, &mut l, -0.9, 0.05, 36, false);
+    put_q4_1(y, (d, min), &l);
+}
+
+/// Q5_1 with importance weights (ggml's `quantize_row_q5_1_impl`).
+#[inline(always)]
+pub(crate) fn q5_1_weighted(x: &[f32], y: &mut BlockQ5_1, weights: &[f32]) {
+    let mut l = [0u8; 32];
+    let (d, min) = make_qkx2_quants(31, x, weights, &mut l, -0.9, 0.05, 36, false);
+    put_q5_1(y, (d, min), &l);
+}
+
+#[inline(always)]
+fn put_q4_0(y: &mut BlockQ4_0, d: f32, l: &[i8; 32]) {
     y.d = F16::from_f32(d);
     for j in 0..16 {
         y.qs[j] = l[j] as u8 | ((l[j + 16] as u8) << 4);
     }
 }
 
-/// Q5_0 with importance weights (ggml's `quantize_row_q5_0_impl`).
-pub(crate) fn q5_0_weighted(x: &[f32], y: &mut BlockQ5_0, weights: &[f32]) {
-    let mut l = [0i8; 32];
-    let d = make_qx_quants(16, x, &mut l, Some(weights));
+#[inline(always)]
+fn put_q5_0(y: &mut BlockQ5_0, d: f32, l: &[i8; 32]) {
     y.d = F16::from_f32(d);
     (y.qs, y.qh) = pack_5bit(&l.map(|l| l as u32));
 }
 
-/// Q4_1 with importance weights (ggml's `quantize_row_q4_1_impl`): scale and
-/// minimum from the weighted sweep of `make_qkx3_quants`.
-pub(crate) fn q4_1_weighted(x: &[f32], y: &mut BlockQ4_1, weights: &[f32]) {
-    let mut l = [0u8; 32];
-    let (d, min) = make_qkx2_quants(15, x, weights, &mut l, -0.9, 0.05, 36, false);
+#[inline(always)]
+fn put_q4_1(y: &mut BlockQ4_1, (d, min): (f32, f32), l: &[u8; 32]) {
     y.d = F16::from_f32(d);
     y.m = F16::from_f32(-min);
     for j in 0..16 {
@@ -164,17 +191,153 @@ pub(crate) fn q4_1_weighted(x: &[f32], y: &mut BlockQ4_1, weights: &[f32]) {
     }
 }
 
-/// Q5_1 with importance weights (ggml's `quantize_row_q5_1_impl`).
-pub(crate) fn q5_1_weighted(x: &[f32], y: &mut BlockQ5_1, weights: &[f32]) {
-    let mut l = [0u8; 32];
-    let (d, min) = make_qkx2_quants(31, x, weights, &mut l, -0.9, 0.05, 36, false);
+#[inline(always)]
+fn put_q5_1(y: &mut BlockQ5_1, (d, min): (f32, f32), l: &[u8; 32]) {
     y.d = F16::from_f32(d);
     y.m = F16::from_f32(-min);
     (y.qs, y.qh) = pack_5bit(&l.map(u32::from));
 }
 
+/// Blocks whose weighted fits the row encoders below run side by side.
+const LANES: usize = 8;
+
+/// The weighted fits of a row's blocks, [`LANES`] at a time: the values and
+/// weights of eight blocks transposed for `fit` (a `lanes` fit, which gives
+/// each block the one-block fit's bits), then each block's quants and
+/// result handed to `put`. The last `blocks mod LANES` blocks go one by one
+/// through `one`.
+#[inline(always)]
+fn by_lanes<L: Copy + Default, R, B>(
+    x: &[f32],
+    w: &[f32],
+    y: &mut [B],
+    fit: impl Fn(&[[f32; LANES]; 32], &[[f32; LANES]; 32], &mut [[L; LANES]; 32]) -> [R; LANES],
+    put: impl Fn(&mut B, R, &[L; 32]),
+    one: impl Fn(&[f32], &mut B, &[f32]),
+) {
+    let full = y.len() / LANES * LANES;
+    let (lanes_y, rest) = y.split_at_mut(full);
+    for (k, ys) in lanes_y.chunks_exact_mut(LANES).enumerate() {
+        let span = 32 * LANES * k..32 * LANES * (k + 1);
+        let xt = lanes::transpose::<32, LANES>(&x[span.clone()]);
+        let wt = lanes::transpose::<32, LANES>(&w[span]);
+        let mut lt = [[L::default(); LANES]; 32];
+        let fitted = fit(&xt, &wt, &mut lt);
+        for (g, (y, r)) in ys.iter_mut().zip(fitted).enumerate() {
+            put(y, r, &std::array::from_fn(|i| lt[i][g]));
+        }
+    }
+    let x = &x[32 * full..];
+    let w = &w[32 * full..];
+    for ((y, x), w) in rest
+        .iter_mut()
+        .zip(x.chunks_exact(32))
+        .zip(w.chunks_exact(32))
+    {
+        one(x, y, w);
+    }
+}
+
+/// [`q4_0_weighted`] over a row's blocks (`w` one weight per value).
+#[inline(always)]
+pub(crate) fn q4_0_weighted_row(x: &[f32], w: &[f32], y: &mut [BlockQ4_0]) {
+    by_lanes(x, w, y, fit_qx::<8>, put_q4_0, q4_0_weighted);
+}
+
+/// [`q5_0_weighted`] over a row's blocks.
+#[inline(always)]
+pub(crate) fn q5_0_weighted_row(x: &[f32], w: &[f32], y: &mut [BlockQ5_0]) {
+    by_lanes(x, w, y, fit_qx::<16>, put_q5_0, q5_0_weighted);
+}
+
+/// [`q4_1_weighted`] over a row's blocks.
+#[inline(always)]
+pub(crate) fn q4_1_weighted_row(x: &[f32], w: &[f32], y: &mut [BlockQ4_1]) {
+    by_lanes(x, w, y, fit_qkx2::<15>, put_q4_1, q4_1_weighted);
+}
+
+/// [`q5_1_weighted`] over a row's blocks.
+#[inline(always)]
+pub(crate) fn q5_1_weighted_row(x: &[f32], w: &[f32], y: &mut [BlockQ5_1]) {
+    by_lanes(x, w, y, fit_qkx2::<31>, put_q5_1, q5_1_weighted);
+}
+
+/// The symmetric fit of [`q4_0_weighted`] and [`q5_0_weighted`] for
+/// [`LANES`] blocks. (Functions rather than closures: inlined into the
+/// encoders' wider target features.)
+#[inline(always)]
+fn fit_qx<const NMAX: i32>(
+    xt: &[[f32; LANES]; 32],
+    wt: &[[f32; LANES]; 32],
+    lt: &mut [[i8; LANES]; 32],
+) -> [f32; LANES] {
+    lanes::make_qx_quants::<32, LANES>(NMAX, xt, wt, lt)
+}
+
+/// The fit of a scale and a minimum of [`q4_1_weighted`] and
+/// [`q5_1_weighted`] for [`LANES`] blocks, as `(scale, min)` pairs.
+#[inline(always)]
+fn fit_qkx2<const NMAX: i32>(
+    xt: &[[f32; LANES]; 32],
+    wt: &[[f32; LANES]; 32],
+    lt: &mut [[u8; LANES]; 32],
+) -> [(f32, f32); LANES] {
+    let (d, min) = lanes::make_qkx2_quants::<32, LANES>(NMAX, xt, wt, lt, -0.9, 0.05, 36, false);
+    std::array::from_fn(|g| (d[g], min[g]))
+}
+
 #[cfg(test)]
 mod tests {
+    use memwall_format::blocks::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1};
+
+    /// `blocks` blocks of varied values: random, one all zeros, one of
+    /// negligible magnitude, one all positive, one with a repeated extreme.
+    fn row(blocks: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
+        let mut s = seed | 1;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        let mut x: Vec<f32> = (0..32 * blocks).map(|_| next()).collect();
+        let w: Vec<f32> = (0..32 * blocks).map(|_| next() + 0.6).collect();
+        for (b, block) in x.chunks_exact_mut(32).enumerate() {
+            match b % 6 {
+                1 => block.fill(0.0),
+                2 => block.iter_mut().for_each(|v| *v *= 1e-20),
+                3 => block.iter_mut().for_each(|v| *v = v.abs() + 0.05),
+                4 => block[3..9].fill(-0.75),
+                _ => {}
+            }
+        }
+        (x, w)
+    }
+
+    #[test]
+    fn weighted_rows_equal_their_blocks_encoded_one_by_one() {
+        fn check<B: Copy + Default + PartialEq + std::fmt::Debug>(
+            name: &str,
+            row_fn: fn(&[f32], &[f32], &mut [B]),
+            block_fn: fn(&[f32], &mut B, &[f32]),
+        ) {
+            for blocks in [1, 3, 7, 8, 9, 16, 18, 23] {
+                let (x, w) = row(blocks, 0x9e37_79b9 + blocks as u64);
+                let mut by_row = vec![B::default(); blocks];
+                row_fn(&x, &w, &mut by_row);
+                for (b, got) in by_row.iter().enumerate() {
+                    let mut want = B::default();
+                    block_fn(&x[32 * b..32 * b + 32], &mut want, &w[32 * b..32 * b + 32]);
+                    assert_eq!(*got, want, "{name}: block {b} of a row of {blocks}");
+                }
+            }
+        }
+        check::<BlockQ4_0>("Q4_0", super::q4_0_weighted_row, super::q4_0_weighted);
+        check::<BlockQ5_0>("Q5_0", super::q5_0_weighted_row, super::q5_0_weighted);
+        check::<BlockQ4_1>("Q4_1", super::q4_1_weighted_row, super::q4_1_weighted);
+        check::<BlockQ5_1>("Q5_1", super::q5_1_weighted_row, super::q5_1_weighted);
+    }
+
     #[test]
     fn rounding_matches_roundf() {
         let mut x = -300.0f32;

@@ -136,10 +136,51 @@ pub fn quantize_row_imatrix(
             });
         }
     }
+    check(ty, src, dst, imatrix.is_some())?;
+    encode(ty, src, src.len(), dst, imatrix);
+    Ok(())
+}
+
+/// [`quantize_row_imatrix`] of each `row_len` values of `src` (a whole
+/// number of blocks) into the next `row_len / block size` blocks of `dst`,
+/// every row weighted by the same `imatrix` (`row_len` values). The same
+/// bytes as row by row; the legacy 32-weight types fit the blocks of all the
+/// rows side by side (GPTQ encodes one block of many rows at a time).
+pub fn quantize_rows_imatrix(
+    ty: GgmlType,
+    src: &[f32],
+    row_len: usize,
+    dst: &mut [u8],
+    imatrix: Option<&[f32]>,
+) -> Result<(), QuantizeError> {
+    let bs = ty.block_size() as usize;
+    if row_len == 0 || row_len % bs != 0 || src.len() % row_len != 0 {
+        return Err(QuantizeError::Length {
+            ty,
+            src: src.len(),
+            dst: dst.len(),
+        });
+    }
+    if let Some(qw) = imatrix {
+        if qw.len() != row_len {
+            return Err(QuantizeError::ImatrixLength {
+                got: qw.len(),
+                want: row_len,
+            });
+        }
+    }
+    check(ty, src, dst, imatrix.is_some())?;
+    encode(ty, src, row_len, dst, imatrix);
+    Ok(())
+}
+
+/// The checks [`quantize_row_imatrix`] and [`quantize_rows_imatrix`] share:
+/// the type, an importance matrix where the type needs one, the lengths.
+fn check(ty: GgmlType, src: &[f32], dst: &[u8], weighted: bool) -> Result<(), QuantizeError> {
     if !ENCODABLE.contains(&ty) {
         return Err(QuantizeError::Unsupported(ty));
     }
-    if imatrix.is_none() && IMATRIX_REQUIRED.contains(&ty) {
+    if !weighted && IMATRIX_REQUIRED.contains(&ty) {
         return Err(QuantizeError::ImatrixRequired(ty));
     }
     let (bs, ts) = (ty.block_size() as usize, ty.type_size() as usize);
@@ -150,7 +191,6 @@ pub fn quantize_row_imatrix(
             dst: dst.len(),
         });
     }
-    encode(ty, src, dst, imatrix);
     Ok(())
 }
 
@@ -173,26 +213,39 @@ pub(crate) fn wide_vectors() -> bool {
 /// Encodes validated arguments, with the encoders compiled for AVX2 when the
 /// CPU has it. The arithmetic is the same in both builds (Rust never fuses or
 /// reorders float operations); wider vectors only run more groups at once.
-fn encode(ty: GgmlType, src: &[f32], dst: &mut [u8], imatrix: Option<&[f32]>) {
+fn encode(ty: GgmlType, src: &[f32], row_len: usize, dst: &mut [u8], imatrix: Option<&[f32]>) {
     #[cfg(target_arch = "x86_64")]
     if wide_vectors() {
         // SAFETY: the CPU supports AVX2, checked just above.
-        unsafe { encode_avx2(ty, src, dst, imatrix) };
+        unsafe { encode_avx2(ty, src, row_len, dst, imatrix) };
         return;
     }
-    encode_portable(ty, src, dst, imatrix);
+    encode_portable(ty, src, row_len, dst, imatrix);
 }
 
 /// # Safety
 /// The CPU must support AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn encode_avx2(ty: GgmlType, src: &[f32], dst: &mut [u8], imatrix: Option<&[f32]>) {
-    encode_portable(ty, src, dst, imatrix);
+unsafe fn encode_avx2(
+    ty: GgmlType,
+    src: &[f32],
+    row_len: usize,
+    dst: &mut [u8],
+    imatrix: Option<&[f32]>,
+) {
+    encode_portable(ty, src, row_len, dst, imatrix);
 }
 
+/// Encodes the rows of `row_len` values of `src` (validated arguments).
 #[inline(always)]
-fn encode_portable(ty: GgmlType, src: &[f32], dst: &mut [u8], imatrix: Option<&[f32]>) {
+fn encode_portable(
+    ty: GgmlType,
+    src: &[f32],
+    row_len: usize,
+    dst: &mut [u8],
+    imatrix: Option<&[f32]>,
+) {
     match ty {
         GgmlType::F32 => {
             for (x, y) in src.iter().zip(dst.chunks_exact_mut(4)) {
@@ -210,7 +263,7 @@ fn encode_portable(ty: GgmlType, src: &[f32], dst: &mut [u8], imatrix: Option<&[
             }
         }
         _ => memwall_format::with_block!(ty, B => {
-            B::encode_row(src, as_blocks_mut::<B>(dst), imatrix)
+            B::encode_rows(src, row_len, as_blocks_mut::<B>(dst), imatrix)
         }, _ => unreachable!("checked against ENCODABLE")),
     }
 }
@@ -228,27 +281,49 @@ trait Encode: Block {
     /// block's importance weights) when given.
     fn encode(x: &[f32], w: Option<&[f32]>, y: &mut Self);
 
-    /// Encodes a row, block by block.
+    /// Encodes the rows of `row_len` values of `src`, each weighted by
+    /// `imatrix` (`row_len` values) when given.
     #[inline(always)]
-    fn encode_row(src: &[f32], dst: &mut [Self], imatrix: Option<&[f32]>) {
-        let row_weights = match imatrix {
+    fn encode_rows(src: &[f32], row_len: usize, dst: &mut [Self], imatrix: Option<&[f32]>) {
+        let blocks = row_len / Self::WEIGHTS;
+        match imatrix {
+            // Each row's own weights; then all the blocks at once.
             Some(qw) if Self::ROW_WEIGHTS => {
-                let sigma2 = weights::sum_squares(src) / src.len() as f32;
-                Some(weights::importance(src, qw, sigma2))
+                let mut w = Vec::with_capacity(src.len());
+                for row in src.chunks_exact(row_len) {
+                    let sigma2 = weights::sum_squares(row) / row_len as f32;
+                    w.extend(weights::importance(row, qw, sigma2));
+                }
+                Self::encode_weighted(src, &w, dst);
             }
-            _ => None,
-        };
-        let w = row_weights.as_deref().or(imatrix);
-        for (b, (x, y)) in src.chunks_exact(Self::WEIGHTS).zip(dst).enumerate() {
-            let w = w.map(|w| &w[b * Self::WEIGHTS..(b + 1) * Self::WEIGHTS]);
-            Self::encode(x, w, y);
+            Some(qw) => {
+                for (row, y) in src.chunks_exact(row_len).zip(dst.chunks_exact_mut(blocks)) {
+                    Self::encode_weighted(row, qw, y);
+                }
+            }
+            None => {
+                for (x, y) in src.chunks_exact(Self::WEIGHTS).zip(dst) {
+                    Self::encode(x, None, y);
+                }
+            }
+        }
+    }
+
+    /// Encodes a row's blocks weighted by `w` (one weight per value), block
+    /// by block unless the type fits several blocks side by side.
+    #[inline(always)]
+    fn encode_weighted(src: &[f32], w: &[f32], dst: &mut [Self]) {
+        let n = Self::WEIGHTS;
+        for ((x, w), y) in src.chunks_exact(n).zip(w.chunks_exact(n)).zip(dst) {
+            Self::encode(x, Some(w), y);
         }
     }
 }
 
-/// `impl Encode` for a legacy type: its plain encoder, and its weighted one.
+/// `impl Encode` for a legacy type: its plain encoder, and its weighted one
+/// for a block and for a row (eight fits side by side).
 macro_rules! legacy {
-    ($b:ident, $plain:path, $weighted:path) => {
+    ($b:ident, $plain:path, $weighted:path, $weighted_row:path) => {
         impl Encode for $b {
             const ROW_WEIGHTS: bool = true;
             #[inline(always)]
@@ -258,14 +333,38 @@ macro_rules! legacy {
                     None => $plain(x, y),
                 }
             }
+            #[inline(always)]
+            fn encode_weighted(src: &[f32], w: &[f32], dst: &mut [Self]) {
+                $weighted_row(src, w, dst)
+            }
         }
     };
 }
 
-legacy!(BlockQ4_0, legacy::q4_0, legacy::q4_0_weighted);
-legacy!(BlockQ4_1, legacy::q4_1, legacy::q4_1_weighted);
-legacy!(BlockQ5_0, legacy::q5_0, legacy::q5_0_weighted);
-legacy!(BlockQ5_1, legacy::q5_1, legacy::q5_1_weighted);
+legacy!(
+    BlockQ4_0,
+    legacy::q4_0,
+    legacy::q4_0_weighted,
+    legacy::q4_0_weighted_row
+);
+legacy!(
+    BlockQ4_1,
+    legacy::q4_1,
+    legacy::q4_1_weighted,
+    legacy::q4_1_weighted_row
+);
+legacy!(
+    BlockQ5_0,
+    legacy::q5_0,
+    legacy::q5_0_weighted,
+    legacy::q5_0_weighted_row
+);
+legacy!(
+    BlockQ5_1,
+    legacy::q5_1,
+    legacy::q5_1_weighted,
+    legacy::q5_1_weighted_row
+);
 
 /// `impl Encode` for a type whose encoder takes the block's importance weights.
 macro_rules! weighted {
@@ -343,7 +442,10 @@ impl Encode for BlockIq4Nl {
 
     /// Whole rows: eight blocks' scale searches side by side.
     #[inline(always)]
-    fn encode_row(src: &[f32], dst: &mut [Self], imatrix: Option<&[f32]>) {
-        iq4::iq4_nl_row(src, dst, imatrix)
+    fn encode_rows(src: &[f32], row_len: usize, dst: &mut [Self], imatrix: Option<&[f32]>) {
+        let blocks = row_len / Self::WEIGHTS;
+        for (row, y) in src.chunks_exact(row_len).zip(dst.chunks_exact_mut(blocks)) {
+            iq4::iq4_nl_row(row, y, imatrix);
+        }
     }
 }

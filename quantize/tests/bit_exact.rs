@@ -6,7 +6,9 @@ use std::path::Path;
 
 use memwall_format::GgmlType;
 use memwall_format::blocks::{dequantize_row, f16_to_f32};
-use memwall_quantize::{ENCODABLE, quantize_row};
+use memwall_quantize::{
+    ENCODABLE, IMATRIX_REQUIRED, quantize_row, quantize_row_imatrix, quantize_rows_imatrix,
+};
 use proptest::prelude::*;
 use safetensors::SafeTensors;
 
@@ -60,6 +62,62 @@ fn unsupported_types_and_bad_lengths_are_errors() {
     let mut y = [0u8; 18];
     assert!(quantize_row(GgmlType::Q4_0, &x[..31], &mut y).is_err());
     assert!(quantize_row(GgmlType::Q4_0, &x[..32], &mut y[..17]).is_err());
+}
+
+/// `quantize_rows_imatrix` (GPTQ's one block of many rows at a time) writes
+/// each row as `quantize_row_imatrix` alone would, every encodable type,
+/// with and without importance weights, rows of one block and of several.
+#[test]
+fn rows_encoded_together_equal_rows_encoded_one_by_one() {
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    };
+    for ty in ENCODABLE {
+        let bs = ty.block_size() as usize;
+        for blocks_per_row in [1, 3] {
+            let row_len = bs.max(32) / bs * bs * blocks_per_row;
+            let rows = 11;
+            let mut x: Vec<f32> = (0..rows * row_len).map(|_| next()).collect();
+            // A row of zeros and a row of negligible values among them.
+            x[row_len..2 * row_len].fill(0.0);
+            x[3 * row_len..4 * row_len]
+                .iter_mut()
+                .for_each(|v| *v *= 1e-20);
+            let qw: Vec<f32> = (0..row_len).map(|_| next() + 0.6).collect();
+            let rb = ty.tensor_size(&[row_len as u64]).unwrap().bytes as usize;
+            for imatrix in [None, Some(&qw[..])] {
+                if imatrix.is_none() && IMATRIX_REQUIRED.contains(&ty) {
+                    continue;
+                }
+                let mut together = vec![0u8; rows * rb];
+                quantize_rows_imatrix(ty, &x, row_len, &mut together, imatrix).unwrap();
+                for (r, got) in together.chunks_exact(rb).enumerate() {
+                    let mut alone = vec![0u8; rb];
+                    let src = &x[r * row_len..(r + 1) * row_len];
+                    quantize_row_imatrix(ty, src, &mut alone, imatrix).unwrap();
+                    assert!(
+                        got == &alone[..],
+                        "{ty}: row {r} of {rows} rows of {row_len}, imatrix {}",
+                        imatrix.is_some()
+                    );
+                }
+            }
+        }
+    }
+    // Rows that are no whole number of blocks, or an importance matrix of
+    // another length, are errors.
+    let x = [0.5f32; 64];
+    let mut y = [0u8; 36];
+    assert!(quantize_rows_imatrix(GgmlType::Q4_0, &x, 31, &mut y, None).is_err());
+    assert!(quantize_rows_imatrix(GgmlType::Q4_0, &x, 0, &mut y, None).is_err());
+    assert!(quantize_rows_imatrix(GgmlType::Q4_0, &x[..48], 32, &mut y, None).is_err());
+    assert!(quantize_rows_imatrix(GgmlType::Q4_0, &x, 32, &mut y, Some(&x)).is_err());
+    assert!(quantize_rows_imatrix(GgmlType::Q4_0, &x, 32, &mut y[..35], None).is_err());
+    assert!(quantize_rows_imatrix(GgmlType::Q4_0, &x, 32, &mut y, Some(&x[..32])).is_ok());
 }
 
 /// The 32-weight types, whose error has a simple per-element bound.
