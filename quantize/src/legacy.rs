@@ -201,66 +201,59 @@ fn put_q5_1(y: &mut BlockQ5_1, (d, min): (f32, f32), l: &[u8; 32]) {
 /// Blocks whose weighted fits the row encoders below run side by side.
 const LANES: usize = 8;
 
-/// The weighted fits of a row's blocks, [`LANES`] at a time: the values and
-/// weights of eight blocks transposed for `fit` (a `lanes` fit, which gives
-/// each block the one-block fit's bits), then each block's quants and
-/// result handed to `put`. The last `blocks mod LANES` blocks go one by one
-/// through `one`.
-#[inline(always)]
-fn by_lanes<L: Copy + Default, R, B>(
-    x: &[f32],
-    w: &[f32],
-    y: &mut [B],
-    fit: impl Fn(&[[f32; LANES]; 32], &[[f32; LANES]; 32], &mut [[L; LANES]; 32]) -> [R; LANES],
-    put: impl Fn(&mut B, R, &[L; 32]),
-    one: impl Fn(&[f32], &mut B, &[f32]),
-) {
-    let full = y.len() / LANES * LANES;
-    let (lanes_y, rest) = y.split_at_mut(full);
-    for (k, ys) in lanes_y.chunks_exact_mut(LANES).enumerate() {
-        let span = 32 * LANES * k..32 * LANES * (k + 1);
-        let xt = lanes::transpose::<32, LANES>(&x[span.clone()]);
-        let wt = lanes::transpose::<32, LANES>(&w[span]);
-        let mut lt = [[L::default(); LANES]; 32];
-        let fitted = fit(&xt, &wt, &mut lt);
-        for (g, (y, r)) in ys.iter_mut().zip(fitted).enumerate() {
-            put(y, r, &std::array::from_fn(|i| lt[i][g]));
+/// A row encoder of a legacy type with importance weights `w` (one per
+/// value): the weighted fits of the row's blocks [`LANES`] at a time, the
+/// values and weights of eight blocks transposed for `$fit` (a `lanes` fit,
+/// which gives each block the one-block fit's bits), then each block packed
+/// by `$put`; the last `blocks mod LANES` blocks one by one through `$one`.
+/// A macro, so that every call in it is direct and inlined into the
+/// encoders' wider target features (a function passed as `impl Fn` is
+/// called through a shim compiled without them).
+macro_rules! weighted_row {
+    ($(#[$doc:meta])* $name:ident, $block:ty, $l:ty, $fit:path, $put:path, $one:path) => {
+        $(#[$doc])*
+        #[inline(always)]
+        pub(crate) fn $name(x: &[f32], w: &[f32], y: &mut [$block]) {
+            let full = y.len() / LANES * LANES;
+            let (by_lanes, rest) = y.split_at_mut(full);
+            for (k, ys) in by_lanes.chunks_exact_mut(LANES).enumerate() {
+                let span = 32 * LANES * k..32 * LANES * (k + 1);
+                let xt = lanes::transpose::<32, LANES>(&x[span.clone()]);
+                let wt = lanes::transpose::<32, LANES>(&w[span]);
+                let mut lt = [[<$l>::default(); LANES]; 32];
+                let fitted = $fit(&xt, &wt, &mut lt);
+                for (g, (y, r)) in ys.iter_mut().zip(fitted).enumerate() {
+                    let mut l = [<$l>::default(); 32];
+                    for (l, row) in l.iter_mut().zip(&lt) {
+                        *l = row[g];
+                    }
+                    $put(y, r, &l);
+                }
+            }
+            let (x, w) = (&x[32 * full..], &w[32 * full..]);
+            for ((y, x), w) in rest.iter_mut().zip(x.chunks_exact(32)).zip(w.chunks_exact(32)) {
+                $one(x, y, w);
+            }
         }
-    }
-    let x = &x[32 * full..];
-    let w = &w[32 * full..];
-    for ((y, x), w) in rest
-        .iter_mut()
-        .zip(x.chunks_exact(32))
-        .zip(w.chunks_exact(32))
-    {
-        one(x, y, w);
-    }
+    };
 }
 
-/// [`q4_0_weighted`] over a row's blocks (`w` one weight per value).
-#[inline(always)]
-pub(crate) fn q4_0_weighted_row(x: &[f32], w: &[f32], y: &mut [BlockQ4_0]) {
-    by_lanes(x, w, y, fit_qx::<8>, put_q4_0, q4_0_weighted);
-}
-
-/// [`q5_0_weighted`] over a row's blocks.
-#[inline(always)]
-pub(crate) fn q5_0_weighted_row(x: &[f32], w: &[f32], y: &mut [BlockQ5_0]) {
-    by_lanes(x, w, y, fit_qx::<16>, put_q5_0, q5_0_weighted);
-}
-
-/// [`q4_1_weighted`] over a row's blocks.
-#[inline(always)]
-pub(crate) fn q4_1_weighted_row(x: &[f32], w: &[f32], y: &mut [BlockQ4_1]) {
-    by_lanes(x, w, y, fit_qkx2::<15>, put_q4_1, q4_1_weighted);
-}
-
-/// [`q5_1_weighted`] over a row's blocks.
-#[inline(always)]
-pub(crate) fn q5_1_weighted_row(x: &[f32], w: &[f32], y: &mut [BlockQ5_1]) {
-    by_lanes(x, w, y, fit_qkx2::<31>, put_q5_1, q5_1_weighted);
-}
+weighted_row!(
+    /// [`q4_0_weighted`] over a row's blocks.
+    q4_0_weighted_row, BlockQ4_0, i8, fit_qx::<8>, put_q4_0, q4_0_weighted
+);
+weighted_row!(
+    /// [`q5_0_weighted`] over a row's blocks.
+    q5_0_weighted_row, BlockQ5_0, i8, fit_qx::<16>, put_q5_0, q5_0_weighted
+);
+weighted_row!(
+    /// [`q4_1_weighted`] over a row's blocks.
+    q4_1_weighted_row, BlockQ4_1, u8, fit_qkx2::<15>, put_q4_1, q4_1_weighted
+);
+weighted_row!(
+    /// [`q5_1_weighted`] over a row's blocks.
+    q5_1_weighted_row, BlockQ5_1, u8, fit_qkx2::<31>, put_q5_1, q5_1_weighted
+);
 
 /// The symmetric fit of [`q4_0_weighted`] and [`q5_0_weighted`] for
 /// [`LANES`] blocks. (Functions rather than closures: inlined into the
