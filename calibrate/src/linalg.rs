@@ -18,6 +18,10 @@ thread_local! {
     static TILES: RefCell<ProductTiles> = RefCell::new(ProductTiles::default());
 }
 
+/// Rows of H per block of [`Hessian::add`] (six go through the product at
+/// a time).
+const BLOCK: usize = 36;
+
 /// `Σ xᵀx` over the rows `x` of every input seen, and `Σ |x|` per column.
 #[derive(Clone, Debug)]
 pub struct Hessian {
@@ -83,9 +87,7 @@ impl Hessian {
         // Blocks of rows of H, each computing the columns up to its last row
         // (rounded up to whole tiles of the product: the upper triangle's
         // extra values are not kept), from its own columns of `x` gathered
-        // as rows, whose absolute values it also sums. Six rows go through
-        // the product at a time.
-        const BLOCK: usize = 36;
+        // as rows, whose absolute values it also sums ([`BLOCK`] rows).
         // Block `b`'s rows of H (`out`) and absolute sums (`abs`), through a
         // thread's buffers (kept: fresh ones of this size cost a page fault
         // per 4 KiB on every call).
@@ -150,8 +152,8 @@ impl Hessian {
 
 /// Columns `i0..i0 + m` of `x` (rows of `n`) as the rows of `a` (`m` rows
 /// of one value per row of `x`, every value written), and each column's
-/// absolute values summed in row order, in `f64`, added to `abs` (`m`
-/// sums). All the columns' sums go side by side (a loop the compiler
+/// absolute values summed in row order, in `f64`, added to `abs` (`m` sums,
+/// at most [`BLOCK`]). All the columns' sums go side by side (a loop the compiler
 /// vectorizes), each the same chain of additions as alone.
 fn gather_columns(x: &[f32], n: usize, i0: usize, a: &mut [f32], abs: &mut [f64]) {
     #[cfg(target_arch = "x86_64")]
@@ -172,8 +174,7 @@ fn gather_columns_avx2(x: &[f32], n: usize, i0: usize, a: &mut [f32], abs: &mut 
 fn gather_columns_portable(x: &[f32], n: usize, i0: usize, a: &mut [f32], abs: &mut [f64]) {
     let m = abs.len();
     let rows = x.len() / n;
-    let mut sums = [0f64; 64];
-    assert!(m <= sums.len(), "at most 64 columns at a time");
+    let mut sums = [0f64; BLOCK];
     let sums = &mut sums[..m];
     for (r, row) in x.chunks_exact(n).enumerate() {
         let row = &row[i0..i0 + m];

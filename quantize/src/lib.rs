@@ -128,15 +128,7 @@ pub fn quantize_row_imatrix(
     dst: &mut [u8],
     imatrix: Option<&[f32]>,
 ) -> Result<(), QuantizeError> {
-    if let Some(qw) = imatrix {
-        if qw.len() != src.len() {
-            return Err(QuantizeError::ImatrixLength {
-                got: qw.len(),
-                want: src.len(),
-            });
-        }
-    }
-    check(ty, src, dst, imatrix.is_some())?;
+    check(ty, src, src.len(), dst, imatrix)?;
     encode(ty, src, src.len(), dst, imatrix);
     Ok(())
 }
@@ -161,6 +153,21 @@ pub fn quantize_rows_imatrix(
             dst: dst.len(),
         });
     }
+    check(ty, src, row_len, dst, imatrix)?;
+    encode(ty, src, row_len, dst, imatrix);
+    Ok(())
+}
+
+/// The checks [`quantize_row_imatrix`] and [`quantize_rows_imatrix`] share:
+/// an importance matrix of one value per column of a row (`row_len`), the
+/// type, an importance matrix where the type needs one, the lengths.
+fn check(
+    ty: GgmlType,
+    src: &[f32],
+    row_len: usize,
+    dst: &[u8],
+    imatrix: Option<&[f32]>,
+) -> Result<(), QuantizeError> {
     if let Some(qw) = imatrix {
         if qw.len() != row_len {
             return Err(QuantizeError::ImatrixLength {
@@ -169,18 +176,10 @@ pub fn quantize_rows_imatrix(
             });
         }
     }
-    check(ty, src, dst, imatrix.is_some())?;
-    encode(ty, src, row_len, dst, imatrix);
-    Ok(())
-}
-
-/// The checks [`quantize_row_imatrix`] and [`quantize_rows_imatrix`] share:
-/// the type, an importance matrix where the type needs one, the lengths.
-fn check(ty: GgmlType, src: &[f32], dst: &[u8], weighted: bool) -> Result<(), QuantizeError> {
     if !ENCODABLE.contains(&ty) {
         return Err(QuantizeError::Unsupported(ty));
     }
-    if !weighted && IMATRIX_REQUIRED.contains(&ty) {
+    if imatrix.is_none() && IMATRIX_REQUIRED.contains(&ty) {
         return Err(QuantizeError::ImatrixRequired(ty));
     }
     let (bs, ts) = (ty.block_size() as usize, ty.type_size() as usize);
