@@ -181,6 +181,29 @@ column_entry!(
     |b: &BlockQ6K| [b.d.bits(), 0]
 );
 pub(super) fn r_f16w_f32(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
+    f16w_rows::<true>(w, cols, a, out, stride);
+}
+
+/// [`r_f16w_f32`] whose one-token rows are read without software prefetches
+/// (see [`TABLE_AMD`]).
+pub(super) fn r_f16w_f32_streamed(
+    w: &[u8],
+    cols: usize,
+    a: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) {
+    f16w_rows::<false>(w, cols, a, out, stride);
+}
+
+#[inline]
+fn f16w_rows<const PREFETCH: bool>(
+    w: &[u8],
+    cols: usize,
+    a: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) {
     let tokens = a.len() / cols;
     if tokens >= 2 {
         // SAFETY: as for `entry!`.
@@ -189,7 +212,7 @@ pub(super) fn r_f16w_f32(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stri
     }
     for (r, w) in w.chunks_exact(2 * cols).enumerate() {
         // SAFETY: as for `entry!`.
-        unsafe { f16w_rows_f32(w, a, &mut out[r * stride..][..tokens]) }
+        unsafe { f16w_rows_f32::<PREFETCH>(w, a, &mut out[r * stride..][..tokens]) }
     }
 }
 
@@ -198,12 +221,15 @@ fn r_f16_wide(w: &[f32], cols: usize, a: &[f32], out: &mut [f32], stride: usize)
     unsafe { f16_rows_any::<true>(&[], w, cols, a, out, stride) };
 }
 
-/// The AVX2 table for CPUs that convert f16 to f32 beside their
-/// multiply-adds (AMD's, see [`super::converts_f16_aside`]): the F16 tiles
-/// convert their weight rows in the loop, since a widened copy only doubles
-/// the bytes they read. The same bits either way.
-pub(crate) static TABLE_CONVERTING: DotTable = DotTable {
+/// The AVX2 table for AMD's cores ([`super::amd_cores`]): they convert f16
+/// to f32 beside their multiply-adds, so the F16 tiles convert their weight
+/// rows in the loop (a widened copy only doubles the bytes they read), and
+/// their hardware prefetchers stream a decoded token's F16 rows faster
+/// without the software prefetches Intel's cores want. The same bits either
+/// way.
+pub(crate) static TABLE_AMD: DotTable = DotTable {
     rows: RowsTable {
+        f16_f32: Some(r_f16w_f32_streamed),
         f16_wide: None,
         ..TABLE.rows
     },
@@ -2633,17 +2659,22 @@ fn f16w(w: &[u8], a: &[u16]) -> f32 {
 /// or more go to [`f16_rows`]); each row keeps the 32 partials and order of
 /// [`f16w`] (fused multiply-adds: the products are exact).
 #[target_feature(enable = "avx2,fma,f16c")]
-fn f16w_rows_f32(w: &[u8], a: &[f32], out: &mut [f32]) {
+fn f16w_rows_f32<const PREFETCH: bool>(w: &[u8], a: &[f32], out: &mut [f32]) {
     let cols = w.len() / 2;
     assert_eq!(a.len(), out.len() * cols, "f16w_rows lengths");
     for (t, o) in out.chunks_exact_mut(1).enumerate() {
-        f16w_group::<1>(w, &a[t * cols..], cols, o);
+        f16w_group::<1, PREFETCH>(w, &a[t * cols..], cols, o);
     }
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn f16w_group<const M: usize>(w: &[u8], a: &[f32], cols: usize, out: &mut [f32]) {
+fn f16w_group<const M: usize, const PREFETCH: bool>(
+    w: &[u8],
+    a: &[f32],
+    cols: usize,
+    out: &mut [f32],
+) {
     let mut acc = [[_mm256_setzero_ps(); 4]; M];
     // Thirty-two columns: accumulator `k` of each token takes columns
     // `8k..8k + 8` (fixed-size chunks: no bounds checks inside).
@@ -2658,7 +2689,9 @@ fn f16w_group<const M: usize>(w: &[u8], a: &[f32], cols: usize, out: &mut [f32])
     let (steps, _) = w[..2 * cols].as_chunks::<64>();
     let rows: [&[[f32; 32]]; M] = std::array::from_fn(|j| a[j * cols..][..cols].as_chunks().0);
     for (c, ws) in steps.iter().enumerate() {
-        prefetch_ahead(ws, 64);
+        if PREFETCH {
+            prefetch_ahead(ws, 64);
+        }
         step(&mut acc, ws, std::array::from_fn(|j| &rows[j][c]));
     }
     // The last `cols mod 32` columns: one more step, padded with zeros.
@@ -2959,6 +2992,49 @@ mod tests {
                 // SAFETY: AVX2 was probed above.
                 unsafe { q8_0_block(&x, &mut got) };
                 assert_eq!(got, want, "case {case}: {x:?}");
+            }
+        }
+    }
+
+    /// One token's F16 rows read with software prefetches (Intel's table)
+    /// and without (AMD's) give the same bits, at widths with and without a
+    /// column tail, and both are the row's dot product.
+    #[test]
+    fn f16_rows_of_one_token_are_the_same_bits_with_or_without_prefetches() {
+        if !super::super::has_avx2() {
+            return;
+        }
+        let mut seed = 0x0f16_0001_7a11_5eedu64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        for cols in [1, 33, 576, 769, 1536, 2081, 9000] {
+            for rows in [1, 2, 5] {
+                let h: Vec<u16> = (0..rows * cols)
+                    .map(|_| memwall_format::blocks::f32_to_f16(next()))
+                    .collect();
+                let w: Vec<u8> = h.iter().flat_map(|h| h.to_le_bytes()).collect();
+                let a: Vec<f32> = (0..cols).map(|_| next()).collect();
+                let (mut with, mut without) = (vec![0f32; rows * 3], vec![1f32; rows * 3]);
+                r_f16w_f32(&w, cols, &a, &mut with, 3);
+                r_f16w_f32_streamed(&w, cols, &a, &mut without, 3);
+                for r in 0..rows {
+                    let (x, y) = (with[r * 3], without[r * 3]);
+                    assert_eq!(x.to_bits(), y.to_bits(), "{rows}×{cols}: row {r}");
+                    let exact: f64 = (0..cols)
+                        .map(|c| {
+                            let wv = memwall_format::blocks::f16_to_f32(h[r * cols + c]);
+                            f64::from(wv) * f64::from(a[c])
+                        })
+                        .sum();
+                    assert!(
+                        (f64::from(x) - exact).abs() <= 1e-4 * (1.0 + exact.abs()),
+                        "{rows}×{cols}: row {r}: {x} against {exact}"
+                    );
+                }
             }
         }
     }

@@ -154,12 +154,14 @@ pub(crate) fn has_neon_dot() -> bool {
     false
 }
 
-/// Whether this CPU's f16 → f32 conversions (`vcvtph2ps`) run beside its
-/// multiply-adds rather than on the same ports: AMD's (and Hygon's) Zen
-/// cores, where they are free inside a multiply-add loop; on Intel's they
-/// take a multiply-add port.
+/// Whether this is one of AMD's (or Hygon's) Zen cores, whose tables differ
+/// from Intel's in two measured ways (docs/BENCHMARKS.md): f16 → f32
+/// conversions (`vcvtph2ps`) run beside the multiply-adds rather than on
+/// their ports, so they are free inside a multiply-add loop; and software
+/// prefetches slow a decoded token's F16 rows, which the hardware
+/// prefetchers stream faster alone.
 #[cfg(target_arch = "x86_64")]
-fn converts_f16_aside() -> bool {
+fn amd_cores() -> bool {
     static ASIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ASIDE.get_or_init(|| {
         let id = std::arch::x86_64::__cpuid(0);
@@ -173,9 +175,11 @@ fn converts_f16_aside() -> bool {
 pub(crate) fn table(backend: Backend) -> Option<&'static DotTable> {
     match backend {
         #[cfg(target_arch = "x86_64")]
-        Backend::Avx2 if converts_f16_aside() => Some(&avx2::TABLE_CONVERTING),
+        Backend::Avx2 if amd_cores() => Some(&avx2::TABLE_AMD),
         #[cfg(target_arch = "x86_64")]
         Backend::Avx2 => Some(&avx2::TABLE),
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx512 if amd_cores() => Some(&avx512::TABLE_AMD),
         #[cfg(target_arch = "x86_64")]
         Backend::Avx512 => Some(&avx512::TABLE),
         #[cfg(target_arch = "aarch64")]
