@@ -316,6 +316,13 @@ impl<'a> Model<'a> {
         let c = &self.config;
         let t_n = tokens.len();
         let e = c.n_embd;
+        if t_n == 1 {
+            // A decoded token needs far smaller buffers than the batch before
+            // it left: they go back to the system now. Batches in a row (a
+            // long prompt's micro-batches, perplexity's chunks, repeated
+            // prompts) keep them, faulted in once.
+            self.spare.clear();
+        }
         let mut x = self.embed(tokens)?;
         let tables = Tables::new(c, session.n_past, t_n);
         let mut h = vec![0f32; t_n * e];
@@ -334,9 +341,6 @@ impl<'a> Model<'a> {
             self.layer_step(l, &mut x, &mut h, &tables, session, Rows::From(keep))?;
         }
         session.n_past += t_n;
-        // The layers shared the spare buffers; the next call (one decoded
-        // token, typically) needs far smaller ones.
-        self.spare.clear();
         let rows = t_n - first;
         let mut out = vec![0f32; rows * e];
         self.norm(&x[first * e..], &self.output_norm, &mut out);
