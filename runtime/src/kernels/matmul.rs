@@ -289,7 +289,17 @@ fn run(
         .f16_rows_f32()
         .filter(|_| w.ty == GgmlType::F16 && wide.len() == t_n * w.cols);
     if t_n == 1 {
+        // F16 weights on a backend that converts one token's f16 activations
+        // in the loop (AMD's): the same bits as over the widened ones.
+        let halves = match (kernels.f16_row_f16(), acts.row(0)) {
+            (Some(f), super::ActRow::F16(h)) if w.ty == GgmlType::F16 => Some((f, h)),
+            _ => None,
+        };
         for_each_chunk(pool, y, chunk, |c, ys| {
+            if let Some((row_f16, h)) = halves {
+                row_f16(w.row_span(c * chunk, ys.len()), w.cols, h, ys);
+                return;
+            }
             if let Some(rows_f32) = widened {
                 rows_f32(w.row_span(c * chunk, ys.len()), w.cols, wide, ys, 1);
                 return;

@@ -914,6 +914,14 @@ pub(crate) type RowsQ8<B> = fn(&[B], usize, Q8Rows<'_>, &mut [f32], usize);
 /// all the rows of a task). `cols` is not 0.
 pub(crate) type RowsF16F32 = fn(&[u8], usize, &[f32], &mut [f32], usize);
 
+/// F16 weight rows against one token's f16 activations (its
+/// [`ActRow::F16`]), both converted in the loop: `(w, cols, a, out)` with
+/// `w` holding `out.len()` whole rows of `cols` weights; `out[r]` gets the
+/// bits of [`RowsF16F32`] over the widened activations. For decoding on
+/// CPUs whose conversions run beside the multiply-adds: a wide row's
+/// activations then take half the bytes in L1.
+pub(crate) type RowF16F16 = fn(&[u8], usize, &[u16], &mut [f32]);
+
 /// [`RowsF16F32`] with the weight rows already widened to `f32` (each value
 /// exactly an f16, [`attn::widen_f16_le`]): `(w, cols, a, out, stride)` with
 /// `w` holding whole rows of `cols` floats; the same bits. Matmul widens a
@@ -984,6 +992,7 @@ impl ColumnsTable {
 #[derive(Clone, Copy)]
 pub(crate) struct RowsTable {
     pub(crate) f16_f32: Option<RowsF16F32>,
+    pub(crate) f16_f16: Option<RowF16F16>,
     pub(crate) f16_wide: Option<RowsWideF16>,
     pub(crate) q4_k: Option<RowsK<BlockQ4K>>,
     pub(crate) q6_k: Option<RowsK<BlockQ6K>>,
@@ -1013,6 +1022,7 @@ impl RowsTable {
     /// No several-row products.
     pub(crate) const NONE: RowsTable = RowsTable {
         f16_f32: None,
+        f16_f16: None,
         f16_wide: None,
         q4_k: None,
         q6_k: None,
@@ -1367,6 +1377,11 @@ impl Kernels {
     /// `f32` (see [`RowsF16F32`]).
     pub(crate) fn f16_rows_f32(&self) -> Option<RowsF16F32> {
         self.table.rows.f16_f32
+    }
+
+    /// The backend's [`RowF16F16`], if it has one.
+    pub(crate) fn f16_row_f16(&self) -> Option<RowF16F16> {
+        self.table.rows.f16_f16
     }
 
     /// The backend's tiled product for `ty`, with the type's panel layout.

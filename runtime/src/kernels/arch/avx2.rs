@@ -181,29 +181,6 @@ column_entry!(
     |b: &BlockQ6K| [b.d.bits(), 0]
 );
 pub(super) fn r_f16w_f32(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
-    f16w_rows::<true>(w, cols, a, out, stride);
-}
-
-/// [`r_f16w_f32`] whose one-token rows are read without software prefetches
-/// (see [`TABLE_AMD`]).
-pub(super) fn r_f16w_f32_streamed(
-    w: &[u8],
-    cols: usize,
-    a: &[f32],
-    out: &mut [f32],
-    stride: usize,
-) {
-    f16w_rows::<false>(w, cols, a, out, stride);
-}
-
-#[inline]
-fn f16w_rows<const PREFETCH: bool>(
-    w: &[u8],
-    cols: usize,
-    a: &[f32],
-    out: &mut [f32],
-    stride: usize,
-) {
     let tokens = a.len() / cols;
     if tokens >= 2 {
         // SAFETY: as for `entry!`.
@@ -212,8 +189,15 @@ fn f16w_rows<const PREFETCH: bool>(
     }
     for (r, w) in w.chunks_exact(2 * cols).enumerate() {
         // SAFETY: as for `entry!`.
-        unsafe { f16w_rows_f32::<PREFETCH>(w, a, &mut out[r * stride..][..tokens]) }
+        unsafe { f16w_rows_f32(w, a, &mut out[r * stride..][..tokens]) }
     }
+}
+
+/// [`RowF16F16`](crate::kernels::RowF16F16), for AMD's cores (see
+/// [`TABLE_AMD`]).
+pub(super) fn r_f16w_f16(w: &[u8], cols: usize, a: &[u16], out: &mut [f32]) {
+    // SAFETY: as for `entry!`.
+    unsafe { f16w_rows_f16(w, cols, a, out) }
 }
 
 fn r_f16_wide(w: &[f32], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
@@ -223,13 +207,14 @@ fn r_f16_wide(w: &[f32], cols: usize, a: &[f32], out: &mut [f32], stride: usize)
 
 /// The AVX2 table for AMD's cores ([`super::amd_cores`]): they convert f16
 /// to f32 beside their multiply-adds, so the F16 tiles convert their weight
-/// rows in the loop (a widened copy only doubles the bytes they read), and
-/// their hardware prefetchers stream a decoded token's F16 rows faster
-/// without the software prefetches Intel's cores want. The same bits either
-/// way.
+/// rows in the loop (a widened copy only doubles the bytes they read), and a
+/// decoded token's F16 rows meet its f16 activations converted in the loop
+/// too (`f16_f16`: half the bytes of the widened ones, so a wide row's stay
+/// in L1), without software prefetches (their hardware prefetchers stream
+/// the rows faster alone). The same bits either way.
 pub(crate) static TABLE_AMD: DotTable = DotTable {
     rows: RowsTable {
-        f16_f32: Some(r_f16w_f32_streamed),
+        f16_f16: Some(r_f16w_f16),
         f16_wide: None,
         ..TABLE.rows
     },
@@ -246,6 +231,7 @@ pub(crate) static TABLE: DotTable = memwall_format::block_types!([block_table] e
     dot_f16_f16: e_dot_f16_f16,
     rows: RowsTable {
         f16_f32: Some(r_f16w_f32),
+        f16_f16: None,
         f16_wide: Some(r_f16_wide),
         q4_k: Some(r_q4_k),
         q6_k: Some(r_q6_k),
@@ -2659,22 +2645,55 @@ fn f16w(w: &[u8], a: &[u16]) -> f32 {
 /// or more go to [`f16_rows`]); each row keeps the 32 partials and order of
 /// [`f16w`] (fused multiply-adds: the products are exact).
 #[target_feature(enable = "avx2,fma,f16c")]
-fn f16w_rows_f32<const PREFETCH: bool>(w: &[u8], a: &[f32], out: &mut [f32]) {
+fn f16w_rows_f32(w: &[u8], a: &[f32], out: &mut [f32]) {
     let cols = w.len() / 2;
     assert_eq!(a.len(), out.len() * cols, "f16w_rows lengths");
     for (t, o) in out.chunks_exact_mut(1).enumerate() {
-        f16w_group::<1, PREFETCH>(w, &a[t * cols..], cols, o);
+        f16w_group::<1>(w, &a[t * cols..], cols, o);
+    }
+}
+
+/// F16 weight rows against one token's f16 activations, both converted in
+/// the loop: each row the 32 partials and order of [`f16w`] (the values
+/// are those of the widened activations, so the bits are
+/// [`f16w_rows_f32`]'s). No software prefetches: for AMD's cores.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16w_rows_f16(w: &[u8], cols: usize, a: &[u16], out: &mut [f32]) {
+    assert!(
+        a.len() == cols && w.len() == 2 * cols * out.len(),
+        "f16w_rows_f16 lengths"
+    );
+    let (steps, _) = a.as_chunks::<32>();
+    let full = 32 * steps.len();
+    // The last `cols mod 32` columns: one more step, padded with zeros (a
+    // +0 product leaves a partial unchanged).
+    let mut tail_a = [0u16; 32];
+    tail_a[..cols - full].copy_from_slice(&a[full..]);
+    for (row, o) in w.chunks_exact(2 * cols).zip(out) {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let step = |acc: &mut [__m256; 4], ws: &[u8; 64], xs: &[u16; 32]| {
+            for k in 0..4 {
+                let x = cvt_h(&ws[16 * k..16 * k + 16]);
+                let y = _mm256_cvtph_ps(ld128(&xs[8 * k..8 * k + 8]));
+                acc[k] = madd_exact(acc[k], x, y);
+            }
+        };
+        let (ws, _) = row.as_chunks::<64>();
+        for (ws, xs) in ws.iter().zip(steps) {
+            step(&mut acc, ws, xs);
+        }
+        if full < cols {
+            let mut tail_w = [0u8; 64];
+            tail_w[..2 * (cols - full)].copy_from_slice(&row[2 * full..]);
+            step(&mut acc, &tail_w, &tail_a);
+        }
+        *o = fold32_ps(acc);
     }
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn f16w_group<const M: usize, const PREFETCH: bool>(
-    w: &[u8],
-    a: &[f32],
-    cols: usize,
-    out: &mut [f32],
-) {
+fn f16w_group<const M: usize>(w: &[u8], a: &[f32], cols: usize, out: &mut [f32]) {
     let mut acc = [[_mm256_setzero_ps(); 4]; M];
     // Thirty-two columns: accumulator `k` of each token takes columns
     // `8k..8k + 8` (fixed-size chunks: no bounds checks inside).
@@ -2689,9 +2708,7 @@ fn f16w_group<const M: usize, const PREFETCH: bool>(
     let (steps, _) = w[..2 * cols].as_chunks::<64>();
     let rows: [&[[f32; 32]]; M] = std::array::from_fn(|j| a[j * cols..][..cols].as_chunks().0);
     for (c, ws) in steps.iter().enumerate() {
-        if PREFETCH {
-            prefetch_ahead(ws, 64);
-        }
+        prefetch_ahead(ws, 64);
         step(&mut acc, ws, std::array::from_fn(|j| &rows[j][c]));
     }
     // The last `cols mod 32` columns: one more step, padded with zeros.
@@ -2996,11 +3013,12 @@ mod tests {
         }
     }
 
-    /// One token's F16 rows read with software prefetches (Intel's table)
-    /// and without (AMD's) give the same bits, at widths with and without a
-    /// column tail, and both are the row's dot product.
+    /// One token's F16 rows against its widened activations (Intel's
+    /// table) and against its f16 activations converted in the loop (AMD's)
+    /// give the same bits, at widths with and without a column tail, and
+    /// both are the row's dot product.
     #[test]
-    fn f16_rows_of_one_token_are_the_same_bits_with_or_without_prefetches() {
+    fn f16_rows_of_one_token_are_the_same_bits_against_f16_or_widened_activations() {
         if !super::super::has_avx2() {
             return;
         }
@@ -3011,24 +3029,22 @@ mod tests {
             seed ^= seed << 17;
             (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
         };
+        let f16 = memwall_format::blocks::f32_to_f16;
+        let f32_of = memwall_format::blocks::f16_to_f32;
         for cols in [1, 33, 576, 769, 1536, 2081, 9000] {
             for rows in [1, 2, 5] {
-                let h: Vec<u16> = (0..rows * cols)
-                    .map(|_| memwall_format::blocks::f32_to_f16(next()))
-                    .collect();
+                let h: Vec<u16> = (0..rows * cols).map(|_| f16(next())).collect();
                 let w: Vec<u8> = h.iter().flat_map(|h| h.to_le_bytes()).collect();
-                let a: Vec<f32> = (0..cols).map(|_| next()).collect();
-                let (mut with, mut without) = (vec![0f32; rows * 3], vec![1f32; rows * 3]);
-                r_f16w_f32(&w, cols, &a, &mut with, 3);
-                r_f16w_f32_streamed(&w, cols, &a, &mut without, 3);
+                let ah: Vec<u16> = (0..cols).map(|_| f16(next())).collect();
+                let a: Vec<f32> = ah.iter().map(|&v| f32_of(v)).collect();
+                let (mut wide, mut halves) = (vec![0f32; rows * 3], vec![1f32; rows]);
+                r_f16w_f32(&w, cols, &a, &mut wide, 3);
+                r_f16w_f16(&w, cols, &ah, &mut halves);
                 for r in 0..rows {
-                    let (x, y) = (with[r * 3], without[r * 3]);
+                    let (x, y) = (wide[r * 3], halves[r]);
                     assert_eq!(x.to_bits(), y.to_bits(), "{rows}×{cols}: row {r}");
                     let exact: f64 = (0..cols)
-                        .map(|c| {
-                            let wv = memwall_format::blocks::f16_to_f32(h[r * cols + c]);
-                            f64::from(wv) * f64::from(a[c])
-                        })
+                        .map(|c| f64::from(f32_of(h[r * cols + c])) * f64::from(a[c]))
                         .sum();
                     assert!(
                         (f64::from(x) - exact).abs() <= 1e-4 * (1.0 + exact.abs()),

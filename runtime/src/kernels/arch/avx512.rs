@@ -126,26 +126,16 @@ fn r_f16w_f32(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) 
     unsafe { f16_rows(w, cols, a, out, stride) }
 }
 
-/// [`r_f16w_f32`] with AVX2's one-token rows read without software
-/// prefetches (see [`TABLE_AMD`]).
-fn r_f16w_f32_streamed(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
-    if a.len() == cols {
-        return avx2::r_f16w_f32_streamed(w, cols, a, out, stride);
-    }
-    // SAFETY: as for `entry!`.
-    unsafe { f16_rows(w, cols, a, out, stride) }
-}
-
 fn r_f16_wide(w: &[f32], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
     // SAFETY: as for `entry!`.
     unsafe { f16_rows_wide(w, cols, a, out, stride) }
 }
 
-/// The AVX-512 table for AMD's cores: one token's F16 rows read without
-/// software prefetches, as in [`avx2::TABLE_AMD`].
+/// The AVX-512 table for AMD's cores: one token's F16 rows against its f16
+/// activations, as in [`avx2::TABLE_AMD`].
 pub(crate) static TABLE_AMD: DotTable = DotTable {
     rows: RowsTable {
-        f16_f32: Some(r_f16w_f32_streamed),
+        f16_f16: Some(avx2::r_f16w_f16),
         ..TABLE.rows
     },
     ..TABLE

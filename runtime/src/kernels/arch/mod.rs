@@ -157,9 +157,10 @@ pub(crate) fn has_neon_dot() -> bool {
 /// Whether this is one of AMD's (or Hygon's) Zen cores, whose tables differ
 /// from Intel's in two measured ways (docs/BENCHMARKS.md): f16 → f32
 /// conversions (`vcvtph2ps`) run beside the multiply-adds rather than on
-/// their ports, so they are free inside a multiply-add loop; and software
-/// prefetches slow a decoded token's F16 rows, which the hardware
-/// prefetchers stream faster alone.
+/// their ports, so they are free inside a multiply-add loop (a decoded
+/// token's F16 rows meet its f16 activations converted there too); and
+/// software prefetches slow those rows, which the hardware prefetchers
+/// stream faster alone.
 #[cfg(target_arch = "x86_64")]
 fn amd_cores() -> bool {
     static ASIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
