@@ -123,7 +123,17 @@ fn r_f16w_f32(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) 
         return avx2::r_f16w_f32(w, cols, a, out, stride);
     }
     // SAFETY: as for `entry!`.
-    unsafe { f16_rows(w, cols, a, out, stride) }
+    unsafe { f16_rows(w, cols, a, out, stride, true) }
+}
+
+/// [`r_f16w_f32`] whose tiles convert their f16 rows in the loop, never
+/// widening them (see [`TABLE_AMD`]).
+fn r_f16w_f32_converting(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
+    if a.len() == cols {
+        return avx2::r_f16w_f32(w, cols, a, out, stride);
+    }
+    // SAFETY: as for `entry!`.
+    unsafe { f16_rows(w, cols, a, out, stride, false) }
 }
 
 fn r_f16_wide(w: &[f32], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
@@ -131,11 +141,14 @@ fn r_f16_wide(w: &[f32], cols: usize, a: &[f32], out: &mut [f32], stride: usize)
     unsafe { f16_rows_wide(w, cols, a, out, stride) }
 }
 
-/// The AVX-512 table for AMD's cores: one token's F16 rows against its f16
-/// activations, as in [`avx2::TABLE_AMD`].
+/// The AVX-512 table for AMD's cores, as [`avx2::TABLE_AMD`]: the F16 tiles
+/// convert their rows in the loop (no widened copies: neither `f16_wide`
+/// nor the tiles' own), and one token's F16 rows meet its f16 activations.
 pub(crate) static TABLE_AMD: DotTable = DotTable {
     rows: RowsTable {
+        f16_f32: Some(r_f16w_f32_converting),
         f16_f16: Some(avx2::r_f16w_f16),
+        f16_wide: None,
         ..TABLE.rows
     },
     ..TABLE
@@ -733,15 +746,17 @@ const F16_WIDEN_COLS: usize = 1024;
 struct WideRows([f32; F16_ROWS * F16_WIDEN_COLS]);
 
 /// [`RowsF16F32`](crate::kernels::RowsF16F32): every weight row of `w`
-/// against every activation row of `a`, tile by tile.
+/// against every activation row of `a`, tile by tile; with `may_widen`,
+/// narrow rows read by more than one tile of tokens are widened once per
+/// block of rows.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-fn f16_rows(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
+fn f16_rows(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize, may_widen: bool) {
     let (rows, tokens) = (w.len() / (2 * cols), a.len() / cols);
     assert!(
         rows == 0 || tokens == 0 || out.len() >= (rows - 1) * stride + tokens,
         "f16 rows lengths"
     );
-    let widen = tokens > F16_TOKENS && cols <= F16_WIDEN_COLS;
+    let widen = may_widen && tokens > F16_TOKENS && cols <= F16_WIDEN_COLS;
     // Not zeroed: stores that decoding, which never widens, would pay.
     let mut wide = std::mem::MaybeUninit::<WideRows>::uninit();
     for r0 in (0..rows).step_by(F16_ROWS) {
@@ -1261,5 +1276,63 @@ fn tiled_store(
         let o = &mut out[t * stride..][..16];
         // SAFETY: `o` holds sixteen floats.
         unsafe { _mm512_storeu_ps(o.as_mut_ptr(), v) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The F16 tiles with narrow rows widened once per block (Intel's table)
+    /// and converted in the loop (AMD's) give the same bits, at widths below
+    /// and above the widening bound, with column tails and every remainder
+    /// of rows and tokens.
+    #[test]
+    fn f16_tiles_widened_or_converted_are_the_same_bits() {
+        if !super::super::has_avx512() {
+            return;
+        }
+        let mut seed = 0x0f16_0512_7a11_5eedu64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        let (f16, f32_of) = (
+            memwall_format::blocks::f32_to_f16,
+            memwall_format::blocks::f16_to_f32,
+        );
+        for cols in [1, 33, 576, 1000, 1536] {
+            for rows in [1, 2, 4, 7] {
+                for tokens in [2, 5, 9] {
+                    let h: Vec<u16> = (0..rows * cols).map(|_| f16(next())).collect();
+                    let w: Vec<u8> = h.iter().flat_map(|h| h.to_le_bytes()).collect();
+                    let a: Vec<f32> = (0..tokens * cols).map(|_| next()).collect();
+                    let (mut widened, mut converted) = (vec![0f32; rows * 9], vec![1f32; rows * 9]);
+                    r_f16w_f32(&w, cols, &a, &mut widened, 9);
+                    r_f16w_f32_converting(&w, cols, &a, &mut converted, 9);
+                    for r in 0..rows {
+                        for t in 0..tokens {
+                            let (x, y) = (widened[r * 9 + t], converted[r * 9 + t]);
+                            assert_eq!(
+                                x.to_bits(),
+                                y.to_bits(),
+                                "{rows}×{cols}, {tokens} tokens: row {r}, token {t}"
+                            );
+                            let exact: f64 = (0..cols)
+                                .map(|c| {
+                                    f64::from(f32_of(h[r * cols + c])) * f64::from(a[t * cols + c])
+                                })
+                                .sum();
+                            assert!(
+                                (f64::from(x) - exact).abs() <= 1e-4 * (1.0 + exact.abs()),
+                                "{rows}×{cols}, {tokens} tokens: row {r}, token {t}: {x} vs {exact}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 }
