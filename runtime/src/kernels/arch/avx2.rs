@@ -3022,13 +3022,7 @@ mod tests {
         if !super::super::has_avx2() {
             return;
         }
-        let mut seed = 0x0f16_0001_7a11_5eedu64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        };
+        let mut next = super::super::test_values(0x0f16_0001_7a11_5eedu64);
         let f16 = memwall_format::blocks::f32_to_f16;
         let f32_of = memwall_format::blocks::f16_to_f32;
         for cols in [1, 33, 576, 769, 1536, 2081, 9000] {
@@ -3064,13 +3058,7 @@ mod tests {
         if !super::super::has_avx2() {
             return;
         }
-        let mut seed = 0x0f16_1de5_7a11_5eedu64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        };
+        let mut next = super::super::test_values(0x0f16_1de5_7a11_5eedu64);
         for cols in [1, 33, 576, 769, 1536, 2081] {
             for rows in [1, 2, 5] {
                 for tokens in [2, 3, 4, 9] {

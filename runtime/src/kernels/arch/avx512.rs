@@ -118,22 +118,28 @@ fn r_q4_k(w: &[BlockQ4K], a: Q8KRows<'_>, out: &mut [f32]) {
 }
 
 fn r_f16w_f32(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
-    if a.len() == cols {
-        // One token: AVX2's row by row (see `F16_ROWS`).
-        return avx2::r_f16w_f32(w, cols, a, out, stride);
-    }
-    // SAFETY: as for `entry!`.
-    unsafe { f16_rows(w, cols, a, out, stride, true) }
+    f16w_f32::<true>(w, cols, a, out, stride);
 }
 
 /// [`r_f16w_f32`] whose tiles convert their f16 rows in the loop, never
 /// widening them (see [`TABLE_AMD`]).
 fn r_f16w_f32_converting(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
+    f16w_f32::<false>(w, cols, a, out, stride);
+}
+
+fn f16w_f32<const MAY_WIDEN: bool>(
+    w: &[u8],
+    cols: usize,
+    a: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) {
     if a.len() == cols {
+        // One token: AVX2's row by row (see `F16_ROWS`).
         return avx2::r_f16w_f32(w, cols, a, out, stride);
     }
     // SAFETY: as for `entry!`.
-    unsafe { f16_rows(w, cols, a, out, stride, false) }
+    unsafe { f16_rows(w, cols, a, out, stride, MAY_WIDEN) }
 }
 
 fn r_f16_wide(w: &[f32], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
@@ -1292,13 +1298,7 @@ mod tests {
         if !super::super::has_avx512() {
             return;
         }
-        let mut seed = 0x0f16_0512_7a11_5eedu64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        };
+        let mut next = super::super::test_values(0x0f16_0512_7a11_5eedu64);
         let (f16, f32_of) = (
             memwall_format::blocks::f32_to_f16,
             memwall_format::blocks::f16_to_f32,

@@ -163,8 +163,8 @@ pub(crate) fn has_neon_dot() -> bool {
 /// stream faster alone.
 #[cfg(target_arch = "x86_64")]
 fn amd_cores() -> bool {
-    static ASIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ASIDE.get_or_init(|| {
+    static AMD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AMD.get_or_init(|| {
         let id = std::arch::x86_64::__cpuid(0);
         let vendor = [id.ebx, id.edx, id.ecx].map(u32::to_le_bytes).concat();
         matches!(&vendor[..], b"AuthenticAMD" | b"HygonGenuine")
@@ -188,6 +188,18 @@ pub(crate) fn table(backend: Backend) -> Option<&'static DotTable> {
         #[cfg(target_arch = "aarch64")]
         Backend::NeonDot => Some(&neon::TABLE_DOT),
         _ => None,
+    }
+}
+
+/// Values in `[-1, 1)` from a xorshift of `seed`, for the x86 backends'
+/// tests.
+#[cfg(all(test, target_arch = "x86_64"))]
+fn test_values(mut seed: u64) -> impl FnMut() -> f32 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
 }
 
