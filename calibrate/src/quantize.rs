@@ -7,7 +7,9 @@
 //!
 //! 1. one pass of the layer in float collects, per input of its matrices
 //!    (attention input, attention output, FFN input, FFN middle — per expert
-//!    for MoE), the Hessian `XᵀX` and mean |x|;
+//!    for MoE), the Hessian `XᵀX` and mean |x|; with GPTQ, a dense layer's
+//!    pass collects only the attention input's and those AWQ scores, and
+//!    stops at the input of the last of them;
 //! 2. AWQ (if asked) searches the scales of each group ([`crate::awq`]) and
 //!    folds them into the norms and the preceding matrices;
 //! 3. the matrices are quantized in the order the layer reads them: Q/K/V,
@@ -18,9 +20,11 @@
 //!    importance-weighted encoder with the pass's statistics;
 //! 4. a last pass through the quantized layer gives the next layer's input.
 //!
-//! The passes after the quantized attention start from its output, kept per
-//! sample by the first pass that computes it, and the last pass from a dense
-//! FFN's kept middle ([`Kept`]: the same bits as recomputing them).
+//! The pass after the quantized Q/K/V keeps the heads' outputs, so the next
+//! one computes only the attention output projection; the passes after the
+//! quantized attention start from its output, kept per sample by the first
+//! pass that computes it, and the last pass from a dense FFN's kept middle
+//! ([`Kept`]: the same bits as recomputing them).
 //!
 //! Memory: the hidden states of all samples (samples × length × n_embd
 //! floats), one layer's weights in `f32`, the Hessians of one layer
@@ -528,12 +532,86 @@ pub struct Memory {
     /// of an inverse made at once), or AWQ's `f32` copy of a Hessian.
     pub factor: u64,
     /// With GPTQ, the results a layer's later passes take from the earlier
-    /// ones instead of running its final parts again (`f32`: the attention
-    /// output and a dense FFN's middle of every sample); 0 when they would
+    /// ones instead of running its final parts again (`f32`: the heads'
+    /// outputs, the attention output and a dense FFN's middle of every
+    /// sample); 0 when they would
     /// not fit under the limit (the passes then recompute them).
     pub kept: u64,
     /// The sum, with the buffers of the forward pass.
     pub total: u64,
+}
+
+/// AWQ's groups of one layer (prefix `prefix`): the input, what its scales
+/// fold into (a norm, or the matrix whose rows make the input), and the
+/// matrices that read it.
+type Group = (&'static str, &'static str, Vec<&'static str>);
+
+fn awq_groups(
+    gguf: &GgufModel,
+    prefix: &str,
+    c: &memwall_runtime::forward::Config,
+    targets: &[Target],
+) -> Vec<Group> {
+    let find = |s: &str| targets.iter().any(|t| t.suffix() == s);
+    let parallel = c.arch.parallel_blocks();
+    let moe = c.n_expert > 0;
+    let mut groups: Vec<Group> = Vec::new();
+    if parallel && !moe {
+        groups.push((
+            "attn_in",
+            "attn_norm",
+            vec![
+                "attn_q.weight",
+                "attn_k.weight",
+                "attn_v.weight",
+                "ffn_gate.weight",
+                "ffn_up.weight",
+            ],
+        ));
+    } else if find("attn_qkv.weight") {
+        // A gated delta-net layer: its four projections read the norm.
+        groups.push((
+            "attn_in",
+            "attn_norm",
+            vec![
+                "attn_qkv.weight",
+                "attn_gate.weight",
+                "ssm_beta.weight",
+                "ssm_alpha.weight",
+            ],
+        ));
+    } else if gguf.tensor(&format!("{prefix}attn_v.weight")).is_none() {
+        // Gemma 4's global layers: the values are the keys.
+        groups.push((
+            "attn_in",
+            "attn_norm",
+            vec!["attn_q.weight", "attn_k.weight"],
+        ));
+    } else {
+        groups.push((
+            "attn_in",
+            "attn_norm",
+            vec!["attn_q.weight", "attn_k.weight", "attn_v.weight"],
+        ));
+    }
+    let has_v_bias = gguf.tensor(&format!("{prefix}attn_v.bias")).is_some();
+    // Gemma 4 RMS-normalises its values, so a factor moved into V
+    // would not come out again.
+    if c.n_head == c.n_head_kv && !has_v_bias && c.arch != Arch::Gemma4 {
+        groups.push(("attn_out", "attn_v.weight", vec!["attn_output.weight"]));
+    }
+    if !moe {
+        if !parallel {
+            let norm = if c.arch.hybrid() {
+                "post_attention_norm"
+            } else {
+                "ffn_norm"
+            };
+            groups.push(("ffn_in", norm, vec!["ffn_gate.weight", "ffn_up.weight"]));
+        }
+        groups.push(("ffn_mid", "ffn_up.weight", vec!["ffn_down.weight"]));
+    }
+    groups
 }
 
 /// One layer's shapes, for the estimate: per quantization stage, the `f32`
@@ -655,6 +733,7 @@ fn estimate_memory(
     let mut peak: Phase = (0, 0, 0);
     let mut widest = 0u64;
     let mut middle = 0u64;
+    let mut heads = 0u64;
     let mut keep = |p: Phase| {
         if p.0 + p.1 + p.2 > peak.0 + peak.1 + peak.2 {
             peak = p;
@@ -664,6 +743,7 @@ fn estimate_memory(
         let shape = LayerShape::of(plan, c, l);
         widest = widest.max(shape.cols.iter().copied().max().unwrap_or(0));
         middle = middle.max(shape.dense_middle);
+        heads = heads.max(shape.cols[1]);
         keep(layer_peak(&shape, settings));
     }
     // The output head: a slice of its rows, its input's Hessian and factor.
@@ -680,8 +760,10 @@ fn estimate_memory(
     let longest = c.n_ctx as u64;
     let buffers = 8 * longest * e.max(widest) * 4 + (64 << 20);
     let total = hidden + weights + hessians + factor + buffers;
+    // The heads' outputs beside the attention output while it is kept,
+    // then the attention output beside a dense FFN's middle.
     let kept = if settings.method.gptq() {
-        tokens * (e + middle) * 4
+        tokens * (e + middle.max(heads)) * 4
     } else {
         0
     };
@@ -869,20 +951,35 @@ pub fn run(
         let find = |targets: &[Target], s: &str| targets.iter().position(|t| t.suffix() == s);
         // 1. Float pass: statistics of every input.
         progress.item(&format!("layer {l}: statistics"));
+        let groups = if settings.method.awq() {
+            awq_groups(gguf, &prefix, &c, &targets)
+        } else {
+            Vec::new()
+        };
         let mut wanted: HashSet<String> = STAGES.iter().map(|s| s.to_string()).collect();
         for x in 0..c.n_expert {
             wanted.insert(key("ffn_in", Some(x)));
             wanted.insert(key("ffn_mid", Some(x)));
         }
-        // GPTQ alone needs only the statistics of the attention input from
-        // this pass (the stage passes collect the others, on the quantized
-        // inputs); experts keep theirs, for those the stage passes miss.
-        let stats_until = (settings.method == Method::Gptq && c.n_expert == 0)
-            .then(|| first_reader(&targets, STAGES[0], c.arch))
-            .flatten();
-        if stats_until.is_some() {
-            wanted = HashSet::from([STAGES[0].to_owned()]);
+        // With GPTQ, a dense layer needs from this pass only the statistics
+        // of the attention input and of the inputs AWQ scores (the stage
+        // passes collect the others, on the quantized inputs); experts keep
+        // theirs, for those the stage passes miss.
+        if settings.method.gptq() && c.n_expert == 0 {
+            wanted = groups.iter().map(|g| g.0.to_owned()).collect();
+            wanted.insert(STAGES[0].to_owned());
         }
+        // A dense layer's pass stops at the input of the last one wanted
+        // that a matrix to quantize reads (`ffn_down`'s product and what
+        // follows it are not needed).
+        let read_by_target = |g: &str| {
+            (targets.iter()).any(|t| input_group(t.suffix(), c.arch).is_some_and(|r| r.0 == g))
+        };
+        let stats_until = STAGES
+            .iter()
+            .rfind(|g| wanted.contains(**g) && read_by_target(g))
+            .filter(|_| c.n_expert == 0)
+            .and_then(|g| first_reader(&targets, g, c.arch));
         let mut stats = pass(
             model,
             l,
@@ -896,65 +993,6 @@ pub fn run(
         let mut alphas: HashMap<&'static str, (Option<f32>, Option<f64>)> = HashMap::new();
         // 2. AWQ.
         if settings.method.awq() {
-            let parallel = c.arch.parallel_blocks();
-            let moe = c.n_expert > 0;
-            // (input, scaled-by, matrices)
-            let mut groups: Vec<(&'static str, &'static str, Vec<&'static str>)> = Vec::new();
-            if parallel && !moe {
-                groups.push((
-                    "attn_in",
-                    "attn_norm",
-                    vec![
-                        "attn_q.weight",
-                        "attn_k.weight",
-                        "attn_v.weight",
-                        "ffn_gate.weight",
-                        "ffn_up.weight",
-                    ],
-                ));
-            } else if find(&targets, "attn_qkv.weight").is_some() {
-                // A gated delta-net layer: its four projections read the norm.
-                groups.push((
-                    "attn_in",
-                    "attn_norm",
-                    vec![
-                        "attn_qkv.weight",
-                        "attn_gate.weight",
-                        "ssm_beta.weight",
-                        "ssm_alpha.weight",
-                    ],
-                ));
-            } else if gguf.tensor(&format!("{prefix}attn_v.weight")).is_none() {
-                // Gemma 4's global layers: the values are the keys.
-                groups.push((
-                    "attn_in",
-                    "attn_norm",
-                    vec!["attn_q.weight", "attn_k.weight"],
-                ));
-            } else {
-                groups.push((
-                    "attn_in",
-                    "attn_norm",
-                    vec!["attn_q.weight", "attn_k.weight", "attn_v.weight"],
-                ));
-            }
-            let has_v_bias = gguf.tensor(&format!("{prefix}attn_v.bias")).is_some();
-            // Gemma 4 RMS-normalises its values, so a factor moved into V
-            // would not come out again.
-            if c.n_head == c.n_head_kv && !has_v_bias && c.arch != Arch::Gemma4 {
-                groups.push(("attn_out", "attn_v.weight", vec!["attn_output.weight"]));
-            }
-            if !moe {
-                if !parallel {
-                    let norm = if c.arch.hybrid() {
-                        "post_attention_norm"
-                    } else {
-                        "ffn_norm"
-                    };
-                    groups.push(("ffn_in", norm, vec!["ffn_gate.weight", "ffn_up.weight"]));
-                }
-                groups.push(("ffn_mid", "ffn_up.weight", vec!["ffn_down.weight"]));
-            }
             // With GPTQ, a stage's float Hessian is AWQ's alone (the stage's
             // pass collects its own on quantized inputs): each goes once
             // AWQ has read it; the attention input's is GPTQ's too.
@@ -1104,6 +1142,7 @@ pub fn run(
                 // The stages before this one are quantized: what only they
                 // compute is final from here on.
                 for k in &mut kept {
+                    k.heads_final = true;
                     k.attention_final = stage > 1;
                     k.ffn_middle_final = stage > 2;
                 }
@@ -1203,6 +1242,7 @@ pub fn run(
         // 4. The quantized layer's output is the next layer's input.
         progress.item(&format!("layer {l}: output"));
         for k in &mut kept {
+            k.heads_final = true;
             k.attention_final = true;
             k.ffn_middle_final = true;
         }

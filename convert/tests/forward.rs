@@ -290,7 +290,8 @@ fn gemma4_rings_give_the_bits_of_a_full_cache() {
 }
 
 /// Calibration's later passes over a layer take what is final from the
-/// earlier ones (the attention output; a dense FFN's middle) instead of
+/// earlier ones (the heads' outputs; the attention output; a dense FFN's
+/// middle) instead of
 /// computing it again, and get the bits of the whole layer: for a plain,
 /// a parallel-block, a mixture-of-experts, both Qwen3.5 and both Gemma 4
 /// models (past one micro-batch, where sliding-window layers run in
@@ -353,6 +354,35 @@ fn calibration_passes_with_kept_results_give_the_bits_of_whole_layers() {
                 second == want,
                 "{what}: the pass that reads the kept results"
             );
+            model.drop_replacements(&format!("blk.{l}."));
+            // The heads' outputs: a pass with Q/K/V final keeps them, and
+            // the next computes only the output projection from them
+            // (delta-net layers keep nothing here).
+            let heads = (gguf.tensor(&format!("blk.{l}.attn_q.weight")).is_some())
+                .then(|| gguf.tensor(&format!("blk.{l}.attn_output.weight")))
+                .flatten()
+                .map_or(0, |(info, _)| info.dims[0] as usize);
+            let mut kept = Kept::default();
+            kept.heads_final = true;
+            let mut first = x.clone();
+            model.forward_layer(l, &mut first, &mut kept).unwrap();
+            assert!(first == want, "{what}: the pass that keeps the heads");
+            assert_eq!(kept.bytes(), ids.len() * heads * 4, "{what}");
+            for s in ["attn_q.weight", "attn_k.weight", "attn_v.weight"] {
+                let name = format!("blk.{l}.{s}");
+                if let Some((info, _)) = gguf.tensor(&name).filter(|_| heads > 0) {
+                    let bytes = vec![0u8; info.elements as usize * 4];
+                    model
+                        .replace_matrix(&name, GgmlType::F32, bytes.into())
+                        .unwrap();
+                }
+            }
+            kept.attention_final = true;
+            let mut second = x.clone();
+            model.forward_layer(l, &mut second, &mut kept).unwrap();
+            assert!(second == want, "{what}: the pass that reads the heads");
+            // The attention output is kept now, and the heads are let go.
+            assert_eq!(kept.bytes(), ids.len() * e * 4, "{what}");
             model.drop_replacements(&format!("blk.{l}."));
             x = want;
         }

@@ -44,8 +44,35 @@ impl<'a> Model<'a> {
     }
 
     /// Q/K/V projections, RoPE, the cache update, attention, the output gate
-    /// (Qwen3.5) and the output projection.
+    /// (Qwen3.5) and the output projection; the heads' outputs (the output
+    /// projection's input) taken from or given to `kept`.
     pub(super) fn attention_block(
+        &self,
+        layer: &Attention,
+        h: &[f32],
+        tables: &Tables,
+        session: &mut Session,
+        l: usize,
+        kept: Option<&mut Keeping>,
+    ) -> Result<Vec<f32>, ForwardError> {
+        let attn = match kept.as_deref().and_then(Keeping::heads) {
+            Some(heads) => self.spare_copy(heads),
+            None => {
+                let attn = self.attention_heads(layer, h, tables, session, l)?;
+                if let Some(k) = kept {
+                    k.keep_heads(&attn);
+                }
+                attn
+            }
+        };
+        let mut o = self.matmul(&layer.wo, &attn, tables.len())?;
+        self.spare.give(attn);
+        add_bias(&mut o, layer.bo.as_deref());
+        Ok(o)
+    }
+
+    /// [`Model::attention_block`] up to the output projection's input.
+    fn attention_heads(
         &self,
         layer: &Attention,
         h: &[f32],
@@ -128,10 +155,7 @@ impl<'a> Model<'a> {
             }
             self.spare.give(gate);
         }
-        let mut o = self.matmul(&layer.wo, &attn, t_n)?;
-        self.spare.give(attn);
-        add_bias(&mut o, layer.bo.as_deref());
-        Ok(o)
+        Ok(attn)
     }
 
     /// Causal grouped-query attention of the `t_n` new queries over the cache.

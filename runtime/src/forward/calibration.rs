@@ -29,12 +29,17 @@ pub trait Observer: Send + Sync {
 /// starts from a new `Kept`.
 #[derive(Debug, Default)]
 pub struct Kept {
+    /// The attention's Q/K/V projections are final: keep the input of its
+    /// output projection (the heads' outputs, after Qwen3.5's output gate),
+    /// `tokens × n_head·head_dim` values, until the attention output is kept.
+    pub heads_final: bool,
     /// The attention block's matrices are final: keep its output (after
     /// the block's post-norm), `tokens × n_embd` values.
     pub attention_final: bool,
     /// A dense FFN's gate and up are final: keep `act(gate·h) ⊙ up·h`,
     /// `tokens × n_ff` values (mixtures of experts are always computed).
     pub ffn_middle_final: bool,
+    heads: KeptRows,
     attention: KeptRows,
     ffn_middle: KeptRows,
 }
@@ -42,7 +47,8 @@ pub struct Kept {
 impl Kept {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        (self.attention.values.len() + self.ffn_middle.values.len()) * 4
+        let rows = [&self.heads, &self.attention, &self.ffn_middle];
+        rows.iter().map(|r| r.values.len() * 4).sum()
     }
 }
 
@@ -96,10 +102,28 @@ impl Keeping<'_> {
             .flatten()
     }
 
-    /// Keeps the attention output of this micro-batch, if final.
+    /// Keeps the attention output of this micro-batch, if final. Once all
+    /// of it is kept, nothing reads the heads again.
     pub(super) fn keep_attention(&mut self, attn: &[f32]) {
         if self.kept.attention_final {
             (self.kept.attention).put(self.first, self.n, self.total, attn);
+            if self.kept.attention.complete {
+                self.kept.heads = KeptRows::default();
+            }
+        }
+    }
+
+    /// The kept heads' outputs of this micro-batch.
+    pub(super) fn heads(&self) -> Option<&[f32]> {
+        (self.kept.heads_final)
+            .then(|| self.kept.heads.get(self.first, self.n))
+            .flatten()
+    }
+
+    /// Keeps the heads' outputs of this micro-batch, if final.
+    pub(super) fn keep_heads(&mut self, heads: &[f32]) {
+        if self.kept.heads_final {
+            (self.kept.heads).put(self.first, self.n, self.total, heads);
         }
     }
 }

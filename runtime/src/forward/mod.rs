@@ -378,7 +378,10 @@ impl<'a> Model<'a> {
             Some(a) => self.spare_copy(a),
             None => {
                 let mut attn = match &layer.mixer {
-                    Mixer::Attention(a) => self.attention_block(a, h, tables, session, l)?,
+                    Mixer::Attention(a) => {
+                        let k = kept.as_deref_mut();
+                        self.attention_block(a, h, tables, session, l, k)?
+                    }
                     Mixer::Linear(d) => {
                         self.delta_net_block(d, h, tables.len(), &mut session.state[l])?
                     }
