@@ -79,7 +79,8 @@ m = d["memory"]["total"] / 2**20
 kept = d["memory"].get("kept", 0) / 2**20
 fwd = d["forward_seconds"] - d["hessian_seconds"]
 print(f"layers {fwd:.1f} s, Hessians {d['hessian_seconds']:.1f} s, AWQ {d['awq_seconds']:.1f} s, "
-      f"GPTQ/encoding {d['quantize_seconds']:.1f} s; estimated peak {m:.0f} MiB "
+      f"GPTQ/encoding {d['quantize_seconds']:.1f} s (factorisations {d.get('factor_seconds', 0):.1f} s); "
+      f"estimated peak {m:.0f} MiB "
       f"(of which {kept:.0f} MiB results kept between passes)")
 PY
 }
@@ -133,7 +134,7 @@ awq, gptq = per("awq_seconds"), per("quantize_seconds")
 scale = threads / 16
 layer = ((fwd + hess) * target / tokens + awq + gptq) * scale
 print(f"  per layer: passes {fwd:.1f} s, Hessians {hess:.1f} s, AWQ {awq:.1f} s, GPTQ {gptq:.1f} s "
-      f"(of {[round(s, 1) for s in d['layer_seconds']]})")
+      f"(factorisations {per('factor_seconds'):.1f} s; layers {[round(s, 1) for s in d['layer_seconds']]})")
 print(f"  estimate, {full} layers, 128 × 512 tokens, 16 cores: {layer * full / 3600:.1f} h "
       f"(passes and Hessians scale with the tokens, AWQ and GPTQ do not; every phase 8× faster on "
       f"16 cores than on {threads}, which is optimistic)")

@@ -160,6 +160,8 @@ pub struct Report {
     pub awq_seconds: f64,
     /// Seconds in GPTQ (factorisation and rounding) or plain encoding.
     pub quantize_seconds: f64,
+    /// Of which GPTQ's factorisations of the Hessians.
+    pub factor_seconds: f64,
     /// Layers taken over from an interrupted run.
     pub resumed_layers: usize,
     /// Memory the run needs at its peak, estimated before it starts.
@@ -1197,7 +1199,9 @@ pub fn run(
                         Some(h) if settings.method.gptq() => {
                             if !factors.contains_key(&k) {
                                 let what = format!("{} (input {k})", t.name);
+                                let t_factor = Instant::now();
                                 factors.insert(k.clone(), gptq::prepare(h, settings.gptq, &what)?);
+                                report.factor_seconds += t_factor.elapsed().as_secs_f64();
                             }
                             let prepared = &factors[&k];
                             if t.experts == 1 {

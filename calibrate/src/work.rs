@@ -423,7 +423,7 @@ fn report_json(r: &Report) -> Value {
         "groups": groups, "calibrated": r.calibrated, "unreached_experts": r.unreached_experts,
         "layer_seconds": r.layer_seconds, "forward_seconds": r.forward_seconds,
         "hessian_seconds": r.hessian_seconds, "awq_seconds": r.awq_seconds,
-        "quantize_seconds": r.quantize_seconds,
+        "quantize_seconds": r.quantize_seconds, "factor_seconds": r.factor_seconds,
     })
 }
 
@@ -459,6 +459,7 @@ fn report_from(v: &Value) -> Report {
         hessian_seconds: f("hessian_seconds"),
         awq_seconds: f("awq_seconds"),
         quantize_seconds: f("quantize_seconds"),
+        factor_seconds: f("factor_seconds"),
         ..Report::default()
     }
 }

@@ -220,7 +220,7 @@ impl<'a> Model<'a> {
         let e = c.n_embd;
         for (x, h) in x.chunks_mut(piece * e).zip(h.chunks_mut(piece * e)) {
             let n = x.len() / e;
-            let tables = Tables::new(c, session.n_past, n);
+            let tables = self.layer_tables(session.n_past, n);
             let mut keeping = Keeping {
                 kept: &mut *kept,
                 first: session.n_past,
@@ -231,6 +231,20 @@ impl<'a> Model<'a> {
             session.n_past += n;
         }
         Ok(())
+    }
+
+    /// The rotation tables of `n` tokens from position `first`, made once
+    /// for every pass and sample that starts there with as many tokens.
+    fn layer_tables(&self, first: usize, n: usize) -> Arc<Tables> {
+        let mut last = self.layer_tables.lock().unwrap_or_else(|e| e.into_inner());
+        match &*last {
+            Some((f, t)) if *f == first && t.len() == n => t.clone(),
+            _ => {
+                let t = Arc::new(Tables::new(&self.config, first, n));
+                *last = Some((first, t.clone()));
+                t
+            }
+        }
     }
 
     /// Like [`Model::forward_layer`] without changing `x`, but stops as soon

@@ -618,6 +618,7 @@ impl<'a> Model<'a> {
             replaced: HashMap::new(),
             stop_at: None,
             spare: Spare::default(),
+            layer_tables: Mutex::new(None),
         })
     }
 

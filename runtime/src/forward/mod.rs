@@ -112,6 +112,9 @@ pub struct Model<'a> {
     stop_at: Option<String>,
     /// Buffers of finished intermediate results, reused by the next layer.
     spare: Spare,
+    /// The rotation tables of [`Model::forward_layer`]'s last batch and its
+    /// first position: calibration runs every sample from position 0.
+    layer_tables: Mutex<Option<(usize, Arc<Tables>)>>,
 }
 
 /// A matrix's weights as the products read them: its own, or a replacement.

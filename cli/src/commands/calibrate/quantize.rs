@@ -350,6 +350,7 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
             "layer_seconds": report.layer_seconds, "groups": groups,
             "forward_seconds": report.forward_seconds, "hessian_seconds": report.hessian_seconds,
             "awq_seconds": report.awq_seconds, "quantize_seconds": report.quantize_seconds,
+            "factor_seconds": report.factor_seconds,
             "resumed_layers": report.resumed_layers,
             "memory": {"total": report.memory.total, "hidden": report.memory.hidden,
                        "weights": report.memory.weights, "hessians": report.memory.hessians,
@@ -411,11 +412,12 @@ fn calibrate(args: &Args, threads: usize) -> Result<()> {
             report.memory.total as f64 / (1 << 20) as f64
         );
         println!(
-            "time: {:.1} s running layers (of which {:.1} s Hessians), {:.1} s AWQ search, {:.1} s quantizing",
+            "time: {:.1} s running layers (of which {:.1} s Hessians), {:.1} s AWQ search, {:.1} s quantizing (of which {:.1} s factorising)",
             report.forward_seconds,
             report.hessian_seconds,
             report.awq_seconds,
-            report.quantize_seconds
+            report.quantize_seconds,
+            report.factor_seconds
         );
         println!(
             "next: memwall validate {} --reference {} -f TEXT",
