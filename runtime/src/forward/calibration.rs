@@ -95,11 +95,14 @@ pub(super) struct Keeping<'k> {
 }
 
 impl Keeping<'_> {
+    /// This micro-batch's rows of `rows`, when `ready` (its flag) is set.
+    fn rows<'s>(&self, ready: bool, rows: &'s KeptRows) -> Option<&'s [f32]> {
+        ready.then(|| rows.get(self.first, self.n)).flatten()
+    }
+
     /// The kept attention output of this micro-batch.
     pub(super) fn attention(&self) -> Option<&[f32]> {
-        (self.kept.attention_final)
-            .then(|| self.kept.attention.get(self.first, self.n))
-            .flatten()
+        self.rows(self.kept.attention_final, &self.kept.attention)
     }
 
     /// Keeps the attention output of this micro-batch, if final. Once all
@@ -115,9 +118,7 @@ impl Keeping<'_> {
 
     /// The kept heads' outputs of this micro-batch.
     pub(super) fn heads(&self) -> Option<&[f32]> {
-        (self.kept.heads_final)
-            .then(|| self.kept.heads.get(self.first, self.n))
-            .flatten()
+        self.rows(self.kept.heads_final, &self.kept.heads)
     }
 
     /// Keeps the heads' outputs of this micro-batch, if final.
