@@ -745,6 +745,7 @@ fn estimate_memory(
         let shape = LayerShape::of(plan, c, l);
         widest = widest.max(shape.cols.iter().copied().max().unwrap_or(0));
         middle = middle.max(shape.dense_middle);
+        // The attention output's input (`STAGES[1]`): the heads' outputs.
         heads = heads.max(shape.cols[1]);
         keep(layer_peak(&shape, settings));
     }
