@@ -2732,22 +2732,31 @@ fn f16w_group<const M: usize>(w: &[u8], a: &[f32], cols: usize, out: &mut [f32])
 // weight vectors (or loads them, when matmul widened the rows once for all
 // its tiles of tokens) and loads `F16_TOKENS` activation vectors for eight
 // multiply-adds, and the pairs' four vectors are folded as `fold32_ps`
-// folds them, the tile's eight pairs at once ([`tree8x8_ps`]). The four
-// sweeps go block of columns by block of columns ([`f16_block`]), the
-// partial vectors kept between blocks, so that a
-// tile's rows and activations (2 × 2 or 2 × 4, and 4 × 4 bytes a column)
-// stay in L1 over the sweeps at any width; tokens are the outer loop, so
-// the tile of activations is reused by every block of rows.
+// folds them, the tile's eight pairs at once ([`tree8x8_ps`]).
+//
+// The sweeps go block of columns by block of columns ([`f16_block`]), the
+// partial vectors kept between blocks, and each block is swept for a group
+// of `F16_GROUP` tiles of rows before the next: the block of the tile's
+// activations (4 × 4 bytes a column) stays in L1 while the group's rows
+// (2 × 2 bytes a column each) pass, so wide rows read each activation from
+// L2 once per group rather than once per tile (the activations of four
+// tokens are 16 bytes a column against eight multiply-adds, more than L2
+// delivers at full speed). Tokens are the outer loop, so the tile of
+// activations is reused by every group of rows.
 
 /// Weight rows per tile.
 const F16_ROWS: usize = 2;
 /// Tokens per tile.
 const F16_TOKENS: usize = 4;
-/// Most columns a tile sweeps four times before going on: a 2 × 4 tile of
-/// 768 columns is 18 KiB (widened rows), in L1 over its sweeps, where whole
-/// rows of 1536 columns or more are not. Rows are cut into equal blocks
-/// ([`f16_block`]), so no block is a short remainder.
-const F16_BLOCK: usize = 768;
+/// Tiles of rows that sweep one block of columns in turn (their partial
+/// vectors, up to 16 KiB, wait on the stack between blocks).
+const F16_GROUP: usize = 16;
+/// Most columns a tile sweeps four times before going on: a block of four
+/// tokens' activations, 640 columns, is 10 KiB, in L1 beside the rows being
+/// swept. Rows are cut into equal blocks ([`f16_block`]), so no block is a
+/// short remainder (1536 columns are three blocks of 512, 4096 seven of
+/// 608).
+const F16_BLOCK: usize = 640;
 
 /// The columns per block of a row of `cols`: the fewest blocks of at most
 /// [`F16_BLOCK`], as equal as multiples of 32 allow.
@@ -2763,7 +2772,7 @@ fn f16_rows(w: &[u8], cols: usize, a: &[f32], out: &mut [f32], stride: usize) {
 }
 
 /// The weight rows of `w` (f16) or, when `WIDE`, of `wide` (widened to
-/// `f32`), against every activation row of `a`, tile by tile.
+/// `f32`), against every activation row of `a`, group of tiles by group.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn f16_rows_any<const WIDE: bool>(
@@ -2780,22 +2789,28 @@ fn f16_rows_any<const WIDE: bool>(
         rows == 0 || tokens == 0 || out.len() >= (rows - 1) * stride + tokens,
         "f16 rows lengths"
     );
+    // Rows in whole tiles; the last row of an odd count is a group of one
+    // tile of one row.
+    let paired = rows / F16_ROWS * F16_ROWS;
     for t0 in (0..tokens).step_by(F16_TOKENS) {
         let nt = (tokens - t0).min(F16_TOKENS);
         let a = &a[cols * t0..cols * (t0 + nt)];
-        for r0 in (0..rows).step_by(F16_ROWS) {
-            let nr = (rows - r0).min(F16_ROWS);
+        let groups = (0..paired)
+            .step_by(F16_ROWS * F16_GROUP)
+            .map(|r0| (r0, (paired - r0).min(F16_ROWS * F16_GROUP), F16_ROWS))
+            .chain((paired < rows).then_some((paired, rows - paired, 1)));
+        for (r0, nr, per) in groups {
             let (w, wide) = super::f16_row_span::<WIDE>(w, wide, cols, r0..r0 + nr);
             let out = &mut out[r0 * stride + t0..];
-            macro_rules! tiles {
+            macro_rules! groups {
                 ($(($r:literal, $t:literal)),*) => {
-                    match (nr, nt) {
-                        $(($r, $t) => f16_tile::<$r, $t, WIDE>(w, wide, cols, a, out, stride),)*
+                    match (per, nt) {
+                        $(($r, $t) => f16_group::<$r, $t, WIDE>(w, wide, cols, a, out, stride),)*
                         _ => unreachable!("tile sizes are bounded by F16_ROWS and F16_TOKENS"),
                     }
                 };
             }
-            tiles!(
+            groups!(
                 (2, 4),
                 (2, 3),
                 (2, 2),
@@ -2809,12 +2824,12 @@ fn f16_rows_any<const WIDE: bool>(
     }
 }
 
-/// `R` weight rows (`w`, `R × cols` f16; or `wide`, the same widened, when
-/// `WIDE`) against `T` activation rows (`a`, `T × cols` floats):
-/// `out[r·stride + t]`.
+/// A group of at most [`F16_GROUP`] tiles of `R` weight rows each (`w`,
+/// `n·R × cols` f16; or `wide`, the same widened, when `WIDE`) against `T`
+/// activation rows (`a`, `T × cols` floats): `out[r·stride + t]`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn f16_tile<const R: usize, const T: usize, const WIDE: bool>(
+fn f16_group<const R: usize, const T: usize, const WIDE: bool>(
     w: &[u8],
     wide: &[f32],
     cols: usize,
@@ -2822,23 +2837,53 @@ fn f16_tile<const R: usize, const T: usize, const WIDE: bool>(
     out: &mut [f32],
     stride: usize,
 ) {
-    let w_len = super::f16_weights::<WIDE>(w, wide);
+    assert!(cols > 0, "f16 group without columns");
+    let rows = super::f16_weights::<WIDE>(w, wide) / cols;
+    let n = rows / R;
     assert!(
-        w_len == cols * R && a.len() == cols * T && out.len() > (R - 1) * stride + T - 1,
-        "f16 tile lengths"
+        n * R == rows
+            && (1..=F16_GROUP).contains(&n)
+            && a.len() == cols * T
+            && out.len() > (rows - 1) * stride + T - 1,
+        "f16 group lengths"
     );
-    // Each block of columns is swept four times while its rows and
-    // activations are in L1; the pairs' partial vectors wait in `acc`.
-    let mut acc = [[[_mm256_setzero_ps(); R]; T]; 4];
+    // acc[i][k][t][r]: tile i, partial vector k, token t, row r; only the
+    // group's `n` tiles are ever set (a group of narrow rows is short work
+    // beside zeroing 16 KiB).
+    let mut acc = [const { MaybeUninit::<[[[__m256; R]; T]; 4]>::uninit() }; F16_GROUP];
     let block = f16_block(cols);
     for c0 in (0..cols).step_by(block) {
         let c1 = (c0 + block).min(cols);
-        for (k, acc) in acc.iter_mut().enumerate() {
-            *acc = f16_sweep::<R, T, WIDE>(w, wide, cols, a, c0..c1, 8 * k, *acc);
+        for (i, acc) in acc.iter_mut().enumerate().take(n) {
+            let (w, wide) = super::f16_row_span::<WIDE>(w, wide, cols, i * R..(i + 1) * R);
+            let acc = if c0 == 0 {
+                acc.write([[[_mm256_setzero_ps(); R]; T]; 4])
+            } else {
+                // SAFETY: the first block (`c0 == 0`) wrote tile `i`.
+                unsafe { acc.assume_init_mut() }
+            };
+            for (k, acc) in acc.iter_mut().enumerate() {
+                *acc = f16_sweep::<R, T, WIDE>(w, wide, cols, a, c0..c1, 8 * k, *acc);
+            }
         }
     }
-    // The pairs' four vectors folded (`fold32_ps`'s additions), pair
-    // `r·T + t` in lane `r·T + t` (a tile has at most eight pairs).
+    for (i, acc) in acc.iter().enumerate().take(n) {
+        // SAFETY: the first block wrote the tiles `i < n` (`cols > 0`).
+        let acc = unsafe { acc.assume_init_ref() };
+        f16_fold::<R, T>(acc, &mut out[i * R * stride..], stride);
+    }
+}
+
+/// A tile's partial vectors folded (`fold32_ps`'s additions) into
+/// `out[r·stride + t]`, pair `r·T + t` in lane `r·T + t` of one
+/// [`tree8x8_ps`] (a tile has at most eight pairs).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn f16_fold<const R: usize, const T: usize>(
+    acc: &[[[__m256; R]; T]; 4],
+    out: &mut [f32],
+    stride: usize,
+) {
     const { assert!(R * T <= 8) };
     let mut v = [_mm256_setzero_ps(); 8];
     for t in 0..T {
