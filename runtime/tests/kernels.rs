@@ -804,23 +804,23 @@ fn f16_tiles_match_scalar_for_every_remainder() {
         for threads in [1, 2] {
             let mut mm = Matmul::new(Kernels::new(b).unwrap(), threads);
             // Narrow rows with every remainder of rows and tokens, and tasks
-            // of more than one of AVX2's groups of eight tiles of rows, odd
-            // ones included (161 rows: tasks of 36 or 41); rows at and past
-            // the widest that AVX-512 widens once (1024 columns), with and
-            // without a column tail, against token counts that widen (more
-            // than four) and that take more than one call of 16; they span
-            // two or three of AVX2's equal column blocks (of at most 768),
-            // the last one with a column tail (1025, 2081), in tasks of one
-            // group and of two (75 rows: 18 or 19).
+            // of more than one group of tiles of rows (AVX2's 32 rows,
+            // AVX-512's 48), odd ones included (161 rows: tasks of 41 on one thread;
+            // 200 rows: 50 or 25); rows at and past the widest that AVX-512
+            // widens once (1024 columns), with and without a column tail,
+            // against token counts that widen (more than four) and that take
+            // more than one call of 16; they span two to four of the equal
+            // column blocks (of at most 640), the last one with a column
+            // tail (1025, 2081), in tasks of one group and of two.
             let narrow = [1, 7, 16, 17, 31, 32, 33, 48, 63, 69, 576].map(|c| {
                 (
                     c,
-                    &[1, 4, 12, 13, 20, 28, 161][..],
+                    &[1, 4, 12, 13, 20, 28, 161, 200][..],
                     &[1, 2, 3, 4, 5, 7, 8, 9, 17][..],
                 )
             });
             let wide =
-                [1024, 1025, 1056, 1536, 2081].map(|c| (c, &[4, 13, 75][..], &[3, 5, 16, 33][..]));
+                [1024, 1025, 1056, 1536, 2081].map(|c| (c, &[4, 13, 200][..], &[3, 5, 16, 33][..]));
             for (cols, rows_n, tokens_n) in narrow.into_iter().chain(wide) {
                 // One thread: tasks of rows.div_ceil(4) rows (1, 3, 4, 5, 7).
                 for &rows in rows_n {
