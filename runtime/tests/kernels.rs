@@ -804,12 +804,12 @@ fn f16_tiles_match_scalar_for_every_remainder() {
         for threads in [1, 2] {
             let mut mm = Matmul::new(Kernels::new(b).unwrap(), threads);
             // Narrow rows with every remainder of rows and tokens, and tasks
-            // of more than one group of tiles of rows (AVX2's 32 rows,
-            // AVX-512's 48), odd ones included (161 rows: tasks of 41 on one thread;
+            // of more than one of AVX2's groups of tiles of rows (32 rows),
+            // odd ones included (161 rows: tasks of 41 on one thread;
             // 200 rows: 50 or 25); rows at and past the widest that AVX-512
             // widens once (1024 columns), with and without a column tail,
             // against token counts that widen (more than four) and that take
-            // more than one call of 16; they span two to four of the equal
+            // more than one call of 16; they span two to four of AVX2's equal
             // column blocks (of at most 640), the last one with a column
             // tail (1025, 2081), in tasks of one group and of two.
             let narrow = [1, 7, 16, 17, 31, 32, 33, 48, 63, 69, 576].map(|c| {
