@@ -174,6 +174,17 @@ impl ProductTiles {
     }
 }
 
+/// The first `n` values of `buf`, which grows to hold them and never
+/// shrinks: a layer's products alternate between input widths, and a
+/// resize to each filled the part a narrower call had cut off again (a
+/// prompt's `memset` of several per cent). Callers overwrite all `n`.
+fn grown<T: Clone>(buf: &mut Vec<T>, n: usize, fill: T) -> &mut [T] {
+    if buf.len() < n {
+        buf.resize(n, fill);
+    }
+    &mut buf[..n]
+}
+
 /// Where `n` floats of `buf` start at a 64-byte boundary, `buf` grown to
 /// hold them (a thread's buffers of f32 rows that vector loads read).
 fn aligned_at(buf: &mut Vec<f32>, n: usize) -> usize {
@@ -512,16 +523,16 @@ impl Activations {
                 // Value by value over the pool (every value is written: the
                 // buffers are resized, not cleared).
                 const VALUES: usize = 8192;
-                self.halves.resize(x.len(), 0);
-                for_each_chunk(pool, &mut self.halves, VALUES, |c, h| {
+                let halves = grown(&mut self.halves, x.len(), 0);
+                for_each_chunk(pool, halves, VALUES, |c, h| {
                     kernels.narrow_f16(&x[c * VALUES..][..h.len()], h);
                 });
                 // Only the x86 and aarch64 F16 row products read the widened
                 // values.
                 if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
-                    self.f32s.resize(x.len() + 15, 0.0);
+                    grown(&mut self.f32s, x.len() + 15, 0.0);
                     self.f32s_at = self.f32s.as_ptr().align_offset(64).min(15);
-                    let halves = &self.halves;
+                    let halves = &self.halves[..x.len()];
                     let wide = &mut self.f32s[self.f32s_at..][..x.len()];
                     for_each_chunk(pool, wide, VALUES, |c, f| {
                         kernels.widen_f16(&halves[c * VALUES..][..f.len()], f);
@@ -536,12 +547,13 @@ impl Activations {
                     .extend(x.iter().map(|&v| memwall_format::blocks::f32_to_bf16(v)));
             }
             VecDotType::Q8_0 => {
-                self.q8_0.resize(nb, BlockQ8_0::default());
-                for_each_chunk(pool, &mut self.q8_0, CHUNK, |c, y| {
+                let q8_0 = grown(&mut self.q8_0, nb, BlockQ8_0::default());
+                for_each_chunk(pool, q8_0, CHUNK, |c, y| {
                     kernels.quantize_row_q8_0(&x[c * CHUNK * bs..][..y.len() * bs], y);
                 });
                 self.q8_0_d.clear();
-                self.q8_0_d.extend(self.q8_0.iter().map(|b| b.d.to_f32()));
+                self.q8_0_d
+                    .extend(self.q8_0[..nb].iter().map(|b| b.d.to_f32()));
                 self.q8_0_groups.clear();
                 // Only the x86 and aarch64 several-row kernels read the
                 // regrouped rows.
@@ -549,7 +561,7 @@ impl Activations {
                     let nbr = cols / QK8_0;
                     let record = nbr.div_ceil(8) * Q8_GROUP_BYTES;
                     let groups = self.q8_0_groups.zeroed(self.rows * record);
-                    let (blocks, d) = (&self.q8_0, &self.q8_0_d);
+                    let (blocks, d) = (&self.q8_0[..nb], &self.q8_0_d);
                     // Eight tokens per task.
                     for_each_chunk(pool, groups, 8 * record, |c, g| {
                         for (i, g) in g.chunks_exact_mut(record).enumerate() {
@@ -560,14 +572,14 @@ impl Activations {
                 }
             }
             VecDotType::Q8_1 => {
-                self.q8_1.resize(nb, BlockQ8_1::default());
-                for_each_chunk(pool, &mut self.q8_1, CHUNK, |c, y| {
+                let q8_1 = grown(&mut self.q8_1, nb, BlockQ8_1::default());
+                for_each_chunk(pool, q8_1, CHUNK, |c, y| {
                     quantize_row_q8_1(&x[c * CHUNK * bs..][..y.len() * bs], y);
                 });
             }
             VecDotType::Q8K => {
-                self.q8k.resize(nb, BlockQ8K::default());
-                for_each_chunk(pool, &mut self.q8k, CHUNK / 8, |c, y| {
+                let q8k = grown(&mut self.q8k, nb, BlockQ8K::default());
+                for_each_chunk(pool, q8k, CHUNK / 8, |c, y| {
                     quantize_row_q8_k(&x[c * (CHUNK / 8) * bs..][..y.len() * bs], y);
                 });
                 self.q8k_groups.clear();
@@ -581,7 +593,7 @@ impl Activations {
                     let out = self
                         .q8k_tiles
                         .reuse(self.rows.div_ceil(tiled::TOKENS) * group);
-                    let blocks = &self.q8k;
+                    let blocks = &self.q8k[..nb];
                     for_each_chunk(pool, out, group, |g, out| {
                         let rows = g * tiled::TOKENS..(self.rows).min((g + 1) * tiled::TOKENS);
                         tiled::pack_acts(&blocks[rows.start * nbr..rows.end * nbr], nbr, out);
@@ -591,7 +603,7 @@ impl Activations {
                     let nbr = cols / QK_K;
                     let record = nbr.div_ceil(8) * Q8K_GROUP_BYTES;
                     let groups = self.q8k_groups.zeroed(self.rows * record);
-                    let blocks = &self.q8k;
+                    let blocks = &self.q8k[..nb];
                     // Four tokens per task.
                     for_each_chunk(pool, groups, 4 * record, |c, g| {
                         for (i, g) in g.chunks_exact_mut(record).enumerate() {
