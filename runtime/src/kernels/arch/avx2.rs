@@ -2826,8 +2826,10 @@ fn f16_rows_any<const WIDE: bool>(
 
 /// A group of at most [`F16_GROUP`] tiles of `R` weight rows each (`w`,
 /// `n·R × cols` f16; or `wide`, the same widened, when `WIDE`) against `T`
-/// activation rows (`a`, `T × cols` floats): `out[r·stride + t]`.
-#[inline]
+/// activation rows (`a`, `T × cols` floats): `out[r·stride + t]`. Not
+/// inlined: inside its caller, beside every other tile size, the sweeps
+/// were left as calls that passed the partial vectors through memory.
+#[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn f16_group<const R: usize, const T: usize, const WIDE: bool>(
     w: &[u8],
@@ -2848,29 +2850,31 @@ fn f16_group<const R: usize, const T: usize, const WIDE: bool>(
         "f16 group lengths"
     );
     // acc[i][k][t][r]: tile i, partial vector k, token t, row r; only the
-    // group's `n` tiles are ever set (a group of narrow rows is short work
-    // beside zeroing 16 KiB).
-    let mut acc = [const { MaybeUninit::<[[[__m256; R]; T]; 4]>::uninit() }; F16_GROUP];
+    // group's `n` tiles are ever set, by the first block's sweeps (a 1 KiB
+    // zeroed tile was a `memset` call per tile and block).
+    let mut acc = [[const { MaybeUninit::<[[__m256; R]; T]>::uninit() }; 4]; F16_GROUP];
     let block = f16_block(cols);
     for c0 in (0..cols).step_by(block) {
         let c1 = (c0 + block).min(cols);
         for (i, acc) in acc.iter_mut().enumerate().take(n) {
             let (w, wide) = super::f16_row_span::<WIDE>(w, wide, cols, i * R..(i + 1) * R);
-            let acc = if c0 == 0 {
-                acc.write([[[_mm256_setzero_ps(); R]; T]; 4])
-            } else {
-                // SAFETY: the first block (`c0 == 0`) wrote tile `i`.
-                unsafe { acc.assume_init_mut() }
-            };
             for (k, acc) in acc.iter_mut().enumerate() {
-                *acc = f16_sweep::<R, T, WIDE>(w, wide, cols, a, c0..c1, 8 * k, *acc);
+                let start = if c0 == 0 {
+                    [[_mm256_setzero_ps(); R]; T]
+                } else {
+                    // SAFETY: the first block (`c0 == 0`) wrote it.
+                    unsafe { acc.assume_init_read() }
+                };
+                let swept = f16_sweep::<R, T, WIDE>(w, wide, cols, a, c0..c1, 8 * k, start);
+                acc.write(swept);
             }
         }
     }
     for (i, acc) in acc.iter().enumerate().take(n) {
-        // SAFETY: the first block wrote the tiles `i < n` (`cols > 0`).
-        let acc = unsafe { acc.assume_init_ref() };
-        f16_fold::<R, T>(acc, &mut out[i * R * stride..], stride);
+        // SAFETY: the first block wrote the four partial vectors of every
+        // tile `i < n` (`cols > 0`, so there is one).
+        let acc = std::array::from_fn(|k| unsafe { acc[k].assume_init_read() });
+        f16_fold::<R, T>(&acc, &mut out[i * R * stride..], stride);
     }
 }
 
