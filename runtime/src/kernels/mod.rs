@@ -521,7 +521,7 @@ impl Activations {
             }
             VecDotType::F16 => {
                 // Value by value over the pool (every value is written: the
-                // buffers are resized, not cleared).
+                // buffers are grown and sliced, not cleared).
                 const VALUES: usize = 8192;
                 let halves = grown(&mut self.halves, x.len(), 0);
                 for_each_chunk(pool, halves, VALUES, |c, h| {
@@ -530,8 +530,7 @@ impl Activations {
                 // Only the x86 and aarch64 F16 row products read the widened
                 // values.
                 if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
-                    grown(&mut self.f32s, x.len() + 15, 0.0);
-                    self.f32s_at = self.f32s.as_ptr().align_offset(64).min(15);
+                    self.f32s_at = aligned_at(&mut self.f32s, x.len());
                     let halves = &self.halves[..x.len()];
                     let wide = &mut self.f32s[self.f32s_at..][..x.len()];
                     for_each_chunk(pool, wide, VALUES, |c, f| {
