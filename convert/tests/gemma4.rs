@@ -178,17 +178,19 @@ fn gemma4_exports_back_to_the_checkpoints_tensors_and_converts_to_the_same_file(
     use memwall_convert::export::{ExportDtype, ExportOptions, export};
     let dir = tempfile::tempdir().unwrap();
     for name in ["tiny-gemma4", "tiny-gemma4-moe"] {
-        let hf = text_checkpoint(dir.path(), name);
+        // One model's files at a time (a 262 144-token vocabulary makes them large).
+        let work = dir.path().join(name);
+        let hf = text_checkpoint(&work, name);
         // F32 there and back: the same file, metadata and vocabulary included.
-        let first = dir.path().join(format!("{name}.gguf"));
+        let first = work.join(format!("{name}.gguf"));
         convert(&hf, &first, &options(OutType::F32, None), &Silent).unwrap();
-        let back = dir.path().join("back").join(name);
+        let back = work.join("back").join(name);
         let f32 = ExportOptions {
             dtype: ExportDtype::F32,
             ..ExportOptions::default()
         };
         export(&first, &back, &f32, &Silent).unwrap();
-        let again = dir.path().join(format!("{name}-again.gguf"));
+        let again = work.join(format!("{name}-again.gguf"));
         convert(&back, &again, &options(OutType::F32, None), &Silent).unwrap();
         assert_eq!(
             sha(&std::fs::read(&again).unwrap()),
@@ -196,9 +198,9 @@ fn gemma4_exports_back_to_the_checkpoints_tensors_and_converts_to_the_same_file(
             "{name}: F32 export converted again"
         );
         // BF16 (the checkpoint's own type): every tensor as the checkpoint has it.
-        let bf16 = dir.path().join(format!("{name}-bf16.gguf"));
+        let bf16 = work.join(format!("{name}-bf16.gguf"));
         convert(&hf, &bf16, &options(OutType::BF16, None), &Silent).unwrap();
-        let back = dir.path().join("back-bf16").join(name);
+        let back = work.join("back-bf16").join(name);
         export(&bf16, &back, &ExportOptions::default(), &Silent).unwrap();
         let original = std::fs::read(hf.join("model.safetensors")).unwrap();
         let original = safetensors::SafeTensors::deserialize(&original).unwrap();
@@ -244,6 +246,7 @@ fn gemma4_exports_back_to_the_checkpoints_tensors_and_converts_to_the_same_file(
             std::fs::read(back.join("chat_template.jinja")).unwrap(),
             std::fs::read(hf.join("chat_template.jinja")).unwrap()
         );
+        std::fs::remove_dir_all(&work).unwrap();
     }
 }
 
