@@ -81,15 +81,18 @@ fn smollm2_q4_1_logits_match_transformers() {
 #[test]
 fn decoding_token_by_token_equals_the_batch() {
     let gguf = GgufModel::open(&fixtures().join("tiny-zh/reference/tiny-zh-f16.gguf")).unwrap();
-    let model = Model::new(&gguf, 64).unwrap();
-    // Forty-two tokens: more than one tile of keys (32) in the batch's attention.
-    let ids: Vec<u32> = [1319u32, 3933, 1385, 1304, 85, 293, 1005].repeat(6);
+    let model = Model::new(&gguf, 256).unwrap();
+    // 154 tokens: several tiles of keys (32) and pieces of values (64) in the
+    // batch's attention, and a last block of two queries (blocks of four).
+    let ids: Vec<u32> = [1319u32, 3933, 1385, 1304, 85, 293, 1005].repeat(22);
     let batch = model.forward(&mut model.session(), &ids).unwrap();
     let mut session = model.session();
     let n = model.config.n_vocab;
-    // A prompt of three, then one at a time through the KV cache.
+    // A prompt of three, a batch of 77 after it, then one at a time through
+    // the KV cache.
     let mut stepped = model.forward(&mut session, &ids[..3]).unwrap();
-    for &id in &ids[3..] {
+    stepped.extend(model.forward(&mut session, &ids[3..80]).unwrap());
+    for &id in &ids[80..] {
         stepped.extend(model.forward(&mut session, &[id]).unwrap());
     }
     assert_eq!(session.len(), ids.len());

@@ -1,7 +1,7 @@
 //! Attention: causal grouped-query attention over the KV cache, one query at
 //! a time or a batch at once with the same bits.
 
-use super::session::{Kv, by_head, by_head_transposed};
+use super::session::{by_head, by_head_transposed, key_stride};
 use super::*;
 
 /// `s ← exp_fast(s − max s)` for every score; returns their sequential sum.
@@ -201,7 +201,7 @@ impl<'a> Model<'a> {
                     k,
                     (first, n),
                     heads,
-                    self.spare.take(kvd * n.next_multiple_of(KEY_TILE)),
+                    self.spare.take(kvd * key_stride(n)),
                 ),
                 by_head(
                     &self.kernels,
@@ -212,38 +212,50 @@ impl<'a> Model<'a> {
                 ),
             )
         });
-        let view = match &dense {
-            Some(((kt, stride), v)) => Kv::Dense {
-                kt,
-                stride: *stride,
-                v,
-                from: first,
-            },
-            None => Kv::Cache(k, v),
-        };
-        // One work item per (token, head), or for a batch per (token, KV
-        // head) with the query heads that share it: each writes its own slice
-        // of `out` with the same arithmetic on any thread, so the result does
-        // not depend on threads. Each sums into its own small buffer first
-        // (when `out` was fresh zero pages, reading before writing faulted
-        // them in twice, the second time with a TLB flush on every core).
         let group = heads.group();
-        let together = if dense.is_some() { group } else { 1 };
-        let per = heads.n_head / together;
-        let work = |i: usize, oh: &mut [f32]| {
-            let (t, first) = (i / per, i % per * together);
-            let mut acc = vec![0f32; together * hd];
-            self.attend(
-                &q[t * qd + first * hd..][..together * hd],
-                first,
-                &view,
-                span,
-                span.n_past + t + 1,
-                &mut acc,
-            );
-            oh.copy_from_slice(&acc);
-        };
-        for_each_chunk(self.pool.as_deref(), &mut out, together * hd, work);
+        match &dense {
+            // A batch: a work item per block of tokens, all heads (each writes
+            // its own rows of `out`; the same arithmetic on any thread).
+            Some(((kt, stride), v)) => {
+                let keys = Keys {
+                    kt,
+                    stride: *stride,
+                    v,
+                    from: first,
+                };
+                let work = |i: usize, ob: &mut [f32]| {
+                    ob.fill(0.0);
+                    let q = &q[i * QUERY_BLOCK * qd..][..ob.len()];
+                    for h0 in (0..heads.n_head).step_by(group) {
+                        for first in (h0..h0 + group).step_by(attn::HEADS) {
+                            let n = (h0 + group - first).min(attn::HEADS);
+                            self.attend_block(q, (first, n), &keys, span, i * QUERY_BLOCK, ob);
+                        }
+                    }
+                };
+                for_each_chunk(self.pool.as_deref(), &mut out, QUERY_BLOCK * qd, work);
+            }
+            // One token: a work item per head. Each sums into its own small
+            // buffer first (when `out` was fresh zero pages, reading before
+            // writing faulted them in twice, the second time with a TLB
+            // flush on every core).
+            None => {
+                let work = |i: usize, oh: &mut [f32]| {
+                    let (t, head) = (i / heads.n_head, i % heads.n_head);
+                    let mut acc = vec![0f32; hd];
+                    self.attend(
+                        &q[t * qd + head * hd..][..hd],
+                        head,
+                        (k, v),
+                        span,
+                        span.n_past + t + 1,
+                        &mut acc,
+                    );
+                    oh.copy_from_slice(&acc);
+                };
+                for_each_chunk(self.pool.as_deref(), &mut out, hd, work);
+            }
+        }
         if let Some(((kt, _), v)) = dense {
             self.spare.give(kt);
             self.spare.give(v);
@@ -254,21 +266,15 @@ impl<'a> Model<'a> {
         out
     }
 
-    /// The query heads `first..` (`q.len() / head_dim` of them, all reading
-    /// one KV head) over the cached positions a query at position `n_kv − 1`
-    /// sees (all before it, or the last `window` with itself), into `out`
-    /// (`q` already rounded to f16 for an f16 cache).
-    ///
-    /// Each score is the sequential sum `((q0·k0 + q1·k1) + q2·k2) + …` (from
-    /// `-0.0`, as `Iterator::sum`), and the output the sequential sum over
-    /// positions of `(s_j / Σs) · v_j`, whichever layout the cache is read from
-    /// and however many heads are taken together, so a batch and
-    /// token-by-token decoding give the same bits.
-    pub(super) fn attend(
+    /// The query head `head` (`q`, `head_dim` values) over the cached
+    /// positions a query at position `n_kv − 1` sees (all before it, or the
+    /// last `window` with itself), into `out` (`q` already rounded to f16 for
+    /// an f16 cache).
+    fn attend(
         &self,
         q: &[f32],
-        first: usize,
-        kv: &Kv,
+        head: usize,
+        (k, v): (&Cache, &Cache),
         span: Span,
         n_kv: usize,
         out: &mut [f32],
@@ -276,74 +282,133 @@ impl<'a> Model<'a> {
         let c = &self.config;
         let heads = span.heads;
         let hd = heads.head_dim;
-        let kv_head = first / heads.group();
+        let kv_head = head / heads.group();
         let scale = c.attn_scale.unwrap_or_else(|| 1.0 / (hd as f32).sqrt());
         let start = span.window.map_or(0, |w| n_kv.saturating_sub(w));
-        let seen = n_kv - start;
         let kernels = &self.kernels;
-        match kv {
-            Kv::Cache(k, v) => {
-                let mut buf = vec![0f32; hd];
-                let mut scores = Vec::with_capacity(seen);
-                for (qh, out) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
-                    scores.clear();
-                    for j in start..n_kv {
-                        k.read(kernels, j, kv_head * hd, &mut buf);
-                        let dot: f32 = qh.iter().zip(&buf).map(|(a, b)| a * b).sum();
-                        scores.push(dot * scale);
-                    }
-                    let sum = softmax_numerators(kernels, &mut scores);
-                    for (j, s) in (start..n_kv).zip(&scores) {
-                        v.read(kernels, j, kv_head * hd, &mut buf);
-                        kernels.axpy(out, s / sum, &buf);
-                    }
+        let mut buf = vec![0f32; hd];
+        let mut scores = Vec::with_capacity(n_kv - start);
+        for j in start..n_kv {
+            k.read(kernels, j, kv_head * hd, &mut buf);
+            let dot: f32 = q.iter().zip(&buf).map(|(a, b)| a * b).sum();
+            scores.push(dot * scale);
+        }
+        let sum = softmax_numerators(kernels, &mut scores);
+        for (j, s) in (start..n_kv).zip(&scores) {
+            v.read(kernels, j, kv_head * hd, &mut buf);
+            kernels.axpy(out, s / sum, &buf);
+        }
+    }
+
+    /// The query heads `first..first + n` (`n ≤ attn::HEADS`, all reading one
+    /// KV head) of the block of tokens whose queries are the rows of `q`
+    /// (`q_dim` values each; the first is the batch's token `t0`) against the
+    /// dense keys and values, added into the same rows of `out` (zeros).
+    /// Each (token, head) sums what [`Model::attend`] sums for it, in the same
+    /// order; the block's tokens take each tile of keys and each piece of
+    /// values in turn, while it is in L1, instead of each token reading all
+    /// of them from L2.
+    fn attend_block(
+        &self,
+        q: &[f32],
+        (first, n): (usize, usize),
+        keys: &Keys,
+        span: Span,
+        t0: usize,
+        out: &mut [f32],
+    ) {
+        let c = &self.config;
+        let heads = span.heads;
+        let (qd, hd) = (heads.q_dim(), heads.head_dim);
+        let kv_head = first / heads.group();
+        let scale = c.attn_scale.unwrap_or_else(|| 1.0 / (hd as f32).sqrt());
+        let kernels = &self.kernels;
+        let stride = keys.stride;
+        let kt = &keys.kt[kv_head * hd * stride..][..hd * stride];
+        let v = &keys.v[kv_head * keys.v.len() / heads.n_head_kv..];
+        // Each token's positions seen, `start..end`, counted from the first
+        // one decoded, and where its `n` rows of scores (`end − start` each)
+        // start in `scores`.
+        let nt = q.len() / qd;
+        let mut seen = [(0usize, 0usize, 0usize); QUERY_BLOCK];
+        let mut total = 0;
+        for (b, seen) in seen.iter_mut().enumerate().take(nt) {
+            let n_kv = span.n_past + t0 + b + 1;
+            let start = span.window.map_or(0, |w| n_kv.saturating_sub(w));
+            *seen = (start - keys.from, n_kv - keys.from, total);
+            total += n * (n_kv - start);
+        }
+        let seen = &seen[..nt];
+        let lo = seen.iter().map(|s| s.0).min().unwrap_or(0);
+        let hi = seen.iter().map(|s| s.1).max().unwrap_or(0);
+        let mut scores = vec![0f32; total];
+        let mut tiles = [[0f32; KEY_TILE]; attn::HEADS];
+        // Tiles start at multiples of the tile (the padding covers the last
+        // one); keys before a token's window are not read for it.
+        for j0 in (lo / KEY_TILE * KEY_TILE..hi).step_by(KEY_TILE) {
+            for (b, &(start, end, at)) in seen.iter().enumerate() {
+                if j0 + KEY_TILE <= start || j0 >= end {
+                    continue;
                 }
-            }
-            Kv::Dense {
-                kt,
-                stride,
-                v,
-                from,
-            } => {
-                // Positions from here on count from the first one decoded.
-                let (start, n_kv) = (start - from, n_kv - from);
-                let kt = &kt[kv_head * hd * stride..][..hd * stride];
-                let v = &v[kv_head * v.len() / heads.n_head_kv..];
-                let v = &v[start * hd..n_kv * hd];
-                let mut tiles = [[0f32; KEY_TILE]; attn::HEADS];
-                let mut scores = Vec::new();
-                // Tiles start at multiples of the tile (the padding covers
-                // the last one); keys before the window are not kept.
-                let tile0 = start / KEY_TILE * KEY_TILE;
-                for (qh, out) in q
-                    .chunks(attn::HEADS * hd)
-                    .zip(out.chunks_mut(attn::HEADS * hd))
-                {
-                    let heads = qh.len() / hd;
-                    scores.clear();
-                    scores.resize(heads * seen, 0.0);
-                    for j0 in (tile0..n_kv).step_by(KEY_TILE) {
-                        kernels.key_tiles(qh, hd, &kt[j0..], *stride, &mut tiles[..heads]);
-                        let from = start.max(j0);
-                        let to = n_kv.min(j0 + KEY_TILE);
-                        for (row, tile) in scores.chunks_exact_mut(seen).zip(&tiles) {
-                            for (s, &dot) in row[from - start..to - start]
-                                .iter_mut()
-                                .zip(&tile[from - j0..])
-                            {
-                                *s = dot * scale;
-                            }
-                        }
+                let qh = &q[b * qd + first * hd..][..n * hd];
+                kernels.key_tiles(qh, hd, &kt[j0..], stride, &mut tiles[..n]);
+                let (from, to) = (start.max(j0), end.min(j0 + KEY_TILE));
+                let rows = scores[at..][..n * (end - start)].chunks_exact_mut(end - start);
+                for (row, tile) in rows.zip(&tiles) {
+                    for (s, &dot) in row[from - start..to - start]
+                        .iter_mut()
+                        .zip(&tile[from - j0..])
+                    {
+                        *s = dot * scale;
                     }
-                    let mut sums = [0f32; attn::HEADS];
-                    for (sum, row) in sums.iter_mut().zip(scores.chunks_exact_mut(seen)) {
-                        *sum = softmax_numerators(kernels, row);
-                    }
-                    kernels.weighted_rows(out, &mut scores, &sums[..heads], v);
                 }
             }
         }
+        for &(start, end, at) in seen {
+            let rows = &mut scores[at..][..n * (end - start)];
+            let mut sums = [0f32; attn::HEADS];
+            for (sum, row) in sums.iter_mut().zip(rows.chunks_exact_mut(end - start)) {
+                *sum = softmax_numerators(kernels, row);
+            }
+            kernels.divide_rows(rows, &sums[..n]);
+        }
+        // The values piece by piece, each for every token of the block (the
+        // heads' weights of the piece copied side by side first).
+        let mut probs = [0f32; attn::HEADS * VALUE_PIECE];
+        for p0 in (lo..hi).step_by(VALUE_PIECE) {
+            for (b, &(start, end, at)) in seen.iter().enumerate() {
+                let (from, to) = (start.max(p0), end.min(p0 + VALUE_PIECE));
+                if from >= to {
+                    continue;
+                }
+                let len = to - from;
+                for h in 0..n {
+                    let row = &scores[at + h * (end - start)..][..end - start];
+                    probs[h * len..][..len].copy_from_slice(&row[from - start..to - start]);
+                }
+                let o = &mut out[b * qd + first * hd..][..n * hd];
+                kernels.weighted_sum(o, &probs[..n * len], &v[from * hd..to * hd], n);
+            }
+        }
     }
+}
+
+/// Tokens whose queries one work item of a batch's attention takes together.
+const QUERY_BLOCK: usize = 4;
+
+/// Positions of values taken at a time by a block's tokens in turn
+/// (`VALUE_PIECE × head_dim` floats: 16 KiB at a head size of 64).
+const VALUE_PIECE: usize = 64;
+
+/// A batch's keys and values, decoded to `f32` head by head: the positions
+/// from `from` on; keys transposed, `[head][dim][pos]` with `stride`
+/// positions per dim ([`key_stride`], the padding zeros); values
+/// `[head][pos][dim]`.
+struct Keys<'a> {
+    kt: &'a [f32],
+    stride: usize,
+    v: &'a [f32],
+    from: usize,
 }
 
 /// What one layer's attention reads: its heads, how far back a query sees,

@@ -124,21 +124,6 @@ impl Cache {
     }
 }
 
-/// The keys and values attention reads: the cache itself, or (for a batch)
-/// its first positions decoded to `f32`, laid out head by head.
-pub(super) enum Kv<'c> {
-    Cache(&'c Cache, &'c Cache),
-    /// The positions from `from` on: keys transposed, `[head][dim][pos]`
-    /// with `stride` positions per dim (padded with zeros to a multiple of
-    /// [`KEY_TILE`]); values `[head][pos][dim]`.
-    Dense {
-        kt: &'c [f32],
-        stride: usize,
-        v: &'c [f32],
-        from: usize,
-    },
-}
-
 /// The `n` positions of `cache` from `first` as `f32`, head by head:
 /// `[head][pos][dim]`, written over every value of `out` (`n` times the KV
 /// width).
@@ -159,10 +144,19 @@ pub(super) fn by_head(
     out
 }
 
+/// The floats from one dim of [`by_head_transposed`]'s keys to the next for
+/// `n` positions: `n` rounded up to [`KEY_TILE`], plus half a tile. A tile
+/// reads a line or two of each of its `head_dim` dims; with the stride a
+/// power of two (a 512-token prompt: 2 KiB) all of them fell into two sets
+/// of the L1 cache and pushed each other out, so each tile came from L2. The
+/// half tile (an odd number of 64-byte lines) spreads them over every set.
+pub(super) fn key_stride(n: usize) -> usize {
+    n.next_multiple_of(KEY_TILE) + KEY_TILE / 2
+}
+
 /// The `n` positions of `cache` from `first` as `f32`, transposed head by
 /// head: `[head][dim][pos]`, each dim padded with zeros to the returned
-/// stride (a multiple of [`KEY_TILE`]), in `out`: zeros, the KV width times
-/// `n` rounded up to [`KEY_TILE`].
+/// [`key_stride`], in `out`: zeros, the KV width times the stride.
 pub(super) fn by_head_transposed(
     k: &Kernels,
     cache: &Cache,
@@ -171,7 +165,7 @@ pub(super) fn by_head_transposed(
     mut out: Vec<f32>,
 ) -> (Vec<f32>, usize) {
     let hd = heads.head_dim;
-    let stride = n.next_multiple_of(KEY_TILE);
+    let stride = key_stride(n);
     assert_eq!(
         out.len(),
         heads.kv_dim() * stride,

@@ -1171,7 +1171,7 @@ pub(crate) struct OpsTable {
     /// for `out.len() ≤ attn::PRODUCT_ROWS` rows, with a fused multiply-add
     /// per step.
     pub(crate) product_tiles: KeyTiles,
-    /// The accumulation of [`Kernels::weighted_rows`] over scores already
+    /// [`Kernels::weighted_sum`]: the accumulation over scores already
     /// divided by their sums: `(out, probs, v, heads)`.
     pub(crate) weighted_rows: fn(&mut [f32], &[f32], &[f32], usize),
     /// [`Kernels::axpy`].
@@ -1628,23 +1628,22 @@ impl Kernels {
         (self.table.ops.key_tiles)(q, hd, kt, stride, out)
     }
 
-    /// For each of the `sums.len() ≤ attn::HEADS` heads `h` (rows of `hd =
-    /// v.len() / positions` values in `out`, rows of `positions = scores.len()
-    /// / sums.len()` in `scores`) and each position `j` in turn: `out[h] ←
-    /// out[h] + (scores[h][j] / sums[h]) · v[j]`, [`Kernels::axpy`]'s
-    /// arithmetic position by position; `scores` is left divided by the sums
-    /// (each quotient computed once, not once per pass over the dimensions).
-    /// Panics if there are more than `attn::HEADS` heads or the lengths
-    /// disagree.
-    pub(crate) fn weighted_rows(
-        &self,
-        out: &mut [f32],
-        scores: &mut [f32],
-        sums: &[f32],
-        v: &[f32],
-    ) {
+    /// Divides each of the `sums.len()` rows of `scores` by its sum: the
+    /// weights of [`Kernels::weighted_sum`], each quotient computed once.
+    pub(crate) fn divide_rows(&self, scores: &mut [f32], sums: &[f32]) {
         attn::divide_rows(scores, sums);
-        (self.table.ops.weighted_rows)(out, scores, v, sums.len())
+    }
+
+    /// For each of the `heads ≤ attn::HEADS` heads `h` (rows of `hd =
+    /// out.len() / heads` values in `out`, rows of `positions = probs.len() /
+    /// heads` in `probs`) and each position `j` in turn: `out[h] ← out[h] +
+    /// probs[h][j] · v[j]`, [`Kernels::axpy`]'s arithmetic position by
+    /// position. Positions taken in pieces, one call after another on the same
+    /// `out`, give the bits of one call over all of them (each element sums
+    /// its positions in order, from what `out` holds). Panics if there are
+    /// more than `attn::HEADS` heads or the lengths disagree.
+    pub(crate) fn weighted_sum(&self, out: &mut [f32], probs: &[f32], v: &[f32], heads: usize) {
+        (self.table.ops.weighted_rows)(out, probs, v, heads)
     }
 
     /// `out[i] = out[i] + p · x[i]` for every `i`.
