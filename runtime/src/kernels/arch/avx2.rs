@@ -460,13 +460,25 @@ fn q8_0_block(x: &[f32], b: &mut BlockQ8_0) {
 }
 
 /// `x ← exp_fast(x)` for every element, eight lanes at a time: the same
-/// operations in the same order as [`exp_fast`], so the same bits.
+/// operations in the same order as [`exp_fast`], so the same bits. Four
+/// vectors go through each step together ([`exp8s`]).
 #[target_feature(enable = "avx2")]
 pub(super) fn exp_fast_in_place(xs: &mut [f32]) {
-    let mut chunks = xs.chunks_exact_mut(8);
+    let mut fours = xs.chunks_exact_mut(32);
+    for x in &mut fours {
+        // SAFETY: `x` is a chunk of exactly 32 floats: four loads of eight.
+        let v = exp8s::<4>(std::array::from_fn(|i| unsafe {
+            _mm256_loadu_ps(x[8 * i..].as_ptr())
+        }));
+        for (i, v) in v.into_iter().enumerate() {
+            // SAFETY: the same 32 floats, writable.
+            unsafe { _mm256_storeu_ps(x[8 * i..].as_mut_ptr(), v) };
+        }
+    }
+    let mut chunks = fours.into_remainder().chunks_exact_mut(8);
     for x in &mut chunks {
         // SAFETY: `x` is a chunk of exactly eight floats (32 readable bytes).
-        let v = exp8(unsafe { _mm256_loadu_ps(x.as_ptr()) });
+        let [v] = exp8s::<1>([unsafe { _mm256_loadu_ps(x.as_ptr()) }]);
         // SAFETY: the same 32 bytes, writable.
         unsafe { _mm256_storeu_ps(x.as_mut_ptr(), v) };
     }
@@ -475,52 +487,59 @@ pub(super) fn exp_fast_in_place(xs: &mut [f32]) {
     }
 }
 
+/// [`exp_fast`] of `N` vectors, each step applied to all of them before the
+/// next: one vector's steps form a chain of some thirty dependent operations,
+/// and the chains of vectors in a row, one after the other, filled the
+/// scheduler with operations waiting on their predecessors.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn exp8(x: __m256) -> __m256 {
+fn exp8s<const N: usize>(x: [__m256; N]) -> [__m256; N] {
     let set = _mm256_set1_ps;
-    // Clamped into range first (the lanes outside are replaced below).
-    let xc = _mm256_min_ps(_mm256_max_ps(x, set(EXP_FAST_MIN)), set(EXP_FAST_MAX));
-    let round = set(ROUND_F32);
-    let k = _mm256_sub_ps(
-        _mm256_add_ps(_mm256_mul_ps(xc, set(LOG2E_F32)), round),
-        round,
-    );
-    let r = _mm256_sub_ps(
-        _mm256_sub_ps(xc, _mm256_mul_ps(k, set(LN2_HI_F32))),
-        _mm256_mul_ps(k, set(LN2_LO_F32)),
-    );
-    let mut p = set(EXP_FAST_C[0]);
-    for &c in &EXP_FAST_C[1..] {
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), set(c));
+    macro_rules! each {
+        (|$i:ident| $e:expr) => {
+            std::array::from_fn::<__m256, N, _>(|$i| $e)
+        };
     }
-    let p = _mm256_add_ps(
-        _mm256_mul_ps(_mm256_add_ps(_mm256_mul_ps(p, r), set(1.0)), r),
-        set(1.0),
-    );
-    let ki = _mm256_cvtps_epi32(k);
-    let half = _mm256_srai_epi32::<1>(_mm256_add_epi32(ki, _mm256_srli_epi32::<31>(ki)));
+    // Clamped into range first (the lanes outside are replaced below).
+    let xc = each!(|i| _mm256_min_ps(_mm256_max_ps(x[i], set(EXP_FAST_MIN)), set(EXP_FAST_MAX)));
+    let round = set(ROUND_F32);
+    let k = each!(|i| _mm256_add_ps(_mm256_mul_ps(xc[i], set(LOG2E_F32)), round));
+    let k = each!(|i| _mm256_sub_ps(k[i], round));
+    let r = each!(|i| _mm256_sub_ps(xc[i], _mm256_mul_ps(k[i], set(LN2_HI_F32))));
+    let r = each!(|i| _mm256_sub_ps(r[i], _mm256_mul_ps(k[i], set(LN2_LO_F32))));
+    let mut p = [set(EXP_FAST_C[0]); N];
+    for &c in &EXP_FAST_C[1..] {
+        p = each!(|i| _mm256_add_ps(_mm256_mul_ps(p[i], r[i]), set(c)));
+    }
+    let p = each!(|i| _mm256_add_ps(_mm256_mul_ps(p[i], r[i]), set(1.0)));
+    let p = each!(|i| _mm256_add_ps(_mm256_mul_ps(p[i], r[i]), set(1.0)));
     let pow2 = |n: __m256i| {
         _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
             n,
             _mm256_set1_epi32(127),
         )))
     };
-    let v = _mm256_mul_ps(
-        _mm256_mul_ps(p, pow2(half)),
-        pow2(_mm256_sub_epi32(ki, half)),
-    );
-    let v = _mm256_blendv_ps(
-        v,
-        set(f32::INFINITY),
-        _mm256_cmp_ps::<_CMP_GT_OQ>(x, set(EXP_FAST_MAX)),
-    );
-    let v = _mm256_blendv_ps(
-        v,
-        _mm256_setzero_ps(),
-        _mm256_cmp_ps::<_CMP_LT_OQ>(x, set(EXP_FAST_MIN)),
-    );
-    _mm256_blendv_ps(v, x, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
+    let v = each!(|i| {
+        let ki = _mm256_cvtps_epi32(k[i]);
+        let half = _mm256_srai_epi32::<1>(_mm256_add_epi32(ki, _mm256_srli_epi32::<31>(ki)));
+        _mm256_mul_ps(
+            _mm256_mul_ps(p[i], pow2(half)),
+            pow2(_mm256_sub_epi32(ki, half)),
+        )
+    });
+    each!(|i| {
+        let v = _mm256_blendv_ps(
+            v[i],
+            set(f32::INFINITY),
+            _mm256_cmp_ps::<_CMP_GT_OQ>(x[i], set(EXP_FAST_MAX)),
+        );
+        let v = _mm256_blendv_ps(
+            v,
+            _mm256_setzero_ps(),
+            _mm256_cmp_ps::<_CMP_LT_OQ>(x[i], set(EXP_FAST_MIN)),
+        );
+        _mm256_blendv_ps(v, x[i], _mm256_cmp_ps::<_CMP_UNORD_Q>(x[i], x[i]))
+    })
 }
 
 // ---- loads (the only pointer use; each checks its length) ----

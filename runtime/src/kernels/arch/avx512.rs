@@ -25,7 +25,7 @@ use super::avx2::{
     unpack_q8_0, word,
 };
 use crate::forward::math::{
-    EXP_FAST_C, EXP_FAST_MAX, EXP_FAST_MIN, LN2_HI_F32, LN2_LO_F32, LOG2E_F32, ROUND_F32, exp_fast,
+    EXP_FAST_C, EXP_FAST_MAX, EXP_FAST_MIN, LN2_HI_F32, LN2_LO_F32, LOG2E_F32, ROUND_F32,
 };
 use crate::kernels::attn::{self, KEY_TILE, by_heads, by_product_rows};
 use crate::kernels::scalar::{Blocks, k4_scales, term};
@@ -259,77 +259,84 @@ fn weighted_rows<const N: usize, const W: usize>(out: &mut [f32], probs: &[f32],
 }
 
 /// `x ← exp_fast(x)` for every element, sixteen lanes at a time (the same
-/// bits as [`exp_fast`]).
+/// bits as [`exp_fast`]), four vectors through each step together as AVX2's
+/// `exp8s` takes them.
 #[clippy::msrv = "1.89"]
 #[target_feature(enable = "avx2,avx512f")]
 fn exp_fast_in_place(xs: &mut [f32]) {
-    let mut chunks = xs.chunks_exact_mut(16);
+    let mut fours = xs.chunks_exact_mut(64);
+    for x in &mut fours {
+        // SAFETY: `x` is a chunk of exactly 64 floats: four loads of sixteen.
+        let v = exp16s::<4>(std::array::from_fn(|i| unsafe {
+            _mm512_loadu_ps(x[16 * i..].as_ptr())
+        }));
+        for (i, v) in v.into_iter().enumerate() {
+            // SAFETY: the same 64 floats, writable.
+            unsafe { _mm512_storeu_ps(x[16 * i..].as_mut_ptr(), v) };
+        }
+    }
+    let mut chunks = fours.into_remainder().chunks_exact_mut(16);
     for x in &mut chunks {
         // SAFETY: `x` is a chunk of exactly sixteen floats (64 readable bytes).
-        let v = exp16(unsafe { _mm512_loadu_ps(x.as_ptr()) });
+        let [v] = exp16s::<1>([unsafe { _mm512_loadu_ps(x.as_ptr()) }]);
         // SAFETY: the same 64 bytes, writable.
         unsafe { _mm512_storeu_ps(x.as_mut_ptr(), v) };
     }
-    let rest = chunks.into_remainder();
-    if rest.len() >= 8 {
-        let (eight, rest) = rest.split_at_mut(8);
-        super::avx2::exp_fast_in_place(eight);
-        for x in rest {
-            *x = exp_fast(*x);
-        }
-    } else {
-        for x in rest {
-            *x = exp_fast(*x);
-        }
-    }
+    // Eight or more left: AVX2's vectors, then exp_fast for the rest.
+    super::avx2::exp_fast_in_place(chunks.into_remainder());
 }
 
+/// [`exp_fast`] of `N` vectors of sixteen, each step applied to all of them
+/// before the next (AVX2's `exp8s`).
 #[inline]
 #[clippy::msrv = "1.89"]
 #[target_feature(enable = "avx2,avx512f")]
-fn exp16(x: __m512) -> __m512 {
+fn exp16s<const N: usize>(x: [__m512; N]) -> [__m512; N] {
     let set = _mm512_set1_ps;
-    let xc = _mm512_min_ps(_mm512_max_ps(x, set(EXP_FAST_MIN)), set(EXP_FAST_MAX));
-    let round = set(ROUND_F32);
-    let k = _mm512_sub_ps(
-        _mm512_add_ps(_mm512_mul_ps(xc, set(LOG2E_F32)), round),
-        round,
-    );
-    let r = _mm512_sub_ps(
-        _mm512_sub_ps(xc, _mm512_mul_ps(k, set(LN2_HI_F32))),
-        _mm512_mul_ps(k, set(LN2_LO_F32)),
-    );
-    let mut p = set(EXP_FAST_C[0]);
-    for &c in &EXP_FAST_C[1..] {
-        p = _mm512_add_ps(_mm512_mul_ps(p, r), set(c));
+    macro_rules! each {
+        (|$i:ident| $e:expr) => {
+            std::array::from_fn::<__m512, N, _>(|$i| $e)
+        };
     }
-    let p = _mm512_add_ps(
-        _mm512_mul_ps(_mm512_add_ps(_mm512_mul_ps(p, r), set(1.0)), r),
-        set(1.0),
-    );
-    let ki = _mm512_cvtps_epi32(k);
-    let half = _mm512_srai_epi32::<1>(_mm512_add_epi32(ki, _mm512_srli_epi32::<31>(ki)));
+    let xc = each!(|i| _mm512_min_ps(_mm512_max_ps(x[i], set(EXP_FAST_MIN)), set(EXP_FAST_MAX)));
+    let round = set(ROUND_F32);
+    let k = each!(|i| _mm512_add_ps(_mm512_mul_ps(xc[i], set(LOG2E_F32)), round));
+    let k = each!(|i| _mm512_sub_ps(k[i], round));
+    let r = each!(|i| _mm512_sub_ps(xc[i], _mm512_mul_ps(k[i], set(LN2_HI_F32))));
+    let r = each!(|i| _mm512_sub_ps(r[i], _mm512_mul_ps(k[i], set(LN2_LO_F32))));
+    let mut p = [set(EXP_FAST_C[0]); N];
+    for &c in &EXP_FAST_C[1..] {
+        p = each!(|i| _mm512_add_ps(_mm512_mul_ps(p[i], r[i]), set(c)));
+    }
+    let p = each!(|i| _mm512_add_ps(_mm512_mul_ps(p[i], r[i]), set(1.0)));
+    let p = each!(|i| _mm512_add_ps(_mm512_mul_ps(p[i], r[i]), set(1.0)));
     let pow2 = |n: __m512i| {
         _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
             n,
             _mm512_set1_epi32(127),
         )))
     };
-    let v = _mm512_mul_ps(
-        _mm512_mul_ps(p, pow2(half)),
-        pow2(_mm512_sub_epi32(ki, half)),
-    );
-    let v = _mm512_mask_mov_ps(
-        v,
-        _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, set(EXP_FAST_MAX)),
-        set(f32::INFINITY),
-    );
-    let v = _mm512_mask_mov_ps(
-        v,
-        _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, set(EXP_FAST_MIN)),
-        _mm512_setzero_ps(),
-    );
-    _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), x)
+    let v = each!(|i| {
+        let ki = _mm512_cvtps_epi32(k[i]);
+        let half = _mm512_srai_epi32::<1>(_mm512_add_epi32(ki, _mm512_srli_epi32::<31>(ki)));
+        _mm512_mul_ps(
+            _mm512_mul_ps(p[i], pow2(half)),
+            pow2(_mm512_sub_epi32(ki, half)),
+        )
+    });
+    each!(|i| {
+        let v = _mm512_mask_mov_ps(
+            v[i],
+            _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x[i], set(EXP_FAST_MAX)),
+            set(f32::INFINITY),
+        );
+        let v = _mm512_mask_mov_ps(
+            v,
+            _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x[i], set(EXP_FAST_MIN)),
+            _mm512_setzero_ps(),
+        );
+        _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x[i], x[i]), x[i])
+    })
 }
 
 // ---- one activation row (Q8_0 family) ----
