@@ -51,6 +51,9 @@ impl Family {
             v["input_sha256"].as_str().unwrap(),
             "{name}: F16 input"
         );
+        // Only the F16 file is read from here on; the checkpoint's disk goes
+        // (with a 262 144-token vocabulary it is hundreds of megabytes).
+        std::fs::remove_dir_all(&hf).unwrap();
         out
     }
 
@@ -297,6 +300,11 @@ impl Family {
                 k_calibrated < 0.9 * k_plain,
                 "{name}: calibrated {k_calibrated}, plain {k_plain}"
             );
+            // One variant's files at a time: the logits of a 262 144-token
+            // vocabulary are half a gigabyte.
+            for file in [&f16, &plain, &calibrated, &base] {
+                std::fs::remove_file(file).unwrap();
+            }
         }
     }
 
@@ -326,6 +334,10 @@ impl Family {
                 v["input_sha256"].as_str().unwrap(),
                 "{name}: exported and converted again"
             );
+            for file in [&f16, &again] {
+                std::fs::remove_file(file).unwrap();
+            }
+            std::fs::remove_dir_all(&folder).unwrap();
         }
     }
 
