@@ -217,7 +217,7 @@ impl<'a> Model<'a> {
             // A batch: a work item per block of tokens, all heads (each writes
             // its own rows of `out`; the same arithmetic on any thread).
             Some(((kt, stride), v)) => {
-                let keys = Keys {
+                let kv = DenseKv {
                     kt,
                     stride: *stride,
                     v,
@@ -229,7 +229,7 @@ impl<'a> Model<'a> {
                     for h0 in (0..heads.n_head).step_by(group) {
                         for first in (h0..h0 + group).step_by(attn::HEADS) {
                             let n = (h0 + group - first).min(attn::HEADS);
-                            self.attend_block(q, (first, n), &keys, span, i * QUERY_BLOCK, ob);
+                            self.attend_block(q, (first, n), &kv, span, i * QUERY_BLOCK, ob);
                         }
                     }
                 };
@@ -266,10 +266,24 @@ impl<'a> Model<'a> {
         out
     }
 
+    /// What each score is multiplied by: the model's own scale, or
+    /// `1/√head_dim`.
+    fn score_scale(&self, hd: usize) -> f32 {
+        self.config
+            .attn_scale
+            .unwrap_or_else(|| 1.0 / (hd as f32).sqrt())
+    }
+
     /// The query head `head` (`q`, `head_dim` values) over the cached
     /// positions a query at position `n_kv − 1` sees (all before it, or the
     /// last `window` with itself), into `out` (`q` already rounded to f16 for
     /// an f16 cache).
+    ///
+    /// Each score is the sequential sum `((q0·k0 + q1·k1) + q2·k2) + …` (from
+    /// `-0.0`, as `Iterator::sum`), and the output the sequential sum over
+    /// positions of `(s_j / Σs) · v_j`: [`Model::attend_block`] keeps this
+    /// order for every (token, head), so a batch and token-by-token decoding
+    /// give the same bits.
     fn attend(
         &self,
         q: &[f32],
@@ -279,11 +293,10 @@ impl<'a> Model<'a> {
         n_kv: usize,
         out: &mut [f32],
     ) {
-        let c = &self.config;
         let heads = span.heads;
         let hd = heads.head_dim;
         let kv_head = head / heads.group();
-        let scale = c.attn_scale.unwrap_or_else(|| 1.0 / (hd as f32).sqrt());
+        let scale = self.score_scale(hd);
         let start = span.window.map_or(0, |w| n_kv.saturating_sub(w));
         let kernels = &self.kernels;
         let mut buf = vec![0f32; hd];
@@ -312,20 +325,19 @@ impl<'a> Model<'a> {
         &self,
         q: &[f32],
         (first, n): (usize, usize),
-        keys: &Keys,
+        kv: &DenseKv,
         span: Span,
         t0: usize,
         out: &mut [f32],
     ) {
-        let c = &self.config;
         let heads = span.heads;
         let (qd, hd) = (heads.q_dim(), heads.head_dim);
         let kv_head = first / heads.group();
-        let scale = c.attn_scale.unwrap_or_else(|| 1.0 / (hd as f32).sqrt());
+        let scale = self.score_scale(hd);
         let kernels = &self.kernels;
-        let stride = keys.stride;
-        let kt = &keys.kt[kv_head * hd * stride..][..hd * stride];
-        let v = &keys.v[kv_head * keys.v.len() / heads.n_head_kv..];
+        let stride = kv.stride;
+        let kt = &kv.kt[kv_head * hd * stride..][..hd * stride];
+        let v = &kv.v[kv_head * kv.v.len() / heads.n_head_kv..];
         // Each token's positions seen, `start..end`, counted from the first
         // one decoded, and where its `n` rows of scores (`end − start` each)
         // start in `scores`.
@@ -335,7 +347,7 @@ impl<'a> Model<'a> {
         for (b, seen) in seen.iter_mut().enumerate().take(nt) {
             let n_kv = span.n_past + t0 + b + 1;
             let start = span.window.map_or(0, |w| n_kv.saturating_sub(w));
-            *seen = (start - keys.from, n_kv - keys.from, total);
+            *seen = (start - kv.from, n_kv - kv.from, total);
             total += n * (n_kv - start);
         }
         let seen = &seen[..nt];
@@ -387,7 +399,7 @@ impl<'a> Model<'a> {
                     probs[h * len..][..len].copy_from_slice(&row[from - start..to - start]);
                 }
                 let o = &mut out[b * qd + first * hd..][..n * hd];
-                kernels.weighted_sum(o, &probs[..n * len], &v[from * hd..to * hd], n);
+                kernels.weighted_rows(o, &probs[..n * len], &v[from * hd..to * hd], n);
             }
         }
     }
@@ -404,7 +416,7 @@ const VALUE_PIECE: usize = 64;
 /// from `from` on; keys transposed, `[head][dim][pos]` with `stride`
 /// positions per dim ([`key_stride`], the padding zeros); values
 /// `[head][pos][dim]`.
-struct Keys<'a> {
+struct DenseKv<'a> {
     kt: &'a [f32],
     stride: usize,
     v: &'a [f32],

@@ -15,7 +15,7 @@ use memwall_format::blocks::{f16_to_f32, f32_to_f16};
 pub(crate) const KEY_TILE: usize = 32;
 
 /// Query heads handled together by [`super::Kernels::key_tiles`] and
-/// [`super::Kernels::weighted_sum`]: the heads of one group share their keys
+/// [`super::Kernels::weighted_rows`]: the heads of one group share their keys
 /// and values (grouped-query attention), so each key or value is loaded once
 /// for all of them, and their sums are independent chains the CPU overlaps.
 pub(crate) const HEADS: usize = 4;
@@ -153,7 +153,7 @@ pub(crate) fn axpy(out: &mut [f32], p: f32, x: &[f32]) {
 }
 
 /// Divides each of the `sums.len()` rows of `scores` by its sum (the weights
-/// of [`super::Kernels::weighted_sum`]).
+/// of [`super::Kernels::weighted_rows`]).
 pub(crate) fn divide_rows(scores: &mut [f32], sums: &[f32]) {
     if let Some(n) = scores.len().checked_div(sums.len()) {
         for (row, &sum) in scores.chunks_exact_mut(n.max(1)).zip(sums) {
@@ -169,7 +169,7 @@ pub(crate) fn weighted_rows(out: &mut [f32], probs: &[f32], v: &[f32], heads: us
     by_heads!(weighted_rows_generic, 32, heads, out, probs, v)
 }
 
-/// [`super::Kernels::weighted_sum`] for `N` heads (`probs`: the scores
+/// [`super::Kernels::weighted_rows`] for `N` heads (`probs`: the scores
 /// divided by their sums), `W` dimensions at a time.
 #[inline(always)]
 pub(crate) fn weighted_rows_generic<const N: usize, const W: usize>(
@@ -365,7 +365,7 @@ mod tests {
     }
 
     #[test]
-    fn weighted_sums_add_each_head_over_positions_in_order_in_one_call_or_in_pieces() {
+    fn weighted_rows_add_each_head_over_positions_in_order_in_one_call_or_in_pieces() {
         for (k, hd) in every_backend()
             .into_iter()
             .flat_map(|k| [1, 7, 64, 80, 128].map(|hd| (k, hd)))
@@ -383,7 +383,7 @@ mod tests {
                     let mut divided = scores.clone();
                     k.divide_rows(&mut divided, &sums);
                     let mut whole = start.clone();
-                    k.weighted_sum(&mut whole, &divided, &v, heads);
+                    k.weighted_rows(&mut whole, &divided, &v, heads);
                     // The positions in two pieces (the first may be empty).
                     let cut = n / 3;
                     let mut pieces = start.clone();
@@ -391,7 +391,7 @@ mod tests {
                         let piece: Vec<f32> = (0..heads)
                             .flat_map(|h| divided[h * n + a..h * n + b].iter().copied())
                             .collect();
-                        k.weighted_sum(&mut pieces, &piece, &v[a * hd..b * hd], heads);
+                        k.weighted_rows(&mut pieces, &piece, &v[a * hd..b * hd], heads);
                     }
                     for (h, got) in (0..heads).flat_map(|h| [(h, &whole), (h, &pieces)]) {
                         let mut want = start[h * hd..(h + 1) * hd].to_vec();

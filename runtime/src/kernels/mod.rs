@@ -1171,7 +1171,7 @@ pub(crate) struct OpsTable {
     /// for `out.len() ≤ attn::PRODUCT_ROWS` rows, with a fused multiply-add
     /// per step.
     pub(crate) product_tiles: KeyTiles,
-    /// [`Kernels::weighted_sum`]: the accumulation over scores already
+    /// [`Kernels::weighted_rows`]: the accumulation over scores already
     /// divided by their sums: `(out, probs, v, heads)`.
     pub(crate) weighted_rows: fn(&mut [f32], &[f32], &[f32], usize),
     /// [`Kernels::axpy`].
@@ -1629,7 +1629,7 @@ impl Kernels {
     }
 
     /// Divides each of the `sums.len()` rows of `scores` by its sum: the
-    /// weights of [`Kernels::weighted_sum`], each quotient computed once.
+    /// weights of [`Kernels::weighted_rows`], each quotient computed once.
     pub(crate) fn divide_rows(&self, scores: &mut [f32], sums: &[f32]) {
         attn::divide_rows(scores, sums);
     }
@@ -1642,7 +1642,7 @@ impl Kernels {
     /// `out`, give the bits of one call over all of them (each element sums
     /// its positions in order, from what `out` holds). Panics if there are
     /// more than `attn::HEADS` heads or the lengths disagree.
-    pub(crate) fn weighted_sum(&self, out: &mut [f32], probs: &[f32], v: &[f32], heads: usize) {
+    pub(crate) fn weighted_rows(&self, out: &mut [f32], probs: &[f32], v: &[f32], heads: usize) {
         (self.table.ops.weighted_rows)(out, probs, v, heads)
     }
 
