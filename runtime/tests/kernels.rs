@@ -638,13 +638,17 @@ fn batched_matmul_matches_scalar_for_every_tail() {
                 } else {
                     bs * nb
                 };
-                let rows = 3;
-                for t_n in [2, 3, 4, 5, 8, 9, 21] {
+                // Three rows: work items of one row on two threads; twenty:
+                // of three (the several-row kernels' pairs and odd rows).
+                for (rows, t_n) in [3, 20]
+                    .into_iter()
+                    .flat_map(|r| [2, 3, 4, 5, 8, 9, 21].map(|t| (r, t)))
+                {
                     let w = random_row(&mut rng, ty, rows * cols);
                     let mut x = random_acts(&mut rng, (t_n * cols).next_multiple_of(32));
                     x.truncate(t_n * cols);
                     let m = QMatrix::new(ty, &w, rows, cols).unwrap();
-                    assert_matmul_is_scalar(&mut mm, &m, &x, &format!("{b:?} {ty}"));
+                    assert_matmul_is_scalar(&mut mm, &m, &x, &format!("{b:?} {ty} rows={rows}"));
                 }
             }
         }

@@ -1148,6 +1148,98 @@ fn rows_grouped<B: Scaled, const SHIFT: i32>(
     let ng = nb.div_ceil(8);
     let (records, _) = groups.as_chunks::<Q8_GROUP_BYTES>();
     assert!(records.len() == out.len() * ng, "grouped rows lengths");
+    for (out, records) in out
+        .chunks_mut(GROUP_TOKENS)
+        .zip(records.chunks(GROUP_TOKENS * ng))
+    {
+        let n = out.len();
+        let mut acc = [_mm256_setzero_ps(); GROUP_TOKENS];
+        for (g, b0) in (0..nb).step_by(8).enumerate() {
+            let (q, dw) = weight_group(w, b0, &unpack);
+            // Unsigned weights for `vpmaddubsw`: offset, or magnitudes.
+            let u = q.map(|q| {
+                if SHIFT > 0 {
+                    _mm256_add_epi8(q, _mm256_set1_epi8(1 << SHIFT))
+                } else {
+                    _mm256_sign_epi8(q, q)
+                }
+            });
+            if nb - b0 <= 4 {
+                short_group::<SHIFT>(&u, &q, dw, &records[g..], ng, &mut acc[..n]);
+                continue;
+            }
+            for (acc, r) in acc.iter_mut().zip(records[g..].iter().step_by(ng)) {
+                let terms = group_terms::<SHIFT>(&u, &q, dw, |at| ld256(&r[at..]));
+                *acc = _mm256_add_ps(*acc, terms);
+            }
+        }
+        // Eight tokens' partials folded at once (`tree8_ps`'s additions).
+        for (out, acc) in out.chunks_mut(8).zip(acc.chunks(8)) {
+            let v = std::array::from_fn(|t| acc.get(t).copied().unwrap_or(_mm256_setzero_ps()));
+            let mut sums = [0f32; 8];
+            // SAFETY: `sums` holds eight floats.
+            unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), tree8x8_ps(v)) };
+            out.copy_from_slice(&sums[..out.len()]);
+        }
+    }
+}
+
+/// A row's last group when it holds at most four blocks (576 columns are
+/// two groups and two blocks): only the first 128 bits of each register are
+/// not padding, so two tokens share every product, token `2i` in the low
+/// half and `2i + 1` in the high half, the weights in both. Each lane takes
+/// the operations of [`group_terms`], so a block's term is the same; each
+/// token's partials take the other's lanes as `+0`. Token `t`'s record is
+/// `records[t·ng]`; an odd last token takes the whole registers. Not
+/// inlined: beside the other groups' loop it left their weights on the
+/// stack.
+#[inline(never)]
+#[target_feature(enable = "avx2,f16c")]
+fn short_group<const SHIFT: i32>(
+    u: &[__m256i; 8],
+    q: &[__m256i; 8],
+    dw: __m256,
+    records: &[[u8; Q8_GROUP_BYTES]],
+    ng: usize,
+    acc: &mut [__m256],
+) {
+    let both = |v: __m256i| _mm256_permute2x128_si256::<0x00>(v, v);
+    let (u2, q2) = (u.map(both), q.map(both));
+    let dw2 = _mm256_permute2f128_ps::<0x00>(dw, dw);
+    let n = acc.len();
+    let mut pairs = acc.chunks_exact_mut(2);
+    for (i, acc) in (&mut pairs).enumerate() {
+        let (lo, hi) = (&records[2 * i * ng], &records[(2 * i + 1) * ng]);
+        let pair = |at: usize| {
+            let lo = _mm256_castsi128_si256(ld128(&lo[at..]));
+            _mm256_inserti128_si256::<1>(lo, ld128(&hi[at..]))
+        };
+        let terms = group_terms::<SHIFT>(&u2, &q2, dw2, pair);
+        let low = _mm256_permute2f128_ps::<0x80>(terms, terms);
+        let high = _mm256_permute2f128_ps::<0x81>(terms, terms);
+        acc[0] = _mm256_add_ps(acc[0], low);
+        acc[1] = _mm256_add_ps(acc[1], high);
+    }
+    if let [acc] = pairs.into_remainder() {
+        let r = &records[(n - 1) * ng];
+        let terms = group_terms::<SHIFT>(u, q, dw, |at| ld256(&r[at..]));
+        *acc = _mm256_add_ps(*acc, terms);
+    }
+}
+
+/// One group's terms for one activation record, lane `l` the term of
+/// block `8g + l`: `(d_w·d_a)·isum`. `y(at)` gives the record's 32 bytes at
+/// offset `at` (its eight registers, the blocks' sums at 256 and scales at
+/// 288); `u` and `q` are the transposed weights as unsigned bytes and with
+/// their signs ([`rows_grouped`]).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn group_terms<const SHIFT: i32>(
+    u: &[__m256i; 8],
+    q: &[__m256i; 8],
+    dw: __m256,
+    y: impl Fn(usize) -> __m256i,
+) -> __m256 {
     let ones = _mm256_set1_epi16(1);
     // Byte-pair sums `vpmaddubsw` leaves in one i16 before widening: a pair
     // is at most 2 · (2^(SHIFT+1) − 1) · 127 in magnitude (|w| ≤ 128 when
@@ -1161,52 +1253,28 @@ fn rows_grouped<B: Scaled, const SHIFT: i32>(
             _ => 1,
         }
     };
-    for (out, records) in out
-        .chunks_mut(GROUP_TOKENS)
-        .zip(records.chunks(GROUP_TOKENS * ng))
-    {
-        let mut acc = [_mm256_setzero_ps(); GROUP_TOKENS];
-        for (g, b0) in (0..nb).step_by(8).enumerate() {
-            let (q, dw) = weight_group(w, b0, &unpack);
-            // Unsigned weights for `vpmaddubsw`: offset, or magnitudes.
-            let u = q.map(|q| {
-                if SHIFT > 0 {
-                    _mm256_add_epi8(q, _mm256_set1_epi8(1 << SHIFT))
-                } else {
-                    _mm256_sign_epi8(q, q)
-                }
-            });
-            for (acc, r) in acc.iter_mut().zip(records[g..].iter().step_by(ng)) {
-                let mut s = [_mm256_setzero_si256(); 2];
-                for k0 in (0..8).step_by(terms16) {
-                    // Pairs of products: |2 · 128 · 127| and 2 · 31 · 127
-                    // fit an i16 (no saturation), and so do `terms16`
-                    // of the narrow types' pairs.
-                    let mut p16 = _mm256_setzero_si256();
-                    for k in k0..k0 + terms16 {
-                        let mut y = ld256(&r[32 * k..]);
-                        if SHIFT == 0 {
-                            y = _mm256_sign_epi8(y, q[k]);
-                        }
-                        let p = _mm256_maddubs_epi16(u[k], y);
-                        p16 = if k == k0 { p } else { _mm256_add_epi16(p16, p) };
-                    }
-                    let p = _mm256_madd_epi16(p16, ones);
-                    s[k0 / terms16 % 2] = _mm256_add_epi32(s[k0 / terms16 % 2], p);
-                }
-                let mut isum = _mm256_add_epi32(s[0], s[1]);
-                if SHIFT > 0 {
-                    isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<SHIFT>(ld256(&r[256..])));
-                }
-                let da = ldps(&r[288..]);
-                let t = _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum));
-                *acc = _mm256_add_ps(*acc, t);
+    let mut s = [_mm256_setzero_si256(); 2];
+    for k0 in (0..8).step_by(terms16) {
+        // Pairs of products: |2 · 128 · 127| and 2 · 31 · 127 fit an i16
+        // (no saturation), and so do `terms16` of the narrow types' pairs.
+        let mut p16 = _mm256_setzero_si256();
+        for k in k0..k0 + terms16 {
+            let mut y = y(32 * k);
+            if SHIFT == 0 {
+                y = _mm256_sign_epi8(y, q[k]);
             }
+            let p = _mm256_maddubs_epi16(u[k], y);
+            p16 = if k == k0 { p } else { _mm256_add_epi16(p16, p) };
         }
-        for (o, acc) in out.iter_mut().zip(acc) {
-            *o = tree8_ps(acc);
-        }
+        let p = _mm256_madd_epi16(p16, ones);
+        s[k0 / terms16 % 2] = _mm256_add_epi32(s[k0 / terms16 % 2], p);
     }
+    let mut isum = _mm256_add_epi32(s[0], s[1]);
+    if SHIFT > 0 {
+        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<SHIFT>(y(256)));
+    }
+    let da = _mm256_castsi256_ps(y(288));
+    _mm256_mul_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum))
 }
 
 /// Blocks `b0..b0 + 8` of a weight row (zero blocks past its end) as signed

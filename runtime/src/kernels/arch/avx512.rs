@@ -584,17 +584,39 @@ fn rows_grouped_pair<B: Scaled>(
             let (qb, db) = weight_group(w[1], b0, &unpack);
             let wt: [__m512i; 8] = std::array::from_fn(|k| join(qa[k], qb[k]));
             let dw = _mm512_castsi512_ps(join(_mm256_castps_si256(da), _mm256_castps_si256(db)));
-            for (acc, r) in acc.iter_mut().zip(records[g..].iter().step_by(ng)) {
-                let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-                for k in (0..8).step_by(2) {
-                    s0 = _mm512_dpbusd_epi32(s0, wt[k], bcast(&r[32 * k..]));
-                    s1 = _mm512_dpbusd_epi32(s1, wt[k + 1], bcast(&r[32 * k + 32..]));
+            let n = acc.len().min(out_a.len());
+            let mut t = 0;
+            if nb - b0 <= 4 {
+                // A last group of at most four blocks (576 columns are two
+                // groups and two blocks) is padding past the low 128 bits of
+                // each row's half: two tokens share every product, token `t`
+                // in the first quarter of a half and `t + 1` in the second,
+                // the row's weights in both. Each lane takes the operations
+                // it takes below, so a block's term is the same; the other
+                // token's quarter comes to a partial as `+0`.
+                let both = |v: __m512i| _mm512_shuffle_i64x2::<0b10_10_00_00>(v, v);
+                let wt2 = wt.map(both);
+                let dw2 = _mm512_castsi512_ps(both(_mm512_castps_si512(dw)));
+                while t + 2 <= n {
+                    let (lo, hi) = (&records[t * ng + g], &records[(t + 1) * ng + g]);
+                    let pair = |at: usize| {
+                        let lo = _mm256_castsi128_si256(avx2::ld128(&lo[at..]));
+                        _mm512_broadcast_i64x4(_mm256_inserti128_si256::<1>(
+                            lo,
+                            avx2::ld128(&hi[at..]),
+                        ))
+                    };
+                    let terms = pair_terms(&wt2, dw2, pair);
+                    let first = _mm512_maskz_mov_ps(0x0f0f, terms);
+                    let second = _mm512_maskz_shuffle_f32x4::<0b11_11_01_01>(0x0f0f, terms, terms);
+                    acc[t] = _mm512_add_ps(acc[t], first);
+                    acc[t + 1] = _mm512_add_ps(acc[t + 1], second);
+                    t += 2;
                 }
-                let ysum = _mm512_slli_epi32::<7>(bcast(&r[256..]));
-                let isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), ysum);
-                let da = _mm512_castsi512_ps(bcast(&r[288..]));
-                let t = _mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(isum));
-                *acc = _mm512_add_ps(*acc, t);
+            }
+            let rest = records.get(t * ng + g..).unwrap_or_default();
+            for (acc, r) in acc[t..n].iter_mut().zip(rest.iter().step_by(ng)) {
+                *acc = _mm512_add_ps(*acc, pair_terms(&wt, dw, |at| bcast(&r[at..])));
             }
         }
         for ((oa, ob), acc) in out_a
@@ -608,6 +630,25 @@ fn rows_grouped_pair<B: Scaled>(
             )));
         }
     }
+}
+
+/// One group's terms for two weight rows (the halves of `wt` and `dw`) and
+/// one activation record: lane `l` of each half the term of block `8g + l`,
+/// `(d_w·d_a)·isum`. `y(at)` gives the record's 32 bytes at offset `at` in
+/// both halves (its eight registers, the blocks' sums at 256 and scales at
+/// 288).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn pair_terms(wt: &[__m512i; 8], dw: __m512, y: impl Fn(usize) -> __m512i) -> __m512 {
+    let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+    for k in (0..8).step_by(2) {
+        s0 = _mm512_dpbusd_epi32(s0, wt[k], y(32 * k));
+        s1 = _mm512_dpbusd_epi32(s1, wt[k + 1], y(32 * k + 32));
+    }
+    let ysum = _mm512_slli_epi32::<7>(y(256));
+    let isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), ysum);
+    let da = _mm512_castsi512_ps(y(288));
+    _mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(isum))
 }
 
 // ---- several activation rows per weight row (Q4_K) ----

@@ -1148,15 +1148,22 @@ mod dot {
                     q[l] = unpack(b);
                     dws[l] = h2f(b.scale().bits());
                 }
+                // A last group of at most four blocks (576 columns are two
+                // groups and two blocks) is padding in its second half: its
+                // terms would be `+0`, so that half is not computed.
+                let halves = if nb - b0 <= 4 { 1 } else { 2 };
                 // wt[h][k]: lane `l` = weights 4k..4k+4 of block 4h + l.
                 let wt: [[int8x16_t; 8]; 2] = std::array::from_fn(|h| {
+                    if h >= halves {
+                        return [zero; 8];
+                    }
                     let lo = transpose4(std::array::from_fn(|l| q[4 * h + l].0));
                     let hi = transpose4(std::array::from_fn(|l| q[4 * h + l].1));
                     [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
                 });
                 let dw = [ld_f32(&dws[..4]), ld_f32(&dws[4..])];
                 for (acc, r) in acc.iter_mut().zip(records[g..].iter().step_by(ng)) {
-                    for (h, acc) in acc.iter_mut().enumerate() {
+                    for (h, acc) in acc.iter_mut().enumerate().take(halves) {
                         let mut s = vdupq_n_s32(0);
                         for (k, &wk) in wt[h].iter().enumerate() {
                             let y = vreinterpretq_s8_u8(ld_u8(&r[32 * k + 16 * h..]));
