@@ -620,6 +620,18 @@ fn matmul_is_the_same_on_every_backend_and_thread_count() {
     }
 }
 
+/// The types whose batches some backend multiplies several weight rows at a
+/// time (its `RowsTable`).
+const SEVERAL_ROWS: [GgmlType; 7] = [
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::IQ4_NL,
+    GgmlType::F16,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
+
 /// Batched products go through the several-row kernels (one weight row
 /// against a group of tokens): every tail length of the eight-block steps
 /// (32-element steps for the float types), and token counts around the group
@@ -638,11 +650,15 @@ fn batched_matmul_matches_scalar_for_every_tail() {
                 } else {
                     bs * nb
                 };
-                // Three rows: work items of one row on two threads; twenty:
-                // of three (the several-row kernels' pairs and odd rows).
-                for (rows, t_n) in [3, 20]
+                // Three rows: work items of one row on two threads. Twenty,
+                // for the types with several-row kernels: items of three (a
+                // pair of rows and an odd one, AVX-512's Q8_0 family).
+                let several = SEVERAL_ROWS.contains(&ty);
+                let shapes = [2, 3, 4, 5, 8, 9, 21].map(|t| (3, t));
+                let wide = [2, 3, 5, 9].map(|t| (20, t));
+                for (rows, t_n) in shapes
                     .into_iter()
-                    .flat_map(|r| [2, 3, 4, 5, 8, 9, 21].map(|t| (r, t)))
+                    .chain(wide.into_iter().filter(|_| several))
                 {
                     let w = random_row(&mut rng, ty, rows * cols);
                     let mut x = random_acts(&mut rng, (t_n * cols).next_multiple_of(32));
