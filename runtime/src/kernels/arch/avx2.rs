@@ -1174,8 +1174,9 @@ fn rows_grouped<B: Scaled, const SHIFT: i32>(
             }
         }
         // Eight tokens' partials folded at once (`tree8_ps`'s additions).
-        for (out, acc) in out.chunks_mut(8).zip(acc.chunks(8)) {
-            let v = std::array::from_fn(|t| acc.get(t).copied().unwrap_or(_mm256_setzero_ps()));
+        const { assert!(GROUP_TOKENS % 8 == 0) };
+        let (eights, _) = acc.as_chunks::<8>();
+        for (out, &v) in out.chunks_mut(8).zip(eights) {
             let mut sums = [0f32; 8];
             // SAFETY: `sums` holds eight floats.
             unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), tree8x8_ps(v)) };

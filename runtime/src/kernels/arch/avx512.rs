@@ -584,38 +584,11 @@ fn rows_grouped_pair<B: Scaled>(
             let (qb, db) = weight_group(w[1], b0, &unpack);
             let wt: [__m512i; 8] = std::array::from_fn(|k| join(qa[k], qb[k]));
             let dw = _mm512_castsi512_ps(join(_mm256_castps_si256(da), _mm256_castps_si256(db)));
-            let n = acc.len().min(out_a.len());
-            let mut t = 0;
             if nb - b0 <= 4 {
-                // A last group of at most four blocks (576 columns are two
-                // groups and two blocks) is padding past the low 128 bits of
-                // each row's half: two tokens share every product, token `t`
-                // in the first quarter of a half and `t + 1` in the second,
-                // the row's weights in both. Each lane takes the operations
-                // it takes below, so a block's term is the same; the other
-                // token's quarter comes to a partial as `+0`.
-                let both = |v: __m512i| _mm512_shuffle_i64x2::<0b10_10_00_00>(v, v);
-                let wt2 = wt.map(both);
-                let dw2 = _mm512_castsi512_ps(both(_mm512_castps_si512(dw)));
-                while t + 2 <= n {
-                    let (lo, hi) = (&records[t * ng + g], &records[(t + 1) * ng + g]);
-                    let pair = |at: usize| {
-                        let lo = _mm256_castsi128_si256(avx2::ld128(&lo[at..]));
-                        _mm512_broadcast_i64x4(_mm256_inserti128_si256::<1>(
-                            lo,
-                            avx2::ld128(&hi[at..]),
-                        ))
-                    };
-                    let terms = pair_terms(&wt2, dw2, pair);
-                    let first = _mm512_maskz_mov_ps(0x0f0f, terms);
-                    let second = _mm512_maskz_shuffle_f32x4::<0b11_11_01_01>(0x0f0f, terms, terms);
-                    acc[t] = _mm512_add_ps(acc[t], first);
-                    acc[t + 1] = _mm512_add_ps(acc[t + 1], second);
-                    t += 2;
-                }
+                short_group_pair(&wt, dw, &records[g..], ng, &mut acc[..out_a.len()]);
+                continue;
             }
-            let rest = records.get(t * ng + g..).unwrap_or_default();
-            for (acc, r) in acc[t..n].iter_mut().zip(rest.iter().step_by(ng)) {
+            for (acc, r) in acc.iter_mut().zip(records[g..].iter().step_by(ng)) {
                 *acc = _mm512_add_ps(*acc, pair_terms(&wt, dw, |at| bcast(&r[at..])));
             }
         }
@@ -629,6 +602,47 @@ fn rows_grouped_pair<B: Scaled>(
                 _mm512_castps_pd(acc),
             )));
         }
+    }
+}
+
+/// [`rows_grouped_pair`]'s last group when it holds at most four blocks
+/// (576 columns are two groups and two blocks): only the first 128 bits of
+/// each row's half are not padding, so two tokens share every product,
+/// token `2i` in the first quarter of a half and `2i + 1` in the second, the
+/// row's weights in both. Each lane takes the operations of [`pair_terms`],
+/// so a block's term is the same; each token's partials take the other's
+/// lanes as `+0`. Token `t`'s record is `records[t·ng]`; an odd last token
+/// takes the whole halves.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn short_group_pair(
+    wt: &[__m512i; 8],
+    dw: __m512,
+    records: &[[u8; Q8_GROUP_BYTES]],
+    ng: usize,
+    acc: &mut [__m512],
+) {
+    let both = |v: __m512i| _mm512_shuffle_i64x2::<0b10_10_00_00>(v, v);
+    let wt2 = wt.map(both);
+    let dw2 = _mm512_castsi512_ps(both(_mm512_castps_si512(dw)));
+    let n = acc.len();
+    let mut pairs = acc.chunks_exact_mut(2);
+    for (i, acc) in (&mut pairs).enumerate() {
+        let (lo, hi) = (&records[2 * i * ng], &records[(2 * i + 1) * ng]);
+        let pair = |at: usize| {
+            let lo = _mm256_castsi128_si256(avx2::ld128(&lo[at..]));
+            _mm512_broadcast_i64x4(_mm256_inserti128_si256::<1>(lo, avx2::ld128(&hi[at..])))
+        };
+        let terms = pair_terms(&wt2, dw2, pair);
+        let first = _mm512_maskz_mov_ps(0x0f0f, terms);
+        let second = _mm512_maskz_shuffle_f32x4::<0b11_11_01_01>(0x0f0f, terms, terms);
+        acc[0] = _mm512_add_ps(acc[0], first);
+        acc[1] = _mm512_add_ps(acc[1], second);
+    }
+    if let [acc] = pairs.into_remainder() {
+        let r = &records[(n - 1) * ng];
+        let bcast = |at: usize| _mm512_broadcast_i64x4(ld256(&r[at..]));
+        *acc = _mm512_add_ps(*acc, pair_terms(wt, dw, bcast));
     }
 }
 
